@@ -1,0 +1,77 @@
+"""The three things the lifecycle drives: a generation engine, a trainer and a collector.
+
+Each protocol is a handful of methods; write your own adapter for another engine by implementing them. The
+machine calls them only from actions, always in the order the lifecycle spec declares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """A colocated generation engine: built once, suspended for every training step, resumed after.
+
+    ``reads_weights_in_place`` is True when generation reads the trainer's parameters directly (the same
+    model object), so a weight sync is only an offload plus a version bump. Asynchronous colocated training
+    is refused for an engine that must refit weights across worlds.
+    """
+
+    reads_weights_in_place: bool
+
+    def bring_up(self) -> None:
+        """Build the engine (and its HTTP server when asked). Called exactly once per run."""
+
+    def suspend(self) -> None:
+        """Stop decoding and release or keep the KV cache per the engine's mode; no decode in flight after."""
+
+    def resume(self) -> None:
+        """Resume decoding. Called only after this rank drained its device and every rank met the barrier."""
+
+    def shutdown(self) -> None:
+        """Tear the engine down. Called only on the way to Stopped."""
+
+    def server_base_urls(self) -> Sequence[str]:
+        """Base URLs of the OpenAI-compatible servers, one per data-parallel rank (empty if none)."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a training step reports: its metrics and how many samples it consumed."""
+
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    consumed_samples: int = 0
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """The training side of the same model."""
+
+    def train_step(self, batch: Any) -> StepResult:
+        """Run one optimizer step on ``batch``. The machine bumps the weight version after it returns."""
+
+    def offload_buffers(self) -> None:
+        """Free training-only memory (gradient buffers, optimizer state where configured) before generation."""
+
+    def restore_buffers(self) -> None:
+        """Bring training-only memory back before the next training step."""
+
+    def save_checkpoint(self, step: int, weight_version: int, extra_state: Mapping[str, Any]) -> None:
+        """Write a distributed checkpoint. Runs world-wide collectives; the engine is suspended throughout."""
+
+
+@runtime_checkable
+class Collector(Protocol):
+    """The asynchronous producer of trajectories."""
+
+    def pause(self) -> None:
+        """Stop issuing rollouts; on return no rollout request of this collector is being served."""
+
+    def resume(self) -> None:
+        """Start issuing rollouts again."""
+
+
+__all__ = ["Collector", "GenerationEngine", "StepResult", "Trainer"]

@@ -1,0 +1,192 @@
+"""Typed errors of colo-fsm.
+
+Every error names what went wrong in terms a user can act on: the field and value for bad input, the state,
+trigger, rank and weight version for lifecycle failures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ColoFsmError(Exception):
+    """Base class of every error colo-fsm raises on purpose."""
+
+
+class ConfigError(ColoFsmError, ValueError):
+    """A configuration field or argument has a value colo-fsm cannot use.
+
+    The message names the field, the value it got and what was expected.
+    """
+
+    def __init__(self, field: str, value: Any, expected: str) -> None:
+        self.field = field
+        self.value = value
+        self.expected = expected
+        super().__init__(f"{field}={value!r}: expected {expected}")
+
+
+class LifecycleError(ColoFsmError):
+    """An error tied to a point of the lifecycle: carries state, rank and weight version."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        state: str | None = None,
+        rank: int | None = None,
+        weight_version: int | None = None,
+    ) -> None:
+        self.state = state
+        self.rank = rank
+        self.weight_version = weight_version
+        where = ", ".join(
+            f"{k}={v}"
+            for k, v in (("state", state), ("rank", rank), ("weight_version", weight_version))
+            if v is not None
+        )
+        super().__init__(f"{message} [{where}]" if where else message)
+
+
+class InvalidTransition(LifecycleError):
+    """A trigger was fired from a state that has no transition for it."""
+
+    def __init__(
+        self,
+        trigger: str,
+        state: str,
+        *,
+        allowed: tuple[str, ...] = (),
+        rank: int | None = None,
+        weight_version: int | None = None,
+    ) -> None:
+        self.trigger = trigger
+        self.allowed = allowed
+        hint = f"; triggers valid in {state}: {', '.join(allowed)}" if allowed else ""
+        super().__init__(
+            f"trigger {trigger!r} is not valid in state {state}{hint}",
+            state=state,
+            rank=rank,
+            weight_version=weight_version,
+        )
+
+
+class GuardRejected(LifecycleError):
+    """A trigger is valid in the current state, but no transition's guards allowed it."""
+
+    def __init__(
+        self,
+        trigger: str,
+        state: str,
+        *,
+        failed: tuple[str, ...],
+        rank: int | None = None,
+        weight_version: int | None = None,
+    ) -> None:
+        self.trigger = trigger
+        self.failed = failed
+        super().__init__(
+            f"trigger {trigger!r} from {state} refused: guard(s) not satisfied: {', '.join(failed)}",
+            state=state,
+            rank=rank,
+            weight_version=weight_version,
+        )
+
+
+class ActionFailed(LifecycleError):
+    """An action raised while the machine ran a transition; the machine is now Failed.
+
+    ``__cause__`` holds the original exception; ``action`` and ``trigger`` say where it happened.
+    """
+
+    def __init__(
+        self,
+        action: str,
+        trigger: str,
+        cause: BaseException,
+        *,
+        state: str,
+        rank: int | None,
+        weight_version: int | None,
+    ) -> None:
+        self.action = action
+        self.trigger = trigger
+        self.cause = cause
+        super().__init__(
+            f"action {action!r} of trigger {trigger!r} failed: {type(cause).__name__}: {cause}",
+            state=state,
+            rank=rank,
+            weight_version=weight_version,
+        )
+
+
+class BarrierTimeout(LifecycleError):
+    """Not every rank reached a handoff barrier within its timeout."""
+
+    def __init__(
+        self,
+        timeout_s: float,
+        *,
+        state: str | None,
+        rank: int | None,
+        weight_version: int | None = None,
+        detail: str = "",
+    ) -> None:
+        self.timeout_s = timeout_s
+        extra = f": {detail}" if detail else ""
+        super().__init__(
+            f"barrier timed out after {timeout_s:g}s waiting for the other ranks{extra}",
+            state=state,
+            rank=rank,
+            weight_version=weight_version,
+        )
+
+
+class DrainError(LifecycleError):
+    """Draining the rank's own device failed or named an impossible device."""
+
+
+class ParallelismMismatch(ColoFsmError, ValueError):
+    """A generation-side parallelism setting differs from the training model it must inherit."""
+
+    def __init__(self, field: str, training: int, generation: int) -> None:
+        self.field = field
+        self.training = training
+        self.generation = generation
+        super().__init__(
+            f"{field}: generation asks for {generation} but the colocated engine inherits the training "
+            f"model's {field}={training}; set the generation {field} to {training} or leave it unset"
+        )
+
+
+class EngineRebuild(LifecycleError):
+    """The colocated engine was asked to come up a second time; it is built exactly once."""
+
+
+class UnsupportedEngine(ColoFsmError):
+    """The engine cannot run colocated asynchronous training (e.g. it must refit weights across worlds)."""
+
+
+class ServerUnavailable(ColoFsmError):
+    """The engine stayed suspended longer than a request may wait."""
+
+    def __init__(self, waited_s: float, state: str) -> None:
+        self.waited_s = waited_s
+        self.state = state
+        super().__init__(f"engine suspended ({state}) for longer than {waited_s:g}s; retry later")
+
+
+__all__ = [
+    "ActionFailed",
+    "BarrierTimeout",
+    "ColoFsmError",
+    "ConfigError",
+    "DrainError",
+    "EngineRebuild",
+    "GuardRejected",
+    "InvalidTransition",
+    "LifecycleError",
+    "ParallelismMismatch",
+    "ServerUnavailable",
+    "UnsupportedEngine",
+]

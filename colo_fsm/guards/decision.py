@@ -1,0 +1,146 @@
+"""Decide once per step, reuse everywhere: latched checkpoint and validation decisions.
+
+A decision is evaluated at most once per step; every later query for the same step returns the cached
+answer. The time rule ("must save by") fires once and then stays quiet, so asking it twice would report a
+save at one site and skip it at the other; the latch makes the second site read the first answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from colo_fsm.errors import ConfigError
+
+
+def _positive_int_or_none(field: str, value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(field, value, "a positive integer or None")
+    return value
+
+
+class MustSaveBy:
+    """A one-shot time rule: True the first time it is asked at or after ``deadline_s``, False ever after.
+
+    ``deadline_s`` counts seconds from construction on ``clock`` (``time.monotonic`` by default).
+    """
+
+    def __init__(self, deadline_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float) or deadline_s < 0:
+            raise ConfigError("must_save_by_s", deadline_s, "a non-negative number of seconds")
+        self._clock = clock
+        self._deadline = clock() + float(deadline_s)
+        self.fired = False
+
+    def __call__(self) -> bool:
+        if self.fired or self._clock() < self._deadline:
+            return False
+        self.fired = True
+        return True
+
+
+class LatchedDecision:
+    """Evaluate ``rule(step)`` once per step and return the same answer to every later query of that step.
+
+    ``agree`` (optional) turns this rank's answer into the world's answer (for example rank 0's, broadcast
+    with :func:`broadcast_from_rank0`), so a clock that differs across ranks cannot split the world.
+    Steps must be queried in non-decreasing order; asking about an earlier step raises.
+    """
+
+    def __init__(self, name: str, rule: Callable[[int], bool], *, agree: Callable[[bool], bool] | None = None) -> None:
+        self.name = name
+        self._rule = rule
+        self._agree = agree
+        self._step: int | None = None
+        self._answer = False
+        self.evaluations = 0  # how often the rule itself ran (once per step when latched)
+
+    def decide(self, step: int) -> bool:
+        """The decision for ``step``: evaluated on the first query of the step, cached after."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError("step", step, "a non-negative integer")
+        if self._step is not None and step < self._step:
+            raise ConfigError("step", step, f"a step >= {self._step} (decisions are latched in order)")
+        if step != self._step:
+            answer = bool(self._rule(step))
+            self.evaluations += 1
+            self._answer = self._agree(answer) if self._agree else answer
+            self._step = step
+        return self._answer
+
+    def peek(self, step: int) -> bool | None:
+        """The latched answer for ``step`` if it was decided already, else None (never evaluates)."""
+        return self._answer if step == self._step else None
+
+
+class CheckpointDecision(LatchedDecision):
+    """Whether a step saves a checkpoint: every ``every_steps`` steps and/or once the ``must_save_by_s``
+    deadline has passed. When the deadline rule fires, that step also becomes the run's last
+    (``deadline_stop``), as a job about to lose its allocation expects."""
+
+    def __init__(
+        self,
+        every_steps: int | None = None,
+        *,
+        must_save_by_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        agree: Callable[[bool], bool] | None = None,
+        deadline_stop: bool = True,
+    ) -> None:
+        self.every_steps = _positive_int_or_none("checkpoint_every_steps", every_steps)
+        self.must_save_by = MustSaveBy(must_save_by_s, clock=clock) if must_save_by_s is not None else None
+        self.deadline_stop = deadline_stop
+        self.deadline_step: int | None = None
+        super().__init__("checkpoint", self._rule, agree=agree)
+
+    def _rule(self, step: int) -> bool:
+        periodic = self.every_steps is not None and (step + 1) % self.every_steps == 0
+        deadline = self.must_save_by() if self.must_save_by is not None else False
+        if deadline:
+            self.deadline_step = step
+        return periodic or deadline
+
+    def stops_run(self, step: int) -> bool:
+        """Whether the deadline rule fired at ``step`` and the run should end after its save."""
+        return self.deadline_stop and self.deadline_step == step
+
+
+class ValidationDecision(LatchedDecision):
+    """Whether a step validates: every ``every_steps`` steps (never when None)."""
+
+    def __init__(self, every_steps: int | None = None, *, agree: Callable[[bool], bool] | None = None) -> None:
+        self.every_steps = _positive_int_or_none("validate_every_steps", every_steps)
+        super().__init__(
+            "validation",
+            lambda step: self.every_steps is not None and (step + 1) % self.every_steps == 0,
+            agree=agree,
+        )
+
+
+def broadcast_from_rank0(group: object = None) -> Callable[[bool], bool]:
+    """An ``agree`` function for SPMD runs: every rank adopts rank 0's decision (a torch broadcast)."""
+
+    def agree(value: bool) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return value
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+        t = torch.tensor([1 if value else 0], dtype=torch.int32, device=device)
+        dist.broadcast(t, src=src, group=group)  # type: ignore[arg-type]
+        return bool(t.item())
+
+    return agree
+
+
+__all__ = [
+    "CheckpointDecision",
+    "LatchedDecision",
+    "MustSaveBy",
+    "ValidationDecision",
+    "broadcast_from_rank0",
+]

@@ -1,0 +1,125 @@
+"""The transition trace: one record per transition, written as JSON lines."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    """One transition: where it went, on which rank, at which weight version, and when.
+
+    ``t_start`` is when the trigger fired, ``t_enter`` when the machine entered ``dest`` (its actions run
+    after that), ``t_end`` when the last action returned; all are ``time.time()`` seconds.
+    """
+
+    seq: int
+    rank: int
+    trigger: str
+    source: str
+    dest: str
+    step: int
+    weight_version: int
+    t_start: float
+    t_enter: float
+    t_end: float
+    ok: bool = True
+    error: str | None = None
+    actions: dict[str, float] = field(default_factory=dict)  # action -> seconds
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from trigger to the end of the last action."""
+        return self.t_end - self.t_start
+
+    def to_json(self) -> str:
+        """One JSON line."""
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TraceRecord:
+        """Rebuild a record from its JSON form; unknown keys are ignored."""
+        known = {f: data[f] for f in cls.__dataclass_fields__ if f in data}
+        return cls(**known)
+
+
+class Trace:
+    """An append-only, thread-safe list of :class:`TraceRecord`, optionally mirrored to a JSON-lines file.
+
+    The file is flushed after every record, so a crash loses no transition that completed.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, keep: bool = True) -> None:
+        self._records: list[TraceRecord] = []
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._file: IO[str] | None = None
+        self.path = Path(path) if path is not None else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+
+    def append(self, record: TraceRecord) -> None:
+        """Add one record (and write it through to the file, if any)."""
+        with self._lock:
+            if self._keep:
+                self._records.append(record)
+            if self._file is not None:
+                self._file.write(record.to_json() + "\n")
+                self._file.flush()
+
+    @property
+    def records(self) -> list[TraceRecord]:
+        """A copy of the records kept in memory."""
+        with self._lock:
+            return list(self._records)
+
+    def __iter__(self) -> Iterator[TraceRecord]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def write_jsonl(self, path: str | Path) -> Path:
+        """Write every kept record to ``path`` (atomically: a temp file renamed into place)."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text("".join(r.to_json() + "\n" for r in self.records), encoding="utf-8")
+        tmp.replace(out)
+        return out
+
+    def close(self) -> None:
+        """Close the mirror file, if any."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def read_trace(paths: str | Path | Iterable[str | Path]) -> list[TraceRecord]:
+    """Read one or more JSON-lines traces (e.g. one per rank), sorted by ``t_start``.
+
+    A malformed line raises ``ValueError`` naming the file and line number.
+    """
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    records: list[TraceRecord] = []
+    for p in paths:
+        for n, line in enumerate(Path(p).read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(TraceRecord.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as exc:
+                raise ValueError(f"{p}:{n}: not a colo-fsm trace record ({exc})") from None
+    records.sort(key=lambda r: (r.t_start, r.rank, r.seq))
+    return records
+
+
+__all__ = ["Trace", "TraceRecord", "read_trace"]

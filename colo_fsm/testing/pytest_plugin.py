@@ -1,0 +1,1 @@
+"""pytest plugin for colo-fsm lifecycle tests (filled by the testing package)."""
