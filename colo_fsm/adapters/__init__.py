@@ -1,5 +1,5 @@
 """Adapter protocols (engine, trainer, collector) and the adapters colo-fsm ships."""
 
-from colo_fsm.adapters.protocols import Collector, GenerationEngine, StepResult, Trainer
+from colo_fsm.adapters.protocols import Collector, Completion, GenerationEngine, StepResult, TextGenerator, Trainer
 
-__all__ = ["Collector", "GenerationEngine", "StepResult", "Trainer"]
+__all__ = ["Collector", "Completion", "GenerationEngine", "StepResult", "TextGenerator", "Trainer"]

@@ -74,4 +74,27 @@ class Collector(Protocol):
         """Start issuing rollouts again."""
 
 
-__all__ = ["Collector", "GenerationEngine", "StepResult", "Trainer"]
+@dataclass(frozen=True)
+class Completion:
+    """One generated continuation: the text, its token ids and the weight version that produced it."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    weight_version: int
+    finish_reason: str = "length"
+
+
+@runtime_checkable
+class TextGenerator(Protocol):
+    """Text in, text out, on the colocated engine: what the OpenAI-compatible server and the collector call.
+
+    Calls are made only while the engine is awake; the caller (server, collector) waits while it is
+    suspended.
+    """
+
+    def generate(self, prompts: Sequence[str], *, max_tokens: int, temperature: float = 0.0,
+                 seed: int | None = None) -> list[Completion]:
+        """Generate one completion per prompt."""
+
+
+__all__ = ["Collector", "Completion", "GenerationEngine", "StepResult", "TextGenerator", "Trainer"]

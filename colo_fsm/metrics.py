@@ -1,0 +1,87 @@
+"""Wall-clock metrics: consumed samples against elapsed seconds, JSON lines and TensorBoard.
+
+Async steps are uneven (they stall waiting for the replay buffer), so throughput is logged against
+elapsed wall-clock time, not against the step number: every record carries ``elapsed_s`` and TensorBoard
+scalars are written with ``walltime`` so its "relative" axis shows wall-clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from colo_fsm.errors import ConfigError
+
+
+class MetricsLogger:
+    """Append metrics as JSON lines (and TensorBoard scalars when ``tensorboard=True``).
+
+    ``train/consumed_samples`` is written against elapsed wall-clock seconds (``x=elapsed_s``) as well as
+    against the step, so uneven async steps show their real throughput.
+    """
+
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, clock: Any = time.time) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._file = self.path.open("a", encoding="utf-8")
+        self._clock = clock
+        self.t0 = clock()
+        self.consumed_samples = 0
+        self._lock = threading.Lock()
+        self._tb: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+    def elapsed_s(self) -> float:
+        """Seconds since this logger was created."""
+        return self._clock() - self.t0
+
+    def log(self, step: int, metrics: Mapping[str, float], *, consumed_samples: int = 0) -> dict[str, Any]:
+        """Record one step's metrics; ``consumed_samples`` is added to the running total."""
+        if isinstance(consumed_samples, bool) or not isinstance(consumed_samples, int) or consumed_samples < 0:
+            raise ConfigError("consumed_samples", consumed_samples, "a non-negative integer")
+        for k, v in metrics.items():
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(float(v)):
+                raise ConfigError(f"metrics[{k!r}]", v, "a finite number")
+        with self._lock:
+            self.consumed_samples += consumed_samples
+            now = self._clock()
+            elapsed = now - self.t0
+            record: dict[str, Any] = {"step": step, "elapsed_s": round(elapsed, 6), "wall_time": now,
+                                      "train/consumed_samples": self.consumed_samples,
+                                      "train/samples_per_s": self.consumed_samples / elapsed if elapsed > 0 else 0.0}
+            record.update({k: float(v) for k, v in metrics.items()})
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+            if self._tb is not None:
+                for k, v in record.items():
+                    if k in ("step", "wall_time", "elapsed_s"):
+                        continue
+                    self._tb.add_scalar(k, float(v), global_step=step, walltime=now)
+                # consumed samples against elapsed seconds: the x axis is wall-clock, in whole milliseconds
+                self._tb.add_scalar("train/consumed_samples_vs_elapsed_ms", self.consumed_samples,
+                                    global_step=int(elapsed * 1000), walltime=now)
+            return record
+
+    def close(self) -> None:
+        """Flush and close the files."""
+        with self._lock:
+            self._file.close()
+            if self._tb is not None:
+                self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Read a ``metrics.jsonl`` file back."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+__all__ = ["MetricsLogger", "read_metrics"]
