@@ -31,7 +31,6 @@ class MetricsLogger:
         self.path = self.run_dir / "metrics.jsonl"
         self._file = self.path.open("a", encoding="utf-8")
         self._clock = clock
-        self.t0 = clock()
         self.consumed_samples = 0
         self._lock = threading.Lock()
         self._tb: Any = None
@@ -39,6 +38,7 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        self.t0 = clock()
 
     def elapsed_s(self) -> float:
         """Seconds since this logger was created."""
