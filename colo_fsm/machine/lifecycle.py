@@ -134,6 +134,7 @@ class Lifecycle:
         checkpoint_extra: Callable[[], Mapping[str, Any]] | None = None,
         server_urls_sink: Callable[[list[str]], None] | None = None,
         spec: LifecycleSpec = LIFECYCLE,
+        check_spec: bool = True,
     ) -> None:
         self.config = config or LifecycleConfig()
         if self.config.async_training and not getattr(engine, "reads_weights_in_place", False):
@@ -146,7 +147,8 @@ class Lifecycle:
             )
         if barrier is None and self.config.world_size > 1:
             raise ConfigError("barrier", None, f"a Barrier over the {self.config.world_size} ranks")
-        validate_spec(spec)
+        if check_spec:  # False only for mutation testing: a spec the validator rejects, caught at run time
+            validate_spec(spec)
         self.spec = spec
         self.engine = engine
         self.trainer = trainer
@@ -166,7 +168,7 @@ class Lifecycle:
         self.ledger = HandoffLedger()
         self.facts: dict[Fact, bool] = dict.fromkeys(Fact, False)
         self.dp_openai_server_base_urls: list[str] = []
-        self.failure: ActionFailed | None = None
+        self.failure: LifecycleError | None = None
         self.last_result: StepResult | None = None
         self.last_validation: Mapping[str, float] | None = None
         self.trace = Trace(self.config.trace_path)
@@ -310,10 +312,19 @@ class Lifecycle:
     def _run_automatic(self) -> None:
         while True:
             state = self.state
-            auto = [t for t in self.spec.outgoing(state) if t.automatic and t.enabled(self.facts)]
-            if not auto:
-                return
-            self._fire(auto[0].trigger)
+            outgoing = [t for t in self.spec.outgoing(state) if t.automatic]
+            auto = [t for t in outgoing if t.enabled(self.facts)]
+            if auto:
+                self._fire(auto[0].trigger)
+                continue
+            if outgoing and not self.spec.state(state).resting:
+                # A transient state with no way out: the lifecycle is stuck (e.g. a step that never bumped the
+                # weight version). Fail loudly instead of leaving the run hanging in a half-done handoff.
+                err = GuardRejected(outgoing[0].trigger, state.value, failed=tuple(t.guard_text() for t in outgoing),
+                                    rank=self.rank, weight_version=self.weight_version)
+                self._fail(_ActionError(f"guard:{outgoing[0].trigger}", outgoing[0].trigger, err))
+                raise err
+            return
 
     def _runner(self, t: TransitionSpec) -> Callable[..., None]:
         def run(*_a: Any, **_k: Any) -> None:
@@ -337,10 +348,8 @@ class Lifecycle:
                 raise
             finally:
                 self._record(trigger, source, t.dest, t_start, t_enter, ok, error)
-            log.info(
-                "%s -[%s]-> %s (%.1f ms)", source.value, trigger, t.dest.value, (time.time() - t_start) * 1e3,
-                extra=self._log_extra(),
-            )
+            self._log(logging.INFO, "%s -[%s]-> %s (%.1f ms)", source.value, trigger, t.dest.value,
+                      (time.time() - t_start) * 1e3)
 
         return run
 
@@ -359,10 +368,19 @@ class Lifecycle:
         return {"state": self.state.value, "rank": self.rank, "weight_version": self.weight_version,
                 "step": self.step_index}
 
+    def _log(self, level: int, msg: str, *args: Any, exc_info: bool = False) -> None:
+        """Every lifecycle line names rank, state and weight version (also as ``extra`` fields)."""
+        if log.isEnabledFor(level):
+            prefix = f"[rank={self.rank} state={self.state.value} wv={self.weight_version} step={self.step_index}] "
+            log.log(level, prefix + msg, *args, extra=self._log_extra(), exc_info=exc_info)
+
     def _fail(self, err: _ActionError) -> None:
         state = self.state
-        self.failure = ActionFailed(err.action, err.trigger, err.cause, state=state.value, rank=self.rank,
-                                    weight_version=self.weight_version)
+        if isinstance(err.cause, GuardRejected):
+            self.failure = err.cause
+        else:
+            self.failure = ActionFailed(err.action, err.trigger, err.cause, state=state.value, rank=self.rank,
+                                        weight_version=self.weight_version)
         t0 = time.time()
         self._model.trigger(self.spec.fail_trigger)  # type: ignore[attr-defined]
         self._quiesce_after_failure()
@@ -372,7 +390,7 @@ class Lifecycle:
             dest=self.spec.failed.value, step=self.step_index, weight_version=self.weight_version, t_start=t0,
             t_enter=t0, t_end=time.time(), ok=False, error=str(self.failure),
         ))
-        log.error("%s -> Failed: %s", state.value, self.failure, extra=self._log_extra())
+        self._log(logging.ERROR, "%s -> Failed: %s", state.value, self.failure)
 
     def _quiesce_after_failure(self) -> None:
         """Best effort, local only (a peer may be dead, so no barrier): collector paused, engine suspended."""
@@ -381,14 +399,14 @@ class Lifecycle:
                 self.collector.pause()
                 self.collector_condition = CollectorCondition.PAUSED
             except Exception:
-                log.exception("collector.pause() failed after a failure", extra=self._log_extra())
+                self._log(logging.ERROR, "collector.pause() failed after a failure", exc_info=True)
                 self.collector_condition = CollectorCondition.UNKNOWN
         if self.engine_condition is EngineCondition.AWAKE:
             try:
                 self.engine.suspend()
                 self.engine_condition = EngineCondition.SUSPENDED
             except Exception:
-                log.exception("engine.suspend() failed after a failure", extra=self._log_extra())
+                self._log(logging.ERROR, "engine.suspend() failed after a failure", exc_info=True)
                 self.engine_condition = EngineCondition.UNKNOWN
 
     def _validate(self) -> None:
@@ -430,7 +448,7 @@ class Lifecycle:
         if self._server_urls_sink is not None:
             self._server_urls_sink(list(self.dp_openai_server_base_urls))
         if self.dp_openai_server_base_urls:
-            log.info("dp_openai_server_base_urls=%s", self.dp_openai_server_base_urls, extra=self._log_extra())
+            self._log(logging.INFO, "dp_openai_server_base_urls=%s", self.dp_openai_server_base_urls)
 
     def _act_latch_step_decisions(self) -> None:
         step = self.step_index
@@ -443,8 +461,7 @@ class Lifecycle:
         self.facts[Fact.VALIDATE_THIS_STEP] = validate
         self.facts[Fact.LAST_STEP] = last
         self.facts[Fact.STEP_TRAINED] = False
-        log.info("step %d decisions: save=%s validate=%s last=%s", step, save, validate, last,
-                 extra=self._log_extra())
+        self._log(logging.INFO, "step %d decisions: save=%s validate=%s last=%s", step, save, validate, last)
 
     def _act_pause_collector(self) -> None:
         if self.collector is not None:

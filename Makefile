@@ -1,0 +1,45 @@
+# colo-fsm: two commands on a fresh machine.
+#   make demo   - set everything up, run the demo (async GRPO on a tiny megatron-core GPT, CPU by default)
+#   make test   - set everything up, run the test suite
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# pyenv reads .python-version (3.12); elsewhere set PYTHON=python3.12
+PYTHON ?= python
+DEMO_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-deep lint format bench gpu-check clean
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; v=sys.version_info; sys.exit(0 if v >= (3, 12) else "colo-fsm needs Python >= 3.12 (megatron-core 0.17+); got %d.%d: install it or set PYTHON=python3.12" % v[:2])'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(PY) -m colo_fsm.cli demo $(DEMO_ARGS)
+
+test: setup
+	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-deep: setup
+	COLO_FSM_HYPOTHESIS_PROFILE=colo-fsm-deep $(PY) -m pytest -q -m "slow and not gpu" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check colo_fsm tests bench scripts examples
+	$(VENV)/bin/ruff format --check colo_fsm tests bench scripts examples
+	$(VENV)/bin/mypy colo_fsm
+
+format: setup
+	$(VENV)/bin/ruff check --fix colo_fsm tests bench scripts examples
+	$(VENV)/bin/ruff format colo_fsm tests bench scripts examples
+
+bench: setup
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
