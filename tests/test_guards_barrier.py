@@ -9,6 +9,7 @@ import torch.multiprocessing as mp
 
 from colo_fsm.errors import BarrierTimeout, ConfigError
 from colo_fsm.guards.barrier import SoloBarrier, ThreadBarrier, TorchBarrier
+from colo_fsm.guards.decision import LatchedDecision, broadcast_from_rank0
 
 
 def _free_port() -> int:
@@ -34,7 +35,9 @@ def _worker(rank: int, world: int, port: int, absent_rank: int, timeout_s: float
         t0 = time.monotonic()
         try:
             barrier.wait(state="Draining", weight_version=7)
-            out.put((rank, "ok", time.monotonic() - t0))
+            # ranks whose clocks disagree still latch one decision: rank 0's
+            agreed = LatchedDecision("save", lambda step: rank == 0, agree=broadcast_from_rank0()).decide(0)
+            out.put((rank, "ok", agreed))
         except BarrierTimeout as exc:
             out.put((rank, "timeout", (str(exc), exc.state, exc.rank, exc.timeout_s, time.monotonic() - t0)))
     finally:
@@ -64,7 +67,7 @@ def _run(absent_rank: int, timeout_s: float):
 
 def test_two_gloo_ranks_meet():
     results = _run(absent_rank=-1, timeout_s=20)
-    assert results[0][0] == "ok" and results[1][0] == "ok"
+    assert results[0] == ("ok", True) and results[1] == ("ok", True)
 
 
 def test_absent_rank_times_out_naming_state_rank_and_timeout():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from colo_fsm.errors import ConfigError
 
@@ -119,7 +120,7 @@ class ValidationDecision(LatchedDecision):
         )
 
 
-def broadcast_from_rank0(group: object = None) -> Callable[[bool], bool]:
+def broadcast_from_rank0(group: Any = None) -> Callable[[bool], bool]:
     """An ``agree`` function for SPMD runs: every rank adopts rank 0's decision (a torch broadcast)."""
 
     def agree(value: bool) -> bool:
@@ -131,7 +132,7 @@ def broadcast_from_rank0(group: object = None) -> Callable[[bool], bool]:
         src = dist.get_global_rank(group, 0) if group is not None else 0
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
         t = torch.tensor([1 if value else 0], dtype=torch.int32, device=device)
-        dist.broadcast(t, src=src, group=group)  # type: ignore[arg-type]
+        dist.broadcast(t, src=src, group=group)
         return bool(t.item())
 
     return agree
