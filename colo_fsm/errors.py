@@ -176,6 +176,25 @@ class ServerUnavailable(ColoFsmError):
         super().__init__(f"engine suspended ({state}) for longer than {waited_s:g}s; retry later")
 
 
+class WaitTimeout(ColoFsmError, TimeoutError):
+    """Something colo-fsm waits for (fresh trajectories, a pause, in-flight requests) did not happen in time."""
+
+    def __init__(self, what: str, timeout_s: float, detail: str = "") -> None:
+        self.what = what
+        self.timeout_s = timeout_s
+        extra = f": {detail}" if detail else ""
+        super().__init__(f"timed out after {timeout_s:g}s waiting for {what}{extra}")
+
+
+class RolloutFailed(ColoFsmError):
+    """The collector's rollout function kept failing; collection stopped. ``__cause__`` is the last error."""
+
+    def __init__(self, failures: int, cause: BaseException) -> None:
+        self.failures = failures
+        self.cause = cause
+        super().__init__(f"rollout failed {failures} time(s) in a row; last: {type(cause).__name__}: {cause}")
+
+
 __all__ = [
     "ActionFailed",
     "BarrierTimeout",
@@ -187,6 +206,8 @@ __all__ = [
     "InvalidTransition",
     "LifecycleError",
     "ParallelismMismatch",
+    "RolloutFailed",
     "ServerUnavailable",
     "UnsupportedEngine",
+    "WaitTimeout",
 ]

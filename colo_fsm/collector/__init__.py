@@ -1,0 +1,51 @@
+"""Replay buffer and asynchronous collector.
+
+Public API (small on purpose)::
+
+    from colo_fsm.collector import AsyncCollector, Prompt, ReplayBuffer, TextRollout, TrajectoryGroup
+
+    buffer = ReplayBuffer(num_prompts_per_step=8, max_trajectory_age_steps=1)
+    rollout = TextRollout(generator, reward_fn, samples_per_group=4, max_tokens=32)   # or your own fn
+    collector = AsyncCollector(rollout, prompts, buffer, weight_version=lambda: lc.weight_version,
+                               cap=InFlightCap(8, 1, samples_per_group=4))
+    lc = Lifecycle(engine, trainer, collector,
+                   checkpoint_extra=lambda: {"replay_buffer": buffer.state_dict()})
+    lc.start()                                              # resumes the collector
+    while not lc.finished:
+        batch = buffer.sample(lc.weight_version, timeout=60)  # exactly 8 groups, none older than 1 version
+        lc.step(batch)                                      # pauses the collector for the handoff
+    lc.stop(); collector.close()
+
+* :class:`TrajectoryGroup` -- one prompt's samples (:class:`~colo_fsm.adapters.protocols.Completion`),
+  rewards, the ``weight_version`` that generated them and the ``target_step`` (a weight version) meant to
+  consume them. Bad fields raise ``ConfigError``.
+* :class:`ReplayBuffer` -- ``sample(weight_version, timeout)`` blocks until ``num_prompts_per_step`` fresh
+  groups exist and returns exactly that many; groups older than ``max_trajectory_age_steps`` are evicted
+  and counted (``evicted_stale``, ``on_evict``); ``state_dict()`` / ``load_state_dict()`` are JSON-able;
+  ``stats()`` gives size, average age, evicted count.
+* :class:`AsyncCollector` -- implements the ``Collector`` protocol (``pause()`` returns with nothing in
+  flight); calls a sync or async rollout ``Prompt -> TrajectoryGroup`` in the background, tags groups with
+  the weight version at generation time, caps in-flight groups (``InFlightCap``, reported once when
+  lowered). :class:`TextRollout` is a ready-made rollout over a ``TextGenerator``.
+* :mod:`colo_fsm.collector.metrics` -- ``step_metrics`` (buffer size, average age, evicted-as-stale,
+  collector counters, time in each lifecycle state per step from the trace) for ``MetricsLogger``.
+"""
+
+from colo_fsm.collector.buffer import BufferStats, ReplayBuffer, TrajectoryGroup
+from colo_fsm.collector.collector import AsyncCollector, CollectorStats, Prompt, RolloutFn, TextRollout, as_prompts
+from colo_fsm.collector.metrics import state_time_metrics, state_times_per_step, step_metrics
+
+__all__ = [
+    "AsyncCollector",
+    "BufferStats",
+    "CollectorStats",
+    "Prompt",
+    "ReplayBuffer",
+    "RolloutFn",
+    "TextRollout",
+    "TrajectoryGroup",
+    "as_prompts",
+    "state_time_metrics",
+    "state_times_per_step",
+    "step_metrics",
+]

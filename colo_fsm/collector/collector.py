@@ -1,0 +1,422 @@
+"""The asynchronous collector: keeps generating trajectory groups across steps, paused for every handoff.
+
+It runs an asyncio loop in a background thread. A rollout function turns one :class:`Prompt` into a
+:class:`~colo_fsm.collector.buffer.TrajectoryGroup`; it may be a plain function (run in a thread pool) or an
+``async def`` (awaited on the loop, e.g. awaiting Ray actor calls). The collector tags every group with the
+weight version read when its rollout started and the step meant to consume it, and caps the prompt groups
+in flight (:class:`~colo_fsm.guards.capacity.InFlightCap`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from colo_fsm.adapters.protocols import Completion, TextGenerator
+from colo_fsm.collector.buffer import ReplayBuffer, TrajectoryGroup
+from colo_fsm.errors import ConfigError, RolloutFailed, WaitTimeout
+from colo_fsm.guards.capacity import InFlightCap
+
+log = logging.getLogger("colo_fsm.collector")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt to roll out: a stable id, the text, and free-form metadata (e.g. the reference answer)."""
+
+    prompt_id: str
+    text: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt_id, str) or not self.prompt_id:
+            raise ConfigError("prompt_id", self.prompt_id, "a non-empty string")
+        if not isinstance(self.text, str):
+            raise ConfigError("text", self.text, "a string")
+
+
+RolloutFn = Callable[[Prompt], TrajectoryGroup] | Callable[[Prompt], Awaitable[TrajectoryGroup]]
+"""Prompt in, trajectory group out (sync or async). Its ``weight_version``/``target_step`` are set by the collector."""
+
+
+def as_prompts(items: Iterable[Prompt | str | tuple[str, str]]) -> Iterator[Prompt]:
+    """Prompts from :class:`Prompt` objects, ``(prompt_id, text)`` pairs or plain strings (ids ``p0, p1, ...``)."""
+    for n, item in enumerate(items):
+        if isinstance(item, Prompt):
+            yield item
+        elif isinstance(item, str):
+            yield Prompt(f"p{n}", item)
+        elif isinstance(item, tuple) and len(item) == 2:
+            yield Prompt(str(item[0]), item[1])
+        else:
+            raise ConfigError(f"prompts[{n}]", item, "a Prompt, a str or a (prompt_id, text) pair")
+
+
+class TextRollout:
+    """A ready-made rollout over a :class:`~colo_fsm.adapters.protocols.TextGenerator`.
+
+    Generates ``samples_per_group`` completions of the prompt in one ``generate`` call and scores each with
+    ``reward_fn(prompt, completion) -> float``.
+    """
+
+    def __init__(
+        self,
+        generator: TextGenerator,
+        reward_fn: Callable[[Prompt, Completion], float],
+        *,
+        samples_per_group: int,
+        max_tokens: int,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> None:
+        if not callable(getattr(generator, "generate", None)):
+            raise ConfigError("generator", generator, "a TextGenerator (with generate())")
+        if not callable(reward_fn):
+            raise ConfigError("reward_fn", reward_fn, "a callable (prompt, completion) -> float")
+        for name, v in (("samples_per_group", samples_per_group), ("max_tokens", max_tokens)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(name, v, "a positive integer")
+        self.generator = generator
+        self.reward_fn = reward_fn
+        self.samples_per_group = samples_per_group
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.seed = seed
+        self._calls = itertools.count()
+
+    def __call__(self, prompt: Prompt) -> TrajectoryGroup:
+        """Generate and score one group (``weight_version`` is the lowest version among the completions)."""
+        seed = None if self.seed is None else self.seed + next(self._calls)
+        outs = self.generator.generate(
+            [prompt.text] * self.samples_per_group, max_tokens=self.max_tokens, temperature=self.temperature, seed=seed
+        )
+        rewards = [float(self.reward_fn(prompt, c)) for c in outs]
+        version = min((c.weight_version for c in outs), default=0)
+        return TrajectoryGroup(
+            prompt.prompt_id,
+            prompt.text,
+            tuple(outs),
+            tuple(rewards),
+            weight_version=version,
+            metadata=dict(prompt.metadata),
+        )
+
+
+@dataclass(frozen=True)
+class CollectorStats:
+    """Counters of one collector."""
+
+    started: int
+    completed: int
+    failed: int
+    in_flight: int
+    max_in_flight: int
+    cap: int
+    paused: bool
+    exhausted: bool
+    version_changed_mid_rollout: int
+
+    def as_metrics(self, prefix: str = "collector/") -> dict[str, float]:
+        """Flat ``{name: number}`` for :class:`colo_fsm.metrics.MetricsLogger`."""
+        return {f"{prefix}{k}": float(v) for k, v in self.__dict__.items()}
+
+
+class AsyncCollector:
+    """Generates trajectory groups in the background into a :class:`ReplayBuffer`; implements ``Collector``.
+
+    It starts paused; :meth:`resume` (called by the lifecycle when collection starts) starts it.
+    :meth:`pause` returns only when no rollout of this collector is in flight. At most ``cap`` prompt groups
+    are in flight, and the buffer's age window bounds how far ahead it generates.
+    """
+
+    def __init__(
+        self,
+        rollout: RolloutFn,
+        prompts: Iterable[Prompt | str | tuple[str, str]],
+        buffer: ReplayBuffer,
+        weight_version: Callable[[], int],
+        *,
+        cap: InFlightCap | int | None = None,
+        max_consecutive_failures: int = 3,
+        pause_timeout_s: float = 600.0,
+        max_threads: int = 64,
+        name: str = "collector",
+    ) -> None:
+        if not callable(rollout):
+            raise ConfigError("rollout", rollout, "a callable Prompt -> TrajectoryGroup (sync or async)")
+        if not isinstance(buffer, ReplayBuffer):
+            raise ConfigError("buffer", buffer, "a ReplayBuffer")
+        if not callable(weight_version):
+            raise ConfigError("weight_version", weight_version, "a callable returning the current weight version")
+        if isinstance(prompts, str | bytes) or not isinstance(prompts, Iterable):
+            raise ConfigError("prompts", prompts, "an iterable of Prompt, str or (prompt_id, text)")
+        if isinstance(cap, InFlightCap):
+            for f in ("num_prompts_per_step", "max_trajectory_age_steps"):
+                if getattr(cap, f) != getattr(buffer, f):
+                    raise ConfigError(f"cap.{f}", getattr(cap, f), f"the buffer's {f}={getattr(buffer, f)}")
+            self.in_flight_cap: InFlightCap | None = cap
+            self.cap = cap.report(log)
+        elif cap is None:
+            self.in_flight_cap = None
+            self.cap = buffer.num_prompts_per_step * max(1, buffer.max_trajectory_age_steps)
+        elif isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
+            self.in_flight_cap = None
+            self.cap = cap
+        else:
+            raise ConfigError("cap", cap, "an InFlightCap, a positive integer or None")
+        for fname, v in (("max_consecutive_failures", max_consecutive_failures), ("max_threads", max_threads)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(fname, v, "a positive integer")
+        if isinstance(pause_timeout_s, bool) or not isinstance(pause_timeout_s, int | float) or pause_timeout_s <= 0:
+            raise ConfigError("pause_timeout_s", pause_timeout_s, "a positive number of seconds")
+        self.rollout = rollout
+        self.buffer = buffer
+        self.name = name
+        self._weight_version = weight_version
+        self._is_async = inspect.iscoroutinefunction(rollout) or inspect.iscoroutinefunction(type(rollout).__call__)
+        self._prompts = as_prompts(prompts)
+        self._max_failures = max_consecutive_failures
+        self._pause_timeout_s = float(pause_timeout_s)
+        self._max_threads = max_threads
+        self._cond = threading.Condition()
+        self._paused = True
+        self._closing = False
+        self._exhausted = False
+        self._in_flight = 0
+        self._max_in_flight = 0
+        self._started = 0
+        self._completed = 0
+        self._failed = 0
+        self._consecutive_failures = 0
+        self._version_changed = 0
+        self.error: RolloutFailed | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._ready = threading.Event()
+
+    # ------------------------------------------------------------------ Collector protocol
+    def pause(self) -> None:
+        """Stop starting rollouts and wait until none is in flight (``WaitTimeout`` after ``pause_timeout_s``)."""
+        t0 = time.monotonic()
+        with self._cond:
+            self._paused = True
+            if not self._cond.wait_for(lambda: self._in_flight == 0, timeout=self._pause_timeout_s):
+                raise WaitTimeout(
+                    f"{self.name}: in-flight rollouts to finish on pause",
+                    self._pause_timeout_s,
+                    f"{self._in_flight} still in flight",
+                )
+        log.debug("%s paused in %.1f ms", self.name, (time.monotonic() - t0) * 1e3)
+
+    def resume(self) -> None:
+        """Start (or restart) issuing rollouts; raises :class:`RolloutFailed` if rollouts kept failing."""
+        if self.error is not None:
+            raise self.error
+        with self._cond:
+            if self._closing:
+                raise ConfigError("collector", self.name, "a collector that was not closed")
+            self._paused = False
+        self._ensure_thread()
+        self._poke()
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def paused(self) -> bool:
+        """True while the collector does not start new rollouts."""
+        return self._paused
+
+    @property
+    def in_flight(self) -> int:
+        """Prompt groups being rolled out right now."""
+        return self._in_flight
+
+    def stats(self) -> CollectorStats:
+        """Counters: started, completed, failed, in flight (and its maximum), the cap."""
+        with self._cond:
+            return CollectorStats(
+                started=self._started,
+                completed=self._completed,
+                failed=self._failed,
+                in_flight=self._in_flight,
+                max_in_flight=self._max_in_flight,
+                cap=self.cap,
+                paused=self._paused,
+                exhausted=self._exhausted,
+                version_changed_mid_rollout=self._version_changed,
+            )
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop for good: no new rollouts, wait for those in flight (up to ``timeout``), stop the thread."""
+        with self._cond:
+            self._paused = True
+            self._closing = True
+            self._cond.wait_for(lambda: self._in_flight == 0, timeout=timeout)
+        self._poke()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> AsyncCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _ensure_thread(self) -> None:
+        with self._cond:
+            if self._thread is not None:
+                return
+            if not self._is_async:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=min(self.cap, self._max_threads), thread_name_prefix=f"{self.name}-rollout"
+                )
+            self._thread = threading.Thread(target=self._run_loop, name=f"{self.name}-loop", daemon=True)
+            self._thread.start()
+        self._ready.wait(10.0)
+
+    def _run_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._dispatch())
+        finally:
+            loop.close()
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # loop closed meanwhile
+                pass
+
+    def _try_start(self) -> tuple[Prompt, int, int] | None:
+        with self._cond:
+            if self._paused or self._closing or self._exhausted or self.error is not None:
+                return None
+            if self._in_flight >= self.cap:
+                return None
+            version = int(self._weight_version())
+            target = self.buffer.reserve(version)
+            if target is None:
+                return None
+            try:
+                prompt = next(self._prompts)
+            except StopIteration:
+                self.buffer.release(target)
+                self._exhausted = True
+                log.info("%s: prompts exhausted after %d groups", self.name, self._started)
+                return None
+            except ConfigError:
+                self.buffer.release(target)
+                raise
+            self._in_flight += 1
+            self._started += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+            return prompt, version, target
+
+    async def _dispatch(self) -> None:
+        self._wake = asyncio.Event()
+        self._ready.set()
+        tasks: set[asyncio.Task[None]] = set()
+        while not self._closing:
+            try:
+                started = self._try_start()
+            except ConfigError as exc:  # a malformed prompt: stop collecting, surface the error
+                self._record_fatal(exc)
+                started = None
+            if started is None:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.02)
+                except TimeoutError:
+                    pass
+                continue
+            task = asyncio.get_running_loop().create_task(self._run_one(*started))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+
+    async def _run_one(self, prompt: Prompt, version: int, target: int) -> None:
+        try:
+            if self._is_async:
+                group = await self.rollout(prompt)  # type: ignore[misc]
+            else:
+                loop = asyncio.get_running_loop()
+                group = await loop.run_in_executor(self._pool, self.rollout, prompt)
+            if not isinstance(group, TrajectoryGroup):
+                raise ConfigError("rollout result", type(group).__name__, "a TrajectoryGroup")
+            end_version = int(self._weight_version())
+            if end_version != version:
+                with self._cond:
+                    self._version_changed += 1
+                log.warning(
+                    "%s: weight version changed from %d to %d during the rollout of %s (was the "
+                    "collector not paused for the step?); tagging the older one",
+                    self.name,
+                    version,
+                    end_version,
+                    prompt.prompt_id,
+                )
+            self.buffer.put(group.with_version(min(version, end_version), target))
+        except BaseException as exc:
+            self.buffer.release(target)
+            with self._cond:
+                self._failed += 1
+                self._consecutive_failures += 1
+                n = self._consecutive_failures
+            log.error(
+                "%s: rollout of %s failed (%d in a row): %s: %s",
+                self.name,
+                prompt.prompt_id,
+                n,
+                type(exc).__name__,
+                exc,
+                exc_info=not isinstance(exc, asyncio.CancelledError),
+            )
+            if n >= self._max_failures:
+                self._record_fatal(exc, n)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        else:
+            with self._cond:
+                self._completed += 1
+                self._consecutive_failures = 0
+        finally:
+            with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+            self._poke()
+
+    def _record_fatal(self, exc: BaseException, n: int = 1) -> None:
+        err = RolloutFailed(n, exc)
+        err.__cause__ = exc
+        with self._cond:
+            if self.error is None:
+                self.error = err
+        log.error("%s: collection stopped: %s", self.name, err)
+        self.buffer.fail(err)
+
+
+def collect_sync(
+    rollout: Callable[[Prompt], TrajectoryGroup], prompts: Sequence[Prompt | str], weight_version: int
+) -> list[TrajectoryGroup]:
+    """Roll out ``prompts`` once, synchronously, tagged with ``weight_version`` (for validation and tests)."""
+    return [rollout(p).with_version(weight_version, weight_version) for p in as_prompts(prompts)]
+
+
+__all__ = ["AsyncCollector", "CollectorStats", "Prompt", "RolloutFn", "TextRollout", "as_prompts", "collect_sync"]
