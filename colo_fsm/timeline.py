@@ -110,7 +110,7 @@ def read_trace_file(path: str | Path) -> list[TraceRecord]:
             if isinstance(value, bool) or not isinstance(value, types):
                 want = "a number" if float in types else f"a {types[0].__name__}"
                 raise TraceFileError(p, n, f"{key}={value!r}: expected {want}")
-            if float in types and not math.isfinite(float(value)):
+            if float in types and not math.isfinite(data[key]):
                 raise TraceFileError(p, n, f"{key}={value!r}: expected a finite number")
         if not data["t_start"] <= data["t_enter"] <= data["t_end"]:
             raise TraceFileError(p, n, "times out of order: expected t_start <= t_enter <= t_end")
