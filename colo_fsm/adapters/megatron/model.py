@@ -1,0 +1,228 @@
+"""Build the one megatron-core GPT that both trains and generates.
+
+Why ``GPTModel`` and not ``HybridModel``: megatron-core 0.19 logs a deprecation notice for ``GPTModel``
+and points at ``HybridModel`` (the migration guide ``docs/user-guide/hybrid-model-migration.md``). But in
+0.19.2 the only shipped hybrid stack spec (``models/hybrid/hybrid_layer_specs.py``) is built from Transformer
+Engine modules, and neither our CPU machines nor the H200 image have Transformer Engine; ``GPTModel`` still
+receives critical fixes, its local spec runs everywhere, and the dynamic inference engine's
+``GPTInferenceWrapper`` targets it. Everything that touches the model class lives in this module, so moving
+to ``HybridModel`` (pattern ``"*-*-"``: attention + MLP layers) is one function when a local spec exists.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from colo_fsm.errors import ConfigError
+
+log = logging.getLogger("colo_fsm.megatron")
+
+_IMPLS = ("local", "inference_optimized")
+_POS = ("learned_absolute", "rope")
+
+
+def _pos_int(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(field, value, "a positive integer")
+    return value
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and placement of the tiny GPT.
+
+    ``transformer_impl="inference_optimized"`` builds megatron-core's dual-mode layers (fast decode under
+    inference mode, trainable Transformer Engine path otherwise); it needs Transformer Engine, and training
+    on it is refused unless the trainer sets ``allow_inference_optimized_training``.
+    """
+
+    vocab_size: int = 64
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    ffn_hidden_size: int | None = None
+    max_sequence_length: int = 64
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    device: str = "cpu"
+    bf16: bool | None = None  # None: bf16 on CUDA, fp32 on CPU
+    tensor_model_parallel_size: int = 1
+    position_embedding_type: str = "learned_absolute"
+    transformer_impl: str = "local"
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_attention_heads",
+            "max_sequence_length",
+            "tensor_model_parallel_size",
+        ):
+            _pos_int(name, getattr(self, name))
+        if self.ffn_hidden_size is not None:
+            _pos_int("ffn_hidden_size", self.ffn_hidden_size)
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                "hidden_size", self.hidden_size, f"a multiple of num_attention_heads={self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.tensor_model_parallel_size:
+            raise ConfigError(
+                "tensor_model_parallel_size",
+                self.tensor_model_parallel_size,
+                f"a divisor of num_attention_heads={self.num_attention_heads}",
+            )
+        for name in ("hidden_dropout", "attention_dropout"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v < 1.0:
+                raise ConfigError(name, v, "a number in [0, 1)")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError("device", self.device, "'cpu' or 'cuda'")
+        if self.position_embedding_type not in _POS:
+            raise ConfigError("position_embedding_type", self.position_embedding_type, f"one of {_POS}")
+        if self.device == "cpu" and self.position_embedding_type == "rope":
+            raise ConfigError(
+                "position_embedding_type",
+                "rope",
+                "'learned_absolute' on the CPU (megatron-core's RoPE moves its table to CUDA)",
+            )
+        if self.transformer_impl not in _IMPLS:
+            raise ConfigError("transformer_impl", self.transformer_impl, f"one of {_IMPLS}")
+
+    @property
+    def use_bf16(self) -> bool:
+        """Whether parameters are bf16 (default: on CUDA)."""
+        return self.device == "cuda" if self.bf16 is None else bool(self.bf16)
+
+
+def have_transformer_engine() -> bool:
+    """Whether Transformer Engine is importable (needed by ``transformer_impl="inference_optimized"``)."""
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def transformer_config(cfg: ModelConfig) -> Any:
+    """The megatron-core ``TransformerConfig`` of ``cfg`` (the training config the parallelism check reads)."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    dtype = torch.bfloat16 if cfg.use_bf16 else torch.float32
+    kwargs: dict[str, Any] = {}
+    if cfg.transformer_impl == "inference_optimized":
+        # megatron-core requires these for the inference-optimized layers
+        kwargs.update(normalization="RMSNorm", add_bias_linear=False, add_qkv_bias=False)
+    return TransformerConfig(
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        ffn_hidden_size=cfg.ffn_hidden_size,
+        hidden_dropout=cfg.hidden_dropout,
+        attention_dropout=cfg.attention_dropout,
+        tensor_model_parallel_size=cfg.tensor_model_parallel_size,
+        use_cpu_initialization=cfg.device == "cpu",
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=cfg.use_bf16,
+        transformer_impl=cfg.transformer_impl,
+        **kwargs,
+    )
+
+
+def layer_spec(cfg: ModelConfig) -> Any:
+    """The layer spec: megatron-core's local spec with :class:`SDPAttention` as core attention, or the
+    inference-optimized spec (Transformer Engine) for a dual-mode model."""
+    if cfg.transformer_impl == "inference_optimized":
+        if not have_transformer_engine():
+            raise ConfigError(
+                "transformer_impl",
+                cfg.transformer_impl,
+                "'local' (inference_optimized layers are Transformer Engine modules, and "
+                "transformer_engine is not importable here)",
+            )
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_inference_spec
+
+        return get_gpt_layer_with_inference_spec()
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from colo_fsm.adapters.megatron.attention import SDPAttention
+
+    spec = get_gpt_layer_local_spec()
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
+
+
+def build_model(cfg: ModelConfig) -> Any:
+    """Build the GPT on ``cfg.device`` (megatron parallel state must be initialized, see
+    :func:`~colo_fsm.adapters.megatron.parallel.init_distributed`). Returns it in eval mode."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    if not ps.model_parallel_is_initialized():
+        raise ConfigError("parallel_state", None, "initialized first (colo_fsm.adapters.megatron.init_distributed)")
+    if ps.get_tensor_model_parallel_world_size() != cfg.tensor_model_parallel_size:
+        raise ConfigError(
+            "tensor_model_parallel_size",
+            cfg.tensor_model_parallel_size,
+            f"the initialized TP size {ps.get_tensor_model_parallel_world_size()}",
+        )
+    # The same seed on every rank: with CPU initialization megatron-core draws each full weight and keeps
+    # this TP rank's slice, so all ranks must draw the same numbers; DP replicas start identical.
+    torch.manual_seed(cfg.seed)
+    if cfg.device == "cuda":
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(cfg.seed)
+    tcfg = transformer_config(cfg)
+    model = GPTModel(
+        config=tcfg,
+        transformer_layer_spec=layer_spec(cfg),
+        vocab_size=cfg.vocab_size,
+        max_sequence_length=cfg.max_sequence_length,
+        position_embedding_type=cfg.position_embedding_type,
+        parallel_output=False,  # gather logits over TP: the GRPO loss reads full-vocabulary log-probs
+        share_embeddings_and_output_weights=False,
+    )
+    if cfg.device == "cuda":
+        model = model.cuda()
+        if cfg.use_bf16:
+            model = model.bfloat16()
+    model.eval()
+    n = sum(p.numel() for p in model.parameters())
+    log.info(
+        "built GPTModel: %d layers, hidden %d, vocab %d, %d parameters on this rank, device=%s",
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.vocab_size,
+        n,
+        cfg.device,
+    )
+    return model
+
+
+def check_trainable(config: Any, *, allow_inference_optimized_training: bool) -> None:
+    """Refuse to train a dual-mode (``transformer_impl="inference_optimized"``) model unless opted in."""
+    impl = getattr(config, "transformer_impl", "local")
+    if impl == "inference_optimized" and not allow_inference_optimized_training:
+        raise ConfigError(
+            "allow_inference_optimized_training",
+            allow_inference_optimized_training,
+            "True to train an inference_optimized model: its layers run fast decode kernels only under "
+            "megatron-core's InferenceMode and fall back to the Transformer Engine training path otherwise, "
+            "so training it is opt-in (verify the fallback path and the Megatron->HF export of the "
+            "Inference* linear types first)",
+        )
+
+
+__all__ = [
+    "ModelConfig",
+    "build_model",
+    "check_trainable",
+    "have_transformer_engine",
+    "layer_spec",
+    "transformer_config",
+]

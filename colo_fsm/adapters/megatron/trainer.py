@@ -1,0 +1,286 @@
+"""The training side of the shared model: a GRPO-style policy-gradient step with AdamW (``Trainer``).
+
+Optimizer choice: ``torch.optim.AdamW`` with an explicit data-parallel gradient all-reduce, not
+megatron-core's ``DistributedDataParallel`` + ``get_megatron_optimizer``. Megatron's DDP and optimizer
+wrappers assume CUDA (streams, ``torch.cuda.synchronize``, contiguous CUDA grad buffers), so they cannot run
+on the CPU path, and a tiny policy gains nothing from a distributed optimizer. With one plain optimizer the
+CPU and GPU paths share every line; checkpoints still go through megatron-core's ``dist_checkpointing``
+(optimizer state mapped onto the model's sharded tensors), so they are TP-aware.
+
+Offload: :meth:`MegatronTrainer.offload_buffers` frees every gradient (``param.grad = None``) and, with
+``offload_optimizer_state=True`` on CUDA, moves AdamW state to pinned host memory; parameters are never
+moved: generation reads them in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from colo_fsm.adapters.megatron.checkpoint import CheckpointInfo, load_checkpoint, save_checkpoint
+from colo_fsm.adapters.megatron.cpu_loop import forward_logits
+from colo_fsm.adapters.megatron.model import check_trainable
+from colo_fsm.adapters.protocols import StepResult
+from colo_fsm.errors import ConfigError, LifecycleError
+
+log = logging.getLogger("colo_fsm.megatron")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Optimizer and loss settings. ``clip_eps`` is the PPO-style ratio clip (used when rollouts carry the
+    behaviour policy's log-probs); ``checkpoint_dir`` is where :meth:`MegatronTrainer.save_checkpoint` writes."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    grad_clip: float = 1.0
+    clip_eps: float = 0.2
+    offload_optimizer_state: bool = False
+    allow_inference_optimized_training: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_format: str = "auto"  # "megatron" (dist_checkpointing; default on CUDA) or "dcp" (default on CPU)
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "grad_clip", "clip_eps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or not math.isfinite(v):
+                raise ConfigError(name, v, "a positive finite number")
+        if (
+            isinstance(self.weight_decay, bool)
+            or not isinstance(self.weight_decay, int | float)
+            or self.weight_decay < 0
+        ):
+            raise ConfigError("weight_decay", self.weight_decay, "a non-negative number")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One sampled completion of a prompt group: the unit the GRPO loss consumes.
+
+    ``group`` identifies the prompt group (advantages are normalized within it); ``logprobs`` are the
+    behaviour policy's token log-probs (empty: plain policy gradient, no ratio).
+    """
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    reward: float
+    group: int | str
+    logprobs: tuple[float, ...] = ()
+    weight_version: int = 0
+
+
+def group_advantages(rollouts: Sequence[Rollout], eps: float = 1e-6) -> list[float]:
+    """GRPO advantages: each reward minus its group's mean, divided by the group's std (0 when all equal)."""
+    groups: dict[Any, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        groups.setdefault(r.group, []).append(i)
+    adv = [0.0] * len(rollouts)
+    for idx in groups.values():
+        rs = [float(rollouts[i].reward) for i in idx]
+        mean = sum(rs) / len(rs)
+        std = math.sqrt(sum((x - mean) ** 2 for x in rs) / len(rs))
+        for i, x in zip(idx, rs):
+            adv[i] = 0.0 if std < eps else (x - mean) / (std + eps)
+    return adv
+
+
+class MegatronTrainer:
+    """GRPO-style trainer on the shared megatron-core model (the ``Trainer`` protocol)."""
+
+    def __init__(
+        self, model: Any, config: TrainerConfig | None = None, *, pad_id: int = 0, data_parallel_group: Any = None
+    ) -> None:
+        self.model = model
+        self.config = config or TrainerConfig()
+        check_trainable(model.config, allow_inference_optimized_training=self.config.allow_inference_optimized_training)
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=self.config.lr,
+            betas=self.config.betas,
+            weight_decay=self.config.weight_decay,
+        )
+        self._dp_group = data_parallel_group
+        self.offloaded = False
+        self.steps = 0
+        self.max_sequence_length = int(getattr(model, "max_sequence_length", 0) or 0)
+
+    # ------------------------------------------------------------------ helpers
+    def _dp(self) -> tuple[Any, int]:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return None, 1
+        group = self._dp_group
+        if group is None:
+            from megatron.core import parallel_state as ps
+
+            if not ps.model_parallel_is_initialized():
+                return None, 1
+            group = ps.get_data_parallel_group()
+        return group, dist.get_world_size(group)
+
+    def _all_reduce_mean(self, values: list[float]) -> list[float]:
+        import torch.distributed as dist
+
+        group, n = self._dp()
+        if n == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
+        dist.all_reduce(t, group=group)
+        return (t / n).tolist()
+
+    def enter_training_mode(self) -> None:
+        """Clear megatron-core's ``InferenceMode`` and put the model in train mode (before any training forward)."""
+        from megatron.core.inference.utils import InferenceMode
+
+        if InferenceMode.is_active():
+            log.warning("InferenceMode was still set at a training step (engine not suspended?); clearing it")
+            InferenceMode.unset_active()
+        self.model.train()
+
+    def _batch_tensors(self, rollouts: Sequence[Rollout]) -> dict[str, torch.Tensor]:
+        seqs = [list(r.prompt_ids) + list(r.completion_ids) for r in rollouts]
+        longest = max(len(s) for s in seqs)
+        if self.max_sequence_length and longest > self.max_sequence_length:
+            raise ConfigError("rollout length", longest, f"at most max_sequence_length={self.max_sequence_length}")
+        b = len(seqs)
+        tokens = torch.full((b, longest), self.pad_id, dtype=torch.long)
+        valid = torch.zeros((b, longest), dtype=torch.bool)
+        comp = torch.zeros((b, longest), dtype=torch.bool)  # positions whose token is a completion token
+        old = torch.zeros((b, longest), dtype=torch.float32)
+        has_old = all(len(r.logprobs) == len(r.completion_ids) and r.completion_ids for r in rollouts)
+        for i, (r, s) in enumerate(zip(rollouts, seqs)):
+            off = longest - len(s)  # left padding, as in generation
+            tokens[i, off:] = torch.tensor(s, dtype=torch.long)
+            valid[i, off:] = True
+            start = off + len(r.prompt_ids)
+            comp[i, start:] = True
+            if has_old:
+                old[i, start:] = torch.tensor(r.logprobs, dtype=torch.float32)
+        dev = self.device
+        return {
+            "tokens": tokens.to(dev),
+            "valid": valid.to(dev),
+            "comp": comp.to(dev),
+            "old": old.to(dev),
+            "has_old": torch.tensor(has_old),
+        }
+
+    def token_logprobs(self, rollouts: Sequence[Rollout]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Log-probs of every completion token under the current weights (``[batch, seq]``, 0 elsewhere)."""
+        t = self._batch_tensors(rollouts)
+        logits = forward_logits(self.model, t["tokens"], t["valid"])
+        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, t["tokens"][:, 1:].unsqueeze(2)).squeeze(2)
+        logp = torch.nn.functional.pad(logp, (1, 0))  # align: position j holds log p(token_j | < j)
+        return logp * t["comp"], t
+
+    # ------------------------------------------------------------------ Trainer protocol
+    def train_step(self, batch: Sequence[Rollout]) -> StepResult:
+        """One AdamW step on the GRPO loss of ``batch`` (a sequence of :class:`Rollout`)."""
+        if self.offloaded:
+            raise LifecycleError("train_step while training buffers are offloaded; call restore_buffers() first")
+        rollouts = list(batch or [])
+        if not rollouts or not all(isinstance(r, Rollout) for r in rollouts):
+            raise ConfigError("batch", type(batch).__name__, "a non-empty sequence of Rollout")
+        self.enter_training_mode()
+        adv = torch.tensor(group_advantages(rollouts), dtype=torch.float32, device=self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        logp, t = self.token_logprobs(rollouts)
+        comp = t["comp"].float()
+        ntok = comp.sum(dim=1).clamp(min=1.0)
+        a = adv.unsqueeze(1)
+        if bool(t["has_old"]):
+            ratio = torch.exp((logp - t["old"]) * comp)
+            clipped = ratio.clamp(1 - self.config.clip_eps, 1 + self.config.clip_eps)
+            per_tok = -torch.minimum(ratio * a, clipped * a)
+            clip_frac = float((((ratio - clipped).abs() > 1e-6).float() * comp).sum() / comp.sum().clamp(min=1))
+        else:
+            per_tok = -(a * logp)
+            clip_frac = 0.0
+        loss = ((per_tok * comp).sum(dim=1) / ntok).mean()
+        loss.backward()
+        group, n = self._dp()
+        if n > 1:
+            import torch.distributed as dist
+
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, group=group)
+                    p.grad.div_(n)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
+        self.optimizer.step()
+        self.model.eval()  # generation reads these weights next; no dropout there
+        self.steps += 1
+        rewards = [float(r.reward) for r in rollouts]
+        loss_v, reward_mean, clip_v = self._all_reduce_mean([float(loss.detach()), sum(rewards) / len(rewards), clip_frac])
+        metrics = {
+            "train/loss": loss_v,
+            "train/reward_mean": reward_mean,
+            "train/grad_norm": grad_norm,
+            "train/clip_frac": clip_v,
+            "train/completion_tokens": float(comp.sum()),
+        }
+        return StepResult(metrics=metrics, consumed_samples=len(rollouts))
+
+    def offload_buffers(self) -> None:
+        """Free gradients; with ``offload_optimizer_state`` on CUDA, move AdamW state to pinned host memory."""
+        for p in self.model.parameters():
+            p.grad = None
+        if self.config.offload_optimizer_state and self.device.type == "cuda":
+            for st in self.optimizer.state.values():
+                for k, v in st.items():
+                    if torch.is_tensor(v) and v.is_cuda:
+                        st[k] = v.to("cpu", non_blocking=True).pin_memory()
+            torch.cuda.empty_cache()
+        self.offloaded = True
+
+    def restore_buffers(self) -> None:
+        """Bring optimizer state back to the device (gradients are re-created by the next backward)."""
+        if self.config.offload_optimizer_state and self.device.type == "cuda":
+            for st in self.optimizer.state.values():
+                for k, v in st.items():
+                    if torch.is_tensor(v) and not v.is_cuda and k != "step":
+                        st[k] = v.to(self.device, non_blocking=True)
+        self.offloaded = False
+
+    def save_checkpoint(self, step: int, weight_version: int, extra_state: Mapping[str, Any]) -> None:
+        """Save model, optimizer and ``extra_state`` atomically under ``config.checkpoint_dir``."""
+        if not self.config.checkpoint_dir:
+            raise ConfigError("checkpoint_dir", self.config.checkpoint_dir, "a directory to save checkpoints in")
+        restore = self.offloaded and self.config.offload_optimizer_state and self.device.type == "cuda"
+        if restore:
+            self.restore_buffers()
+        try:
+            save_checkpoint(
+                self.config.checkpoint_dir,
+                step=step,
+                weight_version=weight_version,
+                model=self.model,
+                optimizer=self.optimizer,
+                extra_state=extra_state,
+                checkpoint_format=self.config.checkpoint_format,
+            )
+        finally:
+            if restore:
+                self.offload_buffers()
+
+    def load_checkpoint(self, path: str | Path | None = None) -> CheckpointInfo:
+        """Load the latest checkpoint under ``config.checkpoint_dir`` (or ``path``) into model and optimizer."""
+        target = path or self.config.checkpoint_dir
+        if not target:
+            raise ConfigError("checkpoint_dir", target, "a directory holding checkpoints")
+        info = load_checkpoint(target, model=self.model, optimizer=self.optimizer)
+        self.model.eval()
+        return info
+
+
+__all__ = ["MegatronTrainer", "Rollout", "TrainerConfig", "group_advantages"]
