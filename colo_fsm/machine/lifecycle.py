@@ -382,7 +382,10 @@ class Lifecycle:
             self.failure = ActionFailed(err.action, err.trigger, err.cause, state=state.value, rank=self.rank,
                                         weight_version=self.weight_version)
         t0 = time.time()
-        self._model.trigger(self.spec.fail_trigger)  # type: ignore[attr-defined]
+        if state in self.spec.failable():
+            self._model.trigger(self.spec.fail_trigger)  # type: ignore[attr-defined]
+        else:  # an action on the way into a terminal state (teardown) raised: no declared edge, still Failed
+            self._machine.set_state(self.spec.failed.value, model=self._model)
         self._quiesce_after_failure()
         self._seq += 1
         self.trace.append(TraceRecord(
