@@ -19,10 +19,12 @@ Public API (small on purpose)::
 * :class:`TrajectoryGroup` -- one prompt's samples (:class:`~colo_fsm.adapters.protocols.Completion`),
   rewards, the ``weight_version`` that generated them and the ``target_step`` (a weight version) meant to
   consume them. Bad fields raise ``ConfigError``.
-* :class:`ReplayBuffer` -- ``sample(weight_version, timeout)`` blocks until ``num_prompts_per_step`` fresh
-  groups exist and returns exactly that many; groups older than ``max_trajectory_age_steps`` are evicted
-  and counted (``evicted_stale``, ``on_evict``); ``state_dict()`` / ``load_state_dict()`` are JSON-able;
-  ``stats()`` gives size, average age, evicted count.
+* :class:`ReplayBuffer` -- a FIFO in rollout-start order. ``sample(weight_version, timeout)`` blocks until
+  the ``num_prompts_per_step`` groups at the head are finished and returns exactly those; groups older than
+  ``max_trajectory_age_steps`` are evicted and counted (``evicted_stale``, ``on_evict``). ``reserve()``
+  admits a rollout only if it cannot go stale (used by the collector; ``put(group)`` without a ticket also
+  works). ``state_dict()`` / ``load_state_dict()`` are JSON-able; ``stats()`` gives size, pending, average
+  age, evicted count.
 * :class:`AsyncCollector` -- implements the ``Collector`` protocol (``pause()`` returns with nothing in
   flight); calls a sync or async rollout ``Prompt -> TrajectoryGroup`` in the background, tags groups with
   the weight version at generation time, caps in-flight groups (``InFlightCap``, reported once when
@@ -31,7 +33,7 @@ Public API (small on purpose)::
   collector counters, time in each lifecycle state per step from the trace) for ``MetricsLogger``.
 """
 
-from colo_fsm.collector.buffer import BufferStats, ReplayBuffer, TrajectoryGroup
+from colo_fsm.collector.buffer import BufferStats, ReplayBuffer, Ticket, TrajectoryGroup
 from colo_fsm.collector.collector import AsyncCollector, CollectorStats, Prompt, RolloutFn, TextRollout, as_prompts
 from colo_fsm.collector.metrics import state_time_metrics, state_times_per_step, step_metrics
 
@@ -43,6 +45,7 @@ __all__ = [
     "ReplayBuffer",
     "RolloutFn",
     "TextRollout",
+    "Ticket",
     "TrajectoryGroup",
     "as_prompts",
     "state_time_metrics",

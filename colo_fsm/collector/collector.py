@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from colo_fsm.adapters.protocols import Completion, TextGenerator
-from colo_fsm.collector.buffer import ReplayBuffer, TrajectoryGroup
+from colo_fsm.collector.buffer import ReplayBuffer, Ticket, TrajectoryGroup
 from colo_fsm.errors import ConfigError, RolloutFailed, WaitTimeout
 from colo_fsm.guards.capacity import InFlightCap
 
@@ -134,7 +134,9 @@ class AsyncCollector:
 
     It starts paused; :meth:`resume` (called by the lifecycle when collection starts) starts it.
     :meth:`pause` returns only when no rollout of this collector is in flight. At most ``cap`` prompt groups
-    are in flight, and the buffer's age window bounds how far ahead it generates.
+    are in flight, and the buffer's age window bounds how far ahead it generates. ``admit`` (optional, cheap,
+    non-blocking) is asked before every start, e.g. ``lambda: lc.state is State.GENERATING`` so that no rollout
+    starts between a handoff's first step and its ``pause_collector`` action.
     """
 
     def __init__(
@@ -148,12 +150,15 @@ class AsyncCollector:
         max_consecutive_failures: int = 3,
         pause_timeout_s: float = 600.0,
         max_threads: int = 64,
+        admit: Callable[[], bool] | None = None,
         name: str = "collector",
     ) -> None:
         if not callable(rollout):
             raise ConfigError("rollout", rollout, "a callable Prompt -> TrajectoryGroup (sync or async)")
         if not isinstance(buffer, ReplayBuffer):
             raise ConfigError("buffer", buffer, "a ReplayBuffer")
+        if admit is not None and not callable(admit):
+            raise ConfigError("admit", admit, "a callable () -> bool, or None")
         if not callable(weight_version):
             raise ConfigError("weight_version", weight_version, "a callable returning the current weight version")
         if isinstance(prompts, str | bytes) or not isinstance(prompts, Iterable):
@@ -181,6 +186,7 @@ class AsyncCollector:
         self.buffer = buffer
         self.name = name
         self._weight_version = weight_version
+        self._admit = admit
         self._is_async = inspect.iscoroutinefunction(rollout) or inspect.iscoroutinefunction(type(rollout).__call__)
         self._prompts = as_prompts(prompts)
         self._max_failures = max_consecutive_failures
@@ -303,30 +309,32 @@ class AsyncCollector:
             except RuntimeError:  # loop closed meanwhile
                 pass
 
-    def _try_start(self) -> tuple[Prompt, int, int] | None:
+    def _try_start(self) -> tuple[Prompt, int, Ticket] | None:
         with self._cond:
             if self._paused or self._closing or self._exhausted or self.error is not None:
                 return None
             if self._in_flight >= self.cap:
                 return None
+            if self._admit is not None and not self._admit():
+                return None
             version = int(self._weight_version())
-            target = self.buffer.reserve(version)
-            if target is None:
+            ticket = self.buffer.reserve(version)
+            if ticket is None:
                 return None
             try:
                 prompt = next(self._prompts)
             except StopIteration:
-                self.buffer.release(target)
+                self.buffer.release(ticket)
                 self._exhausted = True
                 log.info("%s: prompts exhausted after %d groups", self.name, self._started)
                 return None
             except ConfigError:
-                self.buffer.release(target)
+                self.buffer.release(ticket)
                 raise
             self._in_flight += 1
             self._started += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
-            return prompt, version, target
+            return prompt, version, ticket
 
     async def _dispatch(self) -> None:
         self._wake = asyncio.Event()
@@ -351,7 +359,7 @@ class AsyncCollector:
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
 
-    async def _run_one(self, prompt: Prompt, version: int, target: int) -> None:
+    async def _run_one(self, prompt: Prompt, version: int, ticket: Ticket) -> None:
         try:
             if self._is_async:
                 group = await self.rollout(prompt)  # type: ignore[misc]
@@ -372,9 +380,10 @@ class AsyncCollector:
                     end_version,
                     prompt.prompt_id,
                 )
-            self.buffer.put(group.with_version(min(version, end_version), target))
+            tagged = group.with_version(min(version, end_version), ticket.target_step)
+            self.buffer.put(tagged, ticket=ticket)
         except BaseException as exc:
-            self.buffer.release(target)
+            self.buffer.release(ticket)
             with self._cond:
                 self._failed += 1
                 self._consecutive_failures += 1

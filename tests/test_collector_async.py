@@ -1,0 +1,260 @@
+"""AsyncCollector with fakes: in-flight cap (lowered and reported), pause semantics, version tagging, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+
+import pytest
+
+from colo_fsm.adapters.protocols import Completion
+from colo_fsm.collector import AsyncCollector, Prompt, ReplayBuffer, TextRollout, TrajectoryGroup
+from colo_fsm.errors import ConfigError, RolloutFailed, WaitTimeout
+from colo_fsm.guards.capacity import InFlightCap
+
+
+class Probe:
+    """A rollout that records concurrency, start/end times and the weight version it saw."""
+
+    def __init__(self, version: list[int], delay: float = 0.01) -> None:
+        self.version = version
+        self.delay = delay
+        self.lock = threading.Lock()
+        self.active = 0
+        self.max_active = 0
+        self.spans: list[tuple[float, float, int]] = []
+
+    def enter(self) -> float:
+        with self.lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        return time.monotonic()
+
+    def leave(self, t0: float, v: int) -> None:
+        with self.lock:
+            self.active -= 1
+            self.spans.append((t0, time.monotonic(), v))
+
+    def __call__(self, prompt: Prompt) -> TrajectoryGroup:
+        t0 = self.enter()
+        v = self.version[0]
+        time.sleep(self.delay)
+        self.leave(t0, v)
+        return TrajectoryGroup(prompt.prompt_id, prompt.text, ("a", "b"), (1.0, 0.0), weight_version=99)
+
+
+def prompts() -> itertools.count:
+    return (f"q{i}" for i in itertools.count())  # type: ignore[return-value]
+
+
+def test_constructor_validates() -> None:
+    b = ReplayBuffer(2, 1)
+    with pytest.raises(ConfigError, match="rollout"):
+        AsyncCollector("nope", prompts(), b, lambda: 0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="cap"):
+        AsyncCollector(Probe([0]), prompts(), b, lambda: 0, cap=0)
+    with pytest.raises(ConfigError, match=r"cap\.num_prompts_per_step"):
+        AsyncCollector(Probe([0]), prompts(), b, lambda: 0, cap=InFlightCap(3, 1, samples_per_group=1))
+    with pytest.raises(ConfigError, match="prompts"):
+        AsyncCollector(Probe([0]), "abc", b, lambda: 0)  # type: ignore[arg-type]
+
+
+def test_in_flight_cap_is_lowered_reported_once_and_respected(caplog: pytest.LogCaptureFixture) -> None:
+    buffer = ReplayBuffer(8, 2)  # the age bound allows 8*2 = 16 groups in flight
+    cap = InFlightCap(8, 2, samples_per_group=100, actor_max_concurrency=1000, control_headroom=200)
+    assert cap.value == 8 and cap.lowered  # (1000-200)//100 = 8 < 16
+    version = [0]
+    probe = Probe(version, delay=0.02)
+    with caplog.at_level(logging.WARNING, logger="colo_fsm"):
+        collector = AsyncCollector(probe, prompts(), buffer, lambda: version[0], cap=cap)
+    lowered = [r for r in caplog.records if "lowered by actor capacity" in r.getMessage()]
+    assert (
+        len(lowered) == 1 and "configured num_prompts_per_step*max_trajectory_age_steps=16" in lowered[0].getMessage()
+    )
+    try:
+        collector.resume()
+        for _ in range(3):
+            batch = buffer.sample(version[0], timeout=10)
+            assert len(batch) == 8
+            collector.pause()
+            version[0] += 1
+            collector.resume()
+        assert probe.max_active <= 8 and collector.stats().max_in_flight <= 8
+        assert probe.max_active >= 2  # it does run rollouts concurrently
+    finally:
+        collector.close()
+    assert len([r for r in caplog.records if "lowered" in r.getMessage()]) == 1
+
+
+def test_pause_waits_for_in_flight_and_nothing_starts_while_paused() -> None:
+    version = [0]
+    probe = Probe(version, delay=0.05)
+    buffer = ReplayBuffer(4, 1)
+    collector = AsyncCollector(probe, prompts(), buffer, lambda: version[0], cap=4)
+    paused_windows: list[tuple[float, float]] = []
+    try:
+        collector.resume()
+        for _ in range(3):
+            buffer.sample(version[0], timeout=10)
+            collector.pause()
+            t_paused = time.monotonic()
+            assert collector.in_flight == 0 and probe.active == 0  # on return nothing is in flight
+            time.sleep(0.08)  # the "training step"
+            version[0] += 1
+            paused_windows.append((t_paused, time.monotonic()))
+            collector.resume()
+    finally:
+        collector.close()
+    for start, end, _ in probe.spans:
+        for p0, p1 in paused_windows:
+            assert not (start < p1 and end > p0), "a rollout ran while the collector was paused"
+
+
+def test_groups_carry_the_weight_version_of_generation_and_a_target() -> None:
+    version = [3]
+    buffer = ReplayBuffer(2, 1, weight_version=3)
+    collector = AsyncCollector(Probe(version, 0.005), prompts(), buffer, lambda: version[0])
+    try:
+        collector.resume()
+        seen: list[tuple[int, int | None]] = []
+        for _ in range(4):
+            batch = buffer.sample(version[0], timeout=10)
+            seen += [(g.weight_version, g.target_step) for g in batch]
+            assert all(0 <= g.age(version[0]) <= 1 for g in batch)
+            collector.pause()
+            version[0] += 1
+            collector.resume()
+    finally:
+        collector.close()
+    assert all(v != 99 for v, _ in seen)  # the rollout's own tag is replaced by the collector's
+    assert {v for v, _ in seen} <= {3, 4, 5, 6}
+    assert all(t is not None and v <= t <= v + 1 for v, t in seen)
+    assert buffer.evicted_stale == 0
+
+
+def test_async_rollout_function() -> None:
+    active = {"now": 0, "max": 0}
+
+    async def rollout(prompt: Prompt) -> TrajectoryGroup:
+        active["now"] += 1
+        active["max"] = max(active["max"], active["now"])
+        await asyncio.sleep(0.02)
+        active["now"] -= 1
+        return TrajectoryGroup(prompt.prompt_id, prompt.text, ("x",), (0.5,), 0)
+
+    buffer = ReplayBuffer(6, 1)
+    collector = AsyncCollector(rollout, prompts(), buffer, lambda: 0, cap=6)
+    try:
+        collector.resume()
+        assert len(buffer.sample(0, timeout=10)) == 6
+        collector.pause()
+        assert active["now"] == 0
+    finally:
+        collector.close()
+    assert 2 <= active["max"] <= 6
+
+
+def test_repeated_failures_stop_collection_and_surface() -> None:
+    calls = {"n": 0}
+
+    def bad(prompt: Prompt) -> TrajectoryGroup:
+        calls["n"] += 1
+        raise ValueError("reward model down")
+
+    buffer = ReplayBuffer(2, 1)
+    collector = AsyncCollector(bad, prompts(), buffer, lambda: 0, cap=1, max_consecutive_failures=3)
+    try:
+        collector.resume()
+        with pytest.raises(RolloutFailed, match="reward model down"):
+            buffer.sample(0, timeout=10)
+        time.sleep(0.05)
+        assert calls["n"] == 3 and collector.stats().failed == 3
+        collector.pause()
+        with pytest.raises(RolloutFailed):
+            collector.resume()
+    finally:
+        collector.close()
+
+
+def test_an_isolated_failure_is_counted_and_collection_continues() -> None:
+    n = itertools.count()
+
+    def flaky(prompt: Prompt) -> TrajectoryGroup:
+        if next(n) == 1:
+            raise RuntimeError("transient")
+        return TrajectoryGroup(prompt.prompt_id, prompt.text, ("x",), (1.0,), 0)
+
+    buffer = ReplayBuffer(4, 0)
+    collector = AsyncCollector(flaky, prompts(), buffer, lambda: 0, cap=1)
+    try:
+        collector.resume()
+        assert len(buffer.sample(0, timeout=10)) == 4
+        collector.pause()
+        assert collector.stats().failed == 1 and collector.error is None
+    finally:
+        collector.close()
+
+
+def test_exhausted_prompts_end_in_a_clear_timeout() -> None:
+    buffer = ReplayBuffer(3, 1)
+    collector = AsyncCollector(Probe([0], 0.0), ["a", "b"], buffer, lambda: 0)
+    try:
+        collector.resume()
+        with pytest.raises(WaitTimeout, match="2 finished"):
+            buffer.sample(0, timeout=0.3)
+        assert collector.stats().exhausted
+    finally:
+        collector.close()
+
+
+def test_pause_timeout_raises() -> None:
+    gate = threading.Event()
+
+    def stuck(prompt: Prompt) -> TrajectoryGroup:
+        gate.wait(5)
+        return TrajectoryGroup(prompt.prompt_id, prompt.text, ("x",), (1.0,), 0)
+
+    collector = AsyncCollector(stuck, prompts(), ReplayBuffer(1, 0), lambda: 0, cap=1, pause_timeout_s=0.1)
+    try:
+        collector.resume()
+        time.sleep(0.05)
+        with pytest.raises(WaitTimeout, match="in-flight rollouts"):
+            collector.pause()
+    finally:
+        gate.set()
+        collector.close()
+
+
+class EchoGenerator:
+    def __init__(self) -> None:
+        self.version = 7
+
+    def generate(self, prompts, *, max_tokens, temperature=0.0, seed=None):  # type: ignore[no-untyped-def]
+        return [Completion(f"{p}!{i}", (i,), self.version) for i, p in enumerate(prompts)]
+
+
+def test_text_rollout_builds_scored_groups() -> None:
+    rollout = TextRollout(EchoGenerator(), lambda p, c: float(len(c.text)), samples_per_group=3, max_tokens=4)
+    g = rollout(Prompt("id1", "hi", {"answer": "x"}))
+    assert g.prompt_id == "id1" and len(g.samples) == 3 and g.weight_version == 7
+    assert g.rewards == (4.0, 4.0, 4.0) and g.metadata == {"answer": "x"}
+    with pytest.raises(ConfigError, match="samples_per_group"):
+        TextRollout(EchoGenerator(), lambda p, c: 0.0, samples_per_group=0, max_tokens=4)
+
+
+def test_admit_predicate_holds_back_new_rollouts() -> None:
+    allowed = threading.Event()
+    probe = Probe([0], 0.0)
+    buffer = ReplayBuffer(2, 0)
+    collector = AsyncCollector(probe, prompts(), buffer, lambda: 0, admit=allowed.is_set)
+    try:
+        collector.resume()
+        time.sleep(0.1)
+        assert collector.stats().started == 0 and len(buffer) == 0
+        allowed.set()
+        assert len(buffer.sample(0, timeout=10)) == 2
+    finally:
+        collector.close()
