@@ -328,20 +328,20 @@ def _import_optional(module: str) -> tuple[Any, str | None]:
         return None, str(exc)
 
 
-def _add_demo(sub: argparse._SubParsersAction, load: bool) -> None:
-    """Register ``demo``: the real one from colo_fsm.demo.cli (only when selected, it may import torch)."""
-    help_text = "run the end-to-end demo (colo_fsm.demo)"
+def _add_demo(sub: argparse._SubParsersAction, load: bool) -> bool:
+    """Register ``demo``: the real one from colo_fsm.demo.cli, loaded only when selected (it may import torch).
+
+    The demo module's ``register(subparsers)`` adds a ``demo`` parser and sets ``func(args) -> int`` as its
+    default. Returns False when it was asked for and cannot be loaded.
+    """
     if load:
-        mod, reason = _import_optional("colo_fsm.demo.cli")
+        mod, _reason = _import_optional("colo_fsm.demo.cli")
         if mod is not None and hasattr(mod, "register"):
             mod.register(sub)
-            return
-        reason = reason or "it has no register(subparsers)"
-        p = sub.add_parser("demo", help=help_text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_unavailable("demo", "colo_fsm.demo.cli", reason))
-        return
-    sub.add_parser("demo", help=help_text, add_help=False)
+            return True
+        return False
+    sub.add_parser("demo", help="run the end-to-end demo (colo_fsm.demo)", add_help=False)
+    return True
 
 
 def _run_check(argv: Sequence[str]) -> int:
@@ -440,10 +440,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``colo-fsm`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     first = next((i for i, a in enumerate(args_list) if not a.startswith("-")), None)
-    if first is not None and args_list[first] == "check":
-        return _run_check(args_list[first + 1 :])
+    command = args_list[first] if first is not None else None
+    if command == "check":
+        return _run_check(args_list[first + 1 :])  # type: ignore[operator]
+    if command == "demo":
+        mod, reason = _import_optional("colo_fsm.demo.cli")
+        if mod is None or not hasattr(mod, "register"):
+            return _unavailable("demo", "colo_fsm.demo.cli", reason or "it has no register(subparsers)")(
+                argparse.Namespace()
+            )
     parser = build_parser(args_list)
-    args = parser.parse_args(args_list)
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:  # --help, or a usage error already printed as one line
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     _setup_logging(args.verbose)
     func = getattr(args, "func", None)
     if func is None:

@@ -134,14 +134,20 @@ def load_rows(paths: Sequence[str | Path]) -> dict[str, list[TraceRecord]]:
     if not paths:
         raise ConfigError("traces", list(paths), "at least one JSON-lines trace file")
     per_file = [(Path(p), read_trace_file(p)) for p in paths]
-    owners: dict[int, set[Path]] = {}
+    owners: dict[int, list[Path]] = {}
     for p, recs in per_file:
-        for r in recs:
-            owners.setdefault(r.rank, set()).add(p)
+        for rank in dict.fromkeys(r.rank for r in recs):
+            owners.setdefault(rank, []).append(p)
     rows: dict[str, list[TraceRecord]] = {}
-    for p, recs in per_file:
+    for i, (p, recs) in enumerate(per_file):
         for r in recs:
-            label = f"rank {r.rank}" if len(owners[r.rank]) == 1 else f"{p.name} rank {r.rank}"
+            files = owners[r.rank]
+            if len(files) == 1:
+                label = f"rank {r.rank}"
+            else:
+                label = f"{_short_name(p, files)} rank {r.rank}"
+                if sum(1 for f in files if f == p) > 1:  # the same file given twice
+                    label = f"#{i + 1} {label}"
             rows.setdefault(label, []).append(r)
     for recs in rows.values():
         recs.sort(key=lambda r: (r.t_start, r.seq))
@@ -150,6 +156,17 @@ def load_rows(paths: Sequence[str | Path]) -> dict[str, list[TraceRecord]]:
         return (item[1][0].rank, item[0])
 
     return dict(sorted(rows.items(), key=order))
+
+
+def _short_name(path: Path, among: Sequence[Path]) -> str:
+    """The shortest trailing part of ``path`` that tells it apart from the other paths in ``among``."""
+    others = [o for o in among if o != path]
+    parts = path.parts
+    for n in range(1, len(parts) + 1):
+        tail = parts[-n:]
+        if all(o.parts[-n:] != tail for o in others):
+            return str(Path(*tail))
+    return str(path)
 
 
 def spans(rows: dict[str, list[TraceRecord]]) -> list[Span]:
@@ -232,26 +249,16 @@ def render_timeline(
             if strips:
                 ax.broken_barh(strips, (y - 0.36, 0.12), facecolors="#212121", edgecolors="none", alpha=0.55)
             for s in row:
-                if s.failed or s.state == spec.failed.value:
-                    ax.plot(
-                        [s.start - t0],
-                        [y],
-                        marker="X",
-                        markersize=11,
-                        color="#b71c1c",
-                        markeredgecolor="white",
-                        zorder=5,
-                    )
-                    if s.state == spec.failed.value and s.error:
-                        text = s.error if len(s.error) <= 70 else s.error[:67] + "..."
-                        ax.annotate(
-                            text,
-                            (s.start - t0, y + 0.38),
-                            fontsize=7,
-                            color="#b71c1c",
-                            va="bottom",
-                            ha="left" if s.start - t0 < horizon / 2 else "right",
-                        )
+                if s.state != spec.failed.value:
+                    continue
+                # one mark per failure, where the machine entered Failed, with the recorded cause above the bar
+                ax.plot([s.start - t0], [y], marker="X", markersize=11, color="#b71c1c", markeredgecolor="white",
+                        zorder=5)  # fmt: skip
+                if s.error:
+                    text = s.error if len(s.error) <= 90 else s.error[:87] + "..."
+                    left = s.start - t0 < horizon / 2
+                    ax.annotate(text, (s.start - t0, y - 0.38), fontsize=7, color="#b71c1c", va="bottom",
+                                ha="left" if left else "right", zorder=6)  # fmt: skip
         ax.set_yticks(range(len(labels)), labels)
         ax.set_ylim(len(labels) - 0.4, -0.8)
         ax.set_xlim(0, horizon * 1.01)
