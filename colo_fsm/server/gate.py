@@ -1,0 +1,292 @@
+"""The suspend gate: requests wait while the engine is suspended and never run during a handoff.
+
+``close_and_drain()`` closes the gate (new requests wait) and returns once every admitted request has
+finished; only then may the engine be suspended. ``open()`` lets waiting requests in again. A request that
+waits longer than its timeout gets :class:`~colo_fsm.errors.ServerUnavailable` (HTTP 503 with Retry-After).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+
+from colo_fsm.errors import ConfigError, ServerUnavailable, WaitTimeout
+
+log = logging.getLogger("colo_fsm.server.gate")
+
+
+@dataclass(frozen=True)
+class ServedSpan:
+    """One admitted request: when it was admitted and when it released the gate (``time.monotonic()``)."""
+
+    admitted: float
+    released: float
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class ClosedSpan:
+    """One closed period: ``closing`` (gate closed), ``drained`` (no request in flight), ``opened`` (reopened)."""
+
+    closing: float
+    drained: float
+    opened: float | None
+
+
+class SuspendGate:
+    """Admission gate shared by the HTTP server, the collector's generator and Ray workers.
+
+    A request is admitted only while the gate is open and ``admit()`` (optional; e.g. "the lifecycle is in
+    Generating or Validating") returns True; it is counted in flight until it leaves. With ``record=True``
+    the gate keeps :class:`ServedSpan` and :class:`ClosedSpan` lists for tests and benchmarks.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = "engine",
+        is_open: bool = False,
+        admit: Callable[[], bool] | None = None,
+        state: Callable[[], str] | None = None,
+        poll_s: float = 0.01,
+        record: bool = False,
+    ) -> None:
+        if admit is not None and not callable(admit):
+            raise ConfigError("admit", admit, "a callable () -> bool, or None")
+        if isinstance(poll_s, bool) or not isinstance(poll_s, int | float) or poll_s <= 0:
+            raise ConfigError("poll_s", poll_s, "a positive number of seconds")
+        self.name = name
+        self._open = bool(is_open)
+        self._admit = admit
+        self._state = state
+        self._poll_s = float(poll_s)
+        self._record = record
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._waiting = 0
+        self._admitted = 0
+        self._timeouts = 0
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self.served: list[ServedSpan] = []
+        self.closed_spans: list[ClosedSpan] = []
+        self._closing_at: float | None = None
+        self._drained_at: float | None = None
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def is_open(self) -> bool:
+        """Whether the gate admits requests (the ``admit`` predicate aside)."""
+        return self._open
+
+    @property
+    def in_flight(self) -> int:
+        """Admitted requests that have not left yet."""
+        return self._in_flight
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for the gate to open."""
+        return self._waiting
+
+    def counters(self) -> dict[str, int]:
+        """Admitted, timed out, in flight and waiting counts."""
+        with self._cond:
+            return {
+                "admitted": self._admitted,
+                "timed_out": self._timeouts,
+                "in_flight": self._in_flight,
+                "waiting": self._waiting,
+            }
+
+    def state(self) -> str:
+        """``"open"``, ``"closed"`` or the ``state`` callable's answer when the gate is closed (e.g. the lifecycle state)."""
+        if self._open:
+            return "open"
+        if self._state is not None:
+            try:
+                return str(self._state())
+            except Exception:  # a status callable must never break a request
+                log.exception("gate state callable failed")
+        return "closed"
+
+    def closed_periods(self) -> list[ClosedSpan]:
+        """Recorded closed periods, the current one included (``opened=None`` while still closed)."""
+        with self._cond:
+            spans = list(self.closed_spans)
+            if not self._open and self._closing_at is not None:
+                spans.append(ClosedSpan(self._closing_at, self._drained_at or self._closing_at, None))
+            return spans
+
+    # ------------------------------------------------------------------ control
+    def open(self) -> None:
+        """Let requests in (after the engine resumed)."""
+        waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]
+        with self._cond:
+            if self._open:
+                return
+            self._open = True
+            if self._record and self._closing_at is not None:
+                self.closed_spans.append(
+                    ClosedSpan(self._closing_at, self._drained_at or self._closing_at, time.monotonic())
+                )
+            self._closing_at = self._drained_at = None
+            waiters, self._waiters = self._waiters, []
+            self._cond.notify_all()
+        for loop, fut in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop is closed
+                loop.call_soon_threadsafe(_resolve, fut)
+        log.debug("%s gate open", self.name)
+
+    def close_and_drain(self, timeout: float | None = None) -> float:
+        """Close the gate, then wait until no admitted request is in flight; returns the seconds waited.
+
+        Raises :class:`~colo_fsm.errors.WaitTimeout` (the gate stays closed) if requests are still running
+        after ``timeout`` seconds: the engine must not be suspended under them.
+        """
+        t0 = time.monotonic()
+        with self._cond:
+            if self._open or self._closing_at is None:
+                self._closing_at = t0
+                self._drained_at = None
+            self._open = False
+            if not self._cond.wait_for(lambda: self._in_flight == 0, timeout=timeout):
+                raise WaitTimeout(
+                    f"{self.name}: in-flight requests to finish before suspend",
+                    0.0 if timeout is None else float(timeout),
+                    f"{self._in_flight} still running",
+                )
+            if self._drained_at is None:
+                self._drained_at = time.monotonic()
+        waited = time.monotonic() - t0
+        log.debug("%s gate closed and drained in %.1f ms", self.name, waited * 1e3)
+        return waited
+
+    # ------------------------------------------------------------------ admission
+    def _admissible(self) -> bool:
+        if not self._open:
+            return False
+        if self._admit is None:
+            return True
+        try:
+            return bool(self._admit())
+        except Exception:
+            log.exception("gate admit predicate failed; not admitting")
+            return False
+
+    def _unavailable(self, waited: float) -> ServerUnavailable:
+        with self._cond:
+            self._timeouts += 1
+        return ServerUnavailable(waited, self.state())
+
+    def _leave(self, admitted_at: float, waited: float) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            if self._record:
+                self.served.append(ServedSpan(admitted_at, time.monotonic(), waited))
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def admit(self, timeout: float | None = None) -> Iterator[float]:
+        """Wait (up to ``timeout`` s) until admitted, hold a place in flight for the ``with`` body; yields seconds waited.
+
+        Raises :class:`~colo_fsm.errors.ServerUnavailable` when the wait times out.
+        """
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        admitted_at: float | None = None
+        with self._cond:
+            self._waiting += 1
+            try:
+                while True:
+                    if self._admissible():
+                        self._in_flight += 1
+                        self._admitted += 1
+                        admitted_at = time.monotonic()
+                        break
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        break
+                    # closed: sleep until open() notifies; open but refused by the predicate: poll it
+                    wait = self._poll_s if (self._open and self._admit is not None) else remaining
+                    if remaining is not None and wait is not None:
+                        wait = min(wait, remaining)
+                    self._cond.wait(wait)
+            finally:
+                self._waiting -= 1
+        if admitted_at is None:
+            raise self._unavailable(time.monotonic() - t0)
+        waited = admitted_at - t0
+        try:
+            yield waited
+        finally:
+            self._leave(admitted_at, waited)
+
+    @contextlib.asynccontextmanager
+    async def admit_async(self, timeout: float | None = None) -> AsyncIterator[float]:
+        """The asyncio form of :meth:`admit`: waits without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        admitted_at: float | None = None
+        with self._cond:
+            self._waiting += 1
+        try:
+            while True:
+                with self._cond:
+                    if self._admissible():
+                        self._in_flight += 1
+                        self._admitted += 1
+                        admitted_at = time.monotonic()
+                        break
+                    fut: asyncio.Future[None] | None = None
+                    if not self._open:
+                        fut = loop.create_future()
+                        self._waiters.append((loop, fut))
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                if fut is None:  # open, but the admit predicate says no: poll it
+                    await asyncio.sleep(self._poll_s if remaining is None else min(self._poll_s, remaining))
+                else:
+                    try:
+                        await asyncio.wait_for(fut, remaining)
+                    except TimeoutError:
+                        pass
+                    finally:
+                        with self._cond:
+                            if (loop, fut) in self._waiters:
+                                self._waiters.remove((loop, fut))
+        finally:
+            with self._cond:
+                self._waiting -= 1
+        if admitted_at is None:
+            raise self._unavailable(time.monotonic() - t0)
+        waited = admitted_at - t0
+        try:
+            yield waited
+        finally:
+            self._leave(admitted_at, waited)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def overlaps(served: list[ServedSpan], closed: list[ClosedSpan]) -> list[tuple[ServedSpan, ClosedSpan]]:
+    """Served requests that ran while the gate was closed and drained (must be empty)."""
+    bad = []
+    for s in served:
+        for c in closed:
+            end = c.opened if c.opened is not None else float("inf")
+            if s.admitted < end and s.released > c.drained:
+                bad.append((s, c))
+    return bad
+
+
+__all__ = ["ClosedSpan", "ServedSpan", "SuspendGate", "overlaps"]
