@@ -1,0 +1,87 @@
+"""Settings of the demo, checked once: a bad value raises ``ConfigError(field, value, expected)``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from colo_fsm.errors import ConfigError
+
+
+def _int(field: str, v: Any, lo: int, hi: int | None = None) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        raise ConfigError(field, v, f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Everything one demo run needs. Defaults finish on 2 CPU cores in about a minute."""
+
+    steps: int = 400
+    ranks: int = 1
+    device: str = "cpu"
+    run_dir: str | None = None
+    resume: bool = False
+    num_prompts_per_step: int = 8
+    samples_per_group: int = 8
+    max_trajectory_age_steps: int = 1
+    num_digits: int = 3
+    lr: float = 1e-3
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    temperature: float = 1.0
+    validate_every: int = 25
+    checkpoint_every: int = 100
+    val_prompts: int = 32
+    kv_cache_mode: str = "persist"
+    seed: int = 0
+    threads: int | None = None
+    tensorboard: bool = True
+    sample_timeout_s: float = 120.0
+    stop_after: int | None = None  # stop early after this many steps of this run (tests; simulates an interruption)
+
+    def __post_init__(self) -> None:
+        _int("steps", self.steps, 1)
+        _int("ranks", self.ranks, 1, 64)
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError("device", self.device, "'cpu' or 'cuda'")
+        for name in (
+            "num_prompts_per_step",
+            "samples_per_group",
+            "hidden_size",
+            "num_layers",
+            "num_attention_heads",
+            "validate_every",
+            "checkpoint_every",
+            "val_prompts",
+        ):
+            _int(name, getattr(self, name), 1)
+        if self.samples_per_group < 2:
+            raise ConfigError("samples_per_group", self.samples_per_group, "an integer >= 2 (GRPO compares samples)")
+        _int("max_trajectory_age_steps", self.max_trajectory_age_steps, 0)
+        _int("num_digits", self.num_digits, 1, 12)
+        _int("seed", self.seed, 0)
+        if self.threads is not None:
+            _int("threads", self.threads, 1)
+        if self.stop_after is not None:
+            _int("stop_after", self.stop_after, 1)
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                "hidden_size", self.hidden_size, f"a multiple of num_attention_heads={self.num_attention_heads}"
+            )
+        for name in ("lr", "temperature", "sample_timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(name, v, "a positive finite number")
+        from colo_fsm.adapters.megatron.engine import parse_kv_cache_mode
+
+        object.__setattr__(self, "kv_cache_mode", parse_kv_cache_mode(self.kv_cache_mode).value)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able settings (written to the run folder as config.json)."""
+        return asdict(self)
+
+
+__all__ = ["DemoConfig"]

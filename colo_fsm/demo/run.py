@@ -1,0 +1,396 @@
+"""The demo loop: asynchronous GRPO on a tiny megatron-core GPT, driven by the colocation lifecycle.
+
+One process per rank (``torch.multiprocessing`` on the CPU with gloo, or one per GPU with NCCL). Each rank
+builds the model once, the colocated engine once (kept resident for the whole run), a trainer on the same
+model, a replay buffer and a background collector, and lets :class:`~colo_fsm.machine.lifecycle.Lifecycle`
+drive them: every step drains, barriers, trains, saves and validates as latched, and hands back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from colo_fsm.demo.config import DemoConfig
+from colo_fsm.errors import ConfigError
+
+log = logging.getLogger("colo_fsm.demo")
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What a finished run reports (rank 0): where it wrote, steps, rewards and timing."""
+
+    run_dir: str
+    start_step: int
+    end_step: int
+    weight_version: int
+    first_rewards: float
+    last_rewards: float
+    val_accuracy: float | None
+    consumed_samples: int
+    elapsed_s: float
+    backend: str
+
+
+def default_run_dir(base: str | Path = "runs") -> Path:
+    """A fresh timestamped folder under ``base``."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path(base) / f"demo-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path(base) / f"demo-{stamp}-{n}"
+    return path
+
+
+def resolve_run_dir(cfg: DemoConfig) -> Path:
+    """The run folder: ``--run-dir``, else for ``--resume`` the newest ./runs folder with a checkpoint, else new."""
+    if cfg.run_dir:
+        path = Path(cfg.run_dir)
+        if cfg.resume and not (path / "checkpoints" / "latest").is_file():
+            raise ConfigError(
+                "run_dir", cfg.run_dir, "a run folder with checkpoints/latest (from an earlier run) for --resume"
+            )
+        return path
+    if cfg.resume:
+        runs = sorted(
+            (p for p in Path("runs").glob("demo-*") if (p / "checkpoints" / "latest").is_file()),
+            key=lambda p: p.stat().st_mtime,
+        )
+        if not runs:
+            raise ConfigError("run_dir", None, "a run folder with a checkpoint (none under ./runs) for --resume")
+        return runs[-1]
+    return default_run_dir()
+
+
+def _setup_logging(run_dir: Path, rank: int) -> None:
+    """Everything at INFO to run_dir/demo.rank<r>.log; only warnings of colo_fsm on the console."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    fh = logging.FileHandler(run_dir / f"demo.rank{rank}.log")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root.addHandler(fh)
+    ch = logging.StreamHandler()
+    ch.setLevel(logging.WARNING)
+    ch.addFilter(lambda r: r.name.startswith("colo_fsm"))
+    ch.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.addHandler(ch)
+    logging.captureWarnings(True)
+    warnings.simplefilter("default")
+
+
+def _to_rollouts(groups: Sequence[Any]) -> list[Any]:
+    from colo_fsm.adapters.megatron.trainer import Rollout
+
+    out = []
+    for g in groups:
+        prompt_ids = tuple(g.metadata["prompt_ids"])
+        lps = g.metadata.get("logprobs") or [[] for _ in g.samples]
+        for s, r, lp in zip(g.samples, g.rewards, lps):
+            out.append(Rollout(prompt_ids, tuple(s.token_ids), float(r), g.prompt_id, tuple(lp), g.weight_version))
+    return out
+
+
+def run_rank(
+    cfg: DemoConfig, run_dir: Path, rank: int = 0, world: int = 1, init_method: str | None = None
+) -> DemoResult | None:
+    """Run the demo as ``rank`` of ``world``; rank 0 shows progress and returns the result."""
+    import torch
+
+    from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine
+    from colo_fsm.adapters.megatron.model import ModelConfig, build_model
+    from colo_fsm.adapters.megatron.parallel import init_distributed, shutdown_distributed
+    from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
+    from colo_fsm.adapters.protocols import Completion
+    from colo_fsm.collector import AsyncCollector, ReplayBuffer, TrajectoryGroup
+    from colo_fsm.demo.progress import ProgressDisplay
+    from colo_fsm.demo.task import ALPHABET, PromptStream, ReverseTask, validation_prompts
+    from colo_fsm.guards import CheckpointDecision, InFlightCap, TorchBarrier, ValidationDecision
+    from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+    from colo_fsm.metrics import MetricsLogger
+    from colo_fsm.states.spec import Fact, State
+
+    t_start = time.monotonic()
+    _setup_logging(run_dir, rank)
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(threads)
+    if cfg.device == "cuda":
+        os.environ.setdefault("LOCAL_RANK", str(rank))
+    init_distributed(1, device=cfg.device, rank=rank, world_size=world, init_method=init_method)
+    show = rank == 0
+    task = ReverseTask(cfg.num_digits)
+    tok = CharTokenizer(ALPHABET)
+    model = build_model(
+        ModelConfig(
+            vocab_size=tok.vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            max_sequence_length=32,
+            device=cfg.device,
+            seed=cfg.seed,
+        )
+    )
+    ckpt_dir = run_dir / "checkpoints"
+    trainer = MegatronTrainer(model, TrainerConfig(lr=cfg.lr, checkpoint_dir=str(ckpt_dir)), pad_id=tok.pad)
+    lc_ref: dict[str, Lifecycle] = {}
+    engine = MegatronEngine(
+        model,
+        tok,
+        GenerationConfig(kv_cache_mode=cfg.kv_cache_mode),
+        weight_version=lambda: lc_ref["lc"].weight_version,
+    )
+    buffer = ReplayBuffer(cfg.num_prompts_per_step, cfg.max_trajectory_age_steps)
+    start_step = start_version = consumed0 = 0
+    stream_index = 0
+    if cfg.resume:
+        info = trainer.load_checkpoint(ckpt_dir)
+        extra = info.extra_state
+        buffer.load_state_dict(extra["replay_buffer"])
+        stream_index = int(extra["prompt_stream"]["index"])
+        consumed0 = int(extra.get("demo", {}).get("consumed_samples", 0))
+        start_step, start_version = info.step, info.weight_version
+        if start_step >= cfg.steps:
+            raise ConfigError("steps", cfg.steps, f"more than the checkpoint's step {start_step} to resume")
+    stream = PromptStream(task, seed=cfg.seed * 1000 + rank, index=stream_index)
+
+    def rollout(prompt: Any) -> TrajectoryGroup:
+        ids = tok.tokenize(prompt.text)
+        outs = engine.generate_ids(
+            [ids] * cfg.samples_per_group, max_tokens=task.max_tokens, temperature=cfg.temperature
+        )
+        answer = tok.tokenize(prompt.metadata["answer"])
+        rewards = [task.reward(answer, o.token_ids, tok.eod) for o in outs]
+        samples = [Completion(o.text, o.token_ids, o.weight_version, o.finish_reason) for o in outs]
+        return TrajectoryGroup(
+            prompt.prompt_id,
+            prompt.text,
+            tuple(samples),
+            tuple(rewards),
+            weight_version=min(o.weight_version for o in outs),
+            metadata={"prompt_ids": ids, "logprobs": [list(o.logprobs) for o in outs]},
+        )
+
+    val = validation_prompts(task, cfg.val_prompts)
+
+    def validator(step: int, weight_version: int) -> dict[str, float]:
+        outs = engine.generate_ids([tok.tokenize(p.text) for p in val], max_tokens=task.max_tokens, temperature=0.0)
+        exact = [o.text == p.metadata["answer"] and o.finish_reason == "stop" for o, p in zip(outs, val)]
+        rewards = [task.reward(tok.tokenize(p.metadata["answer"]), o.token_ids, tok.eod) for o, p in zip(outs, val)]
+        return {"val/accuracy": sum(exact) / len(exact), "val/reward": sum(rewards) / len(rewards)}
+
+    collector = AsyncCollector(
+        rollout,
+        stream,
+        buffer,
+        weight_version=lambda: lc_ref["lc"].weight_version,
+        cap=InFlightCap(
+            cfg.num_prompts_per_step, cfg.max_trajectory_age_steps or 1, samples_per_group=cfg.samples_per_group
+        )
+        if cfg.max_trajectory_age_steps
+        else None,
+        admit=lambda: lc_ref["lc"].state is State.GENERATING,
+        name=f"collector.rank{rank}",
+    )
+    metrics: MetricsLogger | None = MetricsLogger(run_dir, tensorboard=cfg.tensorboard) if show else None
+    if metrics is not None:
+        metrics.consumed_samples = consumed0
+    consumed = consumed0
+
+    def checkpoint_extra() -> dict[str, Any]:
+        return {
+            "replay_buffer": buffer.state_dict(),
+            "prompt_stream": stream.state_dict(),
+            "demo": {"consumed_samples": consumed},
+        }
+
+    lc = Lifecycle(
+        engine,
+        trainer,
+        collector,
+        config=LifecycleConfig(
+            num_steps=cfg.steps,
+            rank=rank,
+            world_size=world,
+            start_step=start_step,
+            start_weight_version=start_version,
+            trace_path=run_dir / f"trace.rank{rank}.jsonl",
+        ),
+        barrier=TorchBarrier(timeout_s=300) if world > 1 else None,
+        checkpoint=CheckpointDecision(cfg.checkpoint_every),
+        validation=ValidationDecision(cfg.validate_every),
+        validator=validator,
+        checkpoint_extra=checkpoint_extra,
+    )
+    lc_ref["lc"] = lc
+    display = ProgressDisplay(cfg.steps) if show else None
+    if display is not None:
+        display.event(f"run folder: {run_dir}")
+        display.event(
+            f"engine: backend={engine.backend_name} ({engine.backend_reason}); "
+            f"kv_cache_mode={engine.kv_cache_mode.value}; one model object for training and generation; "
+            f"{world} rank(s) over {'NCCL' if cfg.device == 'cuda' else 'gloo'}"
+        )
+        if cfg.resume:
+            display.event(
+                f"resumed from {ckpt_dir / 'latest'}: step {start_step}, weight version {start_version}, "
+                f"{len(buffer)} buffered groups, {stream_index} prompts drawn"
+            )
+    rewards_seen: list[float] = []
+    val_acc: float | None = None
+    dp = world
+    steps_this_run = 0
+    try:
+        lc.start()
+        while not lc.finished:
+            groups = buffer.sample(lc.weight_version, timeout=cfg.sample_timeout_s)
+            step = lc.step_index
+            result = lc.step(_to_rollouts(groups))
+            steps_this_run += 1
+            consumed += result.consumed_samples * dp
+            reward = float(result.metrics.get("train/reward_mean", 0.0))
+            rewards_seen.append(reward)
+            if metrics is not None and display is not None:
+                from colo_fsm.collector import step_metrics
+
+                m = dict(result.metrics)
+                m.update(step_metrics(buffer, collector))
+                m["lifecycle/weight_version"] = float(lc.weight_version)
+                ages = [g.age(lc.weight_version - 1) for g in groups]
+                m["train/trajectory_age_mean"] = sum(ages) / len(ages)
+                # the last step never wakes the engine, so it does not validate even when latched to
+                validated = bool(lc.validation_decision.peek(step)) and not lc.facts[Fact.LAST_STEP]
+                if validated and lc.last_validation:
+                    m.update(lc.last_validation)
+                    val_acc = float(lc.last_validation.get("val/accuracy", 0.0))
+                rec = metrics.log(lc.step_index, m, consumed_samples=result.consumed_samples * dp)
+                display.update(
+                    state=lc.state.value,
+                    step=lc.step_index,
+                    weight_version=lc.weight_version,
+                    reward=reward,
+                    consumed=rec["train/consumed_samples"],
+                    samples_per_s=rec["train/samples_per_s"],
+                )
+                if lc.checkpoint_decision.peek(step):
+                    display.event(
+                        f"checkpoint saved: {ckpt_dir / f'step_{lc.step_index:08d}'} "
+                        f"(weight version {lc.weight_version})"
+                    )
+                if validated:
+                    display.event(
+                        f"validation at step {lc.step_index}: accuracy {val_acc:.3f}, "
+                        f"reward {m.get('val/reward', 0.0):.3f}"
+                    )
+            if cfg.stop_after is not None and steps_this_run >= cfg.stop_after and not lc.finished:
+                if display is not None:
+                    display.event(f"stopping early after {steps_this_run} steps (--stop-after)")
+                break
+    finally:
+        try:
+            lc.stop()
+        finally:
+            collector.close()
+            if display is not None:
+                display.close()
+            if metrics is not None:
+                metrics.close()
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # every rank's trace is complete before rank 0 draws the timeline
+    result_out = None
+    if show:
+        _write_artifacts(run_dir, world)
+        n = min(10, len(rewards_seen))
+        result_out = DemoResult(
+            run_dir=str(run_dir),
+            start_step=start_step,
+            end_step=lc.step_index,
+            weight_version=lc.weight_version,
+            first_rewards=sum(rewards_seen[:n]) / max(1, n),
+            last_rewards=sum(rewards_seen[-n:]) / max(1, n),
+            val_accuracy=val_acc,
+            consumed_samples=consumed,
+            elapsed_s=time.monotonic() - t_start,
+            backend=engine.backend_name,
+        )
+        (run_dir / "result.json").write_text(json.dumps(result_out.__dict__, indent=1), encoding="utf-8")
+    shutdown_distributed()
+    return result_out
+
+
+def _write_artifacts(run_dir: Path, world: int) -> None:
+    """Lifecycle diagram (Mermaid + DOT text) and the per-rank timeline picture."""
+    try:
+        from colo_fsm.diagram import diagram_text
+
+        (run_dir / "lifecycle.mmd").write_text(diagram_text("mermaid"), encoding="utf-8")
+        (run_dir / "lifecycle.dot").write_text(diagram_text("dot"), encoding="utf-8")
+    except Exception as exc:  # the diagram is a by-product: never fail the run for it
+        log.warning("could not write the lifecycle diagram: %s", exc)
+    try:
+        from colo_fsm.timeline import render_timeline
+
+        traces = [run_dir / f"trace.rank{r}.jsonl" for r in range(world)]
+        render_timeline(
+            [t for t in traces if t.exists()],
+            run_dir / "timeline.png",
+            title="colo-fsm demo: lifecycle states per rank",
+        )
+    except Exception as exc:
+        log.warning("could not draw the timeline: %s", exc)
+
+
+def _worker(rank: int, cfg: DemoConfig, run_dir: str, world: int, init_method: str) -> None:
+    run_rank(cfg, Path(run_dir), rank, world, init_method)
+
+
+def launch(cfg: DemoConfig) -> DemoResult:
+    """Run the demo: in this process for one rank, else ``cfg.ranks`` spawned processes; returns rank 0's result."""
+    run_dir = resolve_run_dir(cfg)
+    if cfg.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device", "cuda", "'cpu' on a machine without a CUDA device")
+        if cfg.ranks > torch.cuda.device_count():
+            raise ConfigError("ranks", cfg.ranks, f"at most the {torch.cuda.device_count()} visible GPU(s)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / ("config.resume.json" if cfg.resume else "config.json")).write_text(
+        json.dumps({**cfg.to_dict(), "run_dir": str(run_dir)}, indent=1), encoding="utf-8"
+    )
+    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:  # started by torchrun: one rank here
+        res = run_rank(cfg, run_dir, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://")
+        return res or _read_result(run_dir)
+    if cfg.ranks == 1:
+        res = run_rank(cfg, run_dir)
+        assert res is not None
+        return res
+    import torch.multiprocessing as mp
+
+    from colo_fsm.adapters.megatron.parallel import free_port
+
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    mp.spawn(_worker, args=(cfg, str(run_dir), cfg.ranks, init_method), nprocs=cfg.ranks, join=True)
+    return _read_result(run_dir)
+
+
+def _read_result(run_dir: Path) -> DemoResult:
+    data = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+    return DemoResult(**data)
+
+
+__all__ = ["DemoResult", "default_run_dir", "launch", "resolve_run_dir", "run_rank"]
