@@ -44,6 +44,7 @@ from colo_fsm.states.spec import (
 from colo_fsm.states.validate import validate_spec
 
 log = logging.getLogger("colo_fsm.lifecycle")
+_STATE_BY_NAME = {s.value: s for s in State}
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:
@@ -202,7 +203,7 @@ class Lifecycle:
     @property
     def state(self) -> State:
         """The current state."""
-        return State(self._model.state)
+        return _STATE_BY_NAME[self._model.state]
 
     @property
     def finished(self) -> bool:

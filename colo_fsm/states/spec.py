@@ -136,10 +136,16 @@ class LifecycleSpec:
     fail_trigger: str = "fail"  # fired by the machine itself when an action raises, from any failable state
     _by_state: dict[State, StateSpec] = field(init=False, repr=False, compare=False)
     _by_action: dict[str, ActionSpec] = field(init=False, repr=False, compare=False)
+    _outgoing: dict[State, tuple[TransitionSpec, ...]] = field(init=False, repr=False, compare=False)
+    _triggers: dict[State, tuple[str, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_state", {s.state: s for s in self.states})
         object.__setattr__(self, "_by_action", {a.name: a for a in self.actions})
+        outgoing = {s: tuple(t for t in self.transitions if t.source == s) for s in State}
+        object.__setattr__(self, "_outgoing", outgoing)
+        object.__setattr__(self, "_triggers", {s: tuple(dict.fromkeys(t.trigger for t in ts))
+                                               for s, ts in outgoing.items()})
 
     def state(self, state: State | str) -> StateSpec:
         """The spec of one state."""
@@ -151,13 +157,13 @@ class LifecycleSpec:
 
     def outgoing(self, state: State | str) -> tuple[TransitionSpec, ...]:
         """Transitions leaving ``state``, in declaration order."""
-        s = State(state)
-        return tuple(t for t in self.transitions if t.source == s)
+        return self._outgoing[State(state)]
 
     def triggers(self, state: State | str | None = None) -> tuple[str, ...]:
         """Trigger names (of one state, or of the whole machine), each once, in declaration order."""
-        ts = self.transitions if state is None else self.outgoing(state)
-        return tuple(dict.fromkeys(t.trigger for t in ts))
+        if state is not None:
+            return self._triggers[State(state)]
+        return tuple(dict.fromkeys(t.trigger for t in self.transitions))
 
     def user_triggers(self) -> tuple[str, ...]:
         """Triggers the training loop fires (every non-automatic one)."""
