@@ -203,6 +203,7 @@ def render_timeline(
     spec: LifecycleSpec = LIFECYCLE,
     width_in: float = 12.0,
     dpi: int = 120,
+    legend: bool = True,
 ) -> Path:
     """Draw the traces at ``traces`` (JSON-lines files) to ``output`` (.png, .svg or .pdf); return the path.
 
@@ -270,9 +271,10 @@ def render_timeline(
             or f"colo-fsm timeline ({len(labels)} row{'s' if len(labels) != 1 else ''}, "
             f"{sum(len(r) for r in rows.values())} transitions)"
         )
-        handles = [Patch(facecolor=colors[s], label=s) for s in colors if s in present]
-        handles.append(Patch(facecolor="#212121", alpha=0.55, label="actions running"))
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        handles = [] if not legend else [Patch(facecolor=colors[s], label=s) for s in colors if s in present]
+        if handles:
+            handles.append(Patch(facecolor="#212121", alpha=0.55, label="actions running"))
+            ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
         fig.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, format=kind)

@@ -98,13 +98,18 @@ def test_png_of_a_two_rank_run(two_rank_traces: list[Path], tmp_path: Path) -> N
     assert data[:8] == PNG_MAGIC and len(data) > 15_000
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert width >= 1000 and height >= 200
-    colors = _colors_in_png(out)
-    rows = load_rows(two_rank_traces)
-    horizon = max(s.end for s in spans(rows)) - min(s.start for s in spans(rows))
-    wide = {s.state for s in spans(rows) if s.end - s.start > horizon / 100}
-    assert {"Generating", "Draining", "Training", "Checkpointing", "Waking"} <= wide
+
+    # Without the legend, a state's colour can only come from its bars: every state that lasted long enough
+    # to be wider than a few pixels must be drawn, and a state that never happened must not be.
+    bare = render_timeline(two_rank_traces, tmp_path / "bare.png", legend=False)
+    colors = _colors_in_png(bare)
+    all_spans = spans(load_rows(two_rank_traces))
+    horizon = max(s.end for s in all_spans) - min(s.start for s in all_spans)
+    wide = {s.state for s in all_spans if s.end - s.start > horizon / 80}
+    assert len(wide) >= 4, wide
     for state in wide:
         assert _hex(_STATE_COLORS[state]) in colors, f"{state} is not drawn"
+    assert _hex(_STATE_COLORS["Failed"]) not in colors
 
 
 def test_rows_and_spans_follow_the_trace(two_rank_traces: list[Path]) -> None:
@@ -128,6 +133,8 @@ def test_failed_run_is_drawn(failed_trace: Path, tmp_path: Path) -> None:
     out = render_timeline([failed_trace], tmp_path / "failed.svg", title="failure")
     svg = out.read_text()
     assert svg.startswith("<?xml") and "<svg" in svg
+    png = render_timeline([failed_trace], tmp_path / "failed.png", legend=False)
+    assert (0xB7, 0x1C, 0x1C) in _colors_in_png(png)  # the failure mark
 
 
 def test_same_rank_in_two_files_gets_two_rows(failed_trace: Path, two_rank_traces: list[Path]) -> None:
