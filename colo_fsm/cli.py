@@ -210,8 +210,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         mark = "" if rec.ok else "  FAILED: " + (rec.error or "")
         with print_lock:
             print(
-                f"rank {rec.rank}  step {rec.step:>3}  v{rec.weight_version:<3}  {rec.source:>13} "
-                f"-[{rec.trigger}]-> {rec.dest:<13} {rec.duration_s * 1e3:7.2f} ms  {acts}{mark}",
+                f"rank {rec.rank}  v{rec.weight_version:<3} {rec.source:>13} {'-[' + rec.trigger + ']->':<20} "
+                f"{rec.dest:<13} {rec.duration_s * 1e3:7.2f} ms  {acts}{mark}",
                 flush=True,
             )
 
