@@ -40,6 +40,7 @@ class LifecycleError(ColoFsmError):
         self.state = state
         self.rank = rank
         self.weight_version = weight_version
+        self.message = message  # without the [state=..., rank=..., weight_version=...] suffix
         where = ", ".join(
             f"{k}={v}"
             for k, v in (("state", state), ("rank", rank), ("weight_version", weight_version))
@@ -112,8 +113,9 @@ class ActionFailed(LifecycleError):
         self.action = action
         self.trigger = trigger
         self.cause = cause
+        detail = cause.message if isinstance(cause, LifecycleError) else str(cause)
         super().__init__(
-            f"action {action!r} of trigger {trigger!r} failed: {type(cause).__name__}: {cause}",
+            f"action {action!r} of trigger {trigger!r} failed: {type(cause).__name__}: {detail}",
             state=state,
             rank=rank,
             weight_version=weight_version,

@@ -55,9 +55,13 @@ class MetricsLogger:
             self.consumed_samples += consumed_samples
             now = self._clock()
             elapsed = now - self.t0
-            record: dict[str, Any] = {"step": step, "elapsed_s": round(elapsed, 6), "wall_time": now,
-                                      "train/consumed_samples": self.consumed_samples,
-                                      "train/samples_per_s": self.consumed_samples / elapsed if elapsed > 0 else 0.0}
+            record: dict[str, Any] = {
+                "step": step,
+                "elapsed_s": round(elapsed, 6),
+                "wall_time": now,
+                "train/consumed_samples": self.consumed_samples,
+                "train/samples_per_s": self.consumed_samples / elapsed if elapsed > 0 else 0.0,
+            }
             record.update({k: float(v) for k, v in metrics.items()})
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
@@ -67,8 +71,12 @@ class MetricsLogger:
                         continue
                     self._tb.add_scalar(k, float(v), global_step=step, walltime=now)
                 # consumed samples against elapsed seconds: the x axis is wall-clock, in whole milliseconds
-                self._tb.add_scalar("train/consumed_samples_vs_elapsed_ms", self.consumed_samples,
-                                    global_step=int(elapsed * 1000), walltime=now)
+                self._tb.add_scalar(
+                    "train/consumed_samples_vs_elapsed_ms",
+                    self.consumed_samples,
+                    global_step=int(elapsed * 1000),
+                    walltime=now,
+                )
             return record
 
     def close(self) -> None:

@@ -9,8 +9,13 @@ from colo_fsm.guards.capacity import InFlightCap
 
 
 def test_cap_is_min_of_age_bound_and_actor_capacity():
-    cap = InFlightCap(num_prompts_per_step=64, max_trajectory_age_steps=4, samples_per_group=16,
-                      actor_max_concurrency=1000, control_headroom=8)
+    cap = InFlightCap(
+        num_prompts_per_step=64,
+        max_trajectory_age_steps=4,
+        samples_per_group=16,
+        actor_max_concurrency=1000,
+        control_headroom=8,
+    )
     assert cap.configured == 256
     assert cap.actor_capacity_groups == (1000 - 8) // 16 == 62
     assert cap.value == 62 and cap.lowered

@@ -9,8 +9,13 @@ from colo_fsm.guards.parallelism import ParallelismWarning, check_parallelism
 
 
 @pytest.mark.parametrize(
-    "field", ["tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
-              "expert_tensor_parallel_size"],
+    "field",
+    [
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+    ],
 )
 def test_weight_sharding_mismatch_raises_with_both_values(field):
     with pytest.raises(ParallelismMismatch) as info:

@@ -37,8 +37,13 @@ from colo_fsm.testing.fakes import recording_adapters
 def make(num_steps=6, save_every=2, validate_every=3, validator=True, **kw):
     j, e, t, c, d = recording_adapters(urls=["http://127.0.0.1:1/v1"])
     lc = Lifecycle(
-        e, t, c, config=LifecycleConfig(num_steps=num_steps, **kw), drain=d,
-        checkpoint=CheckpointDecision(save_every), validation=ValidationDecision(validate_every),
+        e,
+        t,
+        c,
+        config=LifecycleConfig(num_steps=num_steps, **kw),
+        drain=d,
+        checkpoint=CheckpointDecision(save_every),
+        validation=ValidationDecision(validate_every),
         validator=(lambda s, w: {"acc": 1.0}) if validator else None,
     )
     return lc, j, e, t, c
@@ -72,11 +77,15 @@ def test_handoff_order_in_both_directions():
     calls = j.methods()
     # to training: pause, suspend, drain before train_step
     i_train = calls.index("trainer.train_step")
-    assert calls[i_train - 3: i_train] == ["engine.suspend", "device.drain", "trainer.restore_buffers"]
+    assert calls[i_train - 3 : i_train] == ["engine.suspend", "device.drain", "trainer.restore_buffers"]
     # to generation: drain before resume, resume engine before collector
     i_resume = calls.index("engine.resume")
-    assert calls[i_resume - 2: i_resume + 2] == [
-        "trainer.offload_buffers", "device.drain", "engine.resume", "collector.resume"]
+    assert calls[i_resume - 2 : i_resume + 2] == [
+        "trainer.offload_buffers",
+        "device.drain",
+        "engine.resume",
+        "collector.resume",
+    ]
 
 
 def test_checkpoint_runs_with_engine_and_collector_down_and_post_step_wake_deferred():
@@ -105,7 +114,7 @@ def test_validate_after_save_on_a_step_that_does_both():
         lc.step([1])
     dests = [r.dest for r in lc.trace.records]
     i_ck = dests.index("Checkpointing")
-    assert dests[i_ck + 1: i_ck + 3] == ["Validating", "Generating"]
+    assert dests[i_ck + 1 : i_ck + 3] == ["Validating", "Generating"]
 
 
 def test_last_step_never_wakes():
@@ -142,7 +151,9 @@ def test_guard_rejection_is_typed_and_changes_nothing():
         LIFECYCLE,
         transitions=tuple(
             dataclasses.replace(t, actions=tuple(a for a in t.actions if a != "bump_weight_version"))
-            if t.trigger == "train" else t for t in LIFECYCLE.transitions
+            if t.trigger == "train"
+            else t
+            for t in LIFECYCLE.transitions
         ),
     )
     j, e, t, c, d = recording_adapters()
@@ -195,8 +206,13 @@ def test_refit_engine_refused_for_async_training():
 
 @pytest.mark.parametrize(
     "kwargs,field",
-    [({"num_steps": 0}, "num_steps"), ({"rank": 2, "world_size": 2}, "rank"), ({"world_size": 0}, "world_size"),
-     ({"start_step": 5, "num_steps": 5}, "start_step"), ({"start_weight_version": -1}, "start_weight_version")],
+    [
+        ({"num_steps": 0}, "num_steps"),
+        ({"rank": 2, "world_size": 2}, "rank"),
+        ({"world_size": 0}, "world_size"),
+        ({"start_step": 5, "num_steps": 5}, "start_step"),
+        ({"start_weight_version": -1}, "start_weight_version"),
+    ],
 )
 def test_bad_config(kwargs, field):
     with pytest.raises(ConfigError, match=field):
@@ -337,10 +353,17 @@ def _run_ranks(world, spec=LIFECYCLE, check_spec=True):
     def rank_main(rank):
         e, t, c = _rank_adapters(comm, rank)
         lc = Lifecycle(
-            e, t, c, config=LifecycleConfig(num_steps=5, rank=rank, world_size=world),
-            drain=lambda: comm.drain(rank), barrier=ThreadBarrier(shared, rank, timeout_s=10),
-            checkpoint=CheckpointDecision(2), validation=ValidationDecision(2),
-            validator=lambda s, w: {}, spec=spec, check_spec=check_spec,
+            e,
+            t,
+            c,
+            config=LifecycleConfig(num_steps=5, rank=rank, world_size=world),
+            drain=lambda: comm.drain(rank),
+            barrier=ThreadBarrier(shared, rank, timeout_s=10),
+            checkpoint=CheckpointDecision(2),
+            validation=ValidationDecision(2),
+            validator=lambda s, w: {},
+            spec=spec,
+            check_spec=check_spec,
         )
         try:
             run_all(lc)
@@ -393,7 +416,9 @@ def test_broken_teardown_at_validation_is_rejected():
 
 
 def test_broken_second_build_is_rejected():
-    ts = (*LIFECYCLE.transitions,
-          dataclasses.replace(LIFECYCLE.transitions[0], trigger="rebuild", source=State.VALIDATING))
+    ts = (
+        *LIFECYCLE.transitions,
+        dataclasses.replace(LIFECYCLE.transitions[0], trigger="rebuild", source=State.VALIDATING),
+    )
     with pytest.raises(SpecError, match="build_engine"):
         validate_spec(dataclasses.replace(LIFECYCLE, transitions=ts))

@@ -92,8 +92,9 @@ class TextGenerator(Protocol):
     suspended.
     """
 
-    def generate(self, prompts: Sequence[str], *, max_tokens: int, temperature: float = 0.0,
-                 seed: int | None = None) -> list[Completion]:
+    def generate(
+        self, prompts: Sequence[str], *, max_tokens: int, temperature: float = 0.0, seed: int | None = None
+    ) -> list[Completion]:
         """Generate one completion per prompt."""
 
 

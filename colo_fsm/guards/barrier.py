@@ -82,7 +82,10 @@ class ThreadBarrier:
             self.shared.wait(timeout=self.timeout_s)
         except threading.BrokenBarrierError as exc:
             raise BarrierTimeout(
-                self.timeout_s, state=state, rank=self.rank, weight_version=weight_version,
+                self.timeout_s,
+                state=state,
+                rank=self.rank,
+                weight_version=weight_version,
                 detail="a peer timed out or left",
             ) from exc
 

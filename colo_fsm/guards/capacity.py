@@ -44,12 +44,18 @@ class InFlightCap:
         _positive("actor_max_concurrency", self.actor_max_concurrency)
         _positive("control_headroom", self.control_headroom, allow_zero=True)
         if self.control_headroom >= self.actor_max_concurrency:
-            raise ConfigError("control_headroom", self.control_headroom,
-                              f"fewer than actor_max_concurrency={self.actor_max_concurrency} calls")
+            raise ConfigError(
+                "control_headroom",
+                self.control_headroom,
+                f"fewer than actor_max_concurrency={self.actor_max_concurrency} calls",
+            )
         if self.actor_capacity_groups < 1:
-            raise ConfigError("samples_per_group", self.samples_per_group,
-                              f"at most actor_max_concurrency - control_headroom = "
-                              f"{self.actor_max_concurrency - self.control_headroom} so one group fits the actor")
+            raise ConfigError(
+                "samples_per_group",
+                self.samples_per_group,
+                f"at most actor_max_concurrency - control_headroom = "
+                f"{self.actor_max_concurrency - self.control_headroom} so one group fits the actor",
+            )
 
     @property
     def configured(self) -> int:
@@ -73,10 +79,12 @@ class InFlightCap:
 
     def explain(self) -> str:
         """One line with both numbers."""
-        return (f"in-flight prompt groups capped at {self.value} (configured "
-                f"num_prompts_per_step*max_trajectory_age_steps={self.configured}; actor allows "
-                f"({self.actor_max_concurrency}-{self.control_headroom})//{self.samples_per_group}="
-                f"{self.actor_capacity_groups})")
+        return (
+            f"in-flight prompt groups capped at {self.value} (configured "
+            f"num_prompts_per_step*max_trajectory_age_steps={self.configured}; actor allows "
+            f"({self.actor_max_concurrency}-{self.control_headroom})//{self.samples_per_group}="
+            f"{self.actor_capacity_groups})"
+        )
 
     def report(self, logger: logging.Logger | None = None) -> int:
         """Log once, with both numbers, when the cap was lowered; return the effective cap."""

@@ -26,11 +26,15 @@ class HandoffLedger:
         leftover = self.dirty - {kind}
         if leftover:
             names = ", ".join(sorted(k.value for k in leftover))
-            raise LifecycleError(f"{kind.value} work would start while {names} work is still on this device "
-                                 "(drain the own device and meet the barrier first)")
+            raise LifecycleError(
+                f"{kind.value} work would start while {names} work is still on this device "
+                "(drain the own device and meet the barrier first)"
+            )
         if self.phase is not None and self.phase != kind and not self.complete:
-            raise LifecycleError(f"{kind.value} work would start after {self.phase.value} work without a "
-                                 "completed handoff (drain own device, then barrier)")
+            raise LifecycleError(
+                f"{kind.value} work would start after {self.phase.value} work without a "
+                "completed handoff (drain own device, then barrier)"
+            )
         self.phase = kind
         self.dirty.add(kind)
         self.drained = False
@@ -45,8 +49,10 @@ class HandoffLedger:
         """Refuse a barrier before this rank drained its own device."""
         if not self.drained:
             names = ", ".join(sorted(k.value for k in self.dirty))
-            raise LifecycleError(f"barrier reached with {names} work still on this device: drain the device "
-                                 "named by LOCAL_RANK before the barrier")
+            raise LifecycleError(
+                f"barrier reached with {names} work still on this device: drain the device "
+                "named by LOCAL_RANK before the barrier"
+            )
 
     def record_barrier(self) -> None:
         """Every rank met the barrier after draining."""
@@ -54,8 +60,12 @@ class HandoffLedger:
 
     def snapshot(self) -> dict[str, object]:
         """A JSON-friendly view for traces and errors."""
-        return {"phase": self.phase.value if self.phase else None,
-                "dirty": sorted(k.value for k in self.dirty), "drained": self.drained, "complete": self.complete}
+        return {
+            "phase": self.phase.value if self.phase else None,
+            "dirty": sorted(k.value for k in self.dirty),
+            "drained": self.drained,
+            "complete": self.complete,
+        }
 
 
 __all__ = ["HandoffLedger"]

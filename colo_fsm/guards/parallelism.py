@@ -23,9 +23,13 @@ WEIGHT_SHARDING_FIELDS = (
 ACTIVATION_SHARDING_FIELDS = ("context_parallel_size",)
 """Settings that shard activations only: a mismatch warns (it still cannot apply)."""
 
-_ALIASES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
-            "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size",
-            "cp": "context_parallel_size"}
+_ALIASES = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+    "cp": "context_parallel_size",
+}
 
 
 class ParallelismWarning(UserWarning):
@@ -82,8 +86,10 @@ def check_parallelism(training: Any, generation: Any) -> ParallelismCheck:
             continue
         if name in WEIGHT_SHARDING_FIELDS:
             raise ParallelismMismatch(name, training=train, generation=gen)
-        msg = (f"{name}: generation asks for {gen} but the colocated engine inherits the training "
-               f"{name}={train}; it shards activations, not weights, so it is ignored")
+        msg = (
+            f"{name}: generation asks for {gen} but the colocated engine inherits the training "
+            f"{name}={train}; it shards activations, not weights, so it is ignored"
+        )
         warnings.warn(msg, ParallelismWarning, stacklevel=2)
         log.warning(msg)
         warned.append(msg)

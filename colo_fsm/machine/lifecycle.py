@@ -291,7 +291,10 @@ class Lifecycle:
         state = self.state
         if trigger not in self.spec.triggers(state):
             raise InvalidTransition(
-                trigger, state.value, allowed=self.spec.triggers(state), rank=self.rank,
+                trigger,
+                state.value,
+                allowed=self.spec.triggers(state),
+                rank=self.rank,
                 weight_version=self.weight_version,
             )
         self._pending = (trigger, time.time(), state)
@@ -301,14 +304,12 @@ class Lifecycle:
             self._fail(err)
             raise self.failure from err.cause  # type: ignore[misc]
         except MachineError as exc:  # defensive: spec and machine disagree
-            raise InvalidTransition(trigger, state.value, rank=self.rank,
-                                    weight_version=self.weight_version) from exc
+            raise InvalidTransition(trigger, state.value, rank=self.rank, weight_version=self.weight_version) from exc
         if not moved:
             failed = tuple(
                 t.guard_text() for t in self.spec.outgoing(state) if t.trigger == trigger and not t.enabled(self.facts)
             )
-            raise GuardRejected(trigger, state.value, failed=failed, rank=self.rank,
-                                weight_version=self.weight_version)
+            raise GuardRejected(trigger, state.value, failed=failed, rank=self.rank, weight_version=self.weight_version)
 
     def _run_automatic(self) -> None:
         while True:
@@ -321,8 +322,13 @@ class Lifecycle:
             if outgoing and not self.spec.state(state).resting:
                 # A transient state with no way out: the lifecycle is stuck (e.g. a step that never bumped the
                 # weight version). Fail loudly instead of leaving the run hanging in a half-done handoff.
-                err = GuardRejected(outgoing[0].trigger, state.value, failed=tuple(t.guard_text() for t in outgoing),
-                                    rank=self.rank, weight_version=self.weight_version)
+                err = GuardRejected(
+                    outgoing[0].trigger,
+                    state.value,
+                    failed=tuple(t.guard_text() for t in outgoing),
+                    rank=self.rank,
+                    weight_version=self.weight_version,
+                )
                 self._fail(_ActionError(f"guard:{outgoing[0].trigger}", outgoing[0].trigger, err))
                 raise err
             return
@@ -349,25 +355,46 @@ class Lifecycle:
                 raise
             finally:
                 self._record(trigger, source, t.dest, t_start, t_enter, ok, error)
-            self._log(logging.INFO, "%s -[%s]-> %s (%.1f ms)", source.value, trigger, t.dest.value,
-                      (time.time() - t_start) * 1e3)
+            self._log(
+                logging.INFO,
+                "%s -[%s]-> %s (%.1f ms)",
+                source.value,
+                trigger,
+                t.dest.value,
+                (time.time() - t_start) * 1e3,
+            )
 
         return run
 
-    def _record(self, trigger: str, source: State, dest: State, t_start: float, t_enter: float, ok: bool,
-                error: str | None) -> None:
+    def _record(
+        self, trigger: str, source: State, dest: State, t_start: float, t_enter: float, ok: bool, error: str | None
+    ) -> None:
         self._seq += 1
         self.trace.append(
             TraceRecord(
-                seq=self._seq, rank=self.rank, trigger=trigger, source=source.value, dest=dest.value,
-                step=self.step_index, weight_version=self.weight_version, t_start=t_start, t_enter=t_enter,
-                t_end=time.time(), ok=ok, error=error, actions=dict(self._action_times),
+                seq=self._seq,
+                rank=self.rank,
+                trigger=trigger,
+                source=source.value,
+                dest=dest.value,
+                step=self.step_index,
+                weight_version=self.weight_version,
+                t_start=t_start,
+                t_enter=t_enter,
+                t_end=time.time(),
+                ok=ok,
+                error=error,
+                actions=dict(self._action_times),
             )
         )
 
     def _log_extra(self) -> dict[str, Any]:
-        return {"state": self.state.value, "rank": self.rank, "weight_version": self.weight_version,
-                "step": self.step_index}
+        return {
+            "state": self.state.value,
+            "rank": self.rank,
+            "weight_version": self.weight_version,
+            "step": self.step_index,
+        }
 
     def _log(self, level: int, msg: str, *args: Any, exc_info: bool = False) -> None:
         """Every lifecycle line names rank, state and weight version (also as ``extra`` fields)."""
@@ -380,8 +407,14 @@ class Lifecycle:
         if isinstance(err.cause, GuardRejected):
             self.failure = err.cause
         else:
-            self.failure = ActionFailed(err.action, err.trigger, err.cause, state=state.value, rank=self.rank,
-                                        weight_version=self.weight_version)
+            self.failure = ActionFailed(
+                err.action,
+                err.trigger,
+                err.cause,
+                state=state.value,
+                rank=self.rank,
+                weight_version=self.weight_version,
+            )
         t0 = time.time()
         if state in self.spec.failable():
             self._model.trigger(self.spec.fail_trigger)  # type: ignore[attr-defined]
@@ -389,11 +422,22 @@ class Lifecycle:
             self._machine.set_state(self.spec.failed.value, model=self._model)
         self._quiesce_after_failure()
         self._seq += 1
-        self.trace.append(TraceRecord(
-            seq=self._seq, rank=self.rank, trigger=self.spec.fail_trigger, source=state.value,
-            dest=self.spec.failed.value, step=self.step_index, weight_version=self.weight_version, t_start=t0,
-            t_enter=t0, t_end=time.time(), ok=False, error=str(self.failure),
-        ))
+        self.trace.append(
+            TraceRecord(
+                seq=self._seq,
+                rank=self.rank,
+                trigger=self.spec.fail_trigger,
+                source=state.value,
+                dest=self.spec.failed.value,
+                step=self.step_index,
+                weight_version=self.weight_version,
+                t_start=t0,
+                t_enter=t0,
+                t_end=time.time(),
+                ok=False,
+                error=str(self.failure),
+            )
+        )
         self._log(logging.ERROR, "%s -> Failed: %s", state.value, self.failure)
 
     def _quiesce_after_failure(self) -> None:
@@ -440,8 +484,12 @@ class Lifecycle:
 
     def _act_build_engine(self) -> None:
         if self.facts[Fact.ENGINE_BUILT]:
-            raise EngineRebuild("the colocated engine is built exactly once per run", state=self.state.value,
-                                rank=self.rank, weight_version=self.weight_version)
+            raise EngineRebuild(
+                "the colocated engine is built exactly once per run",
+                state=self.state.value,
+                rank=self.rank,
+                weight_version=self.weight_version,
+            )
         self._issue("build_engine")
         self.engine.bring_up()
         self.facts[Fact.ENGINE_BUILT] = True
@@ -458,8 +506,9 @@ class Lifecycle:
         step = self.step_index
         save = self.checkpoint_decision.decide(step)
         validate = self.validation_decision.decide(step)
-        deadline_stop = isinstance(self.checkpoint_decision, CheckpointDecision) and \
-            self.checkpoint_decision.stops_run(step)
+        deadline_stop = isinstance(self.checkpoint_decision, CheckpointDecision) and self.checkpoint_decision.stops_run(
+            step
+        )
         last = (self.config.num_steps is not None and step + 1 >= self.config.num_steps) or deadline_stop
         self.facts[Fact.SAVE_THIS_STEP] = save
         self.facts[Fact.VALIDATE_THIS_STEP] = validate
@@ -491,16 +540,24 @@ class Lifecycle:
 
     def _act_train_step(self) -> None:
         if self.engine_condition is EngineCondition.AWAKE:
-            raise LifecycleError("training step while the engine is awake", state=self.state.value,
-                                 rank=self.rank, weight_version=self.weight_version)
+            raise LifecycleError(
+                "training step while the engine is awake",
+                state=self.state.value,
+                rank=self.rank,
+                weight_version=self.weight_version,
+            )
         self._issue("train_step")
         result = self.trainer.train_step(self._batch)
         self.last_result = result if isinstance(result, StepResult) else StepResult()
 
     def _act_bump_weight_version(self) -> None:
         if self.facts[Fact.STEP_TRAINED]:
-            raise LifecycleError("weight version bumped twice in one step", state=self.state.value,
-                                 rank=self.rank, weight_version=self.weight_version)
+            raise LifecycleError(
+                "weight version bumped twice in one step",
+                state=self.state.value,
+                rank=self.rank,
+                weight_version=self.weight_version,
+            )
         self.weight_version += 1
         self.step_index += 1
         self.facts[Fact.STEP_TRAINED] = True
@@ -509,12 +566,17 @@ class Lifecycle:
         self.trainer.offload_buffers()
 
     def _act_save_checkpoint(self) -> None:
-        if self.engine_condition is not EngineCondition.SUSPENDED or \
-                self.collector_condition is not CollectorCondition.PAUSED:
+        if (
+            self.engine_condition is not EngineCondition.SUSPENDED
+            or self.collector_condition is not CollectorCondition.PAUSED
+        ):
             raise LifecycleError(
                 f"checkpoint save with engine {self.engine_condition.value} and collector "
-                f"{self.collector_condition.value}; both must be down", state=self.state.value, rank=self.rank,
-                weight_version=self.weight_version)
+                f"{self.collector_condition.value}; both must be down",
+                state=self.state.value,
+                rank=self.rank,
+                weight_version=self.weight_version,
+            )
         self._issue("save_checkpoint")
         extra: dict[str, Any] = {"colo_fsm": {"step": self.step_index, "weight_version": self.weight_version}}
         if self._checkpoint_extra is not None:
@@ -528,8 +590,12 @@ class Lifecycle:
 
     def _act_resume_collector(self) -> None:
         if self.engine_condition is not EngineCondition.AWAKE:
-            raise LifecycleError("collector resumed while the engine is not awake", state=self.state.value,
-                                 rank=self.rank, weight_version=self.weight_version)
+            raise LifecycleError(
+                "collector resumed while the engine is not awake",
+                state=self.state.value,
+                rank=self.rank,
+                weight_version=self.weight_version,
+            )
         self._issue("resume_collector")
         if self.collector is not None:
             self.collector.resume()
@@ -537,8 +603,12 @@ class Lifecycle:
 
     def _act_shutdown_engine(self) -> None:
         if self.state is not State.STOPPED:
-            raise LifecycleError("engine teardown outside Stopped", state=self.state.value, rank=self.rank,
-                                 weight_version=self.weight_version)
+            raise LifecycleError(
+                "engine teardown outside Stopped",
+                state=self.state.value,
+                rank=self.rank,
+                weight_version=self.weight_version,
+            )
         if self.facts[Fact.ENGINE_BUILT] and self.engine_condition is not EngineCondition.TORN_DOWN:
             self.engine.shutdown()
         self.engine_condition = EngineCondition.TORN_DOWN

@@ -14,7 +14,8 @@ from typing import IO, Any
 class TraceRecord:
     """One transition: where it went, on which rank, at which weight version, and when.
 
-    ``t_start`` is when the trigger fired, ``t_enter`` when the machine entered ``dest`` (its actions run
+    ``step`` is the number of training steps completed when the transition finished (so a ``train`` record
+    already counts its own step). ``t_start`` is when the trigger fired, ``t_enter`` when the machine entered ``dest`` (its actions run
     after that), ``t_end`` when the last action returned; all are ``time.time()`` seconds.
     """
 

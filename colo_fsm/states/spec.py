@@ -114,9 +114,7 @@ class TransitionSpec:
 
     def enabled(self, facts: dict[Fact, bool] | dict[str, bool]) -> bool:
         """Whether this transition's guards hold for ``facts`` (missing facts read False)."""
-        return all(facts.get(f, False) for f in self.when) and not any(
-            facts.get(f, False) for f in self.unless
-        )
+        return all(facts.get(f, False) for f in self.when) and not any(facts.get(f, False) for f in self.unless)
 
     def guard_text(self) -> str:
         """Guards as a short expression, e.g. ``save_this_step and not last_step``."""
@@ -144,8 +142,9 @@ class LifecycleSpec:
         object.__setattr__(self, "_by_action", {a.name: a for a in self.actions})
         outgoing = {s: tuple(t for t in self.transitions if t.source == s) for s in State}
         object.__setattr__(self, "_outgoing", outgoing)
-        object.__setattr__(self, "_triggers", {s: tuple(dict.fromkeys(t.trigger for t in ts))
-                                               for s, ts in outgoing.items()})
+        object.__setattr__(
+            self, "_triggers", {s: tuple(dict.fromkeys(t.trigger for t in ts)) for s, ts in outgoing.items()}
+        )
 
     def state(self, state: State | str) -> StateSpec:
         """The spec of one state."""
@@ -194,15 +193,35 @@ STATES: tuple[StateSpec, ...] = (
     StateSpec(S.DRAINING, "Collector paused, engine suspended, own device drained, barrier.", E.SUSPENDED, C.PAUSED),
     StateSpec(S.TRAINING, "One optimizer step on the shared model; weight version bumped once.", E.SUSPENDED, C.PAUSED),
     StateSpec(S.CHECKPOINTING, "Distributed save; engine and collector stay down throughout.", E.SUSPENDED, C.PAUSED),
-    StateSpec(S.VALIDATING, "Engine awake for validation only; collector stays paused.", E.AWAKE, C.PAUSED, resting=True),
+    StateSpec(
+        S.VALIDATING, "Engine awake for validation only; collector stays paused.", E.AWAKE, C.PAUSED, resting=True
+    ),
     StateSpec(S.WAKING, "Training buffers offloaded, own device drained, barrier; then resume.", E.SUSPENDED, C.PAUSED),
     StateSpec(S.DONE, "The last step is done; the engine is not woken again.", E.SUSPENDED, C.PAUSED, resting=True),
-    StateSpec(S.STOPPED, "Engine torn down. The only place teardown happens.", E.TORN_DOWN, C.PAUSED, resting=True, terminal=True),
-    StateSpec(S.FAILED, "An action raised; cause, state, rank and weight version recorded.", E.UNKNOWN, C.UNKNOWN, resting=True),
+    StateSpec(
+        S.STOPPED,
+        "Engine torn down. The only place teardown happens.",
+        E.TORN_DOWN,
+        C.PAUSED,
+        resting=True,
+        terminal=True,
+    ),
+    StateSpec(
+        S.FAILED,
+        "An action raised; cause, state, rank and weight version recorded.",
+        E.UNKNOWN,
+        C.UNKNOWN,
+        resting=True,
+    ),
 )
 
 ACTIONS: tuple[ActionSpec, ...] = (
-    ActionSpec("build_engine", "Bring the colocated engine (and its server) up; exactly once per run.", Collective.BUILD, engine=E.AWAKE),
+    ActionSpec(
+        "build_engine",
+        "Bring the colocated engine (and its server) up; exactly once per run.",
+        Collective.BUILD,
+        engine=E.AWAKE,
+    ),
     ActionSpec("publish_server_urls", "Publish dp_openai_server_base_urls for external agents."),
     ActionSpec("latch_step_decisions", "Decide once whether this step checkpoints, validates, is the last."),
     ActionSpec("pause_collector", "Stop issuing rollouts.", collector=C.PAUSED),
@@ -214,7 +233,9 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("bump_weight_version", "weight_version += 1, exactly once per step."),
     ActionSpec("offload_training_buffers", "Free training-only memory; generation reads the weights in place."),
     ActionSpec("save_checkpoint", "Distributed checkpoint save (world-wide collectives).", Collective.CHECKPOINT),
-    ActionSpec("resume_engine", "Signal decode to resume; only after drain and barrier.", Collective.DECODE, engine=E.AWAKE),
+    ActionSpec(
+        "resume_engine", "Signal decode to resume; only after drain and barrier.", Collective.DECODE, engine=E.AWAKE
+    ),
     ActionSpec("resume_collector", "Start issuing rollouts again.", Collective.DECODE, collector=C.RUNNING),
     ActionSpec("shutdown_engine", "Tear the engine down; only on the way to Stopped.", engine=E.TORN_DOWN),
 )
@@ -225,43 +246,138 @@ _SUSPEND_ALL = ("pause_collector", "suspend_engine", *_HANDOFF)
 _OFFLOAD = ("offload_training_buffers", *_HANDOFF)
 
 TRANSITIONS: tuple[TransitionSpec, ...] = (
-    TransitionSpec("start", S.CREATED, S.STARTING, ("build_engine", "publish_server_urls", *_HANDOFF),
-                   unless=(F.ENGINE_BUILT,), description="Build the engine once, before collection starts."),
-    TransitionSpec("generate", S.STARTING, S.GENERATING, ("resume_collector",), when=(F.HANDOFF_COMPLETE,),
-                   automatic=True, description="Every rank has the engine up: start collecting."),
-    TransitionSpec("begin_step", S.GENERATING, S.DRAINING, ("latch_step_decisions", *_SUSPEND_ALL),
-                   description="Handoff to training: decide once, pause, suspend, drain own device, barrier."),
-    TransitionSpec("train", S.DRAINING, S.TRAINING, ("restore_training_buffers", "train_step", "bump_weight_version"),
-                   when=(F.HANDOFF_COMPLETE,), description="One step on the shared model; weight version + 1."),
-    TransitionSpec("conclude", S.TRAINING, S.CHECKPOINTING, (*_OFFLOAD, "save_checkpoint"),
-                   when=(F.STEP_TRAINED, F.SAVE_THIS_STEP), automatic=True,
-                   description="Save before any wake: engine and collector stay suspended."),
-    TransitionSpec("conclude", S.TRAINING, S.DONE, _OFFLOAD, when=(F.STEP_TRAINED, F.LAST_STEP), unless=(F.SAVE_THIS_STEP,),
-                   automatic=True, description="Last step without a save: never wake the engine."),
-    TransitionSpec("conclude", S.TRAINING, S.VALIDATING, (*_OFFLOAD, "resume_engine"), when=(F.STEP_TRAINED, F.VALIDATE_THIS_STEP),
-                   unless=(F.SAVE_THIS_STEP, F.LAST_STEP), automatic=True,
-                   description="Validation-only wake: engine resumes after drain and barrier, collector stays paused."),
-    TransitionSpec("conclude", S.TRAINING, S.WAKING, _OFFLOAD, when=(F.STEP_TRAINED,),
-                   unless=(F.SAVE_THIS_STEP, F.VALIDATE_THIS_STEP, F.LAST_STEP), automatic=True,
-                   description="Handoff to generation: offload, drain own device, barrier."),
-    TransitionSpec("conclude", S.CHECKPOINTING, S.DONE, _HANDOFF, when=(F.LAST_STEP,), automatic=True,
-                   description="Last step: every checkpoint collective done; the engine stays down."),
-    TransitionSpec("conclude", S.CHECKPOINTING, S.VALIDATING, (*_HANDOFF, "resume_engine"), when=(F.VALIDATE_THIS_STEP,),
-                   unless=(F.LAST_STEP,), automatic=True,
-                   description="Validate after the save, once every checkpoint collective has completed."),
-    TransitionSpec("conclude", S.CHECKPOINTING, S.WAKING, _HANDOFF, unless=(F.VALIDATE_THIS_STEP, F.LAST_STEP),
-                   automatic=True, description="Save done on every rank: hand back to generation."),
-    TransitionSpec("resume", S.WAKING, S.GENERATING, ("resume_engine", "resume_collector"), when=(F.HANDOFF_COMPLETE,),
-                   automatic=True, description="Resume signal only after drain and barrier."),
-    TransitionSpec("end_validation", S.VALIDATING, S.GENERATING, ("resume_collector",),
-                   description="Validation finished: the engine stays resident, collection resumes."),
+    TransitionSpec(
+        "start",
+        S.CREATED,
+        S.STARTING,
+        ("build_engine", "publish_server_urls", *_HANDOFF),
+        unless=(F.ENGINE_BUILT,),
+        description="Build the engine once, before collection starts.",
+    ),
+    TransitionSpec(
+        "generate",
+        S.STARTING,
+        S.GENERATING,
+        ("resume_collector",),
+        when=(F.HANDOFF_COMPLETE,),
+        automatic=True,
+        description="Every rank has the engine up: start collecting.",
+    ),
+    TransitionSpec(
+        "begin_step",
+        S.GENERATING,
+        S.DRAINING,
+        ("latch_step_decisions", *_SUSPEND_ALL),
+        description="Handoff to training: decide once, pause, suspend, drain own device, barrier.",
+    ),
+    TransitionSpec(
+        "train",
+        S.DRAINING,
+        S.TRAINING,
+        ("restore_training_buffers", "train_step", "bump_weight_version"),
+        when=(F.HANDOFF_COMPLETE,),
+        description="One step on the shared model; weight version + 1.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.TRAINING,
+        S.CHECKPOINTING,
+        (*_OFFLOAD, "save_checkpoint"),
+        when=(F.STEP_TRAINED, F.SAVE_THIS_STEP),
+        automatic=True,
+        description="Save before any wake: engine and collector stay suspended.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.TRAINING,
+        S.DONE,
+        _OFFLOAD,
+        when=(F.STEP_TRAINED, F.LAST_STEP),
+        unless=(F.SAVE_THIS_STEP,),
+        automatic=True,
+        description="Last step without a save: never wake the engine.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.TRAINING,
+        S.VALIDATING,
+        (*_OFFLOAD, "resume_engine"),
+        when=(F.STEP_TRAINED, F.VALIDATE_THIS_STEP),
+        unless=(F.SAVE_THIS_STEP, F.LAST_STEP),
+        automatic=True,
+        description="Validation-only wake: engine resumes after drain and barrier, collector stays paused.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.TRAINING,
+        S.WAKING,
+        _OFFLOAD,
+        when=(F.STEP_TRAINED,),
+        unless=(F.SAVE_THIS_STEP, F.VALIDATE_THIS_STEP, F.LAST_STEP),
+        automatic=True,
+        description="Handoff to generation: offload, drain own device, barrier.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.CHECKPOINTING,
+        S.DONE,
+        _HANDOFF,
+        when=(F.LAST_STEP,),
+        automatic=True,
+        description="Last step: every checkpoint collective done; the engine stays down.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.CHECKPOINTING,
+        S.VALIDATING,
+        (*_HANDOFF, "resume_engine"),
+        when=(F.VALIDATE_THIS_STEP,),
+        unless=(F.LAST_STEP,),
+        automatic=True,
+        description="Validate after the save, once every checkpoint collective has completed.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.CHECKPOINTING,
+        S.WAKING,
+        _HANDOFF,
+        unless=(F.VALIDATE_THIS_STEP, F.LAST_STEP),
+        automatic=True,
+        description="Save done on every rank: hand back to generation.",
+    ),
+    TransitionSpec(
+        "resume",
+        S.WAKING,
+        S.GENERATING,
+        ("resume_engine", "resume_collector"),
+        when=(F.HANDOFF_COMPLETE,),
+        automatic=True,
+        description="Resume signal only after drain and barrier.",
+    ),
+    TransitionSpec(
+        "end_validation",
+        S.VALIDATING,
+        S.GENERATING,
+        ("resume_collector",),
+        description="Validation finished: the engine stays resident, collection resumes.",
+    ),
     TransitionSpec("stop", S.GENERATING, S.STOPPED, (*_SUSPEND_ALL, "shutdown_engine"), description="Stop the run."),
     TransitionSpec("stop", S.VALIDATING, S.STOPPED, (*_SUSPEND_ALL, "shutdown_engine"), description="Stop the run."),
     TransitionSpec("stop", S.DONE, S.STOPPED, ("shutdown_engine",), description="Tear down after the last step."),
-    TransitionSpec("stop", S.CREATED, S.STOPPED, ("shutdown_engine",),
-                   description="Stop before anything was built (nothing to tear down)."),
-    TransitionSpec("stop", S.FAILED, S.STOPPED, ("shutdown_engine",),
-                   description="Local teardown after a failure (no barrier: a peer may be dead)."),
+    TransitionSpec(
+        "stop",
+        S.CREATED,
+        S.STOPPED,
+        ("shutdown_engine",),
+        description="Stop before anything was built (nothing to tear down).",
+    ),
+    TransitionSpec(
+        "stop",
+        S.FAILED,
+        S.STOPPED,
+        ("shutdown_engine",),
+        description="Local teardown after a failure (no barrier: a peer may be dead).",
+    ),
 )
 
 LIFECYCLE = LifecycleSpec(states=STATES, actions=ACTIONS, transitions=TRANSITIONS)

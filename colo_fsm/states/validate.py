@@ -75,13 +75,22 @@ def _check_conditions(spec: LifecycleSpec, t, where: str) -> None:  # type: igno
         act = spec.action(a)
         engine = act.engine or engine
         collector = act.collector or collector
-    if dst.engine is not EngineCondition.UNKNOWN and engine is not dst.engine and \
-            src.engine is not EngineCondition.UNKNOWN:
-        raise SpecError(where, f"actions leave the engine {engine.value}; {dst.state.value} declares {dst.engine.value}")
-    if dst.collector is not CollectorCondition.UNKNOWN and collector is not dst.collector and \
-            src.collector is not CollectorCondition.UNKNOWN:
-        raise SpecError(where, f"actions leave the collector {collector.value}; "
-                               f"{dst.state.value} declares {dst.collector.value}")
+    if (
+        dst.engine is not EngineCondition.UNKNOWN
+        and engine is not dst.engine
+        and src.engine is not EngineCondition.UNKNOWN
+    ):
+        raise SpecError(
+            where, f"actions leave the engine {engine.value}; {dst.state.value} declares {dst.engine.value}"
+        )
+    if (
+        dst.collector is not CollectorCondition.UNKNOWN
+        and collector is not dst.collector
+        and src.collector is not CollectorCondition.UNKNOWN
+    ):
+        raise SpecError(
+            where, f"actions leave the collector {collector.value}; {dst.state.value} declares {dst.collector.value}"
+        )
 
 
 def _check_reachable(spec: LifecycleSpec) -> None:
@@ -110,8 +119,10 @@ def _check_deterministic(spec: LifecycleSpec) -> None:
                 if len(enabled) > 1:
                     dests = ", ".join(t.dest.value for t in enabled)
                     on = ", ".join(f.value for f, v in facts.items() if v) or "no facts"
-                    raise SpecError(f"{trigger} from {state.value}",
-                                    f"at most one enabled transition; with {on} it could go to {dests}")
+                    raise SpecError(
+                        f"{trigger} from {state.value}",
+                        f"at most one enabled transition; with {on} it could go to {dests}",
+                    )
 
 
 __all__ = ["SpecError", "validate_spec"]
