@@ -208,12 +208,15 @@ def run_rank(
     if metrics is not None:
         metrics.consumed_samples = consumed0
     consumed = consumed0
+    dp = world
 
     def checkpoint_extra() -> dict[str, Any]:
+        # the save runs inside lc.step, after this step's train_step: count its samples too
+        now = consumed + (lc.last_result.consumed_samples * dp if lc.last_result is not None else 0)
         return {
             "replay_buffer": buffer.state_dict(),
             "prompt_stream": stream.state_dict(),
-            "demo": {"consumed_samples": consumed},
+            "demo": {"consumed_samples": now},
         }
 
     lc = Lifecycle(
@@ -250,7 +253,6 @@ def run_rank(
             )
     rewards_seen: list[float] = []
     val_acc: float | None = None
-    dp = world
     steps_this_run = 0
     try:
         lc.start()

@@ -1,0 +1,157 @@
+"""The demo end to end (a short run in a subprocess), its resume, its run folder and its argument errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _demo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "colo_fsm.demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_short_demo_end_to_end_then_resume(tmp_path):
+    run = tmp_path / "run"
+    # 8 steps; validation every 3, checkpoint every 6: step 6 both checkpoints and validates; stop after 6
+    p = _demo(
+        "--run-dir",
+        str(run),
+        "--steps",
+        "8",
+        "--validate-every",
+        "3",
+        "--checkpoint-every",
+        "6",
+        "--prompts-per-step",
+        "4",
+        "--samples-per-group",
+        "4",
+        "--stop-after",
+        "6",
+        "--threads",
+        "1",
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout
+    assert "engine: backend=cpu" in out and "checkpoint saved" in out and "validation at step 6" in out
+    for name in (
+        "trace.rank0.jsonl",
+        "metrics.jsonl",
+        "lifecycle.mmd",
+        "timeline.png",
+        "config.json",
+        "checkpoints/latest",
+        "checkpoints/step_00000006",
+    ):
+        assert (run / name).exists(), name
+    assert list((run / "tensorboard").iterdir())
+    trace = _records(run / "trace.rank0.jsonl")
+    dests = [r["dest"] for r in trace]
+    i = dests.index("Checkpointing")
+    assert dests[i + 1] == "Validating"  # Training -> Checkpointing -> Validating
+    assert dests.count("Starting") == 1  # the engine was built once
+    metrics = _records(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
+    assert all("elapsed_s" in m and "train/consumed_samples" in m for m in metrics)
+    assert metrics[-1]["train/consumed_samples"] == 6 * 4 * 4
+    assert "val/accuracy" in metrics[2] and "val/accuracy" in metrics[5]
+
+    # resume: continues at step 6 / weight version 6 with the saved buffer, runs to the end (8)
+    p = _demo(
+        "--run-dir",
+        str(run),
+        "--resume",
+        "--steps",
+        "8",
+        "--validate-every",
+        "3",
+        "--checkpoint-every",
+        "6",
+        "--prompts-per-step",
+        "4",
+        "--samples-per-group",
+        "4",
+        "--threads",
+        "1",
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "resumed from" in p.stdout and "step 6, weight version 6" in p.stdout
+    result = json.loads((run / "result.json").read_text())
+    assert (result["start_step"], result["end_step"], result["weight_version"]) == (6, 8, 8)
+    assert result["consumed_samples"] == 8 * 4 * 4  # nothing lost, nothing counted twice
+    metrics = _records(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics][-2:] == [7, 8]
+    trace = _records(run / "trace.rank0.jsonl")
+    assert trace[-1]["dest"] == "Stopped"
+    resumed_start = [r for r in trace if r["trigger"] == "start"]
+    assert len(resumed_start) == 2 and resumed_start[1]["weight_version"] == 6
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--steps", "0"], "--steps"),
+        (["--kv-cache-mode", "keep"], "kv_cache_mode='keep': expected one of 'persist', 'offload', 'recompute'"),
+        (["--hidden-size", "30"], "hidden_size=30: expected a multiple of num_attention_heads=4"),
+        (["--samples-per-group", "1"], "samples_per_group=1: expected an integer >= 2"),
+        (["--device", "tpu"], "--device"),
+    ],
+)
+def test_bad_arguments_one_line_exit_2(args, needle, tmp_path):
+    p = _demo("--run-dir", str(tmp_path / "r"), *args, timeout=60)
+    assert p.returncode == 2
+    lines = [line for line in p.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+
+
+def test_resume_without_a_checkpoint_is_a_config_error(tmp_path):
+    p = _demo("--run-dir", str(tmp_path / "empty"), "--resume", timeout=60)
+    assert p.returncode == 2
+    assert "run_dir=" in p.stderr and "checkpoints/latest" in p.stderr
+
+
+@pytest.mark.slow
+def test_demo_two_gloo_ranks(tmp_path):
+    run = tmp_path / "run2"
+    p = _demo(
+        "--run-dir",
+        str(run),
+        "--ranks",
+        "2",
+        "--steps",
+        "6",
+        "--validate-every",
+        "3",
+        "--checkpoint-every",
+        "3",
+        "--prompts-per-step",
+        "4",
+        "--samples-per-group",
+        "4",
+        "--threads",
+        "1",
+        timeout=240,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (run / "trace.rank0.jsonl").exists() and (run / "trace.rank1.jsonl").exists()
+    result = json.loads((run / "result.json").read_text())
+    assert result["weight_version"] == 6 and result["consumed_samples"] == 6 * 4 * 4 * 2
