@@ -1,0 +1,178 @@
+"""Measure lifecycle control-call latency on a worker actor saturated with rollout calls.
+
+Used by ``bench/ray_control_latency.py`` and the Ray tests: submit more rollout calls than the actor runs at
+once (so some queue), then issue control calls at a fixed interval without waiting for earlier ones, and
+time each from submission to completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import ray
+
+
+@dataclass
+class SaturationResult:
+    """Control-call latencies (seconds) measured while rollout calls saturated the actor."""
+
+    label: str
+    rollout_calls: int
+    max_concurrency: int
+    hold_s: float
+    latencies_s: list[float] = field(default_factory=list)
+    active_at_start: int = 0
+    submit_s: float = 0.0
+    completed_rollouts: int = 0
+
+    def percentile(self, q: float) -> float:
+        """The ``q``-th percentile (0-100) of the latencies (nearest rank)."""
+        xs = sorted(self.latencies_s)
+        if not xs:
+            return float("nan")
+        k = max(0, min(len(xs) - 1, round(q / 100 * (len(xs) - 1))))
+        return xs[k]
+
+    @property
+    def p50(self) -> float:
+        """Median latency."""
+        return self.percentile(50)
+
+    @property
+    def p99(self) -> float:
+        """99th percentile latency."""
+        return self.percentile(99)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able summary (milliseconds)."""
+        d = asdict(self)
+        d.pop("latencies_s")
+        d.update(
+            n=len(self.latencies_s),
+            p50_ms=self.p50 * 1e3,
+            p99_ms=self.p99 * 1e3,
+            mean_ms=statistics.fmean(self.latencies_s) * 1e3 if self.latencies_s else float("nan"),
+            max_ms=max(self.latencies_s) * 1e3 if self.latencies_s else float("nan"),
+        )
+        return d
+
+
+async def _timed_control_calls(worker: Any, method: str, n: int, interval_s: float, timeout_s: float) -> list[float]:
+    """Issue ``n`` control calls ``interval_s`` apart without waiting; each latency is submission to completion."""
+
+    async def one(ref: Any, t0: float) -> float:
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+        except TimeoutError:
+            return timeout_s
+        return time.monotonic() - t0
+
+    tasks = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        tasks.append(asyncio.ensure_future(one(getattr(worker, method).remote(), t0)))
+        await asyncio.sleep(interval_s)
+    return list(await asyncio.gather(*tasks))
+
+
+def measure_control_latency(
+    worker: Any,
+    *,
+    label: str,
+    rollout_calls: int,
+    max_concurrency: int,
+    hold_s: float,
+    control_calls: int = 30,
+    interval_s: float = 0.02,
+    control_method: str = "ping",
+    settle_s: float = 0.3,
+    probe_active: bool = False,
+    timeout_s: float = 60.0,
+) -> SaturationResult:
+    """Saturate ``worker`` with ``rollout_calls`` ``generate`` calls, then time ``control_calls`` control calls.
+
+    The worker's generator must hold each call ``hold_s`` seconds (e.g. :class:`~colo_fsm.ray.fakes.HoldingGenerator`).
+    Control calls are issued every ``interval_s`` without waiting for the previous one.
+    """
+    res = SaturationResult(label, rollout_calls, max_concurrency, hold_s)
+    ray.get(getattr(worker, control_method).remote())  # warm the control path
+    t0 = time.monotonic()
+    rollouts = [worker.generate.remote([f"p{i}"], 4, 0.0, None) for i in range(rollout_calls)]
+    res.submit_s = time.monotonic() - t0
+    # let the actor start as many rollouts as it can (the rest queue); only an actor whose control calls have
+    # their own group can be asked how many run without that question queueing too
+    time.sleep(settle_s)
+    if probe_active:
+        res.active_at_start = _probe_active(worker, min(rollout_calls, max_concurrency), time.monotonic() + timeout_s)
+    latencies = asyncio.run(_timed_control_calls(worker, control_method, control_calls, interval_s, timeout_s))
+    res.latencies_s = latencies
+    done, _ = ray.wait(rollouts, num_returns=len(rollouts), timeout=timeout_s)
+    res.completed_rollouts = len(done)
+    return res
+
+
+def _probe_active(worker: Any, target: int, deadline: float) -> int:
+    """Poll the worker's running rollout count (its ``health`` control call) until it reaches ``target``."""
+    active = 0
+    while time.monotonic() < deadline:
+        active = ray.get(worker.health.remote())["active"]
+        if active >= target:
+            break
+        time.sleep(0.05)
+    return active
+
+
+@dataclass
+class SuspendResult:
+    """One suspend issued while rollout calls saturated the actor, and what happened to those rollouts."""
+
+    label: str
+    rollout_calls: int
+    hold_s: float
+    suspend_s: float
+    active_after_suspend: int
+    waiting_at_gate: int
+    rollouts_ok: int
+    rollouts_failed: int
+
+
+def measure_suspend(
+    worker: Any,
+    *,
+    label: str,
+    rollout_calls: int,
+    hold_s: float,
+    settle_s: float = 0.3,
+    suspended_for_s: float = 0.2,
+    timeout_s: float = 60.0,
+) -> SuspendResult:
+    """Saturate ``worker``, suspend it, check nothing runs while suspended, resume, and count the rollouts.
+
+    With control calls in their own group, ``suspend`` waits only for the rollouts already running (their
+    remaining hold); queued rollouts wait at the gate and run after ``resume``. In one shared queue, the
+    suspend call itself first waits for a free slot behind the queued rollouts.
+    """
+    ray.get(worker.ping.remote())
+    rollouts = [worker.generate.remote([f"s{i}"], 4, 0.0, None) for i in range(rollout_calls)]
+    time.sleep(settle_s)
+    t0 = time.monotonic()
+    ray.get(worker.suspend.remote(), timeout=timeout_s)
+    suspend_s = time.monotonic() - t0
+    health = ray.get(worker.health.remote(), timeout=timeout_s)
+    time.sleep(suspended_for_s)
+    ray.get(worker.resume.remote(), timeout=timeout_s)
+    ok = failed = 0
+    for ref in rollouts:
+        try:
+            ray.get(ref, timeout=timeout_s)
+            ok += 1
+        except Exception:  # a rollout that ran while suspended raises in HoldingGenerator
+            failed += 1
+    return SuspendResult(label, rollout_calls, hold_s, suspend_s, health["active"], health["waiting"], ok, failed)
+
+
+__all__ = ["SaturationResult", "SuspendResult", "measure_control_latency", "measure_suspend"]
