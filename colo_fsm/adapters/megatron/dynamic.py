@@ -70,7 +70,7 @@ class DynamicBackend:
         self.inference_config = InferenceConfig(
             block_size_tokens=block_size_tokens,
             buffer_size_gb=buffer_size_gb,  # type: ignore[arg-type]  # megatron multiplies it by 1024**3
-            max_requests=max_requests,
+            max_requests=max_requests if max_requests is not None else 128,  # bounded: see InferenceConfig
             max_sequence_length=max_sequence_length,
             kv_cache_management_mode=KVCacheManagementMode(kv_cache_mode),
             materialize_only_last_token_logits=True,

@@ -221,7 +221,9 @@ class MegatronTrainer:
         self.model.eval()  # generation reads these weights next; no dropout there
         self.steps += 1
         rewards = [float(r.reward) for r in rollouts]
-        loss_v, reward_mean, clip_v = self._all_reduce_mean([float(loss.detach()), sum(rewards) / len(rewards), clip_frac])
+        loss_v, reward_mean, clip_v = self._all_reduce_mean(
+            [float(loss.detach()), sum(rewards) / len(rewards), clip_frac]
+        )
         metrics = {
             "train/loss": loss_v,
             "train/reward_mean": reward_mean,
