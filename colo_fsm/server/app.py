@@ -100,6 +100,19 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def _param_of(errors: list[Any]) -> str:
+    """The field an error names, e.g. ``max_tokens`` or ``messages.0.role``; union members are left out."""
+    locs = [[str(p) for p in e.get("loc", ()) if p != "body"] for e in errors]
+    head = locs[0][:1]
+    same = [loc for loc in locs if loc[:1] == head]  # one field may fail once per union member
+    common: list[str] = []
+    for parts in zip(*same):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return ".".join(common) if common else "body"
+
+
 def _text_of(content: str | list[dict[str, Any]] | None, idx: int) -> str:
     if content is None:
         return ""
@@ -108,7 +121,7 @@ def _text_of(content: str | list[dict[str, Any]] | None, idx: int) -> str:
     parts = []
     for j, part in enumerate(content):
         if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise BadRequest(f"messages[{idx}].content[{j}]", "only {'type': 'text', 'text': str} parts are supported")
+            raise BadRequest(f"messages.{idx}.content.{j}", "only {'type': 'text', 'text': str} parts are supported")
         parts.append(part["text"])
     return "".join(parts)
 
@@ -144,13 +157,12 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         served["bad_request"] += 1
-        first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request"}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        errors = list(exc.errors()) or [{"loc": ("body",), "msg": "invalid request"}]
+        first = errors[0]
         if first.get("type") == "json_invalid":
             param, msg = "body", f"invalid JSON ({first.get('ctx', {}).get('error', first.get('msg'))})"
         else:
-            param = ".".join(loc) if loc else "body"
-            msg = str(first.get("msg", "invalid value"))
+            param, msg = _param_of(errors), str(first.get("msg", "invalid value"))
         return _error(400, f"{param}: {msg}", "invalid_request_error", param=param)
 
     @app.exception_handler(BadRequest)

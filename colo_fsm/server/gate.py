@@ -22,7 +22,7 @@ log = logging.getLogger("colo_fsm.server.gate")
 
 @dataclass(frozen=True)
 class ServedSpan:
-    """One admitted request: when it was admitted and when it released the gate (``time.monotonic()``)."""
+    """One admitted request: when it was admitted and when it released the gate (``time.time()``, like traces)."""
 
     admitted: float
     released: float
@@ -31,7 +31,10 @@ class ServedSpan:
 
 @dataclass(frozen=True)
 class ClosedSpan:
-    """One closed period: ``closing`` (gate closed), ``drained`` (no request in flight), ``opened`` (reopened)."""
+    """One closed period: ``closing`` (gate closed), ``drained`` (no request in flight), ``opened`` (reopened).
+
+    Wall-clock ``time.time()`` seconds, comparable with :class:`~colo_fsm.machine.trace.TraceRecord` times.
+    """
 
     closing: float
     drained: float
@@ -132,7 +135,7 @@ class SuspendGate:
             self._open = True
             if self._record and self._closing_at is not None:
                 self.closed_spans.append(
-                    ClosedSpan(self._closing_at, self._drained_at or self._closing_at, time.monotonic())
+                    ClosedSpan(self._closing_at, self._drained_at or self._closing_at, time.time())
                 )
             self._closing_at = self._drained_at = None
             waiters, self._waiters = self._waiters, []
@@ -151,7 +154,7 @@ class SuspendGate:
         t0 = time.monotonic()
         with self._cond:
             if self._open or self._closing_at is None:
-                self._closing_at = t0
+                self._closing_at = time.time()
                 self._drained_at = None
             self._open = False
             if not self._cond.wait_for(lambda: self._in_flight == 0, timeout=timeout):
@@ -161,7 +164,7 @@ class SuspendGate:
                     f"{self._in_flight} still running",
                 )
             if self._drained_at is None:
-                self._drained_at = time.monotonic()
+                self._drained_at = time.time()
         waited = time.monotonic() - t0
         log.debug("%s gate closed and drained in %.1f ms", self.name, waited * 1e3)
         return waited
@@ -187,7 +190,7 @@ class SuspendGate:
         with self._cond:
             self._in_flight -= 1
             if self._record:
-                self.served.append(ServedSpan(admitted_at, time.monotonic(), waited))
+                self.served.append(ServedSpan(admitted_at, time.time(), waited))
             self._cond.notify_all()
 
     @contextlib.contextmanager
@@ -199,6 +202,7 @@ class SuspendGate:
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
         admitted_at: float | None = None
+        waited = 0.0
         with self._cond:
             self._waiting += 1
             try:
@@ -206,7 +210,8 @@ class SuspendGate:
                     if self._admissible():
                         self._in_flight += 1
                         self._admitted += 1
-                        admitted_at = time.monotonic()
+                        admitted_at = time.time()
+                        waited = time.monotonic() - t0
                         break
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
@@ -220,7 +225,6 @@ class SuspendGate:
                 self._waiting -= 1
         if admitted_at is None:
             raise self._unavailable(time.monotonic() - t0)
-        waited = admitted_at - t0
         try:
             yield waited
         finally:
@@ -233,6 +237,7 @@ class SuspendGate:
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
         admitted_at: float | None = None
+        waited = 0.0
         with self._cond:
             self._waiting += 1
         try:
@@ -241,7 +246,8 @@ class SuspendGate:
                     if self._admissible():
                         self._in_flight += 1
                         self._admitted += 1
-                        admitted_at = time.monotonic()
+                        admitted_at = time.time()
+                        waited = time.monotonic() - t0
                         break
                     fut: asyncio.Future[None] | None = None
                     if not self._open:
@@ -266,7 +272,6 @@ class SuspendGate:
                 self._waiting -= 1
         if admitted_at is None:
             raise self._unavailable(time.monotonic() - t0)
-        waited = admitted_at - t0
         try:
             yield waited
         finally:
