@@ -253,7 +253,12 @@ def load_checkpoint(
 
         template = _sharded_state(model, optimizer, {}, {"step": 0, "weight_version": 0, "world_size": world})
         loaded = dist_checkpointing.load(template, str(path))
-        model.load_state_dict(_strip(loaded["model"], "model."), strict=False)
+        res = model.load_state_dict(_strip(loaded["model"], "model."), strict=False)
+        missing = [k for k in res.missing_keys if not k.endswith("_extra_state")]
+        if missing:
+            raise ConfigError(
+                "checkpoint", str(path), f"a checkpoint holding every model weight (missing {missing[:3]})"
+            )
         if optimizer is not None:
             osd = loaded["optimizer"]
             step = osd.pop("common_step", 0.0)
