@@ -79,6 +79,7 @@ class SuspendGate:
         self.closed_spans: list[ClosedSpan] = []
         self._closing_at: float | None = None
         self._drained_at: float | None = None
+        self._retired = False
 
     # ------------------------------------------------------------------ queries
     @property
@@ -110,6 +111,8 @@ class SuspendGate:
         """``"open"``, ``"closed"`` or the ``state`` callable's answer when the gate is closed (e.g. the lifecycle state)."""
         if self._open:
             return "open"
+        if self._retired:
+            return "stopped"
         if self._state is not None:
             try:
                 return str(self._state())
@@ -127,10 +130,10 @@ class SuspendGate:
 
     # ------------------------------------------------------------------ control
     def open(self) -> None:
-        """Let requests in (after the engine resumed)."""
+        """Let requests in (after the engine resumed); a retired gate stays closed."""
         waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]
         with self._cond:
-            if self._open:
+            if self._open or self._retired:
                 return
             self._open = True
             if self._record and self._closing_at is not None:
@@ -168,6 +171,22 @@ class SuspendGate:
         waited = time.monotonic() - t0
         log.debug("%s gate closed and drained in %.1f ms", self.name, waited * 1e3)
         return waited
+
+    def retire(self) -> None:
+        """Close for good (engine torn down): waiting and future requests fail at once with ServerUnavailable."""
+        with self._cond:
+            self._open = False
+            self._retired = True
+            waiters, self._waiters = self._waiters, []
+            self._cond.notify_all()
+        for loop, fut in waiters:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, fut)
+
+    @property
+    def retired(self) -> bool:
+        """True once :meth:`retire` was called."""
+        return self._retired
 
     # ------------------------------------------------------------------ admission
     def _admissible(self) -> bool:
@@ -214,7 +233,7 @@ class SuspendGate:
                         waited = time.monotonic() - t0
                         break
                     remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
+                    if self._retired or (remaining is not None and remaining <= 0):
                         break
                     # closed: sleep until open() notifies; open but refused by the predicate: poll it
                     wait = self._poll_s if (self._open and self._admit is not None) else remaining
@@ -250,6 +269,8 @@ class SuspendGate:
                         waited = time.monotonic() - t0
                         break
                     fut: asyncio.Future[None] | None = None
+                    if self._retired:
+                        break
                     if not self._open:
                         fut = loop.create_future()
                         self._waiters.append((loop, fut))

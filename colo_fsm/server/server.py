@@ -243,11 +243,12 @@ class GatedEngine:
         self.gate.open()
 
     def shutdown(self) -> None:
-        """Close the gate (best-effort drain), stop the server, shut the inner engine down."""
+        """Close the gate (best-effort drain), answer waiting requests with 503, stop the server, shut the engine down."""
         try:
             self.gate.close_and_drain(self.drain_timeout_s)
         except WaitTimeout:
             log.warning("shutdown with requests still in flight")
+        self.gate.retire()  # requests still waiting get a 503 now instead of at their timeout
         if self.server is not None:
             self.server.stop()
         self.inner.shutdown()
