@@ -1,0 +1,61 @@
+"""Test *your* adapters against the colocation lifecycle, and prove ours.
+
+* :mod:`~colo_fsm.testing.fakes`: recording fakes of engine, trainer and collector, a fake clock, request
+  source and replay buffer;
+* :mod:`~colo_fsm.testing.lifecycle_machine`: a hypothesis stateful machine that drives a lifecycle over your
+  adapters and checks every lifecycle fact after every step (:func:`lifecycle_test_case`, :func:`check_lifecycle`);
+* :mod:`~colo_fsm.testing.checker`: an exhaustive checker of every interleaving of N ranks
+  (``python -m colo_fsm.testing.checker --ranks 2..8``);
+* :mod:`~colo_fsm.testing.mutants`: the mutation proof (each bug the design warns about, caught);
+* :mod:`~colo_fsm.testing.faults`: fault injection at every action, on thread ranks and real gloo processes;
+* :mod:`~colo_fsm.testing.pytest_plugin`: fixtures (``colo_fsm_adapters``, ``colo_fsm_check_lifecycle``, ...)
+  and the ``colo-fsm-ci`` / ``colo-fsm-deep`` hypothesis profiles.
+"""
+
+from colo_fsm.testing.checker import CheckResult, StepPlan, check, check_all
+from colo_fsm.testing.fakes import (
+    FakeClock,
+    FakeReplayBuffer,
+    FakeRequestSource,
+    Journal,
+    RecordingCollector,
+    RecordingDrain,
+    RecordingEngine,
+    RecordingTrainer,
+    recording_adapters,
+)
+from colo_fsm.testing.lifecycle_machine import (
+    Adapters,
+    LifecycleMachine,
+    check_lifecycle,
+    lifecycle_machine,
+    lifecycle_test_case,
+    recording_fakes,
+)
+from colo_fsm.testing.profiles import CI_PROFILE, DEEP_PROFILE, DEV_PROFILE, lifecycle_settings
+
+__all__ = [
+    "CI_PROFILE",
+    "DEEP_PROFILE",
+    "DEV_PROFILE",
+    "Adapters",
+    "CheckResult",
+    "FakeClock",
+    "FakeReplayBuffer",
+    "FakeRequestSource",
+    "Journal",
+    "LifecycleMachine",
+    "RecordingCollector",
+    "RecordingDrain",
+    "RecordingEngine",
+    "RecordingTrainer",
+    "StepPlan",
+    "check",
+    "check_all",
+    "check_lifecycle",
+    "lifecycle_machine",
+    "lifecycle_settings",
+    "lifecycle_test_case",
+    "recording_adapters",
+    "recording_fakes",
+]

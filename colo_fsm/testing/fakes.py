@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,8 +63,9 @@ class RecordingEngine(_Faulty):
 
     component = "engine"
 
-    def __init__(self, journal: Journal | None = None, *, reads_weights_in_place: bool = True,
-                 urls: Sequence[str] = ()) -> None:
+    def __init__(
+        self, journal: Journal | None = None, *, reads_weights_in_place: bool = True, urls: Sequence[str] = ()
+    ) -> None:
         super().__init__(journal)
         self.reads_weights_in_place = reads_weights_in_place
         self.urls = list(urls)
@@ -154,18 +155,132 @@ class RecordingDrain:
         return self.local_rank
 
 
-def recording_adapters(*, urls: Sequence[str] = ()) -> tuple[Journal, RecordingEngine, RecordingTrainer,
-                                                             RecordingCollector, RecordingDrain]:
+def recording_adapters(
+    *, urls: Sequence[str] = ()
+) -> tuple[Journal, RecordingEngine, RecordingTrainer, RecordingCollector, RecordingDrain]:
     """One journal and the four recording fakes writing to it."""
     j = Journal()
     return j, RecordingEngine(j, urls=urls), RecordingTrainer(j), RecordingCollector(j), RecordingDrain(j)
 
 
+class FakeClock:
+    """A monotonic clock the test advances by hand (inject into :class:`~colo_fsm.guards.decision.MustSaveBy`)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = float(start)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        """Move time forward; returns the new time."""
+        if seconds < 0:
+            raise ValueError("a clock only moves forward")
+        self.now += seconds
+        return self.now
+
+
+@dataclass(frozen=True)
+class ServedRequest:
+    """One request the fake server answered: when it arrived and whether the engine was awake when served."""
+
+    request_id: int
+    arrived_state: str
+    served_state: str
+    engine_awake: bool
+
+
+class FakeRequestSource:
+    """Requests arriving at the OpenAI-compatible front at any time.
+
+    A request is served at once when ``engine_awake()`` says so, else it waits (queued) until :meth:`pump` finds
+    the engine awake. Every answer records whether the engine really was awake, so a test can assert that no
+    request was ever served (decoded) while the engine was suspended.
+    """
+
+    def __init__(
+        self, engine_awake: Callable[[], bool], state: Callable[[], str] = lambda: "?", journal: Journal | None = None
+    ) -> None:
+        self._awake = engine_awake
+        self._state = state
+        self.journal = journal or Journal()
+        self.pending: list[tuple[int, str]] = []
+        self.served: list[ServedRequest] = []
+        self._next = 0
+
+    def arrive(self) -> int:
+        """A request arrives; returns its id."""
+        rid = self._next
+        self._next += 1
+        self.journal.add("server", "request")
+        self.pending.append((rid, self._state()))
+        self.pump()
+        return rid
+
+    def pump(self) -> int:
+        """Serve every waiting request if the engine is awake now; returns how many were served."""
+        if not self.pending or not self._awake():
+            return 0
+        n = len(self.pending)
+        for rid, arrived in self.pending:
+            self.journal.add("server", "serve")
+            self.served.append(ServedRequest(rid, arrived, self._state(), bool(self._awake())))
+        self.pending.clear()
+        return n
+
+
+@dataclass
+class FakeReplayBuffer:
+    """Trajectories tagged with the weight version that generated them; nothing is lost, stale ones counted.
+
+    ``sample(current_version)`` hands out every trajectory at most ``max_age_steps`` versions old and counts
+    (drops, but counts) the older ones; ``give_back`` returns a batch a failed step did not train on.
+    """
+
+    max_age_steps: int = 1
+    waiting: list[int] = field(default_factory=list)  # weight versions of buffered trajectories
+    produced: int = 0
+    trained: int = 0
+    stale: int = 0
+    max_trained_age: int = 0
+
+    def add(self, n: int, weight_version: int) -> None:
+        """``n`` trajectories generated at ``weight_version`` arrive."""
+        self.waiting.extend([weight_version] * n)
+        self.produced += n
+
+    def sample(self, current_version: int) -> list[int]:
+        """Take every fresh trajectory (its version) out of the buffer; count the stale ones."""
+        fresh = [v for v in self.waiting if current_version - v <= self.max_age_steps]
+        self.stale += len(self.waiting) - len(fresh)
+        self.waiting = []
+        return fresh
+
+    def trained_on(self, batch: list[int], current_version: int) -> None:
+        """The step trained on ``batch`` (at ``current_version``, before the bump)."""
+        self.trained += len(batch)
+        if batch:
+            self.max_trained_age = max(self.max_trained_age, max(current_version - v for v in batch))
+
+    def give_back(self, batch: list[int]) -> None:
+        """A step failed before training on ``batch``: the trajectories go back, nothing is lost."""
+        self.waiting = list(batch) + self.waiting
+
+    @property
+    def accounted(self) -> bool:
+        """Every trajectory produced was trained on, counted stale, or is still waiting."""
+        return self.produced == self.trained + self.stale + len(self.waiting)
+
+
 __all__ = [
+    "FakeClock",
+    "FakeReplayBuffer",
+    "FakeRequestSource",
     "Journal",
     "RecordingCollector",
     "RecordingDrain",
     "RecordingEngine",
     "RecordingTrainer",
+    "ServedRequest",
     "recording_adapters",
 ]

@@ -1,1 +1,93 @@
-"""pytest plugin for colo-fsm lifecycle tests (filled by the testing package)."""
+"""pytest plugin for colo-fsm lifecycle tests (entry point ``colo_fsm``; active wherever colo-fsm is installed).
+
+In your ``conftest.py``, say which adapters to test::
+
+    import pytest
+
+    @pytest.fixture
+    def colo_fsm_adapters():
+        return lambda: (MyEngine(), MyTrainer(), MyCollector())   # a fresh set per program
+
+and in a test module::
+
+    def test_my_adapters_follow_the_lifecycle(colo_fsm_check_lifecycle):
+        colo_fsm_check_lifecycle()          # hundreds of programs, every DESIGN fact checked after every step
+
+Fixtures: ``colo_fsm_adapters`` (override it; default: the recording fakes), ``colo_fsm_settings`` (the active
+hypothesis profile), ``colo_fsm_machine`` (the :class:`~colo_fsm.testing.lifecycle_machine.LifecycleMachine`
+subclass for your adapters), ``colo_fsm_check_lifecycle`` (run it now), ``colo_fsm_check_ranks`` (the exhaustive
+multi-rank checker). Option ``--colo-fsm-profile`` picks ``colo-fsm-ci`` (default), ``colo-fsm-deep`` or
+``colo-fsm-dev`` (also ``COLO_FSM_HYPOTHESIS_PROFILE``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from colo_fsm.testing.profiles import PROFILE_ENV, register_profiles
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("colo-fsm")
+    group.addoption(
+        "--colo-fsm-profile",
+        default=None,
+        help="hypothesis profile for colo-fsm lifecycle machine tests: colo-fsm-ci (default, 500 "
+        "derandomized programs), colo-fsm-deep (5000) or colo-fsm-dev (50); also "
+        f"${PROFILE_ENV}",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    register_profiles()
+    profile = config.getoption("--colo-fsm-profile", default=None)
+    if profile:
+        os.environ[PROFILE_ENV] = profile
+
+
+@pytest.fixture
+def colo_fsm_adapters() -> Callable[[], Any]:
+    """A zero-argument factory of ``(engine, trainer, collector)`` or ``Adapters``; override it in conftest."""
+    from colo_fsm.testing.lifecycle_machine import recording_fakes
+
+    return recording_fakes
+
+
+@pytest.fixture
+def colo_fsm_settings() -> Any:
+    """The hypothesis settings of the active colo-fsm profile."""
+    from colo_fsm.testing.profiles import lifecycle_settings
+
+    return lifecycle_settings()
+
+
+@pytest.fixture
+def colo_fsm_machine(colo_fsm_adapters: Callable[[], Any]) -> type[Any]:
+    """A :class:`~colo_fsm.testing.lifecycle_machine.LifecycleMachine` subclass driving your adapters."""
+    from colo_fsm.testing.lifecycle_machine import lifecycle_machine
+
+    return lifecycle_machine(colo_fsm_adapters)
+
+
+@pytest.fixture
+def colo_fsm_check_lifecycle(colo_fsm_adapters: Callable[[], Any], colo_fsm_settings: Any) -> Callable[..., None]:
+    """Call to run the lifecycle machine on your adapters now; keyword arguments override machine settings
+    (``async_training=False``, ``inject_faults=False``, ``use_async_lifecycle=True``, ``settings=...``)."""
+    from colo_fsm.testing.lifecycle_machine import check_lifecycle
+
+    def run(settings: Any = None, **attrs: Any) -> None:
+        check_lifecycle(colo_fsm_adapters, settings=settings or colo_fsm_settings, **attrs)
+
+    return run
+
+
+@pytest.fixture
+def colo_fsm_check_ranks() -> Callable[..., Any]:
+    """:func:`colo_fsm.testing.checker.check`: every interleaving of N ranks; returns a ``CheckResult``."""
+    from colo_fsm.testing.checker import check
+
+    return check

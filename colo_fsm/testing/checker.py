@@ -1,0 +1,544 @@
+"""Exhaustive multi-rank checker: every interleaving of N ranks running the declared lifecycle.
+
+Each rank runs the same program: the transitions the spec selects for a run whose latched decisions cover a
+plain step, a checkpoint step, a validation step, a checkpoint+validation step and the last step (see
+:data:`SCENARIOS`). A transition's declared actions run one at a time per rank, in any interleaving across
+ranks; ``barrier`` blocks a rank until every rank has arrived. Device asynchrony is modelled: an action whose
+spec declares ``issues`` puts that kind of collective work on the rank's own device (device ``rank``, as with
+``LOCAL_RANK`` on one node) and it stays in flight until a ``drain_device`` of that device. The device a rank's
+drain synchronizes comes from the real drain implementation's :meth:`~colo_fsm.guards.drain.DeviceDrain.
+target_device`, so a drain of the calling thread's device is caught. (Work finishing on its own earlier can only
+remove work from flight, so keeping it in flight until the drain is the worst case for every property below.)
+
+Properties, checked in every reachable state:
+
+* **one communicator, never interleaved**: no two kinds of collective work in flight at once on any ranks
+  (in particular no decode on one rank while another has training or checkpoint work in flight);
+* **drain before barrier**: a rank's own device is idle when it arrives at a barrier;
+* **no deadlock**: some rank can move until every rank has finished; every run ends in a terminal state;
+* per rank, from the program itself: the engine is built once and torn down only on entering a terminal
+  state; training and checkpoint work start only with the engine suspended and the collector paused; each step
+  bumps the weight version exactly once; nothing resumes after the last step latched.
+
+Breadth-first search with symmetry reduction (ranks 1..N-1 are interchangeable; rank 0 is kept apart because a
+drain of the calling thread's device hits device 0), so a violation comes with a shortest counterexample.
+
+Command line: ``python -m colo_fsm.testing.checker --ranks 2..8``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from colo_fsm.guards.drain import DeviceDrain
+from colo_fsm.states.spec import (
+    LIFECYCLE,
+    Collective,
+    CollectorCondition,
+    EngineCondition,
+    Fact,
+    LifecycleSpec,
+    State,
+    TransitionSpec,
+)
+
+
+class DrainTarget(Protocol):
+    """What the checker needs of a drain: the device index it synchronizes."""
+
+    def target_device(self) -> int: ...
+
+
+DrainFactory = Callable[[int], DrainTarget]
+"""Builds the drain of one rank (its ``LOCAL_RANK``)."""
+
+
+def real_drain(local_rank: int) -> DrainTarget:
+    """The shipped :class:`DeviceDrain` of ``local_rank`` (with a no-op synchronize)."""
+    return DeviceDrain(local_rank, synchronize=lambda _device: None)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The latched decisions of one step."""
+
+    save: bool = False
+    validate: bool = False
+
+    def label(self) -> str:
+        return "+".join(k for k, v in (("save", self.save), ("validate", self.validate)) if v) or "plain"
+
+
+SCENARIOS: dict[str, tuple[StepPlan, ...]] = {
+    # plain, checkpoint, validate, checkpoint+validate, then a plain last step
+    "all-step-kinds": (StepPlan(), StepPlan(save=True), StepPlan(validate=True), StepPlan(True, True), StepPlan()),
+    "last-step-saves": (StepPlan(), StepPlan(save=True, validate=True)),
+    "last-step-validates": (StepPlan(validate=True),),
+}
+"""Runs every rank executes; the last step of each is the run's last."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One action of one transition in a rank's program."""
+
+    index: int
+    transition: TransitionSpec
+    action: str
+    issues: Collective | None
+    step: int | None
+
+    def label(self) -> str:
+        t = self.transition
+        where = f"step {self.step} " if self.step is not None else ""
+        return f"{where}{t.trigger}: {t.source.value} -> {t.dest.value} · {self.action}"
+
+
+@dataclass
+class Program:
+    """The ops one rank executes, with what the spec says about the engine/collector before each op."""
+
+    ops: list[Op]
+    engine_before: list[EngineCondition]
+    collector_before: list[CollectorCondition]
+    problems: list[str] = field(default_factory=list)
+    final_state: State = State.CREATED
+
+
+def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan]) -> Program:
+    """The transitions the spec selects for ``steps`` (the last one is the run's last), flattened into ops.
+
+    Guards are evaluated on facts the actions set, exactly as the runtime does: ``build_engine`` sets
+    engine_built, ``latch_step_decisions`` the step's decisions, ``bump_weight_version`` step_trained, and a
+    ``barrier`` reached with the own device drained sets handoff_complete (any issuing action clears it).
+    Problems found while planning (a stuck state, a second build, a teardown outside a terminal state, training
+    with the engine awake, a double or missing bump, a wake after the last step) are returned in ``problems``.
+    """
+    facts: dict[Fact, bool] = dict.fromkeys(Fact, False)
+    state = spec.initial
+    ops: list[Op] = []
+    engine_before: list[EngineCondition] = []
+    collector_before: list[CollectorCondition] = []
+    engine, collector = spec.state(state).engine, spec.state(state).collector
+    problems: list[str] = []
+    drained = True
+    builds = 0
+    bumps = 0
+    step: int | None = None
+    last_latched = False
+
+    def run(t: TransitionSpec) -> None:
+        nonlocal state, engine, collector, drained, builds, bumps, step, last_latched
+        for name in t.actions:
+            act = spec.action(name)
+            op = Op(len(ops), t, name, act.issues, step)
+            where = op.label()
+            if name == "latch_step_decisions":
+                step = 0 if step is None else step + 1
+                op = Op(len(ops), t, name, act.issues, step)
+                plan = steps[step] if step < len(steps) else StepPlan()
+                facts[Fact.SAVE_THIS_STEP] = plan.save
+                facts[Fact.VALIDATE_THIS_STEP] = plan.validate
+                facts[Fact.LAST_STEP] = step == len(steps) - 1
+                facts[Fact.STEP_TRAINED] = False
+                last_latched = last_latched or facts[Fact.LAST_STEP]
+                bumps = 0
+            ops.append(op)
+            engine_before.append(engine)
+            collector_before.append(collector)
+            if name == "build_engine":
+                builds += 1
+                if builds > 1:
+                    problems.append(f"{where}: the engine is built a second time (build once)")
+                facts[Fact.ENGINE_BUILT] = True
+            elif name == "shutdown_engine" and not spec.state(t.dest).terminal:
+                problems.append(f"{where}: engine torn down on the way to {t.dest.value} (teardown only at Stopped)")
+            elif name == "bump_weight_version":
+                bumps += 1
+                facts[Fact.STEP_TRAINED] = True
+            elif name == "drain_device":
+                drained = True
+            elif name == "barrier":
+                facts[Fact.HANDOFF_COMPLETE] = drained
+            if act.issues is not None:
+                if act.issues in (Collective.TRAIN, Collective.CHECKPOINT) and (
+                    engine is EngineCondition.AWAKE or collector is CollectorCondition.RUNNING
+                ):
+                    problems.append(
+                        f"{where}: {act.issues.value} work starts with the engine {engine.value} and "
+                        f"the collector {collector.value} (both must be down)"
+                    )
+                if act.issues is Collective.DECODE and last_latched:
+                    problems.append(
+                        f"{where}: decode resumed after the last step latched (the last step never wakes the engine)"
+                    )
+                if act.issues is Collective.DECODE and engine is not EngineCondition.AWAKE and name != "resume_engine":
+                    problems.append(f"{where}: decode work with the engine {engine.value}")
+                drained = False
+                facts[Fact.HANDOFF_COMPLETE] = False
+            engine = act.engine or engine
+            collector = act.collector or collector
+        state = t.dest
+
+    def automatic() -> bool:
+        while True:
+            outgoing = [t for t in spec.outgoing(state) if t.automatic]
+            auto = [t for t in outgoing if t.enabled(facts)]
+            if not auto:
+                if outgoing and not spec.state(state).resting:
+                    problems.append(
+                        f"stuck in {state.value}: no transition enabled (facts: "
+                        f"{', '.join(f.value for f, v in facts.items() if v) or 'none'})"
+                    )
+                    return False
+                return True
+            run(auto[0])
+
+    def fire(trigger: str) -> bool:
+        t = spec.select(state, trigger, facts)
+        if t is None:
+            problems.append(f"stuck in {state.value}: trigger {trigger!r} not enabled")
+            return False
+        run(t)
+        return automatic()
+
+    ok = fire("start")
+    for i in range(len(steps)):
+        if not ok:
+            break
+        ok = fire("begin_step") and fire("train")
+        if ok and bumps != 1:
+            problems.append(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
+        if ok and state is State.VALIDATING:
+            ok = fire("end_validation")
+    if ok and not spec.state(state).terminal:
+        if state is not State.DONE:
+            problems.append(f"after the last step the machine is in {state.value}, not Done")
+        ok = fire("stop")
+    if ok and not spec.state(state).terminal:
+        problems.append(f"the run ends in {state.value}, not a terminal state")
+    return Program(ops, engine_before, collector_before, problems, state)
+
+
+# ---------------------------------------------------------------------------------------------- search
+_KIND_BIT = {k: 1 << i for i, k in enumerate(Collective)}
+
+
+def _kinds(mask: int) -> list[str]:
+    return [k.value for k, b in _KIND_BIT.items() if mask & b]
+
+
+RankState = tuple[int, bool, int]  # pc, arrived at a barrier, in-flight kinds on this rank's device (bit mask)
+
+
+@dataclass
+class CheckResult:
+    """Outcome of one exhaustive check."""
+
+    ranks: int
+    scenario: str
+    ok: bool
+    states: int
+    edges: int
+    seconds: float
+    ops_per_rank: int
+    symmetry_reduction: bool
+    violation: str | None = None
+    counterexample: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line."""
+        verdict = "ok" if self.ok else f"VIOLATION: {self.violation}"
+        return (
+            f"N={self.ranks} {self.scenario}: {self.states} states, {self.edges} transitions, "
+            f"{self.seconds:.2f}s, {self.ops_per_rank} actions per rank - {verdict}"
+        )
+
+    def report(self) -> str:
+        """The summary plus the shortest counterexample, if any."""
+        lines = [self.summary()]
+        if self.counterexample:
+            lines.append("shortest counterexample:")
+            lines.extend(f"  {line}" for line in self.counterexample)
+        return "\n".join(lines)
+
+
+class _Search:
+    def __init__(self, programs: list[Program], targets: list[int], symmetric: bool) -> None:
+        self.programs = programs
+        self.ops = [p.ops for p in programs]
+        self.targets = targets
+        self.n = len(programs)
+        self.symmetric = symmetric
+
+    def canon(self, s: tuple[RankState, ...]) -> tuple[RankState, ...]:
+        if not self.symmetric:
+            return s
+        return (s[0], *sorted(s[1:]))
+
+    def moves(self, s: tuple[RankState, ...]) -> list[tuple[int, tuple[RankState, ...], str | None, str]]:
+        """Successors: (rank, next state, violation or None, description)."""
+        out = []
+        for r, (pc, arrived, _mask) in enumerate(s):
+            ops = self.ops[r]
+            if arrived or pc >= len(ops):
+                continue
+            op = ops[pc]
+            nxt = list(s)
+            violation = None
+            desc = op.label()
+            if op.action == "barrier":
+                own = s[r][2]
+                if own:
+                    violation = (
+                        f"rank {r} arrives at a barrier with {', '.join(_kinds(own))} work still in "
+                        f"flight on its own device {r} (drain own device before the barrier)"
+                    )
+                nxt[r] = (pc, True, own)
+                if all(a for _p, a, _m in nxt):  # the last rank arrives: everyone passes
+                    nxt = [(p + 1, False, m) for p, _a, m in nxt]
+                    desc += "  (all ranks met: barrier released)"
+                else:
+                    desc += "  (waits)"
+            elif op.action == "drain_device":
+                d = self.targets[r]
+                nxt[r] = (pc + 1, False, nxt[r][2])
+                if 0 <= d < self.n:
+                    p, a, _m = nxt[d]
+                    nxt[d] = (p, a, 0)
+                desc += f"  (synchronizes device {d})"
+            elif op.issues is not None:
+                nxt[r] = (pc + 1, False, s[r][2] | _KIND_BIT[op.issues])
+                desc += f"  (puts {op.issues.value} work on device {r})"
+            else:
+                nxt[r] = (pc + 1, False, s[r][2])
+            t = tuple(nxt)
+            if violation is None:
+                violation = self.interleaved(t)
+            out.append((r, t, violation, desc))
+        return out
+
+    def interleaved(self, s: tuple[RankState, ...]) -> str | None:
+        union = 0
+        for _p, _a, m in s:
+            union |= m
+        if bin(union).count("1") <= 1:
+            return None
+        by_rank = {r: _kinds(m) for r, (_p, _a, m) in enumerate(s) if m}
+        decode = [r for r, ks in by_rank.items() if "decode" in ks]
+        heavy = [r for r, ks in by_rank.items() if {"train", "checkpoint"} & set(ks)]
+        detail = "; ".join(f"rank {r}: {', '.join(ks)}" for r, ks in by_rank.items())
+        if decode and heavy:
+            return (
+                f"decode in flight on rank(s) {decode} while training/checkpoint collectives are in flight on "
+                f"rank(s) {heavy} ({detail})"
+            )
+        return f"collectives of different phases in flight on one communicator ({detail})"
+
+    def done(self, s: tuple[RankState, ...]) -> bool:
+        return all(p >= len(self.ops[r]) for r, (p, _a, _m) in enumerate(s))
+
+    def deadlock(self, s: tuple[RankState, ...]) -> str:
+        parts = []
+        for r, (p, a, _m) in enumerate(s):
+            ops = self.ops[r]
+            parts.append(
+                f"rank {r}: " + ("finished" if p >= len(ops) else f"{'waiting at' if a else 'at'} {ops[p].label()}")
+            )
+        return "deadlock: no rank can move (" + "; ".join(parts) + ")"
+
+
+def check(
+    ranks: int,
+    *,
+    spec: LifecycleSpec = LIFECYCLE,
+    scenario: str = "all-step-kinds",
+    steps: Sequence[StepPlan] | None = None,
+    rank0_steps: Sequence[StepPlan] | None = None,
+    drain_factory: DrainFactory = real_drain,
+    max_states: int = 5_000_000,
+) -> CheckResult:
+    """Explore every interleaving of ``ranks`` ranks running ``spec`` through ``steps`` (or a named scenario).
+
+    ``rank0_steps`` gives rank 0 different latched decisions than the others (a world that did not agree on
+    one decision); ``drain_factory(local_rank)`` builds each rank's drain, whose ``target_device()`` is the
+    device its ``drain_device`` synchronizes.
+    """
+    if ranks < 1:
+        raise ValueError("ranks must be >= 1")
+    t0 = time.perf_counter()
+    plan = tuple(steps) if steps is not None else SCENARIOS[scenario]
+    others = plan_program(spec, plan)
+    first = plan_program(spec, rank0_steps) if rank0_steps is not None else others
+    programs = [first] + [others] * (ranks - 1)
+    targets = [int(drain_factory(r).target_device()) for r in range(ranks)]
+    symmetric = all(targets[r] == r for r in range(1, ranks)) or all(
+        targets[r] == targets[1] and (targets[1] == 0 or targets[1] >= ranks) for r in range(1, ranks)
+    )
+    symmetric = symmetric and (targets[0] == 0 or targets[0] >= ranks)
+    n_ops = max(len(p.ops) for p in programs)
+    search = _Search(programs, targets, symmetric)
+    init: tuple[RankState, ...] = tuple((0, False, 0) for _ in range(ranks))
+    start = search.canon(init)
+    parent: dict[tuple[RankState, ...], tuple[RankState, ...] | None] = {start: None}
+    queue = deque([start])
+    edges = 0
+    while queue:
+        s = queue.popleft()
+        succ = search.moves(s)
+        if not succ and not search.done(s):
+            return _fail(search, parent, s, None, search.deadlock(s), ranks, scenario, edges, t0, n_ops, init)
+        for _r, t, violation, _desc in succ:
+            edges += 1
+            c = search.canon(t)
+            if violation is not None:
+                return _fail(search, parent, s, c, violation, ranks, scenario, edges, t0, n_ops, init)
+            if c not in parent:
+                parent[c] = s
+                queue.append(c)
+        if len(parent) > max_states:
+            raise RuntimeError(f"more than {max_states} states; raise max_states")
+    for who, prog in (("rank 0", first), ("every rank", others)):
+        if prog.problems:  # the interleavings were fine as far as the program goes; the program itself is not
+            return CheckResult(
+                ranks,
+                scenario,
+                False,
+                len(parent),
+                edges,
+                time.perf_counter() - t0,
+                n_ops,
+                symmetric,
+                violation=f"{who}: {prog.problems[0]}",
+                counterexample=[f"{i + 1:4}. {who}: {op.label()}" for i, op in enumerate(prog.ops)][-40:]
+                + prog.problems,
+            )
+    return CheckResult(ranks, scenario, True, len(parent), edges, time.perf_counter() - t0, n_ops, symmetric)
+
+
+def _fail(
+    search: _Search,
+    parent: dict[Any, Any],
+    last: tuple[RankState, ...],
+    bad: tuple[RankState, ...] | None,
+    violation: str,
+    ranks: int,
+    scenario: str,
+    edges: int,
+    t0: float,
+    n_ops: int,
+    init: tuple[RankState, ...],
+) -> CheckResult:
+    """Build the shortest trace to ``last`` (then the violating move into ``bad``, if any)."""
+    path = [last]
+    while parent[path[-1]] is not None:
+        path.append(parent[path[-1]])
+    path.reverse()
+    # replay on concrete (unpermuted) states so rank numbers stay consistent along the trace
+    lines: list[str] = []
+    concrete = init
+    steps: list[tuple[tuple[RankState, ...], bool]] = [(c, False) for c in path[1:]]
+    if bad is not None:
+        steps.append((bad, True))
+    for target, violating in steps:
+        for r, t, v, desc in search.moves(concrete):
+            if search.canon(t) == target and (v is not None) == violating:
+                lines.append(f"{len(lines) + 1:4}. rank {r}: {desc}")
+                concrete = t
+                break
+        else:  # pragma: no cover - the canonical path always has a concrete witness
+            lines.append("     (trace reconstruction lost the path)")
+            break
+    in_flight = "; ".join(f"device {r}: {', '.join(_kinds(m)) or 'idle'}" for r, (_p, _a, m) in enumerate(concrete))
+    lines.append(f"      in flight: {in_flight}")
+    lines.append(f"      VIOLATION: {violation}")
+    return CheckResult(
+        ranks,
+        scenario,
+        False,
+        len(parent),
+        edges,
+        time.perf_counter() - t0,
+        n_ops,
+        search.symmetric,
+        violation=violation,
+        counterexample=lines,
+    )
+
+
+def check_all(ranks: Sequence[int], *, scenarios: Sequence[str] | None = None, **kwargs: Any) -> list[CheckResult]:
+    """:func:`check` for every N in ``ranks`` and every scenario (default: all of :data:`SCENARIOS`)."""
+    return [check(n, scenario=name, **kwargs) for n in ranks for name in (scenarios or list(SCENARIOS))]
+
+
+def _parse_ranks(text: str) -> list[int]:
+    if ".." in text:
+        lo, hi = text.split("..", 1)
+        return list(range(int(lo), int(hi) + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m colo_fsm.testing.checker --ranks 2..8 [--scenario NAME] [--mutant NAME] [--json PATH]``.
+
+    Exit status 0 when every check passes, 1 when one finds a violation (its shortest trace is printed).
+    """
+    ap = argparse.ArgumentParser(prog="colo-fsm check", description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--ranks", default="2..8", help="N values: '2..8' or '2,4,8' (default 2..8)")
+    ap.add_argument(
+        "--scenario",
+        action="append",
+        choices=sorted(SCENARIOS),
+        help="run only these scenarios (repeatable; default: all)",
+    )
+    ap.add_argument("--mutant", help="check a mutated lifecycle from colo_fsm.testing.mutants instead")
+    ap.add_argument("--json", type=Path, help="also write the results as JSON to this path")
+    args = ap.parse_args(argv)
+    kwargs: dict[str, Any] = {}
+    if args.mutant:
+        from colo_fsm.testing.mutants import MUTANTS
+
+        by_name = {m.name: m for m in MUTANTS}
+        if args.mutant not in by_name:
+            ap.error(f"unknown mutant {args.mutant!r}; known: {', '.join(by_name)}")
+        kwargs = by_name[args.mutant].checker_kwargs()
+    results = check_all(_parse_ranks(args.ranks), scenarios=args.scenario, **kwargs)
+    total_states = sum(r.states for r in results)
+    for r in results:
+        print(r.report() if not r.ok else r.summary())
+    print(
+        f"total: {total_states} states in {sum(r.seconds for r in results):.2f}s; "
+        f"{sum(not r.ok for r in results)} violation(s)"
+    )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n", encoding="utf-8")
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = [
+    "SCENARIOS",
+    "CheckResult",
+    "DrainFactory",
+    "DrainTarget",
+    "Op",
+    "Program",
+    "StepPlan",
+    "check",
+    "check_all",
+    "main",
+    "plan_program",
+    "real_drain",
+]

@@ -1,0 +1,505 @@
+"""Mutation proof: each lifecycle bug the design warns about, applied on purpose, must be caught.
+
+A :class:`Mutant` is the shipped lifecycle with one bug: a mutated :class:`~colo_fsm.states.spec.LifecycleSpec`
+(derived with ``dataclasses.replace``) or one swapped component (the drain, the checkpoint decision, the runtime
+machine's guard reader, the in-flight cap). :func:`evaluate` runs it against four killers and records which
+catch it:
+
+* ``validator``: :func:`~colo_fsm.states.validate.validate_spec` rejects the spec;
+* ``runtime``: the runtime :class:`~colo_fsm.machine.lifecycle.Lifecycle`, built with ``check_spec=False``
+  and driven through a directed run (plain, checkpoint by period and by deadline, validation, last step),
+  refuses with a lifecycle error of its own;
+* ``checker``: the exhaustive multi-rank checker (:mod:`colo_fsm.testing.checker`, N = 2 and 3) finds a
+  violation;
+* ``hypothesis``: the property-based lifecycle machine (:mod:`colo_fsm.testing.lifecycle_machine`) finds a
+  failing program.
+
+``scripts/mutation_proof.py`` prints the table and fails if any mutant survives every killer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from colo_fsm.errors import LifecycleError
+from colo_fsm.guards.capacity import InFlightCap
+from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision
+from colo_fsm.guards.drain import DeviceDrain
+from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+from colo_fsm.states.spec import (
+    LIFECYCLE,
+    CollectorCondition,
+    EngineCondition,
+    Fact,
+    LifecycleSpec,
+    State,
+    TransitionSpec,
+)
+from colo_fsm.states.validate import SpecError, validate_spec
+from colo_fsm.testing.checker import SCENARIOS, StepPlan, check
+from colo_fsm.testing.fakes import FakeClock, recording_adapters
+
+KILLERS = ("validator", "runtime", "checker", "hypothesis")
+S = State
+
+
+# ---------------------------------------------------------------------------------------------- swapped components
+_thread = threading.local()
+
+
+def set_current_device(index: int) -> None:
+    """What ``torch.cuda.set_device`` does for the calling thread (in this simulation)."""
+    _thread.device = index
+
+
+def current_device() -> int:
+    """The calling thread's current device: 0 for a thread that never called :func:`set_current_device`."""
+    return int(getattr(_thread, "device", 0))
+
+
+class CallingThreadDrain(DeviceDrain):
+    """MUTANT: drains the calling thread's current device (a bare ``torch.cuda.synchronize()``), not LOCAL_RANK's."""
+
+    def target_device(self) -> int:
+        return current_device()
+
+
+class RequeryingLifecycle(Lifecycle):
+    """MUTANT: the save guard re-evaluates the raw checkpoint rule instead of reading the latched decision."""
+
+    def _reader(self, fact: Fact) -> Callable[..., bool]:
+        if fact is not Fact.SAVE_THIS_STEP:
+            return super()._reader(fact)
+
+        def ask_again(*_a: Any, **_k: Any) -> bool:
+            rule = getattr(self.checkpoint_decision, "_rule")  # noqa: B009 - the bug is bypassing the latch
+            return bool(rule(self.step_index))
+
+        return ask_again
+
+
+class UnlatchedCheckpointDecision(CheckpointDecision):
+    """MUTANT: no latch; every query evaluates the rules again (the one-shot time rule then says False)."""
+
+    def decide(self, step: int) -> bool:
+        answer = bool(self._rule(step))
+        self.evaluations += 1
+        self._step, self._answer = step, answer
+        return answer
+
+
+class AgeOnlyInFlightCap(InFlightCap):
+    """MUTANT: the in-flight cap ignores the receiving actor's capacity."""
+
+    @property
+    def value(self) -> int:
+        return self.configured
+
+
+# ---------------------------------------------------------------------------------------------- spec edits
+def edit_transitions(spec: LifecycleSpec, match: Callable[[TransitionSpec], bool], **changes: Any) -> LifecycleSpec:
+    """A copy of ``spec`` with ``changes`` applied (``dataclasses.replace``) to every transition ``match`` selects."""
+    hit = [t for t in spec.transitions if match(t)]
+    if not hit:
+        raise ValueError("no transition matched")
+    ts = tuple(dataclasses.replace(t, **changes) if match(t) else t for t in spec.transitions)
+    return dataclasses.replace(spec, transitions=ts)
+
+
+def edit_state(spec: LifecycleSpec, state: State, **changes: Any) -> LifecycleSpec:
+    """A copy of ``spec`` with one state's declaration changed."""
+    ss = tuple(dataclasses.replace(s, **changes) if s.state is state else s for s in spec.states)
+    return dataclasses.replace(spec, states=ss)
+
+
+def _edge(trigger: str, source: State, dest: State) -> Callable[[TransitionSpec], bool]:
+    return lambda t: t.trigger == trigger and t.source is source and t.dest is dest
+
+
+def _actions(spec: LifecycleSpec, trigger: str, source: State, dest: State) -> tuple[str, ...]:
+    return next(t.actions for t in spec.transitions if _edge(trigger, source, dest)(t))
+
+
+def _resume_before_barrier() -> LifecycleSpec:
+    spec = edit_transitions(LIFECYCLE, _edge("conclude", S.TRAINING, S.WAKING), actions=("offload_training_buffers",))
+    return edit_transitions(
+        spec,
+        _edge("resume", S.WAKING, S.GENERATING),
+        when=(),
+        actions=("resume_engine", "drain_device", "barrier", "resume_collector"),
+    )
+
+
+def _wake_before_save_consistent() -> LifecycleSpec:
+    spec = edit_transitions(
+        LIFECYCLE,
+        _edge("conclude", S.TRAINING, S.CHECKPOINTING),
+        actions=("offload_training_buffers", "drain_device", "barrier", "resume_engine", "save_checkpoint"),
+    )
+    spec = edit_state(spec, S.CHECKPOINTING, engine=EngineCondition.AWAKE)
+    for dest in (S.DONE, S.WAKING):
+        spec = edit_transitions(
+            spec, _edge("conclude", S.CHECKPOINTING, dest), actions=("suspend_engine", "drain_device", "barrier")
+        )
+    return spec
+
+
+def _last_step_wakes() -> LifecycleSpec:
+    spec = LIFECYCLE
+    for source in (S.TRAINING, S.CHECKPOINTING):
+        spec = edit_transitions(
+            spec,
+            _edge("conclude", source, S.DONE),
+            actions=(*_actions(spec, "conclude", source, S.DONE), "resume_engine", "resume_collector"),
+        )
+    spec = edit_state(spec, S.DONE, engine=EngineCondition.AWAKE, collector=CollectorCondition.RUNNING)
+    return edit_transitions(
+        spec,
+        _edge("stop", S.DONE, S.STOPPED),
+        actions=("pause_collector", "suspend_engine", "drain_device", "barrier", "shutdown_engine"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- mutants
+@dataclass(frozen=True)
+class Mutant:
+    """The shipped lifecycle with one deliberate bug."""
+
+    name: str
+    breaks: str  # the DESIGN section 2 fact it breaks
+    description: str
+    spec: LifecycleSpec = LIFECYCLE
+    drain_class: Callable[..., Any] = DeviceDrain
+    checkpoint_class: Callable[..., LatchedDecision] = CheckpointDecision
+    lifecycle_class: type[Lifecycle] = Lifecycle
+    cap_class: Callable[..., InFlightCap] = InFlightCap
+    rank0_steps: tuple[StepPlan, ...] | None = None  # checker: rank 0 latched other decisions than its peers
+    expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
+
+    def checker_kwargs(self, scenario: str = "all-step-kinds") -> dict[str, Any]:
+        """Keyword arguments for :func:`colo_fsm.testing.checker.check` that apply this mutant."""
+        drain_class = self.drain_class
+        kwargs: dict[str, Any] = {
+            "spec": self.spec,
+            "drain_factory": lambda r: drain_class(r, synchronize=lambda _d: None),
+        }
+        if self.rank0_steps is not None:
+            kwargs["rank0_steps"] = self.rank0_steps
+        return kwargs
+
+    def machine(self) -> type[Any]:
+        """A :class:`~colo_fsm.testing.lifecycle_machine.LifecycleMachine` running this mutant."""
+        from colo_fsm.testing.lifecycle_machine import lifecycle_machine
+
+        return lifecycle_machine(
+            None,
+            name=f"Mutant_{self.name.replace('-', '_')}",
+            spec=self.spec,
+            check_spec=False,
+            lifecycle_class=self.lifecycle_class,
+            drain_class=self.drain_class,
+            checkpoint_class=self.checkpoint_class,
+            cap_class=self.cap_class,
+        )
+
+
+_ALL = frozenset(KILLERS)
+_NOT_VALIDATOR = frozenset({"runtime", "checker", "hypothesis"})
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "resume-before-barrier",
+        "2: drain + barrier before the resume signal",
+        "the wake path resumes the engine first, then drains and meets the barrier",
+        spec=_resume_before_barrier(),
+        expected=_NOT_VALIDATOR,
+    ),
+    Mutant(
+        "resume-between-drain-and-barrier",
+        "2: drain + barrier before the resume signal",
+        "the validation wake signals resume after the drain but before the barrier",
+        spec=edit_transitions(
+            LIFECYCLE,
+            _edge("conclude", S.TRAINING, S.VALIDATING),
+            actions=("offload_training_buffers", "drain_device", "resume_engine", "barrier"),
+        ),
+        expected=_ALL,
+    ),
+    Mutant(
+        "barrier-without-drain",
+        "2: each rank drains its own device, then the barrier",
+        "the handoff to training meets the barrier without draining the device first",
+        spec=edit_transitions(
+            LIFECYCLE,
+            _edge("begin_step", S.GENERATING, S.DRAINING),
+            actions=("latch_step_decisions", "pause_collector", "suspend_engine", "barrier"),
+        ),
+        expected=_ALL,
+    ),
+    Mutant(
+        "drain-calling-thread-device",
+        "2: drain the device named by LOCAL_RANK",
+        "the drain synchronizes the calling thread's current device (device 0 when set_device was never called)",
+        drain_class=CallingThreadDrain,
+        expected=frozenset({"checker", "hypothesis"}),
+    ),
+    Mutant(
+        "checkpoint-decision-queried-twice",
+        "4: decide once (latch)",
+        "the save guard asks the checkpoint rule again instead of reading the latched decision",
+        lifecycle_class=RequeryingLifecycle,
+        expected=frozenset({"hypothesis"}),
+    ),
+    Mutant(
+        "checkpoint-decision-not-latched",
+        "4: decide once (latch)",
+        "the checkpoint decision re-evaluates its rules on every query; a second site gets a different answer",
+        checkpoint_class=UnlatchedCheckpointDecision,
+        expected=frozenset({"hypothesis"}),
+    ),
+    Mutant(
+        "checkpoint-decision-not-agreed",
+        "4: decide once, the same decision everywhere",
+        "rank 0 latches a save its peers did not (no agree/broadcast across ranks)",
+        rank0_steps=(StepPlan(save=True), StepPlan(), StepPlan(validate=True), StepPlan(True, True), StepPlan()),
+        expected=frozenset({"checker"}),
+    ),
+    Mutant(
+        "wake-between-train-and-save",
+        "3: checkpoints suspend everything",
+        "the post-step wake happens before the save that follows the training step",
+        spec=edit_transitions(
+            LIFECYCLE,
+            _edge("conclude", S.TRAINING, S.CHECKPOINTING),
+            actions=("offload_training_buffers", "drain_device", "barrier", "resume_engine", "save_checkpoint"),
+        ),
+        expected=_ALL,
+    ),
+    Mutant(
+        "wake-between-train-and-save-declared",
+        "3: checkpoints suspend everything",
+        "as above, with Checkpointing re-declared 'engine awake' so the static validator has nothing to object to",
+        spec=_wake_before_save_consistent(),
+        expected=_NOT_VALIDATOR,
+    ),
+    Mutant(
+        "teardown-at-validation",
+        "1: build once, teardown only at Stopped",
+        "the engine is torn down and rebuilt at the validation boundary",
+        spec=edit_transitions(
+            LIFECYCLE,
+            _edge("end_validation", S.VALIDATING, S.GENERATING),
+            actions=("shutdown_engine", "build_engine", "resume_collector"),
+        ),
+        expected=_ALL,
+    ),
+    Mutant(
+        "last-step-wakes",
+        "3: the last step never wakes the engine",
+        "the last step resumes engine and collector (Done re-declared awake, so the validator agrees)",
+        spec=_last_step_wakes(),
+        expected=frozenset({"checker", "hypothesis"}),
+    ),
+    Mutant(
+        "weight-version-bumped-twice",
+        "5: weight version +1 exactly once per step",
+        "the training transition bumps the weight version twice",
+        spec=edit_transitions(
+            LIFECYCLE,
+            _edge("train", S.DRAINING, S.TRAINING),
+            actions=("restore_training_buffers", "train_step", "bump_weight_version", "bump_weight_version"),
+        ),
+        expected=_NOT_VALIDATOR,
+    ),
+    Mutant(
+        "weight-version-not-bumped",
+        "5: weight version +1 exactly once per step",
+        "the training transition never bumps the weight version",
+        spec=edit_transitions(
+            LIFECYCLE, _edge("train", S.DRAINING, S.TRAINING), actions=("restore_training_buffers", "train_step")
+        ),
+        expected=_NOT_VALIDATOR,
+    ),
+    Mutant(
+        "in-flight-cap-ignores-actor",
+        "6: bounded in-flight work (actor capacity, control headroom)",
+        "the in-flight cap is num_prompts_per_step * max_trajectory_age_steps only",
+        cap_class=AgeOnlyInFlightCap,
+        expected=frozenset({"hypothesis"}),
+    ),
+)
+"""Every mutant the proof runs."""
+
+
+# ---------------------------------------------------------------------------------------------- killers
+def kill_by_validator(m: Mutant) -> str | None:
+    """The static validator's objection, or None."""
+    try:
+        validate_spec(m.spec)
+    except SpecError as exc:
+        return str(exc)
+    return None
+
+
+def kill_by_runtime(m: Mutant) -> str | None:
+    """Run the mutant's runtime machine (spec validation off) through a directed run; its own error, or None.
+
+    The run: a plain step, a periodic save, a validation, a periodic save with validation, a save by deadline
+    (the "must save by" time rule fires), and a saving last step; then stop.
+    """
+    _j, engine, trainer, collector, _ = recording_adapters()
+    clock = FakeClock()
+    lc = m.lifecycle_class(
+        engine,
+        trainer,
+        collector,
+        config=LifecycleConfig(num_steps=6, rank=0, world_size=1),
+        drain=m.drain_class(3, synchronize=lambda _d: None),
+        checkpoint=m.checkpoint_class(2, must_save_by_s=25.0, clock=clock, deadline_stop=False),
+        validation=LatchedDecision("validation", lambda step: step in (2, 3)),
+        validator=lambda _s, _w: {"accuracy": 1.0},
+        spec=m.spec,
+        check_spec=False,
+    )
+    try:
+        lc.start()
+        i = 0
+        while not lc.finished:
+            if i == 4:
+                clock.advance(30.0)  # the "must save by" deadline passes: step 4 saves by time
+            lc.step([i])
+            if lc.state is S.VALIDATING:
+                lc.end_validation()
+            i += 1
+        lc.stop()
+    except LifecycleError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        lc.close()
+    return None
+
+
+def kill_by_checker(m: Mutant, ranks: Sequence[int] = (2, 3)) -> str | None:
+    """The first violation the exhaustive checker finds (with the shortest counterexample's length), or None."""
+    for n in ranks:
+        for scenario in SCENARIOS:
+            kwargs = m.checker_kwargs(scenario)
+            if "rank0_steps" in kwargs and scenario != "all-step-kinds":
+                continue
+            res = check(n, scenario=scenario, **kwargs)
+            if not res.ok:
+                steps = len([line for line in res.counterexample if line.strip()[:1].isdigit()])
+                return f"N={n} {scenario}: {res.violation} (shortest trace: {steps} actions)"
+    return None
+
+
+def kill_by_hypothesis(m: Mutant, max_examples: int = 300) -> str | None:
+    """The first failing program the lifecycle machine finds (no shrinking, derandomized), or None."""
+    from hypothesis import HealthCheck, Phase, Verbosity, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    s = settings(
+        max_examples=max_examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        stateful_step_count=30,
+        verbosity=Verbosity.quiet,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+    level = logging.getLogger("colo_fsm").level
+    logging.getLogger("colo_fsm").setLevel(logging.CRITICAL)
+    try:
+        run_state_machine_as_test(m.machine(), settings=s)
+    except Exception as exc:
+        text = [line.strip() for line in str(exc).strip().splitlines()[:2]]
+        return f"{type(exc).__name__}: {' '.join(text)}"
+    finally:
+        logging.getLogger("colo_fsm").setLevel(level)
+    return None
+
+
+_KILL: dict[str, Callable[[Mutant], str | None]] = {
+    "validator": kill_by_validator,
+    "runtime": kill_by_runtime,
+    "checker": kill_by_checker,
+    "hypothesis": kill_by_hypothesis,
+}
+
+
+@dataclass
+class MutantResult:
+    """Which killers caught one mutant, with their evidence and time."""
+
+    name: str
+    breaks: str
+    killed_by: dict[str, str] = field(default_factory=dict)
+    survived_by: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    expected: list[str] = field(default_factory=list)
+
+    @property
+    def killed(self) -> bool:
+        return bool(self.killed_by)
+
+    @property
+    def missing(self) -> list[str]:
+        """Expected killers that did not catch it."""
+        return [k for k in self.expected if k not in self.killed_by]
+
+
+def evaluate(m: Mutant, killers: Iterable[str] = KILLERS) -> MutantResult:
+    """Run ``killers`` against ``m``."""
+    res = MutantResult(m.name, m.breaks, expected=sorted(m.expected))
+    for k in killers:
+        t0 = time.perf_counter()
+        evidence = _KILL[k](m)
+        res.seconds[k] = round(time.perf_counter() - t0, 3)
+        if evidence is None:
+            res.survived_by.append(k)
+        else:
+            res.killed_by[k] = evidence
+    return res
+
+
+def table(results: Sequence[MutantResult]) -> str:
+    """A text table: mutant, the fact it breaks, and a mark per killer (x killed, . not, - not run)."""
+    head = f"{'mutant':<40} {'validator':>9} {'runtime':>8} {'checker':>8} {'hypothesis':>10}  breaks"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        marks = []
+        for k, width in zip(KILLERS, (9, 8, 8, 10)):
+            mark = "x" if k in r.killed_by else ("." if k in r.survived_by else "-")
+            marks.append(f"{mark:>{width}}")
+        lines.append(f"{r.name:<40} {' '.join(marks)}  {r.breaks}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "KILLERS",
+    "MUTANTS",
+    "AgeOnlyInFlightCap",
+    "CallingThreadDrain",
+    "Mutant",
+    "MutantResult",
+    "RequeryingLifecycle",
+    "UnlatchedCheckpointDecision",
+    "current_device",
+    "edit_state",
+    "edit_transitions",
+    "evaluate",
+    "kill_by_checker",
+    "kill_by_hypothesis",
+    "kill_by_runtime",
+    "kill_by_validator",
+    "set_current_device",
+    "table",
+]

@@ -1,0 +1,60 @@
+"""Hypothesis profiles for lifecycle tests.
+
+* ``colo-fsm-ci``: derandomized (the same programs on every run), 500 programs of up to 30 steps each.
+* ``colo-fsm-deep``: 5000 random programs of up to 60 steps (``make test-deep``).
+* ``colo-fsm-dev``: 50 programs, for a quick local loop.
+
+The profiles are registered when :mod:`colo_fsm.testing` is imported, but never loaded globally: the lifecycle
+machine's test case applies the active one (``COLO_FSM_HYPOTHESIS_PROFILE``, default ``colo-fsm-ci``) to itself
+only, so other hypothesis tests in the same session keep their own settings.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+
+PROFILE_ENV = "COLO_FSM_HYPOTHESIS_PROFILE"
+CI_PROFILE = "colo-fsm-ci"
+DEEP_PROFILE = "colo-fsm-deep"
+DEV_PROFILE = "colo-fsm-dev"
+
+_COMMON: dict[str, Any] = {
+    "deadline": None,
+    "suppress_health_check": list(HealthCheck),
+    "database": None,
+    "print_blob": True,
+}
+
+
+def register_profiles() -> None:
+    """Register the colo-fsm profiles with hypothesis (idempotent)."""
+    settings.register_profile(CI_PROFILE, max_examples=500, derandomize=True, stateful_step_count=30, **_COMMON)
+    settings.register_profile(DEEP_PROFILE, max_examples=5000, derandomize=False, stateful_step_count=60, **_COMMON)
+    settings.register_profile(DEV_PROFILE, max_examples=50, derandomize=True, stateful_step_count=30, **_COMMON)
+
+
+def active_profile() -> str:
+    """The profile named by ``COLO_FSM_HYPOTHESIS_PROFILE``, else ``colo-fsm-ci``."""
+    return os.environ.get(PROFILE_ENV) or CI_PROFILE
+
+
+def lifecycle_settings(profile: str | None = None, **overrides: Any) -> settings:
+    """Settings for a lifecycle machine run: a colo-fsm profile (default: the active one) plus ``overrides``."""
+    register_profiles()
+    return settings(settings.get_profile(profile or active_profile()), **overrides)
+
+
+register_profiles()
+
+__all__ = [
+    "CI_PROFILE",
+    "DEEP_PROFILE",
+    "DEV_PROFILE",
+    "PROFILE_ENV",
+    "active_profile",
+    "lifecycle_settings",
+    "register_profiles",
+]

@@ -1,0 +1,46 @@
+"""Numbers the testing tools report (programs run, states explored, mutants killed, faults injected).
+
+:func:`record_stats` merges one key into a JSON file: ``$COLO_FSM_STATS_PATH`` if set, else
+``bench/results/testing_stats.json`` when the working directory has a ``bench/`` folder (the colo-fsm
+repository), else nowhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+_LOCK = threading.Lock()
+STATS_ENV = "COLO_FSM_STATS_PATH"
+
+
+def stats_path() -> Path | None:
+    """Where :func:`record_stats` writes, or None."""
+    if os.environ.get(STATS_ENV):
+        return Path(os.environ[STATS_ENV])
+    if Path("bench").is_dir():
+        return Path("bench") / "results" / "testing_stats.json"
+    return None
+
+
+def record_stats(key: str, value: Any, path: Path | None = None) -> None:
+    """Merge ``{key: value}`` into the stats file (written at once, so a partial run keeps what it measured)."""
+    target = path or stats_path()
+    if target is None:
+        return
+    with _LOCK:
+        try:
+            data = json.loads(target.read_text(encoding="utf-8")) if target.exists() else {}
+        except ValueError:
+            data = {}
+        data[key] = value
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.replace(target)
+
+
+__all__ = ["STATS_ENV", "record_stats", "stats_path"]

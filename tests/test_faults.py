@@ -1,0 +1,136 @@
+"""Fault injection: an exception, a hang and a dead rank at every action of every transition (thread ranks),
+plus a real two-process gloo run where one rank dies or never arrives at the TorchBarrier."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from colo_fsm.errors import ActionFailed, BarrierTimeout
+from colo_fsm.states.spec import LIFECYCLE, State
+from colo_fsm.testing import faults
+from colo_fsm.testing.faults import FaultKind, FaultPoint, check_outcome, fault_points, rest_points, run_all
+from colo_fsm.testing.report import record_stats
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_lifecycle_logs():
+    logger = logging.getLogger("colo_fsm")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
+
+
+def test_every_declared_action_of_every_transition_is_a_fault_point():
+    assert faults.uncovered() == []
+    points = fault_points()
+    declared = sum(len(t.actions) for t in LIFECYCLE.transitions)
+    assert len(points) == declared
+    # every state in which actions run, and every action of the spec
+    assert {p.dest for p in points} >= {s.state for s in LIFECYCLE.states} - {State.CREATED, State.FAILED}
+    assert {p.action for p in points} == {a.name for a in LIFECYCLE.actions}
+    assert {p.dest for p in rest_points()} == {State.CREATED, State.GENERATING, State.VALIDATING, State.DONE}
+
+
+@pytest.mark.parametrize("kind", [FaultKind.RAISE, FaultKind.RAISE_AFTER, FaultKind.HANG, FaultKind.DIE])
+def test_fault_at_every_action_two_thread_ranks(kind, tmp_path):
+    runs = run_all(kind, root=tmp_path)
+    problems = [p for r in runs for p in check_outcome(r)]
+    assert not problems, "\n".join(problems)
+    assert all(r.outcomes[r.victim].fault_fired for r in runs)
+    failed_peers = sum(1 for r in runs for o in r.outcomes.values() if o.rank != r.victim and o.state is State.FAILED)
+    # the faulty rank's peers noticed through their barrier wherever a barrier was left
+    assert failed_peers == sum(1 for r in runs if r.barrier_after)
+    record_stats(f"faults_injected_{kind.value}", len(runs))
+
+
+def test_rank_dies_while_resting_in_every_resting_state(tmp_path):
+    runs = run_all(FaultKind.DIE, root=tmp_path, resting=True)
+    problems = [p for r in runs for p in check_outcome(r)]
+    assert not problems, "\n".join(problems)
+    assert len(runs) == 4
+    record_stats("faults_injected_die_resting", len(runs))
+
+
+def test_four_ranks_one_dies_mid_checkpoint(tmp_path):
+    point = FaultPoint("conclude", State.TRAINING, State.CHECKPOINTING, "save_checkpoint")
+    sc = fault_points()[point]
+    run = faults.run_ranks(sc, fault=point, kind=FaultKind.DIE, world=4, victim=2, barrier_timeout_s=1.5, root=tmp_path)
+    assert check_outcome(run) == []
+    for r in (0, 1, 3):
+        o = run.outcomes[r]
+        assert o.state is State.FAILED and isinstance(o.failure.cause, BarrierTimeout)
+        assert o.failure.state == "Waking" and o.failure.rank == r  # the barrier after the save
+        # peers completed their own save before meeting the barrier: it is on disk, complete
+        assert o.on_disk == o.saves_completed and o.half_written == []
+
+
+def test_the_fault_harness_is_not_vacuous(tmp_path, monkeypatch):
+    """With the documented quiesce-after-failure removed, the harness reports engines left awake."""
+    monkeypatch.setattr(faults.FaultyLifecycle, "_quiesce_after_failure", lambda self: None)
+    point = FaultPoint("resume", State.WAKING, State.GENERATING, "resume_collector")
+    run = faults.run_ranks(
+        fault_points()[point], fault=point, kind=FaultKind.RAISE, world=2, barrier_timeout_s=1.5, root=tmp_path
+    )
+    assert any("engine awake" in p for p in check_outcome(run))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_real_gloo_rank_dies_or_never_arrives_at_torch_barrier():
+    """Two real worlds of two gloo processes at once: in one rank 1 dies, in the other it never arrives."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    timeout_s = 2.0
+    procs = []
+    for mode in ("die", "never_arrives"):
+        port = _free_port()
+        for rank in (0, 1):
+            p = ctx.Process(target=faults.gloo_fault_worker, args=(rank, 2, port, mode, timeout_s, out))
+            procs.append((mode, rank, p))
+    for _m, _r, p in procs:
+        p.start()
+    results: dict[tuple[str, int], dict] = {}
+    try:
+        for _ in range(4):  # rank 0 of each world; the dead rank 1 says so before it exits; the late one reports
+            mode, rank, res = out.get(timeout=120)
+            results[(mode, rank)] = res
+    finally:
+        for _m, _r, p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert results[("die", 1)] == {"died": True}
+    late = results[("never_arrives", 1)]  # arrives after rank 0 gave up: its own barrier fails too, naming rank 1
+    assert late["state"] == "Failed" and late["failure_rank"] == 1 and late["failure_state"] == "Draining", late
+    for mode in ("die", "never_arrives"):
+        res = results[(mode, 0)]
+        assert res["state"] == "Failed", res
+        assert res["cause"] == "BarrierTimeout", res
+        assert res["failure_state"] == "Draining" and res["failure_rank"] == 0 and res["failure_wv"] == 1, res
+        assert "state=Draining" in res["error"] and "rank=0" in res["error"] and "weight_version=1" in res["error"]
+        assert res["waited_s"] < 60, "the barrier must give up near its timeout"
+        assert res["engine"] == "suspended" and res["collector_running"] is False
+    record_stats("faults_injected_gloo", 2)
+
+
+def test_faulty_lifecycle_without_fault_is_the_lifecycle(tmp_path):
+    run = faults.run_ranks(faults.SCENARIOS[0], world=3, root=tmp_path)
+    assert check_outcome(run) == []
+    assert all(o.state is State.STOPPED for o in run.outcomes.values())
+    assert all(o.on_disk == [(2, 2), (4, 4)] for o in run.outcomes.values())
+
+
+def test_action_failed_type_is_reported():
+    assert issubclass(ActionFailed, Exception)
