@@ -255,3 +255,33 @@ def test_bad_settings() -> None:
         OpenAIServer(CheckedGenerator(engine), retry_after_s=0)
     with pytest.raises(ConfigError, match="poll_s"):
         SuspendGate(poll_s=0)
+
+
+def test_async_generator_is_awaited_on_the_server_loop() -> None:
+    import asyncio
+
+    class AsyncGen:
+        def __init__(self) -> None:
+            self.active = 0
+            self.max_active = 0
+
+        def generate(self, prompts, *, max_tokens, temperature=0.0, seed=None):  # type: ignore[no-untyped-def]
+            raise AssertionError("the server must use agenerate")
+
+        async def agenerate(self, prompts, *, max_tokens, temperature=0.0, seed=None):  # type: ignore[no-untyped-def]
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            await asyncio.sleep(0.1)
+            self.active -= 1
+            return [Completion(p, (0,), 1) for p in prompts]
+
+    gen = AsyncGen()
+    server = OpenAIServer(gen)
+    server.start()
+    try:
+        c = openai.OpenAI(base_url=server.base_url, api_key="x")
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            texts = list(pool.map(lambda i: c.completions.create(model="m", prompt=f"a{i}").choices[0].text, range(8)))
+        assert texts == [f"a{i}" for i in range(8)] and gen.max_active >= 2
+    finally:
+        server.stop()

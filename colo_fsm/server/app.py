@@ -192,7 +192,7 @@ def create_app(
         if req.stream:
             raise BadRequest("stream", "streaming is not supported; send stream=false")
         async with the_gate.admit_async(request_timeout_s):
-            if use_async:
+            if use_async and agenerate is not None:
                 outs = await agenerate(prompts, max_tokens=max_tokens, temperature=req.temperature, seed=req.seed)
             else:
                 outs = await anyio.to_thread.run_sync(
