@@ -208,6 +208,19 @@ def main() -> int:
         after = greedy(eng)
         same_storage = {n: p.data_ptr() for n, p in model.named_parameters()} == ptrs
         assert same_storage, "parameter storage changed"
+        tp_replicas_equal = True
+        if args.tp > 1:  # replicated parameters (norms, position embeddings) must stay identical across TP ranks
+            import torch.distributed as dist
+            from megatron.core import parallel_state as ps
+
+            rep = torch.stack(
+                [p.detach().float().sum() for p in model.parameters() if not getattr(p, "tensor_model_parallel", False)]
+            )
+            lo, hi = rep.clone(), rep.clone()
+            dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=ps.get_tensor_model_parallel_group())
+            dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
+            tp_replicas_equal = bool(torch.equal(lo, hi))
+            assert tp_replicas_equal, "replicated parameters differ across the TP group after training"
         assert before != after, "greedy output did not change after 3 train steps"
         return {
             "train_step_ms": [round(1e3 * t, 1) for t in times],
@@ -216,6 +229,7 @@ def main() -> int:
             "dropout_active_in_training_forward": dropout_active,
             "output_changed_without_weight_copy": before != after,
             "same_parameter_storage": same_storage,
+            "tp_replicated_params_equal": tp_replicas_equal,
             "before": tok.detokenize(before[0])[:20],
             "after": tok.detokenize(after[0])[:20],
         }
@@ -254,8 +268,9 @@ def main() -> int:
         t0 = time.perf_counter()
         info = load_checkpoint(root, model=model, optimizer=trainer.optimizer)
         load_s = time.perf_counter() - t0
-        restored = all(torch.equal(snap[k], v) for k, v in model.state_dict().items() if k in snap)
-        assert changed and restored, f"changed={changed} restored={restored}"
+        differ = [k for k, v in model.state_dict().items() if k in snap and not torch.equal(snap[k], v)]
+        restored = not differ
+        assert changed and restored, f"changed={changed} restored={restored} differ={differ[:4]}"
         assert info.extra_state == {"rank": RANK, "buffer": ["g"] * 3}, info.extra_state
         assert (info.step, info.weight_version) == (3, 3)
         trainer.offload_buffers()

@@ -183,6 +183,40 @@ class MegatronTrainer:
         logp = torch.nn.functional.pad(logp, (1, 0))  # align: position j holds log p(token_j | < j)
         return logp * t["comp"], t
 
+    def _clip_grad_norm(self) -> float:
+        """Clip by the global gradient norm of the (tensor-parallel) model and return it.
+
+        Tensor-parallel shards contribute their squares summed over the TP group; replicated parameters
+        (layer norms, position embeddings) count once. A purely local norm would give each TP rank its own
+        clip factor and make the replicated parameters drift apart across the TP group.
+        """
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        grads_tp = [
+            p.grad for p in self.model.parameters() if p.grad is not None and getattr(p, "tensor_model_parallel", False)
+        ]
+        grads_rep = [
+            p.grad
+            for p in self.model.parameters()
+            if p.grad is not None and not getattr(p, "tensor_model_parallel", False)
+        ]
+        zero = torch.zeros((), dtype=torch.float32, device=self.device)
+        sq_tp = sum((g.float().pow(2).sum() for g in grads_tp), zero)
+        sq_rep = sum((g.float().pow(2).sum() for g in grads_rep), zero)
+        if (
+            dist.is_initialized()
+            and ps.model_parallel_is_initialized()
+            and ps.get_tensor_model_parallel_world_size() > 1
+        ):
+            dist.all_reduce(sq_tp, group=ps.get_tensor_model_parallel_group())
+        total = float((sq_tp + sq_rep).sqrt())
+        coef = self.config.grad_clip / (total + 1e-6)
+        if coef < 1.0:
+            for g in grads_tp + grads_rep:
+                g.mul_(coef)
+        return total
+
     # ------------------------------------------------------------------ Trainer protocol
     def train_step(self, batch: Sequence[Rollout]) -> StepResult:
         """One AdamW step on the GRPO loss of ``batch`` (a sequence of :class:`Rollout`)."""
@@ -216,7 +250,7 @@ class MegatronTrainer:
                 if p.grad is not None:
                     dist.all_reduce(p.grad, group=group)
                     p.grad.div_(n)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
+        grad_norm = self._clip_grad_norm()
         self.optimizer.step()
         self.model.eval()  # generation reads these weights next; no dropout there
         self.steps += 1
