@@ -74,6 +74,25 @@ def test_negative_control_same_calls_in_the_default_group_queue_behind(one_queue
     assert r.p50 > 0.5, r.summary()
 
 
+def test_headroom_keeps_a_one_queue_actor_responsive(one_queue) -> None:
+    """For an actor that cannot have a control group: the in-flight cap's headroom keeps rollouts below
+    max_concurrency, so control calls find a free slot instead of queueing for a whole rollout. (They still
+    share the default group's event loop with the rollouts, so they are slower than in their own group.)"""
+    cap = InFlightCap(1000, 1, samples_per_group=1, actor_max_concurrency=1000, control_headroom=8)
+    assert cap.value == 992
+    r = measure_control_latency(
+        one_queue,
+        label="headroom",
+        rollout_calls=cap.value,
+        max_concurrency=1000,
+        hold_s=HOLD_S,
+        control_calls=8,
+        settle_s=0.8,
+    )
+    assert r.completed_rollouts == cap.value
+    assert r.p99 < 0.5 * HOLD_S, r.summary()  # queued behind the rollouts it would be about HOLD_S
+
+
 def test_suspend_under_saturation_stops_all_rollouts_and_loses_none(grouped) -> None:
     s = measure_suspend(grouped, label="group", rollout_calls=ROLLOUTS, hold_s=HOLD_S)
     assert s.active_after_suspend == 0  # nothing runs while suspended
