@@ -103,6 +103,7 @@ def test_lifecycle_collector_and_server_through_several_steps() -> None:
 
     stop = threading.Event()
     answers: list[tuple[float, float, str]] = []
+    served_clients: set[int] = set()
     errors: list[BaseException] = []
 
     def external_client(k: int) -> None:
@@ -120,6 +121,7 @@ def test_lifecycle_collector_and_server_through_several_steps() -> None:
                 else:
                     r2 = c.completions.create(model="policy", prompt=f"{k}-{i}", max_tokens=4)
                     answers.append((t0, time.time(), r2.choices[0].text))
+                served_clients.add(k)
             except BaseException as exc:  # any failure is a lost request
                 errors.append(exc)
                 return
@@ -150,7 +152,8 @@ def test_lifecycle_collector_and_server_through_several_steps() -> None:
     assert gen.bad == []  # no generation while the engine was not awake
     # none lost: every request that started before the run ended got an answer (the run's end is Done/Stopped)
     lost = [e for e in errors if not (isinstance(e, openai.APIStatusError) and e.status_code == 503)]
-    assert lost == [] and len(answers) > 20
+    # every client was served at least once (how many depends on machine load, so no throughput bound here)
+    assert lost == [] and served_clients == set(range(6))
     served = gated.gate.served
     assert len(served) >= len(answers)
     assert overlaps(served, gated.gate.closed_periods()) == []  # none ran while suspended
