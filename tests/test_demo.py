@@ -155,3 +155,27 @@ def test_demo_two_gloo_ranks(tmp_path):
     assert (run / "trace.rank0.jsonl").exists() and (run / "trace.rank1.jsonl").exists()
     result = json.loads((run / "result.json").read_text())
     assert result["weight_version"] == 6 and result["consumed_samples"] == 6 * 4 * 4 * 2
+
+
+def test_progress_display_plain_lines_and_tty_rewrites():
+    import io
+
+    from colo_fsm.demo.progress import ProgressDisplay
+
+    plain = io.StringIO()
+    d = ProgressDisplay(20, stream=plain, every=10, tty=False)
+    for step in range(1, 21):
+        d.update(
+            state="Generating", step=step, weight_version=step, reward=0.5, consumed=64 * step, samples_per_s=100.0
+        )
+    d.event("checkpoint saved")
+    lines = plain.getvalue().splitlines()
+    assert len(lines) == 3 and "step   10/20" in lines[0] and "wv   20" in lines[1] and "consumed    1280" in lines[1]
+    assert "\r" not in plain.getvalue()
+    tty = io.StringIO()
+    d = ProgressDisplay(5, stream=tty, tty=True)
+    d.update(state="Draining", step=1, weight_version=1, reward=0.1, consumed=64, samples_per_s=10.0)
+    d.update(state="Generating", step=2, weight_version=2, reward=0.2, consumed=128, samples_per_s=10.0)
+    d.close()
+    out = tty.getvalue()
+    assert out.count("\r\x1b[2K") == 2 and "Draining" in out and out.endswith("\n")

@@ -254,6 +254,7 @@ def run_rank(
     rewards_seen: list[float] = []
     val_acc: float | None = None
     steps_this_run = 0
+    t_loop = time.monotonic()
     try:
         lc.start()
         while not lc.finished:
@@ -284,7 +285,7 @@ def run_rank(
                     weight_version=lc.weight_version,
                     reward=reward,
                     consumed=rec["train/consumed_samples"],
-                    samples_per_s=rec["train/samples_per_s"],
+                    samples_per_s=(consumed - consumed0) / max(1e-9, time.monotonic() - t_loop),
                 )
                 if lc.checkpoint_decision.peek(step):
                     display.event(
