@@ -59,11 +59,12 @@ class AsyncLifecycle:
         return await self._run(self.lifecycle.end_validation)
 
     async def stop(self) -> State:
-        """See :meth:`Lifecycle.stop`; also shuts the worker thread down."""
+        """See :meth:`Lifecycle.stop`; also shuts the worker thread down (once Stopped: a failed stop can retry)."""
         try:
             return await self._run(self.lifecycle.stop)
         finally:
-            self._executor.shutdown(wait=False)
+            if self.lifecycle.state is State.STOPPED:
+                self._executor.shutdown(wait=False)
 
 
 __all__ = ["AsyncLifecycle"]
