@@ -114,3 +114,28 @@ def test_generation_length_bounded_by_max_sequence_length(model):
     with pytest.raises(ConfigError, match="max_tokens"):
         eng.generate(["123>"], max_tokens=40)
     eng.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["persist", "offload", "recompute"])
+def test_dynamic_engine_suspend_resume_on_gpu(mode):
+    from colo_fsm.adapters.megatron.dynamic import dynamic_engine_available
+
+    ok, why = dynamic_engine_available()
+    if not ok:
+        pytest.skip(f"megatron-core's dynamic engine cannot run here: {why} (scripts/gpu_megatron_check.py runs it)")
+    from colo_fsm.adapters.megatron.parallel import init_distributed
+
+    init_distributed(1, device="cuda")
+    model = tiny(TOK, device="cuda", max_sequence_length=64)
+    eng = MegatronEngine(model, TOK, GenerationConfig(kv_cache_mode=mode, buffer_size_gb=0.5))
+    assert eng.backend_name == "dynamic"
+    eng.bring_up()
+    before = eng.generate(["123>", "45>"], max_tokens=4)
+    for _ in range(3):
+        eng.suspend()
+        assert not InferenceMode.is_active()
+        eng.resume()
+        assert InferenceMode.is_active()
+    assert [c.token_ids for c in eng.generate(["123>", "45>"], max_tokens=4)] == [c.token_ids for c in before]
+    eng.shutdown()

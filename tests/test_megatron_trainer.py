@@ -200,3 +200,15 @@ def test_lifecycle_refuses_an_engine_that_refits_weights(dist1):  # noqa: F811
     with pytest.raises(UnsupportedEngine, match="reads_weights_in_place"):
         Lifecycle(refit, MegatronTrainer(model))
     Lifecycle(refit, MegatronTrainer(model), config=LifecycleConfig(async_training=False))  # sync: allowed
+
+
+def test_global_grad_norm_clipping_matches_torch_on_one_rank(dist1):  # noqa: F811
+    model = tiny(TOK)
+    trainer = MegatronTrainer(model, TrainerConfig(grad_clip=0.01))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    expected = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    norm = trainer._clip_grad_norm()
+    assert norm == pytest.approx(float(expected), rel=1e-5)
+    clipped = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    assert float(clipped) == pytest.approx(0.01, rel=1e-3)
