@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -18,8 +19,8 @@ class Barrier(Protocol):
 
 
 def _check_timeout(timeout_s: float) -> float:
-    if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
-        raise ConfigError("barrier_timeout_s", timeout_s, "a positive number of seconds")
+    if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or not 0 < timeout_s < math.inf:
+        raise ConfigError("barrier_timeout_s", timeout_s, "a positive finite number of seconds")
     return float(timeout_s)
 
 
@@ -73,6 +74,10 @@ class ThreadBarrier:
     """
 
     def __init__(self, shared: threading.Barrier, rank: int, *, timeout_s: float = 60.0) -> None:
+        if not isinstance(shared, threading.Barrier):
+            raise ConfigError("shared", shared, "a threading.Barrier shared by every rank")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < shared.parties:
+            raise ConfigError("rank", rank, f"an integer in [0, {shared.parties})")
         self.shared = shared
         self.rank = rank
         self.timeout_s = _check_timeout(timeout_s)

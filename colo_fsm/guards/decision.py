@@ -7,6 +7,7 @@ save at one site and skip it at the other; the latch makes the second site read 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,8 +30,10 @@ class MustSaveBy:
     """
 
     def __init__(self, deadline_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
-        if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float) or deadline_s < 0:
-            raise ConfigError("must_save_by_s", deadline_s, "a non-negative number of seconds")
+        if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float) or not 0 <= deadline_s < math.inf:
+            raise ConfigError("must_save_by_s", deadline_s, "a finite non-negative number of seconds")
+        if not callable(clock):
+            raise ConfigError("clock", clock, "a callable returning seconds")
         self._clock = clock
         self._deadline = clock() + float(deadline_s)
         self.fired = False
@@ -51,6 +54,10 @@ class LatchedDecision:
     """
 
     def __init__(self, name: str, rule: Callable[[int], bool], *, agree: Callable[[bool], bool] | None = None) -> None:
+        if not callable(rule):
+            raise ConfigError(f"{name}.rule", rule, "a callable step -> bool")
+        if agree is not None and not callable(agree):
+            raise ConfigError(f"{name}.agree", agree, "None or a callable bool -> bool")
         self.name = name
         self._rule = rule
         self._agree = agree

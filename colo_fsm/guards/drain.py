@@ -38,8 +38,11 @@ class DeviceDrain:
         device_count: Callable[[], int] | None = None,
     ) -> None:
         self.local_rank = local_rank_from_env() if local_rank is None else local_rank
-        if not isinstance(self.local_rank, int) or self.local_rank < 0:
+        if isinstance(self.local_rank, bool) or not isinstance(self.local_rank, int) or self.local_rank < 0:
             raise ConfigError("local_rank", local_rank, "a non-negative integer")
+        for name, fn in (("synchronize", synchronize), ("device_count", device_count)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(name, fn, "None or a callable")
         self._synchronize = synchronize
         self._device_count = device_count
 

@@ -44,6 +44,9 @@ class ParallelismCheck:
     warnings: tuple[str, ...]
 
 
+_SCALARS = (bool, int, float, str, bytes)
+
+
 def _read(config: Any, name: str, which: str) -> int | None:
     if isinstance(config, Mapping):
         value = config.get(name)
@@ -67,10 +70,12 @@ def check_parallelism(training: Any, generation: Any) -> ParallelismCheck:
     inherit; an expert tensor parallel size of None on the training side defaults to TP, as in megatron-core.
     Raises :class:`ParallelismMismatch` for TP/PP/EP/ETP; warns (``ParallelismWarning``) for CP.
     """
-    if training is None:
+    if training is None or isinstance(training, _SCALARS):
         raise ConfigError("training_config", training, "a TransformerConfig or a mapping of parallel sizes")
     if generation is None:
         return ParallelismCheck((), ())
+    if isinstance(generation, _SCALARS):
+        raise ConfigError("generation_config", generation, "None, a config object or a mapping of parallel sizes")
     compared: list[str] = []
     warned: list[str] = []
     for name in (*WEIGHT_SHARDING_FIELDS, *ACTIVATION_SHARDING_FIELDS):
