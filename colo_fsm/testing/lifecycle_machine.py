@@ -651,7 +651,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         decl = lc.spec.state(lc.state)
         real_engine, real_collector = self._probe()
         engine_ok = {decl.engine}
-        if decl.engine is E.TORN_DOWN and self.builds == 0:
+        if decl.engine is E.TORN_DOWN and self.log.count("engine", "bring_up") == 0:
             engine_ok.add(E.ABSENT)  # stopped before anything was built
         tracked = self.conditions
         problems = []

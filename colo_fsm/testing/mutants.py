@@ -456,12 +456,12 @@ class MutantResult:
         return [k for k in self.expected if k not in self.killed_by]
 
 
-def evaluate(m: Mutant, killers: Iterable[str] = KILLERS) -> MutantResult:
-    """Run ``killers`` against ``m``."""
+def evaluate(m: Mutant, killers: Iterable[str] = KILLERS, *, hypothesis_examples: int = 300) -> MutantResult:
+    """Run ``killers`` against ``m`` (the hypothesis killer with up to ``hypothesis_examples`` programs)."""
     res = MutantResult(m.name, m.breaks, expected=sorted(m.expected))
     for k in killers:
         t0 = time.perf_counter()
-        evidence = _KILL[k](m)
+        evidence = kill_by_hypothesis(m, hypothesis_examples) if k == "hypothesis" else _KILL[k](m)
         res.seconds[k] = round(time.perf_counter() - t0, 3)
         if evidence is None:
             res.survived_by.append(k)

@@ -1,0 +1,172 @@
+"""The property-based lifecycle machine over the recording fakes (CI: the colo-fsm-ci profile, >= 500 programs),
+over async adapters driven from the machine's own event loop, and through AsyncLifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+from hypothesis import Phase, settings
+
+from colo_fsm.testing.fakes import Journal, RecordingCollector, RecordingEngine, RecordingTrainer
+from colo_fsm.testing.lifecycle_machine import (
+    STATS,
+    Adapters,
+    LifecycleMachine,
+    check_lifecycle,
+    lifecycle_test_case,
+    stats_snapshot,
+)
+from colo_fsm.testing.profiles import CI_PROFILE, DEEP_PROFILE, DEV_PROFILE, active_profile, lifecycle_settings
+from colo_fsm.testing.report import record_stats
+
+
+@pytest.fixture(autouse=True)
+def _quiet_lifecycle_logs():
+    logger = logging.getLogger("colo_fsm")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
+
+
+def _run(profile: str | None = None, key: str = "lifecycle_machine", **attrs) -> dict[str, int]:
+    before = stats_snapshot()
+    t0 = time.perf_counter()
+    check_lifecycle(profile=profile, **attrs)
+    after = stats_snapshot()
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    delta["seconds"] = round(time.perf_counter() - t0, 2)
+    record_stats(key, {"profile": profile or active_profile(), **delta})
+    return delta
+
+
+def test_profiles_are_registered():
+    ci = settings.get_profile(CI_PROFILE)
+    assert ci.max_examples >= 500 and ci.derandomize
+    assert settings.get_profile(DEEP_PROFILE).max_examples >= 1000
+    assert lifecycle_settings(DEV_PROFILE).max_examples == 50
+
+
+def test_lifecycle_machine_over_recording_fakes():
+    """Every DESIGN section 2 fact, after every step of >= 500 programs (the CI profile)."""
+    delta = _run()
+    assert delta["programs"] >= lifecycle_settings().max_examples
+    # the programs went everywhere: every state reached, faults fired, requests served
+    for state in (
+        "Generating",
+        "Draining",
+        "Training",
+        "Checkpointing",
+        "Validating",
+        "Waking",
+        "Done",
+        "Stopped",
+        "Failed",
+    ):
+        assert delta.get(f"reached:{state}", 0) > 0, (state, delta)
+    assert delta["failures_after_fault"] > 0 and delta["wrong_triggers"] > 0 and delta["steps_trained"] > 100
+
+
+# -------------------------------------------------------------------------- async adapters
+class AsyncEngine(RecordingEngine):
+    """An engine whose lifecycle methods are coroutines (suspend/resume await the engine loop)."""
+
+    async def _hop(self) -> None:
+        await asyncio.sleep(0)
+
+    async def bring_up(self) -> None:  # type: ignore[override]
+        await self._hop()
+        RecordingEngine.bring_up(self)
+
+    async def suspend(self) -> None:  # type: ignore[override]
+        await self._hop()
+        RecordingEngine.suspend(self)
+
+    async def resume(self) -> None:  # type: ignore[override]
+        await self._hop()
+        RecordingEngine.resume(self)
+
+
+class AsyncCollector(RecordingCollector):
+    async def pause(self) -> None:  # type: ignore[override]
+        await asyncio.sleep(0)
+        RecordingCollector.pause(self)
+
+    async def resume(self) -> None:  # type: ignore[override]
+        await asyncio.sleep(0)
+        RecordingCollector.resume(self)
+
+
+def async_adapters() -> Adapters:
+    j = Journal()
+    return Adapters(AsyncEngine(j), RecordingTrainer(j), AsyncCollector(j))
+
+
+def test_async_adapters_run_on_the_machines_loop():
+    delta = _run(DEV_PROFILE, key="lifecycle_machine_async_adapters", adapters_factory=async_adapters)
+    assert delta["steps_trained"] > 0
+
+
+def test_async_lifecycle_facade_with_async_adapters():
+    """AsyncLifecycle runs transitions on a worker thread; async adapters hop back onto the machine's loop."""
+    delta = _run(
+        DEV_PROFILE, key="lifecycle_machine_async_lifecycle", adapters_factory=async_adapters, use_async_lifecycle=True
+    )
+    assert delta["steps_trained"] > 0
+
+
+class WithoutFaults(LifecycleMachine):
+    inject_faults = False
+
+
+TestLifecycleMachineNoFaults = lifecycle_test_case(base=WithoutFaults, profile=DEV_PROFILE)
+"""The class API: a unittest.TestCase pytest collects (fault-free programs, the dev profile)."""
+
+
+def test_machine_catches_an_adapter_that_lies_about_pausing():
+    """A user's collector whose pause() returns while it keeps issuing rollouts is caught."""
+
+    class LeakyCollector(RecordingCollector):
+        def pause(self) -> None:
+            self._call("pause")  # forgets to stop
+
+    def leaky() -> Adapters:
+        j = Journal()
+        return Adapters(RecordingEngine(j), RecordingTrainer(j), LeakyCollector(j))
+
+    quick = lifecycle_settings(DEV_PROFILE, report_multiple_bugs=False, phases=[Phase.explicit, Phase.generate])
+    with pytest.raises(AssertionError, match="collector reports running"):
+        check_lifecycle(leaky, settings=quick, inject_faults=False)
+
+
+def test_machine_catches_an_engine_that_refits_instead_of_reading_in_place():
+    from colo_fsm.errors import UnsupportedEngine
+
+    def refit() -> Adapters:
+        j = Journal()
+        return Adapters(RecordingEngine(j, reads_weights_in_place=False), RecordingTrainer(j), RecordingCollector(j))
+
+    with pytest.raises(UnsupportedEngine):
+        check_lifecycle(refit, settings=lifecycle_settings(DEV_PROFILE, max_examples=1))
+    # the synchronous mode accepts it, and the facts still hold
+    check_lifecycle(refit, settings=lifecycle_settings(DEV_PROFILE, max_examples=20), async_training=False)
+
+
+@pytest.mark.slow
+def test_lifecycle_machine_deep():
+    """make test-deep: the deep profile (thousands of random programs)."""
+    profile = active_profile() if active_profile() != CI_PROFILE else DEEP_PROFILE
+    delta = _run(profile, key="lifecycle_machine_deep")
+    assert delta["programs"] >= 1000
+
+
+@pytest.mark.slow
+def test_lifecycle_machine_deep_async():
+    _run(DEEP_PROFILE, key="lifecycle_machine_deep_async", adapters_factory=async_adapters, use_async_lifecycle=True)
+
+
+def test_stats_are_counted():
+    assert STATS["programs"] > 0
