@@ -422,3 +422,16 @@ def test_broken_second_build_is_rejected():
     )
     with pytest.raises(SpecError, match="build_engine"):
         validate_spec(dataclasses.replace(LIFECYCLE, transitions=ts))
+
+
+def test_trace_subscribers_see_every_transition_and_cannot_break_the_machine():
+    lc, *_ = make(num_steps=2)
+    seen = []
+    lc.trace.subscribe(lambda r: seen.append(r.dest))
+
+    def broken(_r):
+        raise RuntimeError("display crashed")
+
+    lc.trace.subscribe(broken)
+    assert run_all(lc) is State.STOPPED
+    assert seen == [r.dest for r in lc.trace.records]

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Iterator
+import logging
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+log = logging.getLogger("colo_fsm.trace")
 
 
 @dataclass(frozen=True)
@@ -60,19 +63,33 @@ class Trace:
         self._keep = keep
         self._lock = threading.Lock()
         self._file: IO[str] | None = None
+        self._subscribers: list[Callable[[TraceRecord], None]] = []
         self.path = Path(path) if path is not None else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")
 
+    def subscribe(self, callback: Callable[[TraceRecord], None]) -> None:
+        """Call ``callback(record)`` after every appended record (progress displays, metrics, gates).
+
+        Callbacks run on the thread that ran the transition; one that raises is logged and does not affect
+        the lifecycle.
+        """
+        self._subscribers.append(callback)
+
     def append(self, record: TraceRecord) -> None:
-        """Add one record (and write it through to the file, if any)."""
+        """Add one record (and write it through to the file, if any), then notify subscribers."""
         with self._lock:
             if self._keep:
                 self._records.append(record)
             if self._file is not None:
                 self._file.write(record.to_json() + "\n")
                 self._file.flush()
+        for callback in self._subscribers:
+            try:
+                callback(record)
+            except Exception:
+                log.exception("trace subscriber %r failed on record %d", callback, record.seq)
 
     @property
     def records(self) -> list[TraceRecord]:
