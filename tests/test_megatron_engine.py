@@ -127,7 +127,7 @@ def test_dynamic_engine_suspend_resume_on_gpu(mode):
     from colo_fsm.adapters.megatron.parallel import init_distributed
 
     init_distributed(1, device="cuda")
-    model = tiny(TOK, device="cuda", max_sequence_length=64)
+    model = tiny(TOK, device="cuda", max_sequence_length=64, hidden_size=128, num_attention_heads=2)
     eng = MegatronEngine(model, TOK, GenerationConfig(kv_cache_mode=mode, buffer_size_gb=0.5))
     assert eng.backend_name == "dynamic"
     eng.bring_up()
@@ -139,3 +139,14 @@ def test_dynamic_engine_suspend_resume_on_gpu(mode):
         assert InferenceMode.is_active()
     assert [c.token_ids for c in eng.generate(["123>", "45>"], max_tokens=4)] == [c.token_ids for c in before]
     eng.shutdown()
+
+
+def test_dynamic_engine_head_dim_check():
+    from types import SimpleNamespace
+
+    from colo_fsm.adapters.megatron.dynamic import check_head_dim
+
+    check_head_dim(SimpleNamespace(kv_channels=64, hidden_size=512, num_attention_heads=8))
+    with pytest.raises(ConfigError) as exc:
+        check_head_dim(SimpleNamespace(kv_channels=None, hidden_size=32, num_attention_heads=4))
+    assert exc.value.field == "kv_channels" and exc.value.value == 8 and "multiple of 16" in exc.value.expected

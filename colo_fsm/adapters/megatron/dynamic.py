@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from colo_fsm.adapters.megatron.cpu_loop import Generated
+from colo_fsm.errors import ConfigError
 
 log = logging.getLogger("colo_fsm.megatron")
 
@@ -45,6 +46,20 @@ def dynamic_engine_available() -> tuple[bool, str]:
     if getattr(mattn, "flash_attn_with_kvcache", None) is not None:
         return True, "CUDA device and flash-attention 2 found"
     return False, "no flash-attention importable (the dynamic engine's paged attention needs it)"
+
+
+def check_head_dim(config: Any) -> None:
+    """Refuse a head dimension the dynamic engine's paged flash-attention cannot run (not a multiple of 16).
+
+    flash-attn-4 on an H200 asserts "Paged KV does not support irregular head dim" for e.g. head dim 8.
+    """
+    kv = getattr(config, "kv_channels", None) or config.hidden_size // config.num_attention_heads
+    if kv % 16:
+        raise ConfigError(
+            "kv_channels",
+            kv,
+            "a multiple of 16 for the dynamic engine's paged flash-attention (hidden_size / num_attention_heads)",
+        )
 
 
 class DynamicBackend:
@@ -66,6 +81,7 @@ class DynamicBackend:
         from megatron.core.inference.apis.llm import MegatronLLM
         from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
 
+        check_head_dim(model.config)
         self.tokenizer = tokenizer
         self.inference_config = InferenceConfig(
             block_size_tokens=block_size_tokens,
