@@ -41,5 +41,9 @@ format: setup
 bench: setup
 	$(PY) bench/run_all.py
 
+# On a GPU machine with megatron-core and flash-attn-4 (see docs/megatron.md): 1 GPU, TP=2, DP=2, demo on CUDA
+gpu-check:
+	bash scripts/gpu_megatron_check.sh gpu-check-out
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

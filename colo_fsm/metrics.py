@@ -21,17 +21,23 @@ from colo_fsm.errors import ConfigError
 class MetricsLogger:
     """Append metrics as JSON lines (and TensorBoard scalars when ``tensorboard=True``).
 
-    ``train/consumed_samples`` is written against elapsed wall-clock seconds (``x=elapsed_s``) as well as
+    ``consumed_samples`` is the total restored on resume; ``train/samples_per_s`` counts only this process's
+    samples. ``train/consumed_samples`` is written against elapsed wall-clock seconds (``x=elapsed_s``) as well as
     against the step, so uneven async steps show their real throughput.
     """
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, clock: Any = time.time) -> None:
+    def __init__(
+        self, run_dir: str | Path, *, tensorboard: bool = True, clock: Any = time.time, consumed_samples: int = 0
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self._file = self.path.open("a", encoding="utf-8")
+        if isinstance(consumed_samples, bool) or not isinstance(consumed_samples, int) or consumed_samples < 0:
+            raise ConfigError("consumed_samples", consumed_samples, "a non-negative integer")
         self._clock = clock
-        self.consumed_samples = 0
+        self.consumed_samples = consumed_samples  # running total, restored from a checkpoint on resume
+        self._consumed_at_start = consumed_samples
         self._lock = threading.Lock()
         self._tb: Any = None
         if tensorboard:
@@ -60,7 +66,10 @@ class MetricsLogger:
                 "elapsed_s": round(elapsed, 6),
                 "wall_time": now,
                 "train/consumed_samples": self.consumed_samples,
-                "train/samples_per_s": self.consumed_samples / elapsed if elapsed > 0 else 0.0,
+                # throughput of this process: samples restored from a checkpoint do not count
+                "train/samples_per_s": (self.consumed_samples - self._consumed_at_start) / elapsed
+                if elapsed > 0
+                else 0.0,
             }
             record.update({k: float(v) for k, v in metrics.items()})
             self._file.write(json.dumps(record) + "\n")

@@ -204,9 +204,9 @@ def run_rank(
         admit=lambda: lc_ref["lc"].state is State.GENERATING,
         name=f"collector.rank{rank}",
     )
-    metrics: MetricsLogger | None = MetricsLogger(run_dir, tensorboard=cfg.tensorboard) if show else None
-    if metrics is not None:
-        metrics.consumed_samples = consumed0
+    metrics: MetricsLogger | None = (
+        MetricsLogger(run_dir, tensorboard=cfg.tensorboard, consumed_samples=consumed0) if show else None
+    )
     consumed = consumed0
     dp = world
 
