@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import threading
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
