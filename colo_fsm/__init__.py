@@ -4,6 +4,9 @@ The lifecycle is declared once (:data:`LIFECYCLE`); the runtime machine (:class:
 the docs table and the model checker all read that declaration.
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from colo_fsm import errors
 from colo_fsm.adapters.protocols import Collector, GenerationEngine, StepResult, Trainer
 from colo_fsm.guards import (
@@ -28,8 +31,72 @@ from colo_fsm.states.validate import SpecError, validate_spec
 
 __version__ = "0.1.0"
 
+# Heavier parts (FastAPI, Ray, megatron-core, matplotlib, hypothesis) load on first use, so `import colo_fsm`
+# stays cheap for a user who only embeds the machine.
+_LAZY: dict[str, tuple[str, str]] = {
+    "MetricsLogger": ("colo_fsm.metrics", "MetricsLogger"),
+    "ReplayBuffer": ("colo_fsm.collector", "ReplayBuffer"),
+    "TrajectoryGroup": ("colo_fsm.collector", "TrajectoryGroup"),
+    "AsyncCollector": ("colo_fsm.collector", "AsyncCollector"),
+    "GatedEngine": ("colo_fsm.server", "GatedEngine"),
+    "OpenAIServer": ("colo_fsm.server", "OpenAIServer"),
+    "SuspendGate": ("colo_fsm.server", "SuspendGate"),
+    "RayEngineProxy": ("colo_fsm.ray", "RayEngineProxy"),
+    "RayCollectorProxy": ("colo_fsm.ray", "RayCollectorProxy"),
+    "RayDrain": ("colo_fsm.ray", "RayDrain"),
+    "init_ray": ("colo_fsm.ray", "init_ray"),
+    "MegatronEngine": ("colo_fsm.adapters.megatron", "MegatronEngine"),
+    "MegatronTrainer": ("colo_fsm.adapters.megatron", "MegatronTrainer"),
+    "ModelConfig": ("colo_fsm.adapters.megatron", "ModelConfig"),
+    "GenerationConfig": ("colo_fsm.adapters.megatron", "GenerationConfig"),
+    "TrainerConfig": ("colo_fsm.adapters.megatron", "TrainerConfig"),
+    "KVCacheMode": ("colo_fsm.adapters.megatron", "KVCacheMode"),
+    "to_mermaid": ("colo_fsm.diagram", "to_mermaid"),
+    "to_dot": ("colo_fsm.diagram", "to_dot"),
+    "render_diagram": ("colo_fsm.diagram", "render"),
+    "render_timeline": ("colo_fsm.timeline", "render_timeline"),
+    "LifecycleMachine": ("colo_fsm.testing", "LifecycleMachine"),
+    "lifecycle_test_case": ("colo_fsm.testing", "lifecycle_test_case"),
+    "check_handoff": ("colo_fsm.testing", "check"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'colo_fsm' has no attribute {name!r}") from None
+    value = getattr(import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:
+    from colo_fsm.adapters.megatron import (
+        GenerationConfig,
+        KVCacheMode,
+        MegatronEngine,
+        MegatronTrainer,
+        ModelConfig,
+        TrainerConfig,
+    )
+    from colo_fsm.collector import AsyncCollector, ReplayBuffer, TrajectoryGroup
+    from colo_fsm.diagram import render as render_diagram
+    from colo_fsm.diagram import to_dot, to_mermaid
+    from colo_fsm.metrics import MetricsLogger
+    from colo_fsm.ray import RayCollectorProxy, RayDrain, RayEngineProxy, init_ray
+    from colo_fsm.server import GatedEngine, OpenAIServer, SuspendGate
+    from colo_fsm.testing import LifecycleMachine, lifecycle_test_case
+    from colo_fsm.testing import check as check_handoff
+    from colo_fsm.timeline import render_timeline
+
 __all__ = [
     "LIFECYCLE",
+    "AsyncCollector",
     "AsyncLifecycle",
     "Barrier",
     "CheckpointDecision",
@@ -37,31 +104,54 @@ __all__ = [
     "Collector",
     "DeviceDrain",
     "Fact",
+    "GatedEngine",
+    "GenerationConfig",
     "GenerationEngine",
     "HandoffLedger",
     "InFlightCap",
+    "KVCacheMode",
     "LatchedDecision",
     "Lifecycle",
     "LifecycleConfig",
+    "LifecycleMachine",
     "LifecycleSpec",
     "LifecycleStatus",
+    "MegatronEngine",
+    "MegatronTrainer",
+    "MetricsLogger",
+    "ModelConfig",
     "MustSaveBy",
+    "OpenAIServer",
     "ParallelismWarning",
+    "RayCollectorProxy",
+    "RayDrain",
+    "RayEngineProxy",
+    "ReplayBuffer",
     "SoloBarrier",
     "SpecError",
     "State",
     "StepResult",
+    "SuspendGate",
     "ThreadBarrier",
     "TorchBarrier",
     "Trace",
     "TraceRecord",
     "Trainer",
+    "TrainerConfig",
+    "TrajectoryGroup",
     "TransitionSpec",
     "ValidationDecision",
     "__version__",
     "broadcast_from_rank0",
+    "check_handoff",
     "check_parallelism",
     "errors",
+    "init_ray",
+    "lifecycle_test_case",
     "read_trace",
+    "render_diagram",
+    "render_timeline",
+    "to_dot",
+    "to_mermaid",
     "validate_spec",
 ]

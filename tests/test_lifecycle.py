@@ -435,3 +435,18 @@ def test_trace_subscribers_see_every_transition_and_cannot_break_the_machine():
     lc.trace.subscribe(broken)
     assert run_all(lc) is State.STOPPED
     assert seen == [r.dest for r in lc.trace.records]
+
+
+def test_public_api_importable_from_colo_fsm_and_lazy():
+    import subprocess
+    import sys
+
+    import colo_fsm
+
+    assert set(colo_fsm._LAZY) <= set(colo_fsm.__all__)
+    for name in colo_fsm.__all__:
+        assert getattr(colo_fsm, name) is not None, name
+    # embedding the machine does not drag in torch, FastAPI or Ray
+    code = "import sys, colo_fsm; print(sorted(m for m in ('torch', 'fastapi', 'ray') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
