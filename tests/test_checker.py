@@ -144,6 +144,19 @@ def test_rank0_decision_split_deadlocks_or_interleaves():
     assert not res.ok and ("deadlock" in res.violation or "in flight" in res.violation)
 
 
+@pytest.mark.parametrize("name", [None, *BY_NAME])
+def test_symmetry_reduction_keeps_the_verdict(name):
+    kwargs = BY_NAME[name].checker_kwargs() if name else {}
+    reduced, full = check(3, **kwargs), check(3, symmetry=False, **kwargs)
+    digits = str.maketrans("", "", "0123456789")  # which interchangeable rank shows it may differ
+    assert reduced.ok == full.ok and (reduced.violation or "").translate(digits) == (full.violation or "").translate(
+        digits
+    )
+    assert reduced.states <= full.states
+    if name is None:
+        assert reduced.states < full.states
+
+
 def test_single_rank_and_bad_arguments():
     assert check(1).ok
     with pytest.raises(ValueError):

@@ -364,13 +364,15 @@ def check(
     steps: Sequence[StepPlan] | None = None,
     rank0_steps: Sequence[StepPlan] | None = None,
     drain_factory: DrainFactory = real_drain,
+    symmetry: bool = True,
     max_states: int = 5_000_000,
 ) -> CheckResult:
     """Explore every interleaving of ``ranks`` ranks running ``spec`` through ``steps`` (or a named scenario).
 
     ``rank0_steps`` gives rank 0 different latched decisions than the others (a world that did not agree on
     one decision); ``drain_factory(local_rank)`` builds each rank's drain, whose ``target_device()`` is the
-    device its ``drain_device`` synchronizes.
+    device its ``drain_device`` synchronizes. ``symmetry=False`` turns the symmetry reduction off (it is also
+    off when the drain targets would break it).
     """
     if ranks < 1:
         raise ValueError("ranks must be >= 1")
@@ -383,7 +385,7 @@ def check(
     symmetric = all(targets[r] == r for r in range(1, ranks)) or all(
         targets[r] == targets[1] and (targets[1] == 0 or targets[1] >= ranks) for r in range(1, ranks)
     )
-    symmetric = symmetric and (targets[0] == 0 or targets[0] >= ranks)
+    symmetric = symmetry and symmetric and (targets[0] == 0 or targets[0] >= ranks)
     n_ops = max(len(p.ops) for p in programs)
     search = _Search(programs, targets, symmetric)
     init: tuple[RankState, ...] = tuple((0, False, 0) for _ in range(ranks))
@@ -453,10 +455,14 @@ def _fail(
             if search.canon(t) == target and (v is not None) == violating:
                 lines.append(f"{len(lines) + 1:4}. rank {r}: {desc}")
                 concrete = t
+                if v is not None:
+                    violation = v  # name the ranks as the trace does
                 break
         else:  # pragma: no cover - the canonical path always has a concrete witness
             lines.append("     (trace reconstruction lost the path)")
             break
+    if bad is None and not search.moves(concrete) and not search.done(concrete):
+        violation = search.deadlock(concrete)
     in_flight = "; ".join(f"device {r}: {', '.join(_kinds(m)) or 'idle'}" for r, (_p, _a, m) in enumerate(concrete))
     lines.append(f"      in flight: {in_flight}")
     lines.append(f"      VIOLATION: {violation}")

@@ -12,7 +12,9 @@ catch it:
 * ``checker``: the exhaustive multi-rank checker (:mod:`colo_fsm.testing.checker`, N = 2 and 3) finds a
   violation;
 * ``hypothesis``: the property-based lifecycle machine (:mod:`colo_fsm.testing.lifecycle_machine`) finds a
-  failing program.
+  failing program;
+* ``properties``: the component properties of :mod:`colo_fsm.testing.properties` (latch, in-flight cap,
+  parallelism check, wall-clock metrics, dual-mode opt-in) find a counterexample.
 
 ``scripts/mutation_proof.py`` prints the table and fails if any mutant survives every killer.
 """
@@ -31,6 +33,7 @@ from colo_fsm.errors import LifecycleError
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision
 from colo_fsm.guards.drain import DeviceDrain
+from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.states.spec import (
     LIFECYCLE,
@@ -45,7 +48,7 @@ from colo_fsm.states.validate import SpecError, validate_spec
 from colo_fsm.testing.checker import SCENARIOS, StepPlan, check
 from colo_fsm.testing.fakes import FakeClock, recording_adapters
 
-KILLERS = ("validator", "runtime", "checker", "hypothesis")
+KILLERS = ("validator", "runtime", "checker", "hypothesis", "properties")
 S = State
 
 
@@ -100,6 +103,40 @@ class AgeOnlyInFlightCap(InFlightCap):
     @property
     def value(self) -> int:
         return self.configured
+
+
+def parallelism_check_tp_pp_only(training: Any, generation: Any) -> Any:
+    """MUTANT: compares only TP and PP (and CP); expert parallel sizes are never checked."""
+    if isinstance(generation, dict):
+        generation = {k: v for k, v in generation.items() if "expert" not in k and k not in ("ep", "etp")}
+    return check_parallelism(training, generation)
+
+
+def parallelism_check_cp_silent(training: Any, generation: Any) -> Any:
+    """MUTANT: a differing context_parallel_size is silently ignored (no warning)."""
+    if isinstance(generation, dict):
+        generation = {k: v for k, v in generation.items() if k not in ("context_parallel_size", "cp")}
+    return check_parallelism(training, generation)
+
+
+def trainable_without_opt_in(config: Any, *, allow_inference_optimized_training: bool) -> None:
+    """MUTANT: an inference_optimized model is trained without asking for the opt-in."""
+
+
+def step_axis_metrics_logger() -> type[Any]:
+    """MUTANT: a MetricsLogger whose clock is the number of records logged (throughput against the step)."""
+    from colo_fsm.metrics import MetricsLogger
+
+    class StepAxisMetricsLogger(MetricsLogger):
+        def __init__(self, run_dir: Any, *, tensorboard: bool = True, clock: Any = None) -> None:
+            self._records = 0
+            super().__init__(run_dir, tensorboard=tensorboard, clock=self._step_clock)
+
+        def _step_clock(self) -> float:
+            self._records += 1
+            return float(self._records // 2)  # t0 at construction, one "second" per logged step
+
+    return StepAxisMetricsLogger
 
 
 # ---------------------------------------------------------------------------------------------- spec edits
@@ -180,6 +217,9 @@ class Mutant:
     lifecycle_class: type[Lifecycle] = Lifecycle
     cap_class: Callable[..., InFlightCap] = InFlightCap
     rank0_steps: tuple[StepPlan, ...] | None = None  # checker: rank 0 latched other decisions than its peers
+    parallelism_check: Callable[..., Any] | None = None  # component swaps seen by the property killer
+    trainable_check: Callable[..., None] | None = None
+    metrics_logger: Callable[[], type[Any]] | None = None
     expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
 
     def checker_kwargs(self, scenario: str = "all-step-kinds") -> dict[str, Any]:
@@ -209,7 +249,7 @@ class Mutant:
         )
 
 
-_ALL = frozenset(KILLERS)
+_ALL = frozenset({"validator", "runtime", "checker", "hypothesis"})
 _NOT_VALIDATOR = frozenset({"runtime", "checker", "hypothesis"})
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -261,7 +301,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "4: decide once (latch)",
         "the checkpoint decision re-evaluates its rules on every query; a second site gets a different answer",
         checkpoint_class=UnlatchedCheckpointDecision,
-        expected=frozenset({"hypothesis"}),
+        expected=frozenset({"hypothesis", "properties"}),
     ),
     Mutant(
         "checkpoint-decision-not-agreed",
@@ -331,7 +371,35 @@ MUTANTS: tuple[Mutant, ...] = (
         "6: bounded in-flight work (actor capacity, control headroom)",
         "the in-flight cap is num_prompts_per_step * max_trajectory_age_steps only",
         cap_class=AgeOnlyInFlightCap,
-        expected=frozenset({"hypothesis"}),
+        expected=frozenset({"hypothesis", "properties"}),
+    ),
+    Mutant(
+        "parallelism-check-ignores-expert-parallel",
+        "7: parallelism must match (TP, PP, EP, ETP raise)",
+        "the generation-side parallelism check compares TP and PP only",
+        parallelism_check=parallelism_check_tp_pp_only,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "parallelism-cp-mismatch-silent",
+        "7: a different context_parallel_size warns",
+        "a generation-side context_parallel_size that cannot apply is ignored without a warning",
+        parallelism_check=parallelism_check_cp_silent,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "throughput-against-step",
+        "8: throughput against wall-clock, not the step",
+        "metrics are written against the step count instead of elapsed wall-clock seconds",
+        metrics_logger=step_axis_metrics_logger,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "inference-optimized-training-without-opt-in",
+        "9: dual-mode training stays opt-in",
+        "a dual-mode (inference_optimized) model is trained without allow_inference_optimized_training",
+        trainable_check=trainable_without_opt_in,
+        expected=frozenset({"properties"}),
     ),
 )
 """Every mutant the proof runs."""
@@ -427,11 +495,35 @@ def kill_by_hypothesis(m: Mutant, max_examples: int = 300) -> str | None:
     return None
 
 
+def kill_by_properties(m: Mutant) -> str | None:
+    """The first component property (:mod:`colo_fsm.testing.properties`) the mutant's components break, or None."""
+    from colo_fsm.testing import properties as p
+
+    checks: list[tuple[str, Callable[[], None]]] = [
+        ("latch", lambda: p.check_latch_property(m.checkpoint_class)),
+        ("in-flight cap", lambda: p.check_in_flight_cap_property(m.cap_class)),
+        ("parallelism", lambda: p.check_parallelism_property(m.parallelism_check or check_parallelism)),
+        (
+            "wall-clock metrics",
+            lambda: p.check_wall_clock_metrics_property(m.metrics_logger() if m.metrics_logger else None),
+        ),
+        ("dual-mode opt-in", lambda: p.check_trainable_property(m.trainable_check)),
+    ]
+    for name, run in checks:
+        try:
+            run()
+        except AssertionError as exc:
+            text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()][:2]
+            return f"{name} property: {' '.join(text)}"
+    return None
+
+
 _KILL: dict[str, Callable[[Mutant], str | None]] = {
     "validator": kill_by_validator,
     "runtime": kill_by_runtime,
     "checker": kill_by_checker,
     "hypothesis": kill_by_hypothesis,
+    "properties": kill_by_properties,
 }
 
 
@@ -471,15 +563,16 @@ def evaluate(m: Mutant, killers: Iterable[str] = KILLERS, *, hypothesis_examples
 
 
 def table(results: Sequence[MutantResult]) -> str:
-    """A text table: mutant, the fact it breaks, and a mark per killer (x killed, . not, - not run)."""
-    head = f"{'mutant':<40} {'validator':>9} {'runtime':>8} {'checker':>8} {'hypothesis':>10}  breaks"
+    """A text table: mutant, a mark per killer (x killed, . not, - not run), and the fact it breaks."""
+    widths = [max(len(k), 7) for k in KILLERS]
+    head = f"{'mutant':<44} " + " ".join(f"{k:>{w}}" for k, w in zip(KILLERS, widths)) + "  breaks"
     lines = [head, "-" * len(head)]
     for r in results:
         marks = []
-        for k, width in zip(KILLERS, (9, 8, 8, 10)):
+        for k, width in zip(KILLERS, widths):
             mark = "x" if k in r.killed_by else ("." if k in r.survived_by else "-")
             marks.append(f"{mark:>{width}}")
-        lines.append(f"{r.name:<40} {' '.join(marks)}  {r.breaks}")
+        lines.append(f"{r.name:<44} {' '.join(marks)}  {r.breaks}")
     return "\n".join(lines)
 
 
@@ -498,6 +591,7 @@ __all__ = [
     "evaluate",
     "kill_by_checker",
     "kill_by_hypothesis",
+    "kill_by_properties",
     "kill_by_runtime",
     "kill_by_validator",
     "set_current_device",

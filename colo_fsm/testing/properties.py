@@ -1,0 +1,183 @@
+"""Property-based checks of the single components behind lifecycle facts 4, 6, 7, 8 and 9.
+
+Each function runs a small ``hypothesis`` search against one component (ours by default, or yours / a mutant
+passed in) and raises ``AssertionError`` with a counterexample when the component breaks its fact:
+
+* :func:`check_latch_property`: fact 4, a checkpoint decision asked twice in a step gives one answer, and a
+  "must save by" deadline is never lost;
+* :func:`check_in_flight_cap_property`: fact 6, the cap leaves the control headroom of the receiving actor free;
+* :func:`check_parallelism_property`: fact 7, TP/PP/EP/ETP mismatches raise naming both values, CP warns;
+* :func:`check_wall_clock_metrics_property`: fact 8, throughput is logged against elapsed wall-clock time;
+* :func:`check_trainable_property`: fact 9, training a dual-mode (inference_optimized) model is opt-in.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from colo_fsm.errors import ConfigError, ParallelismMismatch
+from colo_fsm.guards.capacity import InFlightCap
+from colo_fsm.guards.decision import CheckpointDecision
+from colo_fsm.guards.parallelism import (
+    ACTIVATION_SHARDING_FIELDS,
+    WEIGHT_SHARDING_FIELDS,
+    ParallelismWarning,
+    check_parallelism,
+)
+from colo_fsm.testing.fakes import FakeClock
+
+
+def _settings(max_examples: int) -> settings:
+    return settings(
+        max_examples=max_examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+
+
+def check_latch_property(decision_class: Callable[..., Any] = CheckpointDecision, max_examples: int = 200) -> None:
+    """Fact 4: within a step every query agrees; period and the one-shot deadline decide exactly as documented."""
+
+    @_settings(max_examples)
+    @given(
+        every=st.one_of(st.none(), st.integers(1, 4)),
+        deadline=st.sampled_from([0.0, 3.0, 10.0]),
+        ticks=st.lists(st.sampled_from([0.0, 1.0, 4.0]), min_size=1, max_size=8),
+        queries=st.integers(2, 4),
+    )
+    def prop(every: int | None, deadline: float, ticks: list[float], queries: int) -> None:
+        clock = FakeClock()
+        start = clock()
+        d = decision_class(every, must_save_by_s=deadline, clock=clock)
+        fired = False
+        for step, dt in enumerate(ticks):
+            clock.advance(dt)
+            answers = [d.decide(step) for _ in range(queries)]
+            assert len(set(answers)) == 1, f"step {step}: one decision asked {queries} times said {answers}"
+            due = clock() >= start + deadline
+            expected = (every is not None and (step + 1) % every == 0) or (due and not fired)
+            fired = fired or due
+            assert answers[0] == expected, f"step {step}: decided save={answers[0]}, the rules say {expected}"
+
+    prop()
+
+
+def check_in_flight_cap_property(cap_class: Callable[..., InFlightCap] = InFlightCap, max_examples: int = 300) -> None:
+    """Fact 6: ``value * samples_per_group <= actor_max_concurrency - control_headroom`` and within the age bound."""
+
+    @_settings(max_examples)
+    @given(
+        prompts=st.integers(1, 256),
+        age=st.integers(1, 4),
+        spg=st.integers(1, 64),
+        amc=st.sampled_from([8, 64, 256, 1000, 4096]),
+        headroom=st.integers(0, 16),
+    )
+    def prop(prompts: int, age: int, spg: int, amc: int, headroom: int) -> None:
+        try:
+            cap = cap_class(prompts, age, spg, amc, headroom)
+        except ConfigError:
+            return
+        assert cap.value <= prompts * age, f"{cap.explain()}: above the age bound"
+        assert cap.value * spg <= amc - headroom, (
+            f"{cap.explain()}: {cap.value} groups x {spg} calls leave no headroom on an actor of {amc}"
+        )
+        assert cap.value >= 1
+        assert cap.lowered == (cap.value < prompts * age)
+
+    prop()
+
+
+def check_parallelism_property(check: Callable[[Any, Any], Any] = check_parallelism, max_examples: int = 300) -> None:
+    """Fact 7: a TP/PP/EP/ETP mismatch raises naming both values; a CP mismatch only warns; equal sizes pass."""
+    sizes = st.sampled_from([1, 2, 4, 8])
+    fields = (*WEIGHT_SHARDING_FIELDS, *ACTIVATION_SHARDING_FIELDS)
+
+    @_settings(max_examples)
+    @given(train=st.fixed_dictionaries({f: sizes for f in fields}), gen=st.dictionaries(st.sampled_from(fields), sizes))
+    def prop(train: dict[str, int], gen: dict[str, int]) -> None:
+        bad = [f for f in WEIGHT_SHARDING_FIELDS if f in gen and gen[f] != train[f]]
+        cp_differs = any(f in gen and gen[f] != train[f] for f in ACTIVATION_SHARDING_FIELDS)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                check(train, gen)
+            except ParallelismMismatch as exc:
+                assert bad, f"{train} / {gen}: raised {exc} with no weight-sharding mismatch"
+                assert exc.field in bad and str(exc.training) in str(exc) and str(exc.generation) in str(exc)
+                return
+        assert not bad, f"{train} / {gen}: {bad} differ but nothing was raised"
+        warned = any(issubclass(w.category, ParallelismWarning) for w in caught)
+        assert warned == cp_differs, f"{train} / {gen}: context_parallel_size differs={cp_differs}, warned={warned}"
+
+    prop()
+
+
+def check_wall_clock_metrics_property(logger_class: Callable[..., Any] | None = None, max_examples: int = 50) -> None:
+    """Fact 8: each record's ``elapsed_s`` is wall-clock time since start (not the step), throughput per second."""
+    if logger_class is None:
+        from colo_fsm.metrics import MetricsLogger
+
+        logger_class = MetricsLogger
+
+    @_settings(max_examples)
+    @given(steps=st.lists(st.tuples(st.sampled_from([0.1, 1.0, 30.0]), st.integers(0, 64)), min_size=1, max_size=6))
+    def prop(steps: list[tuple[float, int]]) -> None:
+        clock = FakeClock()
+        with tempfile.TemporaryDirectory() as tmp:
+            m = logger_class(tmp, tensorboard=False, clock=clock)
+            try:
+                t0, total = clock(), 0
+                for i, (dt, n) in enumerate(steps):
+                    clock.advance(dt)
+                    total += n
+                    rec = m.log(i, {"loss": 1.0}, consumed_samples=n)
+                    elapsed = clock() - t0
+                    assert abs(rec["elapsed_s"] - elapsed) < 1e-3, (
+                        f"step {i}: elapsed_s={rec['elapsed_s']}, wall-clock {elapsed}"
+                    )
+                    assert rec["train/consumed_samples"] == total
+                    assert abs(rec["train/samples_per_s"] - total / elapsed) < 1e-6 * max(1.0, total / elapsed)
+            finally:
+                m.close()
+
+    prop()
+
+
+def check_trainable_property(check: Callable[..., None] | None = None) -> None:
+    """Fact 9: an ``inference_optimized`` model trains only with ``allow_inference_optimized_training=True``."""
+    if check is None:
+        from colo_fsm.adapters.megatron.model import check_trainable
+
+        check = check_trainable
+
+    class Cfg:
+        def __init__(self, impl: str) -> None:
+            self.transformer_impl = impl
+
+    for impl in ("local", "transformer_engine"):
+        check(Cfg(impl), allow_inference_optimized_training=False)
+    check(Cfg("inference_optimized"), allow_inference_optimized_training=True)
+    try:
+        check(Cfg("inference_optimized"), allow_inference_optimized_training=False)
+    except ConfigError as exc:
+        assert exc.field == "allow_inference_optimized_training"
+        return
+    raise AssertionError("an inference_optimized model was accepted for training without the opt-in")
+
+
+__all__ = [
+    "check_in_flight_cap_property",
+    "check_latch_property",
+    "check_parallelism_property",
+    "check_trainable_property",
+    "check_wall_clock_metrics_property",
+]
