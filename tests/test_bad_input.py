@@ -38,6 +38,12 @@ from colo_fsm.testing.fakes import recording_adapters
 B1 = threading.Barrier(1)
 
 
+def _generation_config(**kw):
+    from colo_fsm.adapters.megatron.engine import GenerationConfig
+
+    return GenerationConfig(**kw)
+
+
 def _lc(**kw):
     _j, e, t, c, d = recording_adapters()
     return Lifecycle(e, t, c, drain=d, **kw)
@@ -145,6 +151,22 @@ CASES = [
     ("thread_barrier.timeout=nan", lambda: ThreadBarrier(B1, 0, timeout_s=math.nan), ConfigError, "barrier_timeout_s"),
     ("thread_barrier.timeout='1'", lambda: ThreadBarrier(B1, 0, timeout_s="1"), ConfigError, "barrier_timeout_s"),
     ("torch_barrier.no process group", lambda: TorchBarrier(), ConfigError, "process_group"),
+    # the engine's KV-cache mode and generation settings (megatron adapter)
+    (
+        "generation.kv_cache_mode='bogus'",
+        lambda: _generation_config(kv_cache_mode="bogus"),
+        ConfigError,
+        "kv_cache_mode",
+    ),
+    ("generation.kv_cache_mode=3", lambda: _generation_config(kv_cache_mode=3), ConfigError, "kv_cache_mode"),
+    ("generation.backend='gpu'", lambda: _generation_config(backend="gpu"), ConfigError, "backend"),
+    ("generation.buffer_size_gb=-1", lambda: _generation_config(buffer_size_gb=-1), ConfigError, "buffer_size_gb"),
+    (
+        "generation.block_size_tokens=0",
+        lambda: _generation_config(block_size_tokens=0),
+        ConfigError,
+        "block_size_tokens",
+    ),
 ]
 
 
@@ -233,6 +255,16 @@ GAPS = [
         lambda tmp: _lc(checkpoint=5),
     ),
     ("Lifecycle(spec=5)", "machine/lifecycle.py: spec not checked (raw AttributeError)", lambda tmp: _lc(spec=5)),
+    (
+        "GenerationConfig(max_requests=-3)",
+        "adapters/megatron/engine.py: max_requests not validated",
+        lambda tmp: _generation_config(max_requests=-3),
+    ),
+    (
+        "GenerationConfig(tensor_model_parallel_size='2')",
+        "adapters/megatron/engine.py: parallel sizes only checked when the engine is built",
+        lambda tmp: _generation_config(tensor_model_parallel_size="2"),
+    ),
 ]
 
 

@@ -612,6 +612,9 @@ def check_outcome(run: FaultRun) -> list[str]:
         # nothing lost, nothing half-written
         if o.half_written:
             problems.append(f"{who}: half-written checkpoints {o.half_written}")
+        started = sum(1 for call in o.journal if call == "trainer.save_checkpoint")
+        if started != len(o.saves_completed):  # the journal: no save started and abandoned half-way
+            problems.append(f"{who}: {started} save(s) started, {len(o.saves_completed)} completed")
         if sorted(o.on_disk) != sorted(o.saves_completed):
             problems.append(f"{who}: saves reported {o.saves_completed}, on disk {o.on_disk}")
         for wv in o.checkpointing_ok:
