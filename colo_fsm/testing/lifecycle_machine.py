@@ -613,6 +613,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._assert_fact("build_once")
 
     @invariant()
+    def server_urls_published(self) -> None:
+        """Fact 1: the per-rank server base URLs the engine reports are published as dp_openai_server_base_urls."""
+        lc = self.lc
+        if lc is None or self.engine.published is None:
+            return
+        assert lc.dp_openai_server_base_urls == self.engine.published, (
+            f"published {lc.dp_openai_server_base_urls}, the engine reported {self.engine.published}"
+        )
+
+    @invariant()
     def teardown_only_at_stop(self) -> None:
         """Fact 1: teardown only at Stopped (never at a validation boundary)."""
         self._assert_fact("teardown")

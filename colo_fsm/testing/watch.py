@@ -226,6 +226,7 @@ class WatchedEngine(_Watched):
     def __init__(self, target: Any, log: EventLog, faults: FaultSwitch, runner: LoopRunner | None = None) -> None:
         super().__init__(target, log, faults, runner)
         self.reads_weights_in_place = bool(getattr(target, "reads_weights_in_place", False))
+        self.published: list[str] | None = None
 
     def bring_up(self) -> None:
         self._call("bring_up")
@@ -245,7 +246,9 @@ class WatchedEngine(_Watched):
         self._log.conditions.engine = EngineCondition.TORN_DOWN
 
     def server_base_urls(self) -> list[str]:
-        return list(self._call("server_base_urls") or ())
+        urls = list(self._call("server_base_urls") or ())
+        self.published = urls  # what the adapter returned, to compare with what the machine published
+        return urls
 
 
 class WatchedTrainer(_Watched):
