@@ -197,6 +197,20 @@ class RolloutFailed(ColoFsmError):
         super().__init__(f"rollout failed {failures} time(s) in a row; last: {type(cause).__name__}: {cause}")
 
 
+class RolloutDeferred(ColoFsmError):
+    """Raised by a rollout function to say "I was not started; try me again later" (not a failure).
+
+    A rollout that finds the collector paused (:meth:`colo_fsm.collector.AsyncCollector.should_defer`) before
+    it starts its engine work raises this instead of generating. The collector gives the buffer place back,
+    puts the prompt back at the front of its queue and counts it in ``CollectorStats.deferred``; a pause thus
+    waits only for rollouts that really are generating, not for those queued behind them.
+    """
+
+    def __init__(self, reason: str = "the collector is paused") -> None:
+        self.reason = reason
+        super().__init__(f"rollout deferred: {reason}")
+
+
 __all__ = [
     "ActionFailed",
     "BarrierTimeout",
@@ -208,6 +222,7 @@ __all__ = [
     "InvalidTransition",
     "LifecycleError",
     "ParallelismMismatch",
+    "RolloutDeferred",
     "RolloutFailed",
     "ServerUnavailable",
     "UnsupportedEngine",

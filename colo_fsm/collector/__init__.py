@@ -28,7 +28,9 @@ Public API (small on purpose)::
 * :class:`AsyncCollector` -- implements the ``Collector`` protocol (``pause()`` returns with nothing in
   flight); calls a sync or async rollout ``Prompt -> TrajectoryGroup`` in the background, tags groups with
   the weight version at generation time, caps in-flight groups (``InFlightCap``, reported once when
-  lowered). :class:`TextRollout` is a ready-made rollout over a ``TextGenerator``.
+  lowered). :class:`TextRollout` is a ready-made rollout over a ``TextGenerator``. A rollout that finds
+  ``collector.should_defer()`` True before its engine work raises :class:`RolloutDeferred`: its prompt is put
+  back (front of the queue, saved by ``collector.state_dict()``) instead of making the pause wait for it.
 * :mod:`colo_fsm.collector.metrics` -- ``step_metrics`` (buffer size, average age, evicted-as-stale,
   collector counters, time in each lifecycle state per step from the trace) for ``MetricsLogger``.
 """
@@ -36,6 +38,7 @@ Public API (small on purpose)::
 from colo_fsm.collector.buffer import BufferStats, ReplayBuffer, Ticket, TrajectoryGroup
 from colo_fsm.collector.collector import AsyncCollector, CollectorStats, Prompt, RolloutFn, TextRollout, as_prompts
 from colo_fsm.collector.metrics import state_time_metrics, state_times_per_step, step_metrics
+from colo_fsm.errors import RolloutDeferred
 
 __all__ = [
     "AsyncCollector",
@@ -43,6 +46,7 @@ __all__ = [
     "CollectorStats",
     "Prompt",
     "ReplayBuffer",
+    "RolloutDeferred",
     "RolloutFn",
     "TextRollout",
     "Ticket",

@@ -5,11 +5,17 @@ It runs an asyncio loop in a background thread. A rollout function turns one :cl
 ``async def`` (awaited on the loop, e.g. awaiting Ray actor calls). The collector tags every group with the
 weight version read when its rollout started and the step meant to consume it, and caps the prompt groups
 in flight (:class:`~colo_fsm.guards.capacity.InFlightCap`).
+
+A rollout that has not started its engine work when the collector is paused may raise
+:class:`~colo_fsm.errors.RolloutDeferred` (check :meth:`AsyncCollector.should_defer`): its prompt goes back to
+the front of the collector's queue and is rolled out after the next resume, so a pause waits only for the
+rollouts that are really generating. Returned prompts are part of :meth:`AsyncCollector.state_dict`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import inspect
 import itertools
@@ -22,10 +28,16 @@ from typing import Any
 
 from colo_fsm.adapters.protocols import Completion, TextGenerator
 from colo_fsm.collector.buffer import ReplayBuffer, Ticket, TrajectoryGroup
-from colo_fsm.errors import ConfigError, RolloutFailed, WaitTimeout
+from colo_fsm.errors import ConfigError, LifecycleError, RolloutDeferred, RolloutFailed, WaitTimeout
 from colo_fsm.guards.capacity import InFlightCap
 
 log = logging.getLogger("colo_fsm.collector")
+
+STATE_DICT_FORMAT = 1
+"""Version of :meth:`AsyncCollector.state_dict`."""
+
+_DEFER_RETRY_S = 0.05
+"""After a rollout deferred while the collector was running, wait this long before starting another."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +124,12 @@ class TextRollout:
 
 @dataclass(frozen=True)
 class CollectorStats:
-    """Counters of one collector."""
+    """Counters of one collector.
+
+    ``started == completed + failed + deferred + in_flight``: every start ends in exactly one of those.
+    ``deferred`` counts rollouts that raised :class:`~colo_fsm.errors.RolloutDeferred` (their prompts were
+    put back, not lost); ``returned`` is how many such prompts are waiting to be started again.
+    """
 
     started: int
     completed: int
@@ -123,6 +140,8 @@ class CollectorStats:
     paused: bool
     exhausted: bool
     version_changed_mid_rollout: int
+    deferred: int = 0
+    returned: int = 0
 
     def as_metrics(self, prefix: str = "collector/") -> dict[str, float]:
         """Flat ``{name: number}`` for :class:`colo_fsm.metrics.MetricsLogger`."""
@@ -137,6 +156,15 @@ class AsyncCollector:
     are in flight, and the buffer's age window bounds how far ahead it generates. ``admit`` (optional, cheap,
     non-blocking) is asked before every start, e.g. ``lambda: lc.state is State.GENERATING`` so that no rollout
     starts between a handoff's first step and its ``pause_collector`` action.
+
+    Deferral: when rollouts share one engine that serves them one at a time, most of the ``cap`` rollouts in
+    flight are only waiting for it, and a pause would wait for all of them to generate. A rollout should
+    instead check :meth:`should_defer` right before its engine work (under the same lock that serializes it)
+    and raise :class:`~colo_fsm.errors.RolloutDeferred` when it is True. The collector then releases the
+    rollout's buffer place, puts the prompt back at the front of its queue (in the order prompts were
+    drawn), counts it in ``stats().deferred`` (not as a failure) and starts it again after :meth:`resume`.
+    Prompts put back are drawn before the prompt iterable and saved by :meth:`state_dict`, so a checkpoint of
+    the iterable's position plus this state loses none.
     """
 
     def __init__(
@@ -189,6 +217,10 @@ class AsyncCollector:
         self._admit = admit
         self._is_async = inspect.iscoroutinefunction(rollout) or inspect.iscoroutinefunction(type(rollout).__call__)
         self._prompts = as_prompts(prompts)
+        self._drawn = 0  # prompts taken from self._prompts (their order numbers)
+        self._returned: list[tuple[int, Prompt]] = []  # deferred prompts by order number, started before new ones
+        self._defer_retry_at = 0.0  # monotonic time before which nothing starts (after a deferral while running)
+        self._deferred = 0
         self._max_failures = max_consecutive_failures
         self._pause_timeout_s = float(pause_timeout_s)
         self._max_threads = max_threads
@@ -212,7 +244,11 @@ class AsyncCollector:
 
     # ------------------------------------------------------------------ Collector protocol
     def pause(self) -> None:
-        """Stop starting rollouts and wait until none is in flight (``WaitTimeout`` after ``pause_timeout_s``)."""
+        """Stop starting rollouts and wait until none is in flight (``WaitTimeout`` after ``pause_timeout_s``).
+
+        Rollouts that check :meth:`should_defer` before their engine work and raise ``RolloutDeferred`` end at
+        once; the wait is then only for those already generating.
+        """
         t0 = time.monotonic()
         with self._cond:
             self._paused = True
@@ -241,10 +277,25 @@ class AsyncCollector:
         """True while the collector does not start new rollouts."""
         return self._paused
 
+    def should_defer(self) -> bool:
+        """True when a rollout that has not started its engine work should raise ``RolloutDeferred``.
+
+        That is while the collector is paused (a handoff waits for in-flight rollouts) or closing. Cheap and
+        lock-free; call it right before the engine work, under the lock that serializes that work, so that
+        nothing can start generating between the check and the work except a rollout the pause waits for.
+        """
+        return self._paused or self._closing
+
     @property
     def in_flight(self) -> int:
         """Prompt groups being rolled out right now."""
         return self._in_flight
+
+    @property
+    def returned_prompts(self) -> tuple[Prompt, ...]:
+        """Prompts whose rollouts were deferred and wait to be started again (in the order they were drawn)."""
+        with self._cond:
+            return tuple(p for _, p in self._returned)
 
     def stats(self) -> CollectorStats:
         """Counters: started, completed, failed, in flight (and its maximum), the cap."""
@@ -259,7 +310,57 @@ class AsyncCollector:
                 paused=self._paused,
                 exhausted=self._exhausted,
                 version_changed_mid_rollout=self._version_changed,
+                deferred=self._deferred,
+                returned=len(self._returned),
             )
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-able snapshot: the prompts put back by deferred rollouts (not yet started again).
+
+        Save it next to the prompt iterable's position (through the Lifecycle's ``checkpoint_extra``): those
+        prompts were already drawn from the iterable, so without it a resumed run would skip them. The
+        prompts' metadata must be JSON-able for a JSON checkpoint. Raises :class:`LifecycleError` while
+        rollouts are in flight (their prompts would be in neither place); the lifecycle saves paused.
+        """
+        with self._cond:
+            if self._in_flight:
+                raise LifecycleError(
+                    f"{self.name}: state_dict() with {self._in_flight} rollout(s) in flight; pause the collector first"
+                )
+            return {
+                "format": STATE_DICT_FORMAT,
+                "returned_prompts": [
+                    {"prompt_id": p.prompt_id, "text": p.text, "metadata": dict(p.metadata)} for _, p in self._returned
+                ],
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` snapshot: its prompts are started first, before the prompt iterable.
+
+        Call it before the first :meth:`resume` (or while paused with nothing in flight); it replaces any
+        prompts currently put back.
+        """
+        if not isinstance(state, Mapping):
+            raise ConfigError("state", state, "a mapping from AsyncCollector.state_dict()")
+        if state.get("format") != STATE_DICT_FORMAT:
+            raise ConfigError("state.format", state.get("format"), f"{STATE_DICT_FORMAT}")
+        items = state.get("returned_prompts", [])
+        if not isinstance(items, list | tuple):
+            raise ConfigError("state.returned_prompts", items, "a list of {prompt_id, text, metadata}")
+        restored: list[Prompt] = []
+        for n, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise ConfigError(f"state.returned_prompts[{n}]", item, "a mapping {prompt_id, text, metadata}")
+            meta = item.get("metadata") or {}
+            if not isinstance(meta, Mapping):
+                raise ConfigError(f"state.returned_prompts[{n}].metadata", meta, "a mapping")
+            restored.append(Prompt(item.get("prompt_id"), item.get("text"), dict(meta)))  # type: ignore[arg-type]
+        with self._cond:
+            if not self._paused or self._in_flight:
+                raise LifecycleError(f"{self.name}: load_state_dict() while collecting; call it while paused")
+            # order numbers just below the next draw's: restored prompts go first, in their saved order
+            base = self._drawn - len(restored)
+            self._returned = [(base + i, p) for i, p in enumerate(restored)]
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop for good: no new rollouts, wait for those in flight (up to ``timeout``), stop the thread."""
@@ -309,11 +410,13 @@ class AsyncCollector:
             except RuntimeError:  # loop closed meanwhile
                 pass
 
-    def _try_start(self) -> tuple[Prompt, int, Ticket] | None:
+    def _try_start(self) -> tuple[Prompt, int, int, Ticket] | None:
         with self._cond:
-            if self._paused or self._closing or self._exhausted or self.error is not None:
+            if self._paused or self._closing or self.error is not None:
                 return None
-            if self._in_flight >= self.cap:
+            if self._exhausted and not self._returned:
+                return None
+            if self._in_flight >= self.cap or time.monotonic() < self._defer_retry_at:
                 return None
             if self._admit is not None and not self._admit():
                 return None
@@ -321,20 +424,25 @@ class AsyncCollector:
             ticket = self.buffer.reserve(version)
             if ticket is None:
                 return None
-            try:
-                prompt = next(self._prompts)
-            except StopIteration:
-                self.buffer.release(ticket)
-                self._exhausted = True
-                log.info("%s: prompts exhausted after %d groups", self.name, self._started)
-                return None
-            except ConfigError:
-                self.buffer.release(ticket)
-                raise
+            if self._returned:  # prompts put back by deferred rollouts go first
+                order, prompt = self._returned.pop(0)
+            else:
+                try:
+                    prompt = next(self._prompts)
+                except StopIteration:
+                    self.buffer.release(ticket)
+                    self._exhausted = True
+                    log.info("%s: prompts exhausted after %d groups", self.name, self._started)
+                    return None
+                except ConfigError:
+                    self.buffer.release(ticket)
+                    raise
+                order = self._drawn
+                self._drawn += 1
             self._in_flight += 1
             self._started += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
-            return prompt, version, ticket
+            return prompt, order, version, ticket
 
     async def _dispatch(self) -> None:
         self._wake = asyncio.Event()
@@ -359,7 +467,7 @@ class AsyncCollector:
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
 
-    async def _run_one(self, prompt: Prompt, version: int, ticket: Ticket) -> None:
+    async def _run_one(self, prompt: Prompt, order: int, version: int, ticket: Ticket) -> None:
         try:
             if self._is_async:
                 group = await self.rollout(prompt)  # type: ignore[misc]
@@ -382,6 +490,8 @@ class AsyncCollector:
                 )
             tagged = group.with_version(min(version, end_version), ticket.target_step)
             self.buffer.put(tagged, ticket=ticket)
+        except RolloutDeferred as exc:
+            self._put_back(prompt, order, ticket, exc)
         except BaseException as exc:
             self.buffer.release(ticket)
             with self._cond:
@@ -411,6 +521,23 @@ class AsyncCollector:
                 self._cond.notify_all()
             self._poke()
 
+    def _put_back(self, prompt: Prompt, order: int, ticket: Ticket, exc: RolloutDeferred) -> None:
+        """A deferred rollout: give its buffer place back and its prompt back to the front of the queue."""
+        self.buffer.release(ticket)
+        with self._cond:
+            self._deferred += 1
+            bisect.insort(self._returned, (order, prompt), key=lambda item: item[0])
+            running = not (self._paused or self._closing)
+            if running:  # deferred although not paused: don't retry at once (it would spin)
+                self._defer_retry_at = time.monotonic() + _DEFER_RETRY_S
+        log.debug(
+            "%s: rollout of %s deferred (%s)%s; prompt put back",
+            self.name,
+            prompt.prompt_id,
+            exc.reason,
+            " while collecting, retrying shortly" if running else "",
+        )
+
     def _record_fatal(self, exc: BaseException, n: int = 1) -> None:
         err = RolloutFailed(n, exc)
         err.__cause__ = exc
@@ -428,4 +555,13 @@ def collect_sync(
     return [rollout(p).with_version(weight_version, weight_version) for p in as_prompts(prompts)]
 
 
-__all__ = ["AsyncCollector", "CollectorStats", "Prompt", "RolloutFn", "TextRollout", "as_prompts", "collect_sync"]
+__all__ = [
+    "STATE_DICT_FORMAT",
+    "AsyncCollector",
+    "CollectorStats",
+    "Prompt",
+    "RolloutFn",
+    "TextRollout",
+    "as_prompts",
+    "collect_sync",
+]

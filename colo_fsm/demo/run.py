@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from colo_fsm.demo.config import DemoConfig
-from colo_fsm.errors import ConfigError
+from colo_fsm.errors import ConfigError, RolloutDeferred
 
 log = logging.getLogger("colo_fsm.demo")
 
@@ -155,22 +156,34 @@ def run_rank(
     buffer = ReplayBuffer(cfg.num_prompts_per_step, cfg.max_trajectory_age_steps)
     start_step = start_version = consumed0 = 0
     stream_index = 0
+    collector_state: dict[str, Any] | None = None
     if cfg.resume:
         info = trainer.load_checkpoint(ckpt_dir)
         extra = info.extra_state
         buffer.load_state_dict(extra["replay_buffer"])
         stream_index = int(extra["prompt_stream"]["index"])
+        collector_state = extra.get("collector")  # prompts drawn but deferred; absent in older checkpoints
         consumed0 = int(extra.get("demo", {}).get("consumed_samples", 0))
         start_step, start_version = info.step, info.weight_version
         if start_step >= cfg.steps:
             raise ConfigError("steps", cfg.steps, f"more than the checkpoint's step {start_step} to resume")
     stream = PromptStream(task, seed=cfg.seed * 1000 + rank, index=stream_index)
 
+    # The engine generates one call at a time, so of the rollouts in flight one generates and the others wait.
+    # A rollout that gets its turn while the collector is paused (a handoff is draining) defers instead of
+    # generating: the pause then waits for one generate call, not for every queued one, and the deferred
+    # prompts are generated in Generating after the step. The check and the generate share one lock so that
+    # no rollout can start generating after a pause began except the one the pause waits for.
+    turn = threading.Lock()
+
     def rollout(prompt: Any) -> TrajectoryGroup:
         ids = tok.tokenize(prompt.text)
-        outs = engine.generate_ids(
-            [ids] * cfg.samples_per_group, max_tokens=task.max_tokens, temperature=cfg.temperature
-        )
+        with turn:
+            if collector.should_defer():
+                raise RolloutDeferred("the collector is paused for a handoff")
+            outs = engine.generate_ids(
+                [ids] * cfg.samples_per_group, max_tokens=task.max_tokens, temperature=cfg.temperature
+            )
         answer = tok.tokenize(prompt.metadata["answer"])
         rewards = [task.reward(answer, o.token_ids, tok.eod) for o in outs]
         samples = [Completion(o.text, o.token_ids, o.weight_version, o.finish_reason) for o in outs]
@@ -204,6 +217,8 @@ def run_rank(
         admit=lambda: lc_ref["lc"].state is State.GENERATING,
         name=f"collector.rank{rank}",
     )
+    if collector_state is not None:
+        collector.load_state_dict(collector_state)
     metrics: MetricsLogger | None = (
         MetricsLogger(run_dir, tensorboard=cfg.tensorboard, consumed_samples=consumed0) if show else None
     )
@@ -216,6 +231,7 @@ def run_rank(
         return {
             "replay_buffer": buffer.state_dict(),
             "prompt_stream": stream.state_dict(),
+            "collector": collector.state_dict(),  # deferred prompts: drawn from the stream, not yet rolled out
             "demo": {"consumed_samples": now},
         }
 
@@ -249,7 +265,8 @@ def run_rank(
         if cfg.resume:
             display.event(
                 f"resumed from {ckpt_dir / 'latest'}: step {start_step}, weight version {start_version}, "
-                f"{len(buffer)} buffered groups, {stream_index} prompts drawn"
+                f"{len(buffer)} buffered groups, {stream_index} prompts drawn, "
+                f"{len(collector.returned_prompts)} deferred prompts to roll out first"
             )
     rewards_seen: list[float] = []
     val_acc: float | None = None
