@@ -54,6 +54,10 @@ class MetricsLogger:
         """Record one step's metrics; ``consumed_samples`` is added to the running total."""
         if isinstance(consumed_samples, bool) or not isinstance(consumed_samples, int) or consumed_samples < 0:
             raise ConfigError("consumed_samples", consumed_samples, "a non-negative integer")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError("step", step, "a non-negative integer")
+        if not isinstance(metrics, Mapping):
+            raise ConfigError("metrics", metrics, "a mapping of metric name to number")
         for k, v in metrics.items():
             if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(float(v)):
                 raise ConfigError(f"metrics[{k!r}]", v, "a finite number")

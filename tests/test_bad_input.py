@@ -31,7 +31,6 @@ from colo_fsm.errors import (
     GuardRejected,
     InvalidTransition,
     ParallelismMismatch,
-    UnsupportedEngine,
 )
 from colo_fsm.testing.fakes import recording_adapters
 
@@ -47,6 +46,11 @@ def _generation_config(**kw):
 def _lc(**kw):
     _j, e, t, c, d = recording_adapters()
     return Lifecycle(e, t, c, drain=d, **kw)
+
+
+def _lc_no_drain(**kw):
+    _j, e, t, c, _d = recording_adapters()
+    return Lifecycle(e, t, c, **kw)
 
 
 # (id, thunk, error type, field named in the error or None)
@@ -69,7 +73,19 @@ CASES = [
     ),
     # Lifecycle
     ("lifecycle.world>1 without barrier", lambda: _lc(config=LifecycleConfig(world_size=2)), ConfigError, "barrier"),
-    ("lifecycle.engine=None", lambda: Lifecycle(None, recording_adapters()[2]), UnsupportedEngine, None),
+    ("lifecycle.engine=None", lambda: Lifecycle(None, recording_adapters()[2]), ConfigError, "engine"),
+    ("lifecycle.config={}", lambda: _lc(config={"num_steps": 3}), ConfigError, "config"),
+    ("lifecycle.barrier='x'", lambda: _lc(barrier="x"), ConfigError, "barrier"),
+    ("lifecycle.drain=5", lambda: _lc_no_drain(drain=5), ConfigError, "drain"),
+    ("lifecycle.checkpoint=5", lambda: _lc(checkpoint=5), ConfigError, "checkpoint"),
+    ("lifecycle.validation=5", lambda: _lc(validation=5), ConfigError, "validation"),
+    ("lifecycle.validator=5", lambda: _lc(validator=5), ConfigError, "validator"),
+    ("lifecycle.checkpoint_extra=5", lambda: _lc(checkpoint_extra=5), ConfigError, "checkpoint_extra"),
+    ("lifecycle.trainer=5", lambda: Lifecycle(recording_adapters()[1], 5), ConfigError, "trainer"),
+    ("lifecycle.collector=5", lambda: Lifecycle(*recording_adapters()[1:3], 5), ConfigError, "collector"),
+    ("lifecycle.spec=5", lambda: _lc(spec=5), ConfigError, "spec"),
+    ("config.trace_path=5", lambda: LifecycleConfig(trace_path=5), ConfigError, "trace_path"),
+    ("config.async_training='no'", lambda: LifecycleConfig(async_training="no"), ConfigError, "async_training"),
     # InFlightCap
     ("cap.num_prompts=0", lambda: InFlightCap(0, 1, 1), ConfigError, "num_prompts_per_step"),
     ("cap.num_prompts='4'", lambda: InFlightCap("4", 1, 1), ConfigError, "num_prompts_per_step"),
@@ -214,47 +230,6 @@ def test_metrics_logger_bad_values(tmp_path):
 
 
 GAPS = [
-    (
-        "MetricsLogger.log(metrics=None)",
-        "colo_fsm/metrics.py: metrics not checked to be a Mapping (AttributeError)",
-        lambda tmp: __import__("colo_fsm.metrics", fromlist=["x"]).MetricsLogger(tmp, tensorboard=False).log(1, None),
-    ),
-    (
-        "MetricsLogger.log(step='x')",
-        "colo_fsm/metrics.py: step not validated (accepted and written)",
-        lambda tmp: __import__("colo_fsm.metrics", fromlist=["x"]).MetricsLogger(tmp, tensorboard=False).log("x", {}),
-    ),
-    (
-        "LifecycleConfig(trace_path=5)",
-        "machine/lifecycle.py: trace_path not validated (raw TypeError later)",
-        lambda tmp: LifecycleConfig(trace_path=5),
-    ),
-    (
-        "LifecycleConfig(async_training='no')",
-        "machine/lifecycle.py: async_training not checked to be a bool",
-        lambda tmp: LifecycleConfig(async_training="no"),
-    ),
-    (
-        "Lifecycle(config={})",
-        "machine/lifecycle.py: config not checked to be a LifecycleConfig",
-        lambda tmp: _lc(config={"num_steps": 3}),
-    ),
-    (
-        "Lifecycle(barrier='x')",
-        "machine/lifecycle.py: barrier without wait() accepted; fails at the first barrier",
-        lambda tmp: _lc(barrier="x"),
-    ),
-    (
-        "Lifecycle(drain=5)",
-        "machine/lifecycle.py: non-callable drain accepted; fails at the first drain",
-        lambda tmp: _lc(drain=5),
-    ),
-    (
-        "Lifecycle(checkpoint=5)",
-        "machine/lifecycle.py: checkpoint without decide() accepted",
-        lambda tmp: _lc(checkpoint=5),
-    ),
-    ("Lifecycle(spec=5)", "machine/lifecycle.py: spec not checked (raw AttributeError)", lambda tmp: _lc(spec=5)),
     (
         "GenerationConfig(max_requests=-3)",
         "adapters/megatron/engine.py: max_requests not validated",

@@ -90,3 +90,33 @@ def test_steps_are_latched_in_order():
 def test_bad_deadline():
     with pytest.raises(ConfigError, match="must_save_by_s"):
         MustSaveBy(-1)
+
+
+def test_deadline_stop_is_agreed_across_ranks_whose_clocks_differ():
+    """Rank 0's deadline passed, rank 1's clock is behind: both must save AND stop at the same step."""
+    c0, c1 = FakeClock(), FakeClock()
+    broadcast: list[bool] = []  # what rank 0 sends, in call order (a stand-in for a torch broadcast)
+
+    def rank0_agree(x: bool) -> bool:
+        broadcast.append(x)
+        return x
+
+    def rank1_agree(_x: bool) -> bool:
+        rank1_calls.append(_x)
+        return broadcast[len(rank1_calls) - 1]
+
+    rank1_calls: list[bool] = []
+    d0 = CheckpointDecision(must_save_by_s=10, clock=c0, agree=rank0_agree)
+    d1 = CheckpointDecision(must_save_by_s=12, clock=c1, agree=rank1_agree)
+    for step, now in enumerate([5.0, 11.0, 13.0]):
+        c0.now = c1.now = now
+        s0, s1 = d0.decide(step), d1.decide(step)
+        assert s0 == s1, step
+        assert d0.stops_run(step) == d1.stops_run(step), step
+    assert d0.deadline_step == d1.deadline_step == 1
+    assert rank1_calls[2] is False  # rank 1's own clock said "not yet" at step 1; the world said stop
+
+
+def test_bad_deadline_stop():
+    with pytest.raises(ConfigError, match="deadline_stop"):
+        CheckpointDecision(must_save_by_s=1, deadline_stop="x")

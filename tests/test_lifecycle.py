@@ -450,3 +450,13 @@ def test_public_api_importable_from_colo_fsm_and_lazy():
     code = "import sys, colo_fsm; print(sorted(m for m in ('torch', 'fastapi', 'ray') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_time_rule_across_ranks_needs_agreement():
+    j, e, t, c, d = recording_adapters()
+    barrier = ThreadBarrier(threading.Barrier(2), 0)
+    cfg = LifecycleConfig(rank=0, world_size=2)
+    with pytest.raises(ConfigError, match="checkpoint.agree"):
+        Lifecycle(e, t, c, drain=d, barrier=barrier, config=cfg, checkpoint=CheckpointDecision(must_save_by_s=60))
+    agreed = CheckpointDecision(must_save_by_s=60, agree=lambda x: x)
+    Lifecycle(e, t, c, drain=d, barrier=barrier, config=cfg, checkpoint=agreed)

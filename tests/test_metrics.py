@@ -57,3 +57,11 @@ def test_non_finite_metric_is_rejected(tmp_path):
     m = MetricsLogger(tmp_path, tensorboard=False)
     with pytest.raises(ConfigError, match="reward"):
         m.log(0, {"reward": float("nan")})
+
+
+@pytest.mark.parametrize(("step", "metrics", "field"), [("x", {}, "step"), (-1, {}, "step"), (0, None, "metrics")])
+def test_bad_step_or_metrics(tmp_path, step, metrics, field):
+    m = MetricsLogger(tmp_path, tensorboard=False)
+    with pytest.raises(ConfigError, match=field):
+        m.log(step, metrics)
+    assert m.consumed_samples == 0 and (tmp_path / "metrics.jsonl").read_text() == ""

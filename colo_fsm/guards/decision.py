@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from colo_fsm.errors import ConfigError
+from colo_fsm.guards.drain import local_rank_from_env
 
 
 def _positive_int_or_none(field: str, value: int | None) -> int | None:
@@ -99,16 +100,29 @@ class CheckpointDecision(LatchedDecision):
     ) -> None:
         self.every_steps = _positive_int_or_none("checkpoint_every_steps", every_steps)
         self.must_save_by = MustSaveBy(must_save_by_s, clock=clock) if must_save_by_s is not None else None
+        if not isinstance(deadline_stop, bool):
+            raise ConfigError("deadline_stop", deadline_stop, "True or False")
         self.deadline_stop = deadline_stop
         self.deadline_step: int | None = None
         super().__init__("checkpoint", self._rule, agree=agree)
 
     def _rule(self, step: int) -> bool:
         periodic = self.every_steps is not None and (step + 1) % self.every_steps == 0
-        deadline = self.must_save_by() if self.must_save_by is not None else False
+        deadline = False
+        if self.must_save_by is not None:
+            deadline = self.must_save_by()
+            if self._agree is not None:
+                # The deadline also decides whether this step is the run's last: it must be the world's answer,
+                # not this rank's clock (every rank makes this call once per step, in the same order).
+                deadline = self._agree(deadline)
         if deadline:
             self.deadline_step = step
         return periodic or deadline
+
+    @property
+    def needs_agreement(self) -> bool:
+        """True when the decision reads a clock, so ranks must agree on it (pass ``agree``)."""
+        return self.must_save_by is not None
 
     def stops_run(self, step: int) -> bool:
         """Whether the deadline rule fired at ``step`` and the run should end after its save."""
@@ -137,7 +151,8 @@ def broadcast_from_rank0(group: Any = None) -> Callable[[bool], bool]:
         if not dist.is_initialized():
             return value
         src = dist.get_global_rank(group, 0) if group is not None else 0
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+        # the rank's own GPU, by LOCAL_RANK: the calling thread may never have called set_device
+        device = torch.device("cuda", local_rank_from_env()) if dist.get_backend(group) == "nccl" else "cpu"
         t = torch.tensor([1 if value else 0], dtype=torch.int32, device=device)
         dist.broadcast(t, src=src, group=group)
         return bool(t.item())

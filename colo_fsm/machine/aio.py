@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from colo_fsm.adapters.protocols import StepResult
+from colo_fsm.errors import ConfigError
 from colo_fsm.machine.lifecycle import Lifecycle
 from colo_fsm.states.spec import State
 
@@ -25,6 +26,8 @@ class AsyncLifecycle:
     """Async facade over a :class:`Lifecycle`: ``await alc.step(batch)`` etc., serialized on one thread."""
 
     def __init__(self, lifecycle: Lifecycle) -> None:
+        if not isinstance(lifecycle, Lifecycle):
+            raise ConfigError("lifecycle", lifecycle, "a colo_fsm.Lifecycle")
         self.lifecycle = lifecycle
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"colo-fsm-r{lifecycle.rank}")
 
@@ -63,7 +66,7 @@ class AsyncLifecycle:
         try:
             return await self._run(self.lifecycle.stop)
         finally:
-            if self.lifecycle.state is State.STOPPED:
+            if self.lifecycle.spec.state(self.lifecycle.state).terminal:
                 self._executor.shutdown(wait=False)
 
 

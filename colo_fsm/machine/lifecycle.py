@@ -80,6 +80,10 @@ class LifecycleConfig:
         _check_int("start_weight_version", self.start_weight_version, minimum=0)
         if self.num_steps is not None and self.start_step >= self.num_steps:
             raise ConfigError("start_step", self.start_step, f"less than num_steps={self.num_steps}")
+        if not isinstance(self.async_training, bool):
+            raise ConfigError("async_training", self.async_training, "True or False")
+        if self.trace_path is not None and not isinstance(self.trace_path, str | Path):
+            raise ConfigError("trace_path", self.trace_path, "a file path (str or pathlib.Path) or None")
 
 
 @dataclass
@@ -137,6 +141,20 @@ class Lifecycle:
         spec: LifecycleSpec = LIFECYCLE,
         check_spec: bool = True,
     ) -> None:
+        _check_arguments(
+            engine,
+            trainer,
+            collector,
+            config,
+            drain,
+            barrier,
+            checkpoint,
+            validation,
+            spec,
+            validator=validator,
+            checkpoint_extra=checkpoint_extra,
+            server_urls_sink=server_urls_sink,
+        )
         self.config = config or LifecycleConfig()
         if self.config.async_training and not getattr(engine, "reads_weights_in_place", False):
             raise UnsupportedEngine(
@@ -148,6 +166,19 @@ class Lifecycle:
             )
         if barrier is None and self.config.world_size > 1:
             raise ConfigError("barrier", None, f"a Barrier over the {self.config.world_size} ranks")
+        if (
+            self.config.world_size > 1
+            and isinstance(checkpoint, CheckpointDecision)
+            and checkpoint.needs_agreement
+            and checkpoint._agree is None
+        ):
+            raise ConfigError(
+                "checkpoint.agree",
+                None,
+                f"an agree function (e.g. broadcast_from_rank0()) when world_size={self.config.world_size} and a "
+                "must_save_by_s time rule is set: otherwise each rank's own clock decides whether to save and stop, "
+                "and the ranks split at the next barrier",
+            )
         if check_spec:  # False only for mutation testing: a spec the validator rejects, caught at run time
             validate_spec(spec)
         self.spec = spec
@@ -208,7 +239,7 @@ class Lifecycle:
     @property
     def finished(self) -> bool:
         """True once the last step is done (Done) or the machine stopped or failed."""
-        return self.state in (State.DONE, State.STOPPED, State.FAILED)
+        return self.spec.state(self.state).final
 
     def can(self, trigger: str) -> bool:
         """Whether ``trigger`` would be taken now (pure: evaluates guards only)."""
@@ -266,7 +297,7 @@ class Lifecycle:
         with self._lock:
             self.begin_step()
             self.train(batch)
-            if self.state is State.VALIDATING and self._validator is not None:
+            if self._validator is not None and self.can("end_validation"):
                 self._validate()
                 self.end_validation()
             assert self.last_result is not None
@@ -612,6 +643,66 @@ class Lifecycle:
         if self.facts[Fact.ENGINE_BUILT] and self.engine_condition is not EngineCondition.TORN_DOWN:
             self.engine.shutdown()
         self.engine_condition = EngineCondition.TORN_DOWN
+
+
+def _check_arguments(
+    engine: Any,
+    trainer: Any,
+    collector: Any,
+    config: Any,
+    drain: Any,
+    barrier: Any,
+    checkpoint: Any,
+    validation: Any,
+    spec: Any,
+    **callbacks: Any,
+) -> None:
+    """Refuse wrong kinds of arguments up front, before anything runs (each error names the argument)."""
+    checks: list[tuple[str, Any, bool, str]] = [
+        (
+            "engine",
+            engine,
+            isinstance(engine, GenerationEngine),
+            "a GenerationEngine (bring_up, suspend, resume, shutdown, server_base_urls, reads_weights_in_place)",
+        ),
+        (
+            "trainer",
+            trainer,
+            isinstance(trainer, Trainer),
+            "a Trainer (train_step, offload_buffers, restore_buffers, save_checkpoint)",
+        ),
+        (
+            "collector",
+            collector,
+            collector is None or isinstance(collector, Collector),
+            "a Collector (pause, resume) or None",
+        ),
+        ("config", config, config is None or isinstance(config, LifecycleConfig), "a LifecycleConfig or None"),
+        ("drain", drain, drain is None or callable(drain), "a callable that drains this rank's device, or None"),
+        (
+            "barrier",
+            barrier,
+            barrier is None or callable(getattr(barrier, "wait", None)),
+            "a Barrier (with wait()) or None",
+        ),
+        (
+            "checkpoint",
+            checkpoint,
+            checkpoint is None or callable(getattr(checkpoint, "decide", None)),
+            "a LatchedDecision (e.g. CheckpointDecision) or None",
+        ),
+        (
+            "validation",
+            validation,
+            validation is None or callable(getattr(validation, "decide", None)),
+            "a LatchedDecision (e.g. ValidationDecision) or None",
+        ),
+        ("spec", spec, isinstance(spec, LifecycleSpec), "a LifecycleSpec"),
+    ]
+    checks += [(name, fn, fn is None or callable(fn), "a callable or None") for name, fn in callbacks.items()]
+    for name, value, ok, expected in checks:
+        if not ok:
+            raise ConfigError(name, value, expected)
 
 
 class _ActionError(Exception):

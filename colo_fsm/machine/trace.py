@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from colo_fsm.errors import ConfigError
+
 log = logging.getLogger("colo_fsm.trace")
 
 
@@ -59,6 +61,8 @@ class Trace:
     """
 
     def __init__(self, path: str | Path | None = None, *, keep: bool = True) -> None:
+        if path is not None and not isinstance(path, str | Path):
+            raise ConfigError("trace_path", path, "a file path (str or pathlib.Path) or None")
         self._records: list[TraceRecord] = []
         self._keep = keep
         self._lock = threading.Lock()

@@ -86,6 +86,7 @@ class StateSpec:
     collector: CollectorCondition
     resting: bool = False  # the machine waits here for a user trigger
     terminal: bool = False
+    final: bool = False  # the run is over here: no further training step can start
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,9 @@ STATES: tuple[StateSpec, ...] = (
         S.VALIDATING, "Engine awake for validation only; collector stays paused.", E.AWAKE, C.PAUSED, resting=True
     ),
     StateSpec(S.WAKING, "Training buffers offloaded, own device drained, barrier; then resume.", E.SUSPENDED, C.PAUSED),
-    StateSpec(S.DONE, "The last step is done; the engine is not woken again.", E.SUSPENDED, C.PAUSED, resting=True),
+    StateSpec(
+        S.DONE, "The last step is done; the engine is not woken again.", E.SUSPENDED, C.PAUSED, resting=True, final=True
+    ),
     StateSpec(
         S.STOPPED,
         "Engine torn down. The only place teardown happens.",
@@ -205,6 +208,7 @@ STATES: tuple[StateSpec, ...] = (
         C.PAUSED,
         resting=True,
         terminal=True,
+        final=True,
     ),
     StateSpec(
         S.FAILED,
@@ -212,6 +216,7 @@ STATES: tuple[StateSpec, ...] = (
         E.UNKNOWN,
         C.UNKNOWN,
         resting=True,
+        final=True,
     ),
 )
 
