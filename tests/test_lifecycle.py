@@ -460,3 +460,30 @@ def test_time_rule_across_ranks_needs_agreement():
         Lifecycle(e, t, c, drain=d, barrier=barrier, config=cfg, checkpoint=CheckpointDecision(must_save_by_s=60))
     agreed = CheckpointDecision(must_save_by_s=60, agree=lambda x: x)
     Lifecycle(e, t, c, drain=d, barrier=barrier, config=cfg, checkpoint=agreed)
+
+
+def test_long_actions_report_progress(caplog, monkeypatch):
+    from colo_fsm.log import heartbeat
+
+    lc, j, e, t, c = make(num_steps=2, progress_interval_s=0.2)
+    heartbeat.set_tick(0.05)
+    monkeypatch.setattr(heartbeat, "tick_s", 0.05)  # restored after the test
+    lc.start()
+    t.hang_on("train_step", 0.7)
+    with caplog.at_level(logging.INFO, logger="colo_fsm.lifecycle"):
+        lc.step([1])
+    lines = [r.getMessage() for r in caplog.records if "still in train_step" in r.getMessage()]
+    assert lines and "state=Training" in lines[0] and "rank=0" in lines[0]
+
+
+def test_component_loggers_carry_the_lifecycle_context(caplog):
+    from colo_fsm.log import get_logger
+
+    lc, *_ = make(num_steps=2)
+    lc.start()
+    lc.step([1])
+    with caplog.at_level(logging.INFO, logger="colo_fsm.collector"):
+        get_logger("colo_fsm.collector").info("buffer has %d groups", 3)
+    rec = caplog.records[-1]
+    assert rec.getMessage().startswith("[rank=0 state=Generating wv=1") and rec.getMessage().endswith("3 groups")
+    assert rec.weight_version == 1 and rec.state == "Generating"

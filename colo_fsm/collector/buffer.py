@@ -17,7 +17,6 @@ evicted and counted.
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
@@ -27,8 +26,9 @@ from typing import Any
 
 from colo_fsm.adapters.protocols import Completion
 from colo_fsm.errors import ConfigError, RolloutFailed, WaitTimeout
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.collector.buffer")
+log = get_logger("colo_fsm.collector.buffer")
 
 STATE_DICT_FORMAT = 2
 """Version of the :meth:`ReplayBuffer.state_dict` layout."""

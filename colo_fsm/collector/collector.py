@@ -19,7 +19,6 @@ import bisect
 import concurrent.futures
 import inspect
 import itertools
-import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,8 +29,9 @@ from colo_fsm.adapters.protocols import Completion, TextGenerator
 from colo_fsm.collector.buffer import ReplayBuffer, Ticket, TrajectoryGroup
 from colo_fsm.errors import ConfigError, LifecycleError, RolloutDeferred, RolloutFailed, WaitTimeout
 from colo_fsm.guards.capacity import InFlightCap
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.collector")
+log = get_logger("colo_fsm.collector")
 
 STATE_DICT_FORMAT = 1
 """Version of :meth:`AsyncCollector.state_dict`."""

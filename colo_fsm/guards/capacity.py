@@ -6,8 +6,9 @@ import logging
 from dataclasses import dataclass
 
 from colo_fsm.errors import ConfigError
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.guards")
+log = get_logger("colo_fsm.guards")
 
 RAY_ASYNC_ACTOR_DEFAULT_MAX_CONCURRENCY = 1000
 """A Ray asyncio actor runs at most this many calls at once unless told otherwise."""
@@ -86,7 +87,7 @@ class InFlightCap:
             f"{self.actor_capacity_groups})"
         )
 
-    def report(self, logger: logging.Logger | None = None) -> int:
+    def report(self, logger: logging.Logger | logging.LoggerAdapter | None = None) -> int:  # type: ignore[type-arg]
         """Log once, with both numbers, when the cap was lowered; return the effective cap."""
         if self.lowered:
             (logger or log).warning("%s: lowered by actor capacity", self.explain())

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from colo_fsm.errors import ConfigError, ParallelismMismatch
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.guards")
+log = get_logger("colo_fsm.guards")
 
 WEIGHT_SHARDING_FIELDS = (
     "tensor_model_parallel_size",

@@ -31,6 +31,8 @@ from colo_fsm.guards.barrier import Barrier, SoloBarrier
 from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision, ValidationDecision
 from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.guards.handoff import HandoffLedger
+from colo_fsm.log import heartbeat
+from colo_fsm.log import set_context as _log_context
 from colo_fsm.machine.trace import Trace, TraceRecord
 from colo_fsm.states.spec import (
     LIFECYCLE,
@@ -68,6 +70,7 @@ class LifecycleConfig:
     start_weight_version: int = 0
     async_training: bool = True
     trace_path: str | Path | None = None
+    progress_interval_s: float = 30.0  # log a progress line while one action runs longer than this
 
     def __post_init__(self) -> None:
         if self.num_steps is not None:
@@ -82,6 +85,12 @@ class LifecycleConfig:
             raise ConfigError("start_step", self.start_step, f"less than num_steps={self.num_steps}")
         if not isinstance(self.async_training, bool):
             raise ConfigError("async_training", self.async_training, "True or False")
+        if (
+            isinstance(self.progress_interval_s, bool)
+            or not isinstance(self.progress_interval_s, int | float)
+            or not self.progress_interval_s > 0
+        ):
+            raise ConfigError("progress_interval_s", self.progress_interval_s, "a positive number of seconds")
         if self.trace_path is not None and not isinstance(self.trace_path, str | Path):
             raise ConfigError("trace_path", self.trace_path, "a file path (str or pathlib.Path) or None")
 
@@ -209,6 +218,9 @@ class Lifecycle:
         self._batch: Any = None
         self._current_action: str | None = None
         self._action_times: dict[str, float] = {}
+        self._action_t0 = 0.0  # time.monotonic() when the running action started
+        self._progress_reported = 0.0
+        heartbeat.watch(self)
         self._actions = self._bind_actions()
         self._model = _Model(spec.initial.value)
         self._machine = Machine(
@@ -371,8 +383,12 @@ class Lifecycle:
             self._action_times = {}
             ok, error = True, None
             try:
+                _log_context(
+                    rank=self.rank, state=t.dest.value, weight_version=self.weight_version, step=self.step_index
+                )
                 for name in t.actions:
                     self._current_action = name
+                    self._action_t0 = time.monotonic()
                     a0 = time.perf_counter()
                     try:
                         self._actions[name]()
@@ -432,6 +448,17 @@ class Lifecycle:
         if log.isEnabledFor(level):
             prefix = f"[rank={self.rank} state={self.state.value} wv={self.weight_version} step={self.step_index}] "
             log.log(level, prefix + msg, *args, extra=self._log_extra(), exc_info=exc_info)
+
+    def _report_progress(self, now: float) -> None:
+        """Called by the heartbeat thread: a line while one action runs longer than ``progress_interval_s``."""
+        action = self._current_action
+        if action is None:
+            return
+        running = now - self._action_t0
+        interval = self.config.progress_interval_s
+        if running >= interval and now - self._progress_reported >= interval:
+            self._progress_reported = now
+            self._log(logging.INFO, "still in %s after %.0f s", action, running)
 
     def _fail(self, err: _ActionError) -> None:
         state = self.state

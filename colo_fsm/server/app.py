@@ -9,7 +9,6 @@ message names the field, in OpenAI's error shape. Streaming is not supported (40
 from __future__ import annotations
 
 import inspect
-import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -24,9 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from colo_fsm.adapters.protocols import Completion, TextGenerator
 from colo_fsm.errors import ColoFsmError, ConfigError, ServerUnavailable
+from colo_fsm.log import get_logger
 from colo_fsm.server.gate import SuspendGate
 
-log = logging.getLogger("colo_fsm.server")
+log = get_logger("colo_fsm.server")
 
 MAX_N = 64
 MAX_TOKENS_LIMIT = 1 << 16

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from colo_fsm.errors import ConfigError, ServerUnavailable, WaitTimeout
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.server.gate")
+log = get_logger("colo_fsm.server.gate")
 
 
 @dataclass(frozen=True)

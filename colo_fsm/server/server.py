@@ -8,7 +8,6 @@ opens it only after the engine resumed. With ``serve=True`` it brings the HTTP s
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
@@ -19,10 +18,11 @@ import uvicorn
 
 from colo_fsm.adapters.protocols import Completion, GenerationEngine, TextGenerator
 from colo_fsm.errors import ConfigError, EngineRebuild, WaitTimeout
+from colo_fsm.log import get_logger
 from colo_fsm.server.app import create_app, default_chat_template
 from colo_fsm.server.gate import SuspendGate
 
-log = logging.getLogger("colo_fsm.server")
+log = get_logger("colo_fsm.server")
 
 LOOPBACK = "127.0.0.1"
 

@@ -11,9 +11,10 @@ only once these are registered (newer megatron-bridge releases list them already
 from __future__ import annotations
 
 import importlib.util
-import logging
 
-log = logging.getLogger("colo_fsm.megatron")
+from colo_fsm.log import get_logger
+
+log = get_logger("colo_fsm.megatron")
 
 INFERENCE_LINEAR_TYPES: dict[str, str] = {
     "InferenceColumnParallelLinear": "column",

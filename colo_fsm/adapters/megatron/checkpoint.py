@@ -25,7 +25,6 @@ an ``.incomplete-*`` folder that is never loaded and is removed by the next save
 from __future__ import annotations
 
 import json
-import logging
 import os
 import pickle
 import shutil
@@ -38,8 +37,9 @@ from typing import Any
 import torch
 
 from colo_fsm.errors import ConfigError
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.megatron")
+log = get_logger("colo_fsm.megatron")
 
 LATEST = "latest"
 META = "colo_fsm.json"

@@ -21,7 +21,6 @@ CUDA graphs are only captured when the model's ``TransformerConfig`` asks for th
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,8 +29,9 @@ import torch
 
 from colo_fsm.adapters.megatron.cpu_loop import Generated
 from colo_fsm.errors import ConfigError
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.megatron")
+log = get_logger("colo_fsm.megatron")
 
 
 def dynamic_engine_available() -> tuple[bool, str]:

@@ -19,7 +19,6 @@ and the trainer clears it again before any training forward.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,8 +31,9 @@ from colo_fsm.adapters.megatron.cpu_loop import Generated, generate_tokens
 from colo_fsm.adapters.protocols import Completion
 from colo_fsm.errors import ConfigError, EngineRebuild, LifecycleError
 from colo_fsm.guards.parallelism import check_parallelism
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.megatron")
+log = get_logger("colo_fsm.megatron")
 
 
 class KVCacheMode(StrEnum):

@@ -11,13 +11,13 @@ to ``HybridModel`` (pattern ``"*-*-"``: attention + MLP layers) is one function 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 from colo_fsm.errors import ConfigError
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.megatron")
+log = get_logger("colo_fsm.megatron")
 
 _IMPLS = ("local", "inference_optimized")
 _POS = ("learned_absolute", "rope")

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
 from colo_fsm.errors import ConfigError
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.megatron")
+log = get_logger("colo_fsm.megatron")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ moved: generation reads them in place.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,8 +27,9 @@ from colo_fsm.adapters.megatron.cpu_loop import forward_logits
 from colo_fsm.adapters.megatron.model import check_trainable
 from colo_fsm.adapters.protocols import StepResult
 from colo_fsm.errors import ConfigError, LifecycleError
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.megatron")
+log = get_logger("colo_fsm.megatron")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,103 @@
+"""Lifecycle context in every colo-fsm log line, and progress lines for long lifecycle work.
+
+Every logger colo-fsm uses comes from :func:`get_logger`: it prefixes each message with the rank, state,
+weight version and step of the process's active lifecycle (``[rank=0 state=Training wv=12 step=12]``) and
+sets them as ``extra`` fields (``record.rank`` etc.) for structured handlers. The context is process-wide: in
+SPMD runs there is one rank per process; where several lifecycles share a process (thread-ranks in tests) the
+most recently active one is named.
+
+A single daemon thread (:class:`_Heartbeat`) logs a progress line while an action of any lifecycle runs longer
+than that lifecycle's ``progress_interval_s`` (a barrier waiting for a slow rank, a long checkpoint save), so a
+stuck run says where it is stuck.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+_context: dict[str, Any] = {}
+
+
+def set_context(*, rank: int, state: str, weight_version: int, step: int) -> None:
+    """Record the active lifecycle's position (called by the machine on every transition)."""
+    _context.update(rank=rank, state=state, weight_version=weight_version, step=step)
+
+
+def context() -> dict[str, Any]:
+    """The active lifecycle's rank, state, weight version and step (empty before any lifecycle ran)."""
+    return dict(_context)
+
+
+def prefix() -> str:
+    """``[rank=.. state=.. wv=.. step=..] `` for the active lifecycle, or ``""``."""
+    c = _context
+    if not c:
+        return ""
+    return f"[rank={c['rank']} state={c['state']} wv={c['weight_version']} step={c['step']}] "
+
+
+class LifecycleLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A logger adapter that names the active lifecycle's rank, state and weight version in every line."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        c = _context
+        if c:
+            extra = dict(kwargs.get("extra") or {})
+            for key in ("rank", "state", "weight_version", "step"):
+                extra.setdefault(key, c[key])
+            kwargs["extra"] = extra
+            return prefix() + str(msg), kwargs
+        return msg, kwargs
+
+
+def get_logger(name: str) -> LifecycleLogger:
+    """The logger ``name`` (under ``colo_fsm.``), wrapped to carry the lifecycle context."""
+    return LifecycleLogger(logging.getLogger(name), {})
+
+
+class _Heartbeat:
+    """One daemon thread per process that reports actions running longer than their lifecycle's interval."""
+
+    def __init__(self) -> None:
+        self._watched: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self.tick_s = 1.0
+
+    def set_tick(self, seconds: float) -> None:
+        """How often the thread looks (1 s by default); takes effect at once."""
+        self.tick_s = seconds
+        self._wake.set()
+
+    def watch(self, lifecycle: Any) -> None:
+        with self._lock:
+            self._watched.add(lifecycle)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="colo-fsm-heartbeat", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.tick_s)
+            self._wake.clear()
+            with self._lock:
+                watched = list(self._watched)
+            now = time.monotonic()
+            for lc in watched:
+                report: Callable[[float], None] | None = getattr(lc, "_report_progress", None)
+                if report is not None:
+                    try:
+                        report(now)
+                    except Exception:  # a progress line must never hurt the run
+                        logging.getLogger("colo_fsm.log").debug("progress report failed", exc_info=True)
+
+
+heartbeat = _Heartbeat()
+
+__all__ = ["LifecycleLogger", "context", "get_logger", "heartbeat", "prefix", "set_context"]
