@@ -27,8 +27,17 @@ class MetricsLogger:
     """
 
     def __init__(
-        self, run_dir: str | Path, *, tensorboard: bool = True, clock: Any = time.time, consumed_samples: int = 0
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        clock: Any = time.time,
+        consumed_samples: int = 0,
+        elapsed_offset_s: float = 0.0,
     ) -> None:
+        if isinstance(elapsed_offset_s, bool) or not isinstance(elapsed_offset_s, int | float) or elapsed_offset_s < 0:
+            raise ConfigError("elapsed_offset_s", elapsed_offset_s, "a non-negative number of seconds")
+        self.elapsed_offset_s = float(elapsed_offset_s)  # wall-clock seconds of earlier runs (resume)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -47,8 +56,8 @@ class MetricsLogger:
         self.t0 = clock()
 
     def elapsed_s(self) -> float:
-        """Seconds since this logger was created."""
-        return self._clock() - self.t0
+        """Wall-clock seconds of the run: earlier runs' (``elapsed_offset_s``) plus this process's."""
+        return self.elapsed_offset_s + self._clock() - self.t0
 
     def log(self, step: int, metrics: Mapping[str, float], *, consumed_samples: int = 0) -> dict[str, Any]:
         """Record one step's metrics; ``consumed_samples`` is added to the running total."""
@@ -64,16 +73,15 @@ class MetricsLogger:
         with self._lock:
             self.consumed_samples += consumed_samples
             now = self._clock()
-            elapsed = now - self.t0
+            run_s = now - self.t0  # this process
+            elapsed = self.elapsed_offset_s + run_s
             record: dict[str, Any] = {
                 "step": step,
                 "elapsed_s": round(elapsed, 6),
                 "wall_time": now,
                 "train/consumed_samples": self.consumed_samples,
                 # throughput of this process: samples restored from a checkpoint do not count
-                "train/samples_per_s": (self.consumed_samples - self._consumed_at_start) / elapsed
-                if elapsed > 0
-                else 0.0,
+                "train/samples_per_s": (self.consumed_samples - self._consumed_at_start) / run_s if run_s > 0 else 0.0,
             }
             record.update({k: float(v) for k, v in metrics.items()})
             self._file.write(json.dumps(record) + "\n")

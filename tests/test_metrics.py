@@ -28,13 +28,16 @@ def test_consumed_samples_logged_against_elapsed_wall_clock(tmp_path):
     assert recs[1]["train/samples_per_s"] == pytest.approx(2.0)
 
 
-def test_resume_keeps_the_total_but_not_the_rate(tmp_path):
+def test_resume_keeps_the_total_and_the_clock_but_not_the_rate(tmp_path):
     clock = Clock()
-    m = MetricsLogger(tmp_path, tensorboard=False, clock=clock, consumed_samples=1000)
+    m = MetricsLogger(tmp_path, tensorboard=False, clock=clock, consumed_samples=1000, elapsed_offset_s=120.0)
     clock.now += 4.0
     rec = m.log(5, {}, consumed_samples=8)
     assert rec["train/consumed_samples"] == 1008
+    assert rec["elapsed_s"] == pytest.approx(124.0)  # the curve continues, it does not jump back to 0
     assert rec["train/samples_per_s"] == pytest.approx(2.0)
+    with pytest.raises(ConfigError, match="elapsed_offset_s"):
+        MetricsLogger(tmp_path, tensorboard=False, elapsed_offset_s=-1)
 
 
 def test_tensorboard_scalars_written(tmp_path):
