@@ -90,6 +90,20 @@ class GenerationConfig:
             or self.block_size_tokens < 1
         ):
             raise ConfigError("block_size_tokens", self.block_size_tokens, "a positive integer")
+        if self.max_requests is not None and (
+            isinstance(self.max_requests, bool) or not isinstance(self.max_requests, int) or self.max_requests < 1
+        ):
+            raise ConfigError("max_requests", self.max_requests, "a positive integer, or None (engine default)")
+        for name in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "expert_model_parallel_size",
+            "expert_tensor_parallel_size",
+            "context_parallel_size",
+        ):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(name, v, "a positive integer, or None (inherit the training model's)")
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,10 @@ class ModelConfig:
             )
         if self.transformer_impl not in _IMPLS:
             raise ConfigError("transformer_impl", self.transformer_impl, f"one of {_IMPLS}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError("seed", self.seed, "a non-negative integer")
+        if self.bf16 is not None and not isinstance(self.bf16, bool):
+            raise ConfigError("bf16", self.bf16, "True, False or None (bf16 on CUDA, fp32 on CPU)")
 
     @property
     def use_bf16(self) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from colo_fsm.adapters.megatron.checkpoint import CheckpointInfo, load_checkpoint, save_checkpoint
+from colo_fsm.adapters.megatron.checkpoint import FORMATS, CheckpointInfo, load_checkpoint, save_checkpoint
 from colo_fsm.adapters.megatron.cpu_loop import forward_logits
 from colo_fsm.adapters.megatron.model import check_trainable
 from colo_fsm.adapters.protocols import StepResult
@@ -58,6 +58,21 @@ class TrainerConfig:
             or self.weight_decay < 0
         ):
             raise ConfigError("weight_decay", self.weight_decay, "a non-negative number")
+        b = self.betas
+        if (
+            not isinstance(b, tuple | list)
+            or len(b) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int | float) or not 0.0 <= x < 1.0 for x in b)
+        ):
+            raise ConfigError("betas", b, "a pair of numbers in [0, 1), e.g. (0.9, 0.98)")
+        object.__setattr__(self, "betas", (float(b[0]), float(b[1])))
+        for name in ("offload_optimizer_state", "allow_inference_optimized_training"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "True or False")
+        if self.checkpoint_format not in FORMATS:
+            raise ConfigError("checkpoint_format", self.checkpoint_format, f"one of {FORMATS}")
+        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, str | Path):
+            raise ConfigError("checkpoint_dir", self.checkpoint_dir, "a directory path (str or Path), or None")
 
 
 @dataclass(frozen=True)
