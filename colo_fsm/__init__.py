@@ -8,7 +8,24 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from colo_fsm import errors
-from colo_fsm.adapters.protocols import Collector, GenerationEngine, StepResult, Trainer
+from colo_fsm.adapters.protocols import Collector, Completion, GenerationEngine, StepResult, TextGenerator, Trainer
+from colo_fsm.errors import (
+    ActionFailed,
+    BarrierTimeout,
+    ColoFsmError,
+    ConfigError,
+    DrainError,
+    EngineRebuild,
+    GuardRejected,
+    InvalidTransition,
+    LifecycleError,
+    ParallelismMismatch,
+    RolloutDeferred,
+    RolloutFailed,
+    ServerUnavailable,
+    UnsupportedEngine,
+    WaitTimeout,
+)
 from colo_fsm.guards import (
     Barrier,
     CheckpointDecision,
@@ -23,10 +40,22 @@ from colo_fsm.guards import (
     ValidationDecision,
     broadcast_from_rank0,
     check_parallelism,
+    local_rank_from_env,
 )
 from colo_fsm.guards.handoff import HandoffLedger
 from colo_fsm.machine import AsyncLifecycle, Lifecycle, LifecycleConfig, LifecycleStatus, Trace, TraceRecord, read_trace
-from colo_fsm.states import LIFECYCLE, Collective, Fact, LifecycleSpec, State, TransitionSpec
+from colo_fsm.states import (
+    LIFECYCLE,
+    ActionSpec,
+    Collective,
+    CollectorCondition,
+    EngineCondition,
+    Fact,
+    LifecycleSpec,
+    State,
+    StateSpec,
+    TransitionSpec,
+)
 from colo_fsm.states.validate import SpecError, validate_spec
 
 __version__ = "0.1.0"
@@ -35,6 +64,11 @@ __version__ = "0.1.0"
 # stays cheap for a user who only embeds the machine.
 _LAZY: dict[str, tuple[str, str]] = {
     "MetricsLogger": ("colo_fsm.metrics", "MetricsLogger"),
+    "read_metrics": ("colo_fsm.metrics", "read_metrics"),
+    "Prompt": ("colo_fsm.collector", "Prompt"),
+    "TextRollout": ("colo_fsm.collector", "TextRollout"),
+    "recording_adapters": ("colo_fsm.testing", "recording_adapters"),
+    "get_logger": ("colo_fsm.log", "get_logger"),
     "ReplayBuffer": ("colo_fsm.collector", "ReplayBuffer"),
     "TrajectoryGroup": ("colo_fsm.collector", "TrajectoryGroup"),
     "AsyncCollector": ("colo_fsm.collector", "AsyncCollector"),
@@ -84,35 +118,49 @@ if TYPE_CHECKING:
         ModelConfig,
         TrainerConfig,
     )
-    from colo_fsm.collector import AsyncCollector, ReplayBuffer, TrajectoryGroup
+    from colo_fsm.collector import AsyncCollector, Prompt, ReplayBuffer, TextRollout, TrajectoryGroup
     from colo_fsm.diagram import render as render_diagram
     from colo_fsm.diagram import to_dot, to_mermaid
-    from colo_fsm.metrics import MetricsLogger
+    from colo_fsm.log import get_logger
+    from colo_fsm.metrics import MetricsLogger, read_metrics
     from colo_fsm.ray import RayCollectorProxy, RayDrain, RayEngineProxy, init_ray
     from colo_fsm.server import GatedEngine, OpenAIServer, SuspendGate
-    from colo_fsm.testing import LifecycleMachine, lifecycle_test_case
+    from colo_fsm.testing import LifecycleMachine, lifecycle_test_case, recording_adapters
     from colo_fsm.testing import check as check_handoff
     from colo_fsm.timeline import render_timeline
 
 __all__ = [
     "LIFECYCLE",
+    "ActionFailed",
+    "ActionSpec",
     "AsyncCollector",
     "AsyncLifecycle",
     "Barrier",
+    "BarrierTimeout",
     "CheckpointDecision",
     "Collective",
     "Collector",
+    "CollectorCondition",
+    "ColoFsmError",
+    "Completion",
+    "ConfigError",
     "DeviceDrain",
+    "DrainError",
+    "EngineCondition",
+    "EngineRebuild",
     "Fact",
     "GatedEngine",
     "GenerationConfig",
     "GenerationEngine",
+    "GuardRejected",
     "HandoffLedger",
     "InFlightCap",
+    "InvalidTransition",
     "KVCacheMode",
     "LatchedDecision",
     "Lifecycle",
     "LifecycleConfig",
+    "LifecycleError",
     "LifecycleMachine",
     "LifecycleSpec",
     "LifecycleStatus",
@@ -122,16 +170,24 @@ __all__ = [
     "ModelConfig",
     "MustSaveBy",
     "OpenAIServer",
+    "ParallelismMismatch",
     "ParallelismWarning",
+    "Prompt",
     "RayCollectorProxy",
     "RayDrain",
     "RayEngineProxy",
     "ReplayBuffer",
+    "RolloutDeferred",
+    "RolloutFailed",
+    "ServerUnavailable",
     "SoloBarrier",
     "SpecError",
     "State",
+    "StateSpec",
     "StepResult",
     "SuspendGate",
+    "TextGenerator",
+    "TextRollout",
     "ThreadBarrier",
     "TorchBarrier",
     "Trace",
@@ -140,15 +196,21 @@ __all__ = [
     "TrainerConfig",
     "TrajectoryGroup",
     "TransitionSpec",
+    "UnsupportedEngine",
     "ValidationDecision",
+    "WaitTimeout",
     "__version__",
     "broadcast_from_rank0",
     "check_handoff",
     "check_parallelism",
     "errors",
+    "get_logger",
     "init_ray",
     "lifecycle_test_case",
+    "local_rank_from_env",
+    "read_metrics",
     "read_trace",
+    "recording_adapters",
     "render_diagram",
     "render_timeline",
     "to_dot",

@@ -37,13 +37,13 @@ class MetricsLogger:
     ) -> None:
         if isinstance(elapsed_offset_s, bool) or not isinstance(elapsed_offset_s, int | float) or elapsed_offset_s < 0:
             raise ConfigError("elapsed_offset_s", elapsed_offset_s, "a non-negative number of seconds")
+        if isinstance(consumed_samples, bool) or not isinstance(consumed_samples, int) or consumed_samples < 0:
+            raise ConfigError("consumed_samples", consumed_samples, "a non-negative integer")
         self.elapsed_offset_s = float(elapsed_offset_s)  # wall-clock seconds of earlier runs (resume)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self._file = self.path.open("a", encoding="utf-8")
-        if isinstance(consumed_samples, bool) or not isinstance(consumed_samples, int) or consumed_samples < 0:
-            raise ConfigError("consumed_samples", consumed_samples, "a non-negative integer")
         self._clock = clock
         self.consumed_samples = consumed_samples  # running total, restored from a checkpoint on resume
         self._consumed_at_start = consumed_samples

@@ -487,3 +487,21 @@ def test_component_loggers_carry_the_lifecycle_context(caplog):
     rec = caplog.records[-1]
     assert rec.getMessage().startswith("[rank=0 state=Generating wv=1") and rec.getMessage().endswith("3 groups")
     assert rec.weight_version == 1 and rec.state == "Generating"
+
+
+def test_async_fine_grained_triggers():
+    lc, j, e, t, c = make(num_steps=2, validate_every=None, save_every=None)
+
+    async def main():
+        alc = AsyncLifecycle(lc)
+        await alc.start()
+        assert await alc.begin_step() is State.DRAINING
+        assert await alc.train([1]) is State.GENERATING
+        assert alc.weight_version == 1 and alc.status().state == "Generating" and not alc.finished
+        await alc.step([1])
+        assert alc.finished
+        return await alc.stop()
+
+    assert asyncio.run(main()) is State.STOPPED
+    with pytest.raises(ConfigError, match="lifecycle"):
+        AsyncLifecycle(5)

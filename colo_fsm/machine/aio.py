@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from colo_fsm.adapters.protocols import StepResult
 from colo_fsm.errors import ConfigError
-from colo_fsm.machine.lifecycle import Lifecycle
+from colo_fsm.machine.lifecycle import Lifecycle, LifecycleStatus
 from colo_fsm.states.spec import State
 
 T = TypeVar("T")
@@ -35,6 +35,20 @@ class AsyncLifecycle:
     def state(self) -> State:
         """The current state."""
         return self.lifecycle.state
+
+    @property
+    def finished(self) -> bool:
+        """See :attr:`Lifecycle.finished`."""
+        return self.lifecycle.finished
+
+    @property
+    def weight_version(self) -> int:
+        """The weight version generation reads now."""
+        return self.lifecycle.weight_version
+
+    def status(self) -> LifecycleStatus:
+        """See :meth:`Lifecycle.status` (a snapshot; safe from the event loop)."""
+        return self.lifecycle.status()
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -56,6 +70,14 @@ class AsyncLifecycle:
     async def step(self, batch: Any) -> StepResult:
         """See :meth:`Lifecycle.step`."""
         return await self._run(self.lifecycle.step, batch)
+
+    async def begin_step(self) -> State:
+        """See :meth:`Lifecycle.begin_step`."""
+        return await self._run(self.lifecycle.begin_step)
+
+    async def train(self, batch: Any) -> State:
+        """See :meth:`Lifecycle.train`."""
+        return await self._run(self.lifecycle.train, batch)
 
     async def end_validation(self) -> State:
         """See :meth:`Lifecycle.end_validation`."""

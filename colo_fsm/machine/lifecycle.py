@@ -317,9 +317,11 @@ class Lifecycle:
 
     def stop(self) -> State:
         """Tear down (the only place teardown happens) and end in Stopped."""
-        state = self.fire("stop")
-        self.trace.close()
-        return state
+        try:
+            return self.fire("stop")
+        finally:
+            if self.spec.state(self.state).terminal:
+                self.trace.close()
 
     def close(self) -> None:
         """Close the trace file."""
