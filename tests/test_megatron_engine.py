@@ -150,3 +150,128 @@ def test_dynamic_engine_head_dim_check():
     with pytest.raises(ConfigError) as exc:
         check_head_dim(SimpleNamespace(kv_channels=None, hidden_size=32, num_attention_heads=4))
     assert exc.value.field == "kv_channels" and exc.value.value == 8 and "multiple of 16" in exc.value.expected
+
+
+# -------------------------------------------------------------------------- the rank's own current device
+class _RecordingCudaDevice:
+    """Stands in for ``torch.cuda.device`` on a CPU machine: records entered indices and the active one."""
+
+    entered: list[int] = []
+    active: list[int] = []
+
+    def __init__(self, index):
+        self.index = index
+
+    def __enter__(self):
+        type(self).entered.append(self.index)
+        type(self).active.append(self.index)
+        return self
+
+    def __exit__(self, *exc):
+        type(self).active.pop()
+        return False
+
+
+@pytest.fixture
+def cuda_device_recorder(monkeypatch):
+    _RecordingCudaDevice.entered = []
+    _RecordingCudaDevice.active = []
+    monkeypatch.setattr(torch.cuda, "device", _RecordingCudaDevice)
+    return _RecordingCudaDevice
+
+
+def test_device_context_index_from_the_device_else_local_rank(cuda_device_recorder, monkeypatch):
+    from colo_fsm.adapters.megatron.parallel import device_context, rank_device_index
+
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert rank_device_index("cpu") is None and rank_device_index(torch.device("cuda", 1)) == 1
+    assert rank_device_index("cuda") == 3
+    with device_context("cpu"):
+        assert cuda_device_recorder.active == []  # a no-op on the CPU
+    with device_context("cuda"):
+        assert cuda_device_recorder.active == [3]
+    assert cuda_device_recorder.entered == [3]
+
+
+def test_engine_entry_points_run_on_the_ranks_own_device_from_any_thread(model, cuda_device_recorder):
+    """Rank 1's engine is called from a thread whose current device is cuda:0: every entry point (and the work
+    inside it) must run with cuda:1 current."""
+    import threading
+
+    from colo_fsm.adapters.megatron.cpu_loop import Generated
+
+    eng = MegatronEngine(model, TOK)
+    eng.bring_up()
+    eng.device = torch.device("cuda", 1)  # as on rank 1 of a 2-GPU run
+
+    class Backend:  # the one piece faked: records which device was current when the engine called it
+        seen: list[tuple[str, list[int]]] = []
+
+        def generate(self, prompts, **kw):
+            self.seen.append(("generate", list(cuda_device_recorder.active)))
+            return [Generated(tuple(p), (1,), (0.0,), "length") for p in prompts]
+
+        def suspend(self):
+            self.seen.append(("suspend", list(cuda_device_recorder.active)))
+            return 0.0
+
+        def resume(self):
+            self.seen.append(("resume", list(cuda_device_recorder.active)))
+            return 0.0
+
+        def shutdown(self):
+            self.seen.append(("shutdown", list(cuda_device_recorder.active)))
+
+    eng._backend = Backend()
+
+    def calls():
+        eng.generate_ids([[1, 2]], max_tokens=1)
+        eng.generate(["12>"], max_tokens=1)
+        eng.suspend()
+        eng.resume()
+        eng.shutdown()
+
+    t = threading.Thread(target=calls)
+    t.start()
+    t.join()
+    assert [name for name, _ in Backend.seen] == ["generate", "generate", "suspend", "resume", "shutdown"]
+    assert all(active and set(active) == {1} for _, active in Backend.seen), Backend.seen
+    assert cuda_device_recorder.active == []
+
+
+def test_trainer_entry_points_run_on_the_ranks_own_device(model, cuda_device_recorder):
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout
+
+    tr = MegatronTrainer(model, pad_id=TOK.pad)
+    tr.device = torch.device("cuda", 1)
+    seen: list[list[int]] = []
+
+    class Stop(Exception):
+        pass
+
+    def enter_training_mode():  # the first thing train_step does; stop there (no CUDA on this machine)
+        seen.append(list(cuda_device_recorder.active))
+        raise Stop
+
+    tr.enter_training_mode = enter_training_mode
+    with pytest.raises(Stop):
+        tr.train_step([Rollout((1, 2), (3,), 1.0, 0)])
+    tr.offload_buffers()
+    tr.restore_buffers()
+    assert seen == [[1]] and cuda_device_recorder.entered == [1, 1, 1]
+
+
+def test_dual_mode_build_registers_the_export_types(dist1, monkeypatch):  # noqa: F811
+    from colo_fsm.adapters.megatron import bridge
+    from colo_fsm.adapters.megatron.model import ModelConfig, build_model
+
+    calls = []
+    monkeypatch.setattr(bridge, "register_inference_linear_types", lambda: calls.append(1) or {})
+    try:
+        build_model(ModelConfig(vocab_size=TOK.vocab_size, transformer_impl="inference_optimized"))
+    except ConfigError as exc:  # no Transformer Engine here: the build stops after registering
+        assert exc.field == "transformer_impl"
+    assert calls == [1]
+    calls.clear()
+    build_model(ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, max_sequence_length=16))
+    assert calls == []  # a plain local model does not touch megatron-bridge

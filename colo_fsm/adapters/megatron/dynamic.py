@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from colo_fsm.adapters.megatron.cpu_loop import Generated
+from colo_fsm.adapters.megatron.parallel import on_own_device
 from colo_fsm.errors import ConfigError
 from colo_fsm.log import get_logger
 
@@ -82,6 +83,7 @@ class DynamicBackend:
         from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
 
         check_head_dim(model.config)
+        self.device = next(model.parameters()).device  # entry points run with this rank's GPU current
         self.tokenizer = tokenizer
         self.inference_config = InferenceConfig(
             block_size_tokens=block_size_tokens,
@@ -98,6 +100,7 @@ class DynamicBackend:
         self.engine = self.llm.engine
         self.timings: list[tuple[str, float]] = []
 
+    @on_own_device
     def generate(
         self, prompts: Sequence[Sequence[int]], *, max_tokens: int, temperature: float, seed: int | None
     ) -> list[Generated]:
@@ -131,6 +134,7 @@ class DynamicBackend:
             out.append(Generated(tuple(int(x) for x in p), tuple(toks), tuple(lps), finish))
         return out
 
+    @on_own_device
     def suspend(self) -> float:
         """Suspend the engine (KV per mode, ``InferenceMode`` cleared); returns seconds taken."""
         t = time.perf_counter()
@@ -139,6 +143,7 @@ class DynamicBackend:
         self.timings.append(("suspend", dt))
         return dt
 
+    @on_own_device
     def resume(self) -> float:
         """Resume the engine (KV restored per mode, ``InferenceMode`` set); returns seconds taken."""
         t = time.perf_counter()
@@ -147,6 +152,7 @@ class DynamicBackend:
         self.timings.append(("resume", dt))
         return dt
 
+    @on_own_device
     def shutdown(self) -> None:
         """Drop the engine and free its buffers."""
         self.engine.suspend()

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from colo_fsm.adapters.megatron.cpu_loop import Generated, generate_tokens
+from colo_fsm.adapters.megatron.parallel import on_own_device
 from colo_fsm.adapters.protocols import Completion
 from colo_fsm.errors import ConfigError, EngineRebuild, LifecycleError
 from colo_fsm.guards.parallelism import check_parallelism
@@ -166,6 +167,8 @@ class MegatronEngine:
     """Colocated generation on the training model object (``GenerationEngine`` and ``TextGenerator``).
 
     ``weight_version`` (a callable, e.g. ``lambda: lifecycle.weight_version``) stamps every completion.
+    Every entry point runs with this rank's GPU (the model's device, else ``LOCAL_RANK``) as the current
+    CUDA device, whatever thread calls it (see :func:`~colo_fsm.adapters.megatron.parallel.device_context`).
     """
 
     reads_weights_in_place = True
@@ -188,6 +191,7 @@ class MegatronEngine:
         self.training_config = training_config if training_config is not None else getattr(model, "config", None)
         # A colocated engine inherits the training model's parallelism: refuse a generation setting it can't use.
         self.parallelism = check_parallelism(self.training_config, self.config)
+        self.device = next(model.parameters()).device  # this rank's GPU (or the CPU): entry points run on it
         self.max_sequence_length = int(max_sequence_length or getattr(model, "max_sequence_length", 0) or 0)
         if self.max_sequence_length < 2:
             raise ConfigError("max_sequence_length", max_sequence_length, "an integer >= 2 (or a model with one)")
@@ -219,6 +223,7 @@ class MegatronEngine:
             return "dynamic", why
         return "cpu", why if not ok else "model is on the CPU"
 
+    @on_own_device
     def bring_up(self) -> None:
         """Build the engine once and leave it awake (``InferenceMode`` set)."""
         if self.built:
@@ -250,6 +255,7 @@ class MegatronEngine:
             note,
         )
 
+    @on_own_device
     def suspend(self) -> None:
         """Stop decoding: waits for an in-flight generate, then suspends (KV per mode; ``InferenceMode`` cleared)."""
         self._require_built("suspend")
@@ -260,6 +266,7 @@ class MegatronEngine:
             self.awake = False
             self.timings.append(("suspend", dt))
 
+    @on_own_device
     def resume(self) -> None:
         """Resume decoding (KV restored per mode; model in eval mode; ``InferenceMode`` set)."""
         self._require_built("resume")
@@ -271,6 +278,7 @@ class MegatronEngine:
             self.awake = True
             self.timings.append(("resume", dt))
 
+    @on_own_device
     def shutdown(self) -> None:
         """Tear the engine down (only on the way to Stopped)."""
         with self._lock:
@@ -293,6 +301,7 @@ class MegatronEngine:
         if not self.built or self.torn_down:
             raise LifecycleError(f"engine {what} before bring_up or after shutdown")
 
+    @on_own_device
     def generate_ids(
         self, prompts: Sequence[Sequence[int]], *, max_tokens: int, temperature: float = 0.0, seed: int | None = None
     ) -> list[TokenCompletion]:

@@ -174,6 +174,8 @@ def build_model(cfg: ModelConfig) -> Any:
             cfg.tensor_model_parallel_size,
             f"the initialized TP size {ps.get_tensor_model_parallel_world_size()}",
         )
+    if cfg.transformer_impl == "inference_optimized":
+        _register_export_types()
     # The same seed on every rank: with CPU initialization megatron-core draws each full weight and keeps
     # this TP rank's slice, so all ranks must draw the same numbers; DP replicas start identical.
     torch.manual_seed(cfg.seed)
@@ -206,6 +208,17 @@ def build_model(cfg: ModelConfig) -> Any:
         cfg.device,
     )
     return model
+
+
+def _register_export_types() -> None:
+    """A dual-mode model exports to HF only once megatron-bridge knows its inference linear types: register
+    them (a log line says why not when megatron-bridge is absent; a failure there never stops the build)."""
+    from colo_fsm.adapters.megatron import bridge
+
+    try:
+        bridge.register_inference_linear_types()
+    except Exception as exc:  # an export-side registry must not break training or generation
+        log.warning("could not register the inference linear types with megatron-bridge: %s", exc)
 
 
 def check_trainable(config: Any, *, allow_inference_optimized_training: bool) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, Concatenate
 
 from colo_fsm.errors import ConfigError
 from colo_fsm.log import get_logger
@@ -122,6 +126,43 @@ def init_distributed(
     return setup
 
 
+def rank_device_index(device: Any) -> int | None:
+    """The CUDA device index this rank owns for ``device`` (a ``torch.device`` or string): its own index,
+    else ``LOCAL_RANK`` for a bare ``"cuda"``; None for a non-CUDA device."""
+    import torch
+
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    if dev.type != "cuda":
+        return None
+    return dev.index if dev.index is not None else _env_int("LOCAL_RANK", 0)
+
+
+def device_context(device: Any) -> contextlib.AbstractContextManager[Any]:
+    """``torch.cuda.device(<this rank's index>)`` for a CUDA ``device``; a no-op context on the CPU.
+
+    The adapters' entry points are called from threads that never called ``torch.cuda.set_device`` (the
+    collector's pool, the AsyncLifecycle worker, the HTTP server's threads): the current device there is
+    cuda:0, so on rank >= 1 kernels, allocations and ``torch.cuda.*`` calls would land on the wrong GPU.
+    """
+    index = rank_device_index(device)
+    if index is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.device(index)
+
+
+def on_own_device[**P, R](method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
+    """Decorate a method of an object with a ``device`` attribute: it runs under :func:`device_context`."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with device_context(self.device):
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 def shutdown_distributed() -> None:
     """Destroy megatron-core's groups and the default process group (if initialized)."""
     import torch.distributed as dist
@@ -133,4 +174,12 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["DistributedSetup", "free_port", "init_distributed", "shutdown_distributed"]
+__all__ = [
+    "DistributedSetup",
+    "device_context",
+    "free_port",
+    "init_distributed",
+    "on_own_device",
+    "rank_device_index",
+    "shutdown_distributed",
+]

@@ -25,6 +25,7 @@ import torch
 from colo_fsm.adapters.megatron.checkpoint import FORMATS, CheckpointInfo, load_checkpoint, save_checkpoint
 from colo_fsm.adapters.megatron.cpu_loop import forward_logits
 from colo_fsm.adapters.megatron.model import check_trainable
+from colo_fsm.adapters.megatron.parallel import on_own_device
 from colo_fsm.adapters.protocols import StepResult
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.log import get_logger
@@ -107,7 +108,11 @@ def group_advantages(rollouts: Sequence[Rollout], eps: float = 1e-6) -> list[flo
 
 
 class MegatronTrainer:
-    """GRPO-style trainer on the shared megatron-core model (the ``Trainer`` protocol)."""
+    """GRPO-style trainer on the shared megatron-core model (the ``Trainer`` protocol).
+
+    Every entry point runs with this rank's GPU (the model's device, else ``LOCAL_RANK``) as the current CUDA
+    device, whatever thread calls it (see :func:`~colo_fsm.adapters.megatron.parallel.device_context`).
+    """
 
     def __init__(
         self, model: Any, config: TrainerConfig | None = None, *, pad_id: int = 0, data_parallel_group: Any = None
@@ -153,6 +158,7 @@ class MegatronTrainer:
         dist.all_reduce(t, group=group)
         return (t / n).tolist()
 
+    @on_own_device
     def enter_training_mode(self) -> None:
         """Clear megatron-core's ``InferenceMode`` and put the model in train mode (before any training forward)."""
         from megatron.core.inference.utils import InferenceMode
@@ -233,6 +239,7 @@ class MegatronTrainer:
         return total
 
     # ------------------------------------------------------------------ Trainer protocol
+    @on_own_device
     def train_step(self, batch: Sequence[Rollout]) -> StepResult:
         """One AdamW step on the GRPO loss of ``batch`` (a sequence of :class:`Rollout`)."""
         if self.offloaded:
@@ -282,6 +289,7 @@ class MegatronTrainer:
         }
         return StepResult(metrics=metrics, consumed_samples=len(rollouts))
 
+    @on_own_device
     def offload_buffers(self) -> None:
         """Free gradients; with ``offload_optimizer_state`` on CUDA, move AdamW state to pinned host memory."""
         for p in self.model.parameters():
@@ -294,6 +302,7 @@ class MegatronTrainer:
             torch.cuda.empty_cache()
         self.offloaded = True
 
+    @on_own_device
     def restore_buffers(self) -> None:
         """Bring optimizer state back to the device (gradients are re-created by the next backward)."""
         if self.config.offload_optimizer_state and self.device.type == "cuda":
@@ -303,6 +312,7 @@ class MegatronTrainer:
                         st[k] = v.to(self.device, non_blocking=True)
         self.offloaded = False
 
+    @on_own_device
     def save_checkpoint(self, step: int, weight_version: int, extra_state: Mapping[str, Any]) -> None:
         """Save model, optimizer and ``extra_state`` atomically under ``config.checkpoint_dir``."""
         if not self.config.checkpoint_dir:
@@ -324,6 +334,7 @@ class MegatronTrainer:
             if restore:
                 self.offload_buffers()
 
+    @on_own_device
     def load_checkpoint(self, path: str | Path | None = None) -> CheckpointInfo:
         """Load the latest checkpoint under ``config.checkpoint_dir`` (or ``path``) into model and optimizer."""
         target = path or self.config.checkpoint_dir
