@@ -1,4 +1,4 @@
-"""Ray actors: per-rank rollout workers and the collector, with control calls in their own concurrency group.
+"""Ray actors: per-rank colocated workers and the collector, with control calls in their own concurrency group.
 
 A Ray asyncio actor runs at most ``max_concurrency`` calls at once (1000 by default); calls beyond that
 queue in arrival order. If lifecycle control calls (pause, resume, suspend, shutdown) shared that queue
@@ -8,26 +8,36 @@ loop, so it runs at once however many rollout calls are queued. Actors built wit
 ``separate_control_group=False`` (to measure the difference, or to mimic an actor that cannot have groups)
 keep everything in one queue; for those, size the collector's :class:`~colo_fsm.guards.capacity.InFlightCap`
 with ``control_headroom`` so that rollouts never fill the actor.
+
+A worker is colocated: its ``adapters_factory`` builds the engine *and* the trainer of its rank inside the
+actor, on the same model object, so training steps, buffer offload/restore and checkpoint saves run in the
+worker's own process, on the weights its engine generates from. Training calls are control calls too (a
+training step must never queue behind rollout calls), and the worker refuses them while its engine's gate
+is open or a rollout is in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import inspect
 import logging
+import os
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 
-from colo_fsm.adapters.protocols import Completion, GenerationEngine, TextGenerator
+from colo_fsm.adapters.protocols import Completion, GenerationEngine, StepResult, TextGenerator, Trainer
 from colo_fsm.collector.buffer import ReplayBuffer, TrajectoryGroup
 from colo_fsm.collector.collector import AsyncCollector, Prompt
-from colo_fsm.errors import ConfigError
+from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.guards.capacity import RAY_ASYNC_ACTOR_DEFAULT_MAX_CONCURRENCY, InFlightCap
-from colo_fsm.guards.drain import DeviceDrain
+from colo_fsm.guards.drain import DeviceDrain, local_rank_from_env
 from colo_fsm.server.server import GatedEngine
 
 log = logging.getLogger("colo_fsm.ray")
@@ -35,24 +45,130 @@ log = logging.getLogger("colo_fsm.ray")
 CONTROL_GROUP = "control"
 """Name of the concurrency group lifecycle control calls run in."""
 
-WORKER_CONTROL_METHODS = ("bring_up", "suspend", "resume", "shutdown", "drain", "health", "server_base_urls", "ping")
+WORKER_TRAINER_METHODS = ("train_step", "offload_buffers", "restore_buffers", "save_checkpoint")
+"""Worker methods that run the rank's trainer (control group: a training step never queues behind rollouts)."""
+
+WORKER_CONTROL_METHODS = (
+    "bring_up",
+    "suspend",
+    "resume",
+    "shutdown",
+    "drain",
+    *WORKER_TRAINER_METHODS,
+    "info",
+    "control_log",
+    "health",
+    "server_base_urls",
+    "ping",
+)
+"""Every worker method that runs in the ``"control"`` concurrency group (all but ``generate``)."""
+
 COLLECTOR_CONTROL_METHODS = ("pause", "resume", "stats", "close", "state_dict", "load_state_dict", "ping")
 
-WorkerFactory = Callable[[int], tuple[GenerationEngine, TextGenerator]]
-"""``rank -> (engine, generator)``, called inside the worker actor (so the engine is built where it runs)."""
+
+@dataclass(frozen=True)
+class WorkerAdapters:
+    """What a worker's ``adapters_factory`` returns: the rank's engine and trainer, built on one model object.
+
+    ``generator`` (the ``TextGenerator`` rollouts and the HTTP server call) defaults to the engine itself when
+    the engine has ``generate()`` (as :class:`~colo_fsm.adapters.megatron.MegatronEngine` does).
+    ``trainer`` may be None for a generation-only worker; the trainer proxy then refuses it.
+    """
+
+    engine: GenerationEngine
+    trainer: Trainer | None = None
+    generator: TextGenerator | None = None
 
 
-class RolloutWorkerBody:
-    """What a per-rank worker actor does: owns one colocated engine (behind a suspend gate) on its rank.
+WorkerFactory = Callable[[int], WorkerAdapters | tuple[GenerationEngine, TextGenerator]]
+"""``rank -> WorkerAdapters`` (or, generation only, ``rank -> (engine, generator)``), called inside the worker
+actor, so the model, engine and trainer are built in the process (and on the device) where they run."""
 
-    ``generate`` is the rollout path (default concurrency group). The control methods suspend/resume the
-    engine through the gate (in-flight rollouts finish first), drain the rank's own device, and report health.
+
+class ColocatedFactory:
+    """A picklable ``adapters_factory`` that builds one model and puts engine and trainer on that same object.
+
+    ``build_model(rank)`` runs first, inside the worker; then ``make_engine(model, rank)`` and
+    ``make_trainer(model, rank)`` (and ``make_generator(engine, rank)`` when the engine does not generate
+    text itself). All four must be picklable (module-level functions or instances of module-level classes).
     """
 
     def __init__(
         self,
+        build_model: Callable[[int], Any],
+        make_engine: Callable[[Any, int], GenerationEngine],
+        make_trainer: Callable[[Any, int], Trainer],
+        make_generator: Callable[[GenerationEngine, int], TextGenerator] | None = None,
+    ) -> None:
+        for name, fn in (("build_model", build_model), ("make_engine", make_engine), ("make_trainer", make_trainer)):
+            if not callable(fn):
+                raise ConfigError(name, fn, "a callable")
+        if make_generator is not None and not callable(make_generator):
+            raise ConfigError("make_generator", make_generator, "a callable (engine, rank) -> TextGenerator, or None")
+        self.build_model = build_model
+        self.make_engine = make_engine
+        self.make_trainer = make_trainer
+        self.make_generator = make_generator
+
+    def __call__(self, rank: int) -> WorkerAdapters:
+        """Build the rank's model, then its engine and trainer on that model."""
+        model = self.build_model(rank)
+        engine = self.make_engine(model, rank)
+        trainer = self.make_trainer(model, rank)
+        generator = self.make_generator(engine, rank) if self.make_generator is not None else None
+        return WorkerAdapters(engine, trainer, generator)
+
+
+def _resolve_adapters(built: Any) -> WorkerAdapters:
+    """Normalize a factory's result (``WorkerAdapters`` or a legacy ``(engine, generator)`` pair) and check it."""
+    if isinstance(built, tuple) and len(built) == 2:
+        built = WorkerAdapters(built[0], None, built[1])
+    if not isinstance(built, WorkerAdapters):
+        raise ConfigError(
+            "adapters_factory", type(built).__name__, "a callable returning WorkerAdapters or (engine, generator)"
+        )
+    generator = built.generator
+    if generator is None:
+        if not callable(getattr(built.engine, "generate", None)):
+            raise ConfigError(
+                "adapters_factory",
+                type(built.engine).__name__,
+                "WorkerAdapters with a generator, or an engine that has generate()",
+            )
+        generator = built.engine  # type: ignore[assignment]
+    trainer = built.trainer
+    if trainer is not None:
+        missing = [m for m in WORKER_TRAINER_METHODS if not callable(getattr(trainer, m, None))]
+        if missing:
+            raise ConfigError("trainer", type(trainer).__name__, f"a Trainer (missing {', '.join(missing)})")
+        engine_model, trainer_model = getattr(built.engine, "model", None), getattr(trainer, "model", None)
+        if engine_model is not None and trainer_model is not None and engine_model is not trainer_model:
+            raise ConfigError(
+                "adapters_factory",
+                f"{type(built.engine).__name__}.model is not {type(trainer).__name__}.model",
+                "engine and trainer built on the same model object (colocated)",
+            )
+    return WorkerAdapters(built.engine, trainer, generator)
+
+
+class RolloutWorkerBody:
+    """What a per-rank worker actor does: owns the rank's colocated engine (behind a suspend gate) and trainer.
+
+    ``generate`` is the rollout path (default concurrency group). The control methods suspend/resume the
+    engine through the gate (in-flight rollouts finish first), drain the rank's own device, run the rank's
+    trainer (``train_step``, ``offload_buffers``, ``restore_buffers``, ``save_checkpoint``; one at a time, and
+    only while the gate is closed with no rollout in flight), and report info, health and a log of control
+    calls. ``adapters_factory(rank)`` is called here, inside the actor; ``local_rank`` defaults to
+    ``LOCAL_RANK`` (a malformed value raises :class:`~colo_fsm.errors.ConfigError`).
+    """
+
+    LOG_LIMIT = 4096
+    """How many control calls :meth:`control_log` remembers."""
+
+    def __init__(
+        self,
         rank: int,
-        factory: WorkerFactory,
+        adapters_factory: WorkerFactory,
         *,
         serve: bool = False,
         request_timeout_s: float = 300.0,
@@ -63,10 +179,20 @@ class RolloutWorkerBody:
     ) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise ConfigError("rank", rank, "a non-negative integer")
-        engine, generator = factory(rank)
+        if not callable(adapters_factory):
+            raise ConfigError("adapters_factory", adapters_factory, "a callable rank -> WorkerAdapters")
+        self._drain = DeviceDrain(local_rank if local_rank is not None else local_rank_from_env())
+        adapters = _resolve_adapters(adapters_factory(rank))
+        generator = adapters.generator
+        assert generator is not None  # _resolve_adapters fills it in
         self.rank = rank
+        self.trainer = adapters.trainer
+        self._train_lock = threading.Lock()  # one trainer call at a time on this rank
+        self._log: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.LOG_LIMIT)
+        self._train_steps = 0
+        self._saves = 0
         self.gated = GatedEngine(
-            engine,
+            adapters.engine,
             generator,
             serve=serve,
             request_timeout_s=request_timeout_s,
@@ -77,10 +203,10 @@ class RolloutWorkerBody:
         if not inspect.iscoroutinefunction(self._agenerate):
             self._agenerate = None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"rank{rank}-gen")
-        self._drain = DeviceDrain(local_rank if local_rank is not None else rank_local(rank))
         self._active = 0
         self._max_active = 0
         self._calls = 0
+        self._completed = 0
 
     # ------------------------------------------------------------------ rollout path
     async def generate(
@@ -88,62 +214,144 @@ class RolloutWorkerBody:
     ) -> list[Completion]:
         """Generate one completion per prompt on this rank (waits while the engine is suspended)."""
         self._calls += 1
-        async with self.gated.gate.admit_async(self.gated.request_timeout_s):
-            self._active += 1
-            self._max_active = max(self._max_active, self._active)
-            try:
-                if self._agenerate is not None:
+        try:
+            async with self.gated.gate.admit_async(self.gated.request_timeout_s):
+                self._active += 1
+                self._max_active = max(self._max_active, self._active)
+                try:
+                    if self._agenerate is not None:
+                        return list(
+                            await self._agenerate(
+                                list(prompts), max_tokens=max_tokens, temperature=temperature, seed=seed
+                            )
+                        )
+                    loop = asyncio.get_running_loop()
+                    gen = self.gated.generator
                     return list(
-                        await self._agenerate(list(prompts), max_tokens=max_tokens, temperature=temperature, seed=seed)
+                        await loop.run_in_executor(
+                            self._pool,
+                            lambda: gen.generate(
+                                list(prompts), max_tokens=max_tokens, temperature=temperature, seed=seed
+                            ),
+                        )
                     )
-                loop = asyncio.get_running_loop()
-                gen = self.gated.generator
-                return list(
-                    await loop.run_in_executor(
-                        self._pool,
-                        lambda: gen.generate(list(prompts), max_tokens=max_tokens, temperature=temperature, seed=seed),
-                    )
-                )
-            finally:
-                self._active -= 1
+                finally:
+                    self._active -= 1
+        finally:
+            self._completed += 1
 
     # ------------------------------------------------------------------ control (own concurrency group)
+    async def _logged(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` in a thread and record the call (wall-clock start and end) in the control log."""
+        entry: dict[str, Any] = {"call": name, "start": time.time(), "end": None, "ok": False}
+        self._log.append(entry)
+        try:
+            result = await asyncio.to_thread(fn, *args)
+            entry["ok"] = True
+            return result
+        finally:
+            entry["end"] = time.time()
+
     async def bring_up(self) -> list[str]:
         """Build the engine (and its server, once); returns this rank's base URLs."""
-        await asyncio.to_thread(self.gated.bring_up)
+        await self._logged("bring_up", self.gated.bring_up)
         return list(self.gated.server_base_urls())
 
     async def suspend(self) -> float:
         """Close the gate, let in-flight rollouts finish, suspend the engine; returns seconds taken."""
         t0 = time.monotonic()
-        await asyncio.to_thread(self.gated.suspend)
+        await self._logged("suspend", self.gated.suspend)
         return time.monotonic() - t0
 
     async def resume(self) -> None:
-        """Resume the engine, then open the gate."""
-        await asyncio.to_thread(self.gated.resume)
+        """Resume the engine, then open the gate (after any running trainer call on this rank has returned)."""
+        await self._logged("resume", self._resume)
+
+    def _resume(self) -> None:
+        with self._train_lock:
+            self.gated.resume()
 
     async def shutdown(self) -> None:
         """Tear the engine (and server) down."""
-        await asyncio.to_thread(self.gated.shutdown)
+        await self._logged("shutdown", self.gated.shutdown)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def drain(self) -> int:
         """Synchronize this rank's own device (by LOCAL_RANK, never the thread's current device)."""
-        return await asyncio.to_thread(self._drain)
+        return int(await self._logged("drain", self._drain))
+
+    # ------------------------------------------------------------------ trainer (control group too)
+    def _trainer_call(self, name: str, *args: Any) -> Any:
+        """Run one trainer method in this process, refusing while the engine could be generating."""
+        if self.trainer is None:
+            raise ConfigError(
+                "trainer", None, f"a trainer on worker rank {self.rank} (WorkerAdapters.trainer from adapters_factory)"
+            )
+        with self._train_lock:
+            gate = self.gated.gate
+            if gate.is_open or gate.in_flight:
+                raise LifecycleError(
+                    f"{name} on worker rank {self.rank} while its engine is not suspended (gate "
+                    f"{'open' if gate.is_open else 'closed'}, {gate.in_flight} rollout(s) in flight): decode and "
+                    "training must never overlap on a rank",
+                    rank=self.rank,
+                )
+            return getattr(self.trainer, name)(*args)
+
+    async def train_step(self, batch: Any) -> StepResult:
+        """Run this rank's training step on ``batch`` (its shard); returns the trainer's ``StepResult``."""
+        result = await self._logged("train_step", self._trainer_call, "train_step", batch)
+        self._train_steps += 1
+        return result if isinstance(result, StepResult) else StepResult()
+
+    async def offload_buffers(self) -> None:
+        """Free this rank's training-only memory (before the engine resumes)."""
+        await self._logged("offload_buffers", self._trainer_call, "offload_buffers")
+
+    async def restore_buffers(self) -> None:
+        """Bring this rank's training-only memory back (before its training step)."""
+        await self._logged("restore_buffers", self._trainer_call, "restore_buffers")
+
+    async def save_checkpoint(self, step: int, weight_version: int, extra_state: Mapping[str, Any]) -> None:
+        """Write this rank's part of the checkpoint (the trainer runs the checkpoint collectives)."""
+        await self._logged(
+            "save_checkpoint", self._trainer_call, "save_checkpoint", step, weight_version, dict(extra_state)
+        )
+        self._saves += 1
+
+    # ------------------------------------------------------------------ introspection (control group)
+    async def info(self) -> dict[str, Any]:
+        """Rank, local rank, process id, ``reads_weights_in_place`` of the engine, and whether it has a trainer."""
+        return {
+            "rank": self.rank,
+            "local_rank": self._drain.local_rank,
+            "pid": os.getpid(),
+            "engine": type(self.gated.inner).__name__,
+            "reads_weights_in_place": bool(getattr(self.gated.inner, "reads_weights_in_place", False)),
+            "trainer": type(self.trainer).__name__ if self.trainer is not None else None,
+        }
+
+    async def control_log(self) -> list[dict[str, Any]]:
+        """The last :attr:`LOG_LIMIT` lifecycle calls on this worker, in order: ``{"call", "start", "end", "ok"}``
+        (``time.time()`` seconds; ``end`` is None while running)."""
+        return [dict(e) for e in self._log]
 
     async def server_base_urls(self) -> list[str]:
         """This rank's server base URLs."""
         return list(self.gated.server_base_urls())
 
     async def health(self) -> dict[str, Any]:
-        """Rank, gate state, rollouts running now (and the most at once), calls received."""
+        """Rank, gate state, rollouts running now (and the most at once), ``generate`` calls received and
+        returned (``completed``, successful or not), trainer steps and saves, and the gate's counters."""
         return {
             "rank": self.rank,
             "gate": self.gated.gate.state(),
             "active": self._active,
             "max_active": self._max_active,
             "calls": self._calls,
+            "completed": self._completed,
+            "train_steps": self._train_steps,
+            "saves": self._saves,
             **self.gated.gate.counters(),
         }
 
@@ -152,12 +360,13 @@ class RolloutWorkerBody:
         return time.time()
 
 
-def rank_local(rank: int) -> int:
-    """The local rank of a worker: ``LOCAL_RANK`` in its environment when set, else 0 (one device per actor)."""
-    import os
+def rank_local(rank: int | None = None) -> int:
+    """The local rank of a worker: ``LOCAL_RANK`` in its environment when set, else 0 (one device per actor).
 
-    raw = os.environ.get("LOCAL_RANK")
-    return int(raw) if raw and raw.isdigit() else 0
+    A malformed ``LOCAL_RANK`` raises :class:`~colo_fsm.errors.ConfigError` (it would otherwise drain the
+    wrong device). ``rank`` is ignored (kept for compatibility).
+    """
+    return local_rank_from_env()
 
 
 class CollectorBody:
@@ -268,10 +477,11 @@ def make_worker_class(
     control_concurrency: int = 8,
     max_concurrency: int = RAY_ASYNC_ACTOR_DEFAULT_MAX_CONCURRENCY,
 ) -> Any:
-    """The Ray actor class of a rollout worker (``.remote(rank, factory, ...)`` creates one).
+    """The Ray actor class of a colocated worker (``.remote(rank, adapters_factory, ...)`` creates one).
 
-    Control methods go to their own ``"control"`` group (``control_concurrency`` slots) unless
-    ``separate_control_group=False``; ``generate`` runs in the default group (``max_concurrency`` slots).
+    Control methods (:data:`WORKER_CONTROL_METHODS`, training calls included) go to their own ``"control"``
+    group (``control_concurrency`` slots) unless ``separate_control_group=False``; ``generate`` runs in the
+    default group (``max_concurrency`` slots).
     """
     name = "RolloutWorker" if separate_control_group else "RolloutWorkerOneQueue"
     return _actor_class(
@@ -300,7 +510,7 @@ def make_collector_class(
 
 
 RolloutWorker = make_worker_class()
-"""Rollout worker actor class with control calls in their own concurrency group."""
+"""Colocated worker actor class (engine + trainer of one rank) with control calls in their own concurrency group."""
 
 CollectorActor = make_collector_class()
 """Collector actor class with control calls in their own concurrency group."""
@@ -310,10 +520,13 @@ __all__ = [
     "COLLECTOR_CONTROL_METHODS",
     "CONTROL_GROUP",
     "WORKER_CONTROL_METHODS",
+    "WORKER_TRAINER_METHODS",
     "CollectorActor",
     "CollectorBody",
+    "ColocatedFactory",
     "RolloutWorker",
     "RolloutWorkerBody",
+    "WorkerAdapters",
     "WorkerFactory",
     "make_collector_class",
     "make_worker_class",

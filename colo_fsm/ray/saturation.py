@@ -2,7 +2,8 @@
 
 Used by ``bench/ray_control_latency.py`` and the Ray tests: submit more rollout calls than the actor runs at
 once (so some queue), then issue control calls at a fixed interval without waiting for earlier ones, and
-time each from submission to completion.
+time each from submission to completion. :func:`measure_training_step` does the same for the training calls
+of a step (issued while the engine is suspended and more than ``max_concurrency`` rollout calls wait for it).
 """
 
 from __future__ import annotations
@@ -138,6 +139,9 @@ class SuspendResult:
     waiting_at_gate: int
     rollouts_ok: int
     rollouts_failed: int
+    completed_at_suspend: int = 0
+    """Rollout calls that had returned when the engine was suspended (at most ``max_concurrency`` when the
+    suspend did not queue behind the rollouts submitted before it)."""
 
 
 def measure_suspend(
@@ -156,7 +160,7 @@ def measure_suspend(
     remaining hold); queued rollouts wait at the gate and run after ``resume``. In one shared queue, the
     suspend call itself first waits for a free slot behind the queued rollouts.
     """
-    ray.get(worker.ping.remote())
+    completed_before = ray.get(worker.health.remote())["completed"]
     rollouts = [worker.generate.remote([f"s{i}"], 4, 0.0, None) for i in range(rollout_calls)]
     time.sleep(settle_s)
     t0 = time.monotonic()
@@ -165,14 +169,102 @@ def measure_suspend(
     health = ray.get(worker.health.remote(), timeout=timeout_s)
     time.sleep(suspended_for_s)
     ray.get(worker.resume.remote(), timeout=timeout_s)
+    ok, failed = _outcomes(rollouts, timeout_s)
+    return SuspendResult(
+        label,
+        rollout_calls,
+        hold_s,
+        suspend_s,
+        health["active"],
+        health["waiting"],
+        ok,
+        failed,
+        completed_at_suspend=health["completed"] - completed_before,
+    )
+
+
+def _outcomes(rollouts: list[Any], timeout_s: float) -> tuple[int, int]:
     ok = failed = 0
     for ref in rollouts:
         try:
             ray.get(ref, timeout=timeout_s)
             ok += 1
-        except Exception:  # a rollout that ran while suspended raises in HoldingGenerator
+        except Exception:  # a rollout that ran while suspended raises in HoldingGenerator; a gate timeout raises
             failed += 1
-    return SuspendResult(label, rollout_calls, hold_s, suspend_s, health["active"], health["waiting"], ok, failed)
+    return ok, failed
 
 
-__all__ = ["SaturationResult", "SuspendResult", "measure_control_latency", "measure_suspend"]
+@dataclass
+class TrainingResult:
+    """Latency of a step's training calls issued while rollout calls saturated a suspended worker."""
+
+    label: str
+    rollout_calls: int
+    latencies_s: dict[str, float] = field(default_factory=dict)
+    """Seconds from submission to completion of ``restore_buffers``, ``train_step``, ``offload_buffers``."""
+    parked_at_start: int = -1
+    """Rollout calls waiting at the closed gate when the training calls were issued (-1: not probed)."""
+    rollouts_ok: int = 0
+    rollouts_failed: int = 0
+
+    @property
+    def step_s(self) -> float:
+        """The three training calls together."""
+        return sum(self.latencies_s.values())
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able summary (milliseconds)."""
+        d = asdict(self)
+        d.pop("latencies_s")
+        d.update({f"{k}_ms": v * 1e3 for k, v in self.latencies_s.items()}, step_ms=self.step_s * 1e3)
+        return d
+
+
+def measure_training_step(
+    worker: Any,
+    batch: Any,
+    *,
+    label: str,
+    rollout_calls: int,
+    probe_parked: int | None = None,
+    settle_s: float = 0.3,
+    timeout_s: float = 60.0,
+) -> TrainingResult:
+    """Suspend ``worker``, submit ``rollout_calls`` ``generate`` calls (they wait at the closed gate, or in the
+    actor's queue once ``max_concurrency`` of them wait), time ``restore_buffers``, ``train_step(batch)`` and
+    ``offload_buffers`` one after the other, then resume and collect the rollouts.
+
+    With ``probe_parked`` (only for an actor whose control calls have their own group: the probe is one too),
+    wait until that many rollout calls wait at the gate before training; otherwise wait ``settle_s``. In a
+    single queue the training calls wait for slots held by rollouts that are themselves waiting for the
+    resume, so they complete only when those rollouts give up (the worker's ``request_timeout_s``).
+    """
+    ray.get(worker.suspend.remote(), timeout=timeout_s)
+    res = TrainingResult(label, rollout_calls)
+    rollouts = [worker.generate.remote([f"t{i}"], 4, 0.0, None) for i in range(rollout_calls)]
+    if probe_parked is not None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            res.parked_at_start = ray.get(worker.health.remote(), timeout=timeout_s)["waiting"]
+            if res.parked_at_start >= probe_parked:
+                break
+            time.sleep(0.05)
+    else:
+        time.sleep(settle_s)
+    for method, args in (("restore_buffers", ()), ("train_step", (batch,)), ("offload_buffers", ())):
+        t0 = time.monotonic()
+        ray.get(getattr(worker, method).remote(*args), timeout=timeout_s)
+        res.latencies_s[method] = time.monotonic() - t0
+    ray.get(worker.resume.remote(), timeout=timeout_s)
+    res.rollouts_ok, res.rollouts_failed = _outcomes(rollouts, timeout_s)
+    return res
+
+
+__all__ = [
+    "SaturationResult",
+    "SuspendResult",
+    "TrainingResult",
+    "measure_control_latency",
+    "measure_suspend",
+    "measure_training_step",
+]
