@@ -297,3 +297,59 @@ def test_single_controller_lifecycle_over_colocated_workers_and_collector(ray_se
         *handoff,
         "shutdown",
     ]
+
+
+class _Model:
+    pass
+
+
+class _ModelEngine:
+    reads_weights_in_place = True
+
+    def __init__(self, model: object) -> None:
+        self.model = model
+
+    def bring_up(self) -> None: ...
+    def suspend(self) -> None: ...
+    def resume(self) -> None: ...
+    def shutdown(self) -> None: ...
+    def server_base_urls(self) -> list[str]:
+        return []
+
+    def generate(self, prompts, *, max_tokens, temperature=0.0, seed=None):  # type: ignore[no-untyped-def]
+        return []
+
+
+class _ModelTrainer:
+    def __init__(self, model: object) -> None:
+        self.model = model
+
+    def train_step(self, batch: object) -> StepResult:
+        return StepResult()
+
+    def offload_buffers(self) -> None: ...
+    def restore_buffers(self) -> None: ...
+    def save_checkpoint(self, step: int, weight_version: int, extra_state: object) -> None: ...
+
+
+def test_worker_adapters_are_checked_in_process() -> None:
+    """The worker body (no Ray needed) builds engine and trainer through the factory and checks them."""
+    from colo_fsm.ray import ColocatedFactory, RolloutWorkerBody, WorkerAdapters
+
+    body = RolloutWorkerBody(0, ColocatedFactory(lambda r: _Model(), lambda m, r: _ModelEngine(m), _trainer_on))
+    assert body.trainer is not None and body.trainer.model is body.gated.inner.model  # one model object
+    assert body.gated.generator is body.gated.inner  # the engine generates text itself
+    with pytest.raises(ConfigError, match="same model object"):
+        RolloutWorkerBody(0, lambda r: WorkerAdapters(_ModelEngine(_Model()), _ModelTrainer(_Model())))
+    with pytest.raises(ConfigError, match="adapters_factory"):
+        RolloutWorkerBody(0, lambda r: _ModelEngine(_Model()))
+    with pytest.raises(ConfigError, match="trainer"):
+        RolloutWorkerBody(0, lambda r: WorkerAdapters(_ModelEngine(_Model()), object()))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="make_trainer"):
+        ColocatedFactory(_Model, _ModelEngine, None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="shard"):
+        RayTrainerProxy([object()], shard=None)  # type: ignore[arg-type]
+
+
+def _trainer_on(model: object, rank: int) -> _ModelTrainer:
+    return _ModelTrainer(model)
