@@ -291,10 +291,19 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             f"{len(trainer.saves)} checkpoint(s), {len(journal.calls)} adapter calls",
         )
 
+    def guarded(rank: int) -> None:
+        try:
+            run_rank(rank)
+        except Exception as exc:  # never let a rank die silently: report it and fail the command
+            outcomes.setdefault(rank, f"crashed: {type(exc).__name__}: {exc}")
+            unexpected.append(f"rank {rank}: {type(exc).__name__}: {exc}")
+            if shared is not None:
+                shared.abort()
+
     if args.ranks == 1:
-        run_rank(0)
+        guarded(0)
     else:
-        threads = [threading.Thread(target=run_rank, args=(r,), name=f"rank{r}") for r in range(args.ranks)]
+        threads = [threading.Thread(target=guarded, args=(r,), name=f"rank{r}") for r in range(args.ranks)]
         for th in threads:
             th.start()
         for th in threads:

@@ -505,3 +505,18 @@ def test_async_fine_grained_triggers():
     assert asyncio.run(main()) is State.STOPPED
     with pytest.raises(ConfigError, match="lifecycle"):
         AsyncLifecycle(5)
+
+
+def test_getattr_proxies_are_accepted_as_adapters():
+    """Runtime-checkable protocols use getattr_static in 3.12; proxies must still pass the argument check."""
+
+    class Proxy:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+    j, e, t, c, d = recording_adapters()
+    lc = Lifecycle(Proxy(e), Proxy(t), Proxy(c), drain=d, config=LifecycleConfig(num_steps=1))
+    assert run_all(lc) is State.STOPPED

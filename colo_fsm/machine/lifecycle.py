@@ -674,6 +674,16 @@ class Lifecycle:
         self.engine_condition = EngineCondition.TORN_DOWN
 
 
+_ENGINE_METHODS = ("bring_up", "suspend", "resume", "shutdown", "server_base_urls")
+_TRAINER_METHODS = ("train_step", "offload_buffers", "restore_buffers", "save_checkpoint")
+_COLLECTOR_METHODS = ("pause", "resume")
+
+
+def _has(obj: Any, methods: tuple[str, ...]) -> bool:
+    """Duck-typed protocol check that also accepts proxies resolving attributes in ``__getattr__``."""
+    return obj is not None and all(callable(getattr(obj, m, None)) for m in methods)
+
+
 def _check_arguments(
     engine: Any,
     trainer: Any,
@@ -688,42 +698,27 @@ def _check_arguments(
 ) -> None:
     """Refuse wrong kinds of arguments up front, before anything runs (each error names the argument)."""
     checks: list[tuple[str, Any, bool, str]] = [
-        (
-            "engine",
-            engine,
-            isinstance(engine, GenerationEngine),
-            "a GenerationEngine (bring_up, suspend, resume, shutdown, server_base_urls, reads_weights_in_place)",
-        ),
-        (
-            "trainer",
-            trainer,
-            isinstance(trainer, Trainer),
-            "a Trainer (train_step, offload_buffers, restore_buffers, save_checkpoint)",
-        ),
+        ("engine", engine, _has(engine, _ENGINE_METHODS), f"a GenerationEngine ({', '.join(_ENGINE_METHODS)})"),
+        ("trainer", trainer, _has(trainer, _TRAINER_METHODS), f"a Trainer ({', '.join(_TRAINER_METHODS)})"),
         (
             "collector",
             collector,
-            collector is None or isinstance(collector, Collector),
+            collector is None or _has(collector, _COLLECTOR_METHODS),
             "a Collector (pause, resume) or None",
         ),
         ("config", config, config is None or isinstance(config, LifecycleConfig), "a LifecycleConfig or None"),
         ("drain", drain, drain is None or callable(drain), "a callable that drains this rank's device, or None"),
-        (
-            "barrier",
-            barrier,
-            barrier is None or callable(getattr(barrier, "wait", None)),
-            "a Barrier (with wait()) or None",
-        ),
+        ("barrier", barrier, barrier is None or _has(barrier, ("wait",)), "a Barrier (with wait()) or None"),
         (
             "checkpoint",
             checkpoint,
-            checkpoint is None or callable(getattr(checkpoint, "decide", None)),
+            checkpoint is None or _has(checkpoint, ("decide",)),
             "a LatchedDecision (e.g. CheckpointDecision) or None",
         ),
         (
             "validation",
             validation,
-            validation is None or callable(getattr(validation, "decide", None)),
+            validation is None or _has(validation, ("decide",)),
             "a LatchedDecision (e.g. ValidationDecision) or None",
         ),
         ("spec", spec, isinstance(spec, LifecycleSpec), "a LifecycleSpec"),
