@@ -86,6 +86,12 @@ def test_short_demo_end_to_end_then_resume(tmp_path):
     assert all("elapsed_s" in m and "train/consumed_samples" in m for m in metrics)
     assert metrics[-1]["train/consumed_samples"] == 6 * 4 * 4
     assert "val/accuracy" in metrics[2] and "val/accuracy" in metrics[5]
+    assert all("val/accuracy" not in m for i, m in enumerate(metrics) if i not in (2, 5))
+    # time in each state per step, accumulated from the trace as it grows
+    assert all(m["time/Training_s"] > 0 and m["time/Draining_s"] > 0 for m in metrics), metrics
+    assert "time/Checkpointing_s" in metrics[5] and all("time/Checkpointing_s" not in m for m in metrics[:5])
+    assert "time/Validating_s" in metrics[2] and "time/Validating_s" not in metrics[3]
+    elapsed_before_save = metrics[4]["elapsed_s"]  # step 5: logged before step 6 saved the checkpoint
 
     # resume: continues at step 6 / weight version 6 with the saved buffer, runs to the end (8)
     p = _demo(
@@ -113,6 +119,9 @@ def test_short_demo_end_to_end_then_resume(tmp_path):
     assert result["consumed_samples"] == 8 * 4 * 4  # nothing lost, nothing counted twice
     metrics = _records(run / "metrics.jsonl")
     assert [m["step"] for m in metrics][-2:] == [7, 8]
+    # wall-clock continues from the checkpoint (elapsed_offset_s saved with it) instead of restarting at 0
+    assert metrics[-2]["elapsed_s"] > elapsed_before_save, (metrics[-2], elapsed_before_save)
+    assert metrics[-1]["time/Training_s"] > 0
     trace = _records(run / "trace.rank0.jsonl")
     assert trace[-1]["dest"] == "Stopped"
     resumed_start = [r for r in trace if r["trigger"] == "start"]
@@ -192,3 +201,46 @@ def test_progress_display_plain_lines_and_tty_rewrites():
     d.close()
     out = tty.getvalue()
     assert out.count("\r\x1b[2K") == 2 and "Draining" in out and out.endswith("\n")
+
+
+def test_progress_follows_every_transition_so_checkpointing_and_validating_show():
+    """The display subscribes to the lifecycle's trace: states inside a step (Checkpointing, Validating) show
+    up, throttled on a TTY (resting states always redraw) and in plain mode (line-based, at most one line per
+    interval)."""
+    import io
+
+    from colo_fsm import CheckpointDecision, Lifecycle, LifecycleConfig, ValidationDecision
+    from colo_fsm.demo.progress import ProgressDisplay, follow
+    from colo_fsm.testing.fakes import recording_adapters
+
+    def run(display):
+        _j, e, t, c, d = recording_adapters()
+        lc = Lifecycle(
+            e,
+            t,
+            c,
+            drain=d,
+            config=LifecycleConfig(num_steps=3),
+            checkpoint=CheckpointDecision(1),
+            validation=ValidationDecision(1),
+            validator=lambda step, wv: {"val/accuracy": 1.0},
+        )
+        follow(display, lc.trace, lc.spec)
+        lc.start()
+        while not lc.finished:
+            lc.step([1])
+        display.close()
+
+    tty = io.StringIO()
+    run(ProgressDisplay(3, stream=tty, tty=True, tty_interval_s=0.0))
+    shown = tty.getvalue()
+    for state in ("Starting", "Draining", "Training", "Checkpointing", "Validating", "Generating", "Done"):
+        assert state in shown, state
+    clock = iter(range(1000))  # one "second" per clock read: every plain line is past the interval
+    plain = io.StringIO()
+    run(ProgressDisplay(3, stream=plain, tty=False, plain_interval_s=1.0, clock=lambda: float(next(clock))))
+    out = plain.getvalue()
+    assert "\r" not in out and "Checkpointing" in out and "Validating" in out
+    slow = io.StringIO()  # a frozen clock: throttled to nothing but the first line
+    run(ProgressDisplay(3, stream=slow, tty=False, plain_interval_s=5.0, clock=lambda: 0.0))
+    assert len(slow.getvalue().splitlines()) == 1

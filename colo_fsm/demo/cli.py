@@ -122,6 +122,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_nonneg_int, default=d.seed)
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads per rank")
     p.add_argument("--no-tensorboard", action="store_false", dest="tensorboard", help="skip TensorBoard event files")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="also bring up an OpenAI-compatible HTTP server per rank on 127.0.0.1 (once, with the engine); "
+        "prints dp_openai_server_base_urls=[...] at start-up; requests are served while the engine is awake",
+    )
     p.add_argument("--stop-after", type=_positive_int, default=None, help=argparse.SUPPRESS)
 
 

@@ -40,6 +40,7 @@ class DemoConfig:
     threads: int | None = None
     tensorboard: bool = True
     sample_timeout_s: float = 120.0
+    serve: bool = False  # an OpenAI-compatible HTTP server per rank (127.0.0.1), up once with the engine
     stop_after: int | None = None  # stop early after this many steps of this run (tests; simulates an interruption)
 
     def __post_init__(self) -> None:
@@ -65,6 +66,9 @@ class DemoConfig:
         _int("seed", self.seed, 0)
         if self.threads is not None:
             _int("threads", self.threads, 1)
+        for name in ("resume", "tensorboard", "serve"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "True or False")
         if self.stop_after is not None:
             _int("stop_after", self.stop_after, 1)
         if self.hidden_size % self.num_attention_heads:

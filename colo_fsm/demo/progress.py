@@ -1,10 +1,19 @@
-"""The demo's live progress display: one rewritten status line on a TTY, plain lines otherwise."""
+"""The demo's live progress display: one rewritten status line on a TTY, plain lines otherwise.
+
+:func:`follow` subscribes a display to a lifecycle's trace, so the shown state changes on every transition
+(Draining, Training, Checkpointing, Validating, ...), not only after a whole step.
+"""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from colo_fsm.machine.trace import TraceRecord
+from colo_fsm.states.spec import LIFECYCLE, LifecycleSpec
 
 
 class ProgressDisplay:
@@ -12,60 +21,126 @@ class ProgressDisplay:
 
     On a TTY the status line is rewritten in place (``\\r``); otherwise a plain line is printed every
     ``every`` steps. Events (validation, checkpoint, start-up facts) always get their own line.
+    :meth:`transition` (called for every lifecycle transition, see :func:`follow`) refreshes the state shown,
+    throttled: on a TTY at most one redraw per ``tty_interval_s`` except on entering a resting state; in plain
+    mode at most one line per ``plain_interval_s``, so piped output stays a readable log.
     """
 
     def __init__(
-        self, total_steps: int, *, stream: TextIO | None = None, every: int = 10, tty: bool | None = None
+        self,
+        total_steps: int,
+        *,
+        stream: TextIO | None = None,
+        every: int = 10,
+        tty: bool | None = None,
+        tty_interval_s: float = 0.2,
+        plain_interval_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stream = stream or sys.stdout
         self.total = total_steps
         self.every = max(1, every)
         self.tty = self.stream.isatty() if tty is None else tty
-        self.t0 = time.monotonic()
+        self.tty_interval_s = tty_interval_s
+        self.plain_interval_s = plain_interval_s
+        self._clock = clock
+        self.t0 = clock()
         self._open = False
+        self._lock = threading.RLock()
+        self._last_draw = float("-inf")
+        self._shown: dict[str, Any] = {
+            "state": "",
+            "step": 0,
+            "weight_version": 0,
+            "reward": 0.0,
+            "consumed": 0,
+            "samples_per_s": 0.0,
+        }
 
     def status_line(
         self, *, state: str, step: int, weight_version: int, reward: float, consumed: int, samples_per_s: float
     ) -> str:
         """The status text (also what the plain-line mode prints)."""
         return (
-            f"[{time.monotonic() - self.t0:6.1f}s] {state:<13} step {step:>4}/{self.total} "
+            f"[{self._clock() - self.t0:6.1f}s] {state:<13} step {step:>4}/{self.total} "
             f"wv {weight_version:>4}  reward {reward:6.3f}  consumed {consumed:>7}  {samples_per_s:7.1f} samples/s"
         )
+
+    def _write_status(self, newline: bool) -> None:
+        line = self.status_line(**self._shown)
+        if newline:
+            if self._open:
+                self.stream.write("\r\x1b[2K")
+                self._open = False
+            self.stream.write(line + "\n")
+        else:
+            self.stream.write("\r\x1b[2K" + line)
+            self._open = True
+        self.stream.flush()
+        self._last_draw = self._clock()
 
     def update(
         self, *, state: str, step: int, weight_version: int, reward: float, consumed: int, samples_per_s: float
     ) -> None:
         """Show the current status (rewritten on a TTY, every ``every`` steps otherwise)."""
-        line = self.status_line(
-            state=state,
-            step=step,
-            weight_version=weight_version,
-            reward=reward,
-            consumed=consumed,
-            samples_per_s=samples_per_s,
-        )
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + line)
-            self._open = True
-        elif step % self.every == 0 or step == self.total:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        with self._lock:
+            self._shown.update(
+                state=state,
+                step=step,
+                weight_version=weight_version,
+                reward=reward,
+                consumed=consumed,
+                samples_per_s=samples_per_s,
+            )
+            if self.tty:
+                self._write_status(newline=False)
+            elif step % self.every == 0 or step == self.total:
+                self._write_status(newline=True)
+
+    def transition(self, state: str, *, step: int, weight_version: int, resting: bool = False) -> None:
+        """The lifecycle entered ``state``: refresh the status (throttled, see the class docstring)."""
+        with self._lock:
+            self._shown.update(state=state, step=step, weight_version=weight_version)
+            since = self._clock() - self._last_draw
+            if self.tty:
+                if resting or since >= self.tty_interval_s:
+                    self._write_status(newline=False)
+            elif since >= self.plain_interval_s:
+                self._write_status(newline=True)
 
     def event(self, text: str) -> None:
         """Print one event line (keeps the TTY status line below it)."""
-        if self._open:
-            self.stream.write("\r\x1b[2K")
-            self._open = False
-        self.stream.write(f"[{time.monotonic() - self.t0:6.1f}s] {text}\n")
-        self.stream.flush()
+        with self._lock:
+            if self._open:
+                self.stream.write("\r\x1b[2K")
+                self._open = False
+            self.stream.write(f"[{self._clock() - self.t0:6.1f}s] {text}\n")
+            self.stream.flush()
 
     def close(self) -> None:
         """End the status line."""
-        if self._open:
-            self.stream.write("\n")
-            self._open = False
-        self.stream.flush()
+        with self._lock:
+            if self._open:
+                self.stream.write("\n")
+                self._open = False
+            self.stream.flush()
 
 
-__all__ = ["ProgressDisplay"]
+def follow(display: ProgressDisplay, trace: Any, spec: LifecycleSpec = LIFECYCLE) -> Callable[[TraceRecord], None]:
+    """Subscribe ``display`` to ``trace`` (a lifecycle's :class:`~colo_fsm.machine.trace.Trace`): every
+    transition refreshes the shown state; entering a resting state (per ``spec``) always redraws on a TTY.
+    Returns the subscribed callback."""
+
+    def on_record(record: TraceRecord) -> None:
+        display.transition(
+            record.dest,
+            step=record.step,
+            weight_version=record.weight_version,
+            resting=spec.state(record.dest).resting,
+        )
+
+    trace.subscribe(on_record)
+    return on_record
+
+
+__all__ = ["ProgressDisplay", "follow"]

@@ -115,13 +115,14 @@ def run_rank(
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
     from colo_fsm.adapters.protocols import Completion
-    from colo_fsm.collector import AsyncCollector, ReplayBuffer, TrajectoryGroup
-    from colo_fsm.demo.progress import ProgressDisplay
+    from colo_fsm.collector import AsyncCollector, ReplayBuffer, TrajectoryGroup, step_metrics
+    from colo_fsm.collector.metrics import StateTimer
+    from colo_fsm.demo.progress import ProgressDisplay, follow
     from colo_fsm.demo.task import ALPHABET, PromptStream, ReverseTask, validation_prompts
     from colo_fsm.guards import CheckpointDecision, InFlightCap, TorchBarrier, ValidationDecision
     from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
     from colo_fsm.metrics import MetricsLogger
-    from colo_fsm.states.spec import Fact, State
+    from colo_fsm.states.spec import State
 
     t_start = time.monotonic()
     _setup_logging(run_dir, rank)
@@ -155,6 +156,7 @@ def run_rank(
     )
     buffer = ReplayBuffer(cfg.num_prompts_per_step, cfg.max_trajectory_age_steps)
     start_step = start_version = consumed0 = 0
+    elapsed0 = 0.0  # wall-clock seconds of the earlier runs (resume): the metrics' elapsed_s continues
     stream_index = 0
     collector_state: dict[str, Any] | None = None
     if cfg.resume:
@@ -164,6 +166,7 @@ def run_rank(
         stream_index = int(extra["prompt_stream"]["index"])
         collector_state = extra.get("collector")  # prompts drawn but deferred; absent in older checkpoints
         consumed0 = int(extra.get("demo", {}).get("consumed_samples", 0))
+        elapsed0 = float(extra.get("demo", {}).get("elapsed_s", 0.0))  # absent in older checkpoints
         start_step, start_version = info.step, info.weight_version
         if start_step >= cfg.steps:
             raise ConfigError("steps", cfg.steps, f"more than the checkpoint's step {start_step} to resume")
@@ -220,8 +223,11 @@ def run_rank(
     if collector_state is not None:
         collector.load_state_dict(collector_state)
     metrics: MetricsLogger | None = (
-        MetricsLogger(run_dir, tensorboard=cfg.tensorboard, consumed_samples=consumed0) if show else None
+        MetricsLogger(run_dir, tensorboard=cfg.tensorboard, consumed_samples=consumed0, elapsed_offset_s=elapsed0)
+        if show
+        else None
     )
+    t_run = time.monotonic()
     consumed = consumed0
     dp = world
 
@@ -232,11 +238,27 @@ def run_rank(
             "replay_buffer": buffer.state_dict(),
             "prompt_stream": stream.state_dict(),
             "collector": collector.state_dict(),  # deferred prompts: drawn from the stream, not yet rolled out
-            "demo": {"consumed_samples": now},
+            "demo": {
+                "consumed_samples": now,
+                "elapsed_s": metrics.elapsed_s() if metrics is not None else elapsed0 + time.monotonic() - t_run,
+            },
         }
 
+    served: Any = engine
+    if cfg.serve:
+        from colo_fsm.server import GatedEngine
+
+        # one OpenAI-compatible server per rank, brought up once with the engine (bring_up), on 127.0.0.1
+        served = GatedEngine(
+            engine,
+            engine,
+            serve=True,
+            host="127.0.0.1",
+            model_name="colo-fsm-demo",
+            count_tokens=lambda text: len(tok.tokenize(text)),
+        )
     lc = Lifecycle(
-        engine,
+        served,
         trainer,
         collector,
         config=LifecycleConfig(
@@ -254,8 +276,18 @@ def run_rank(
         checkpoint_extra=checkpoint_extra,
     )
     lc_ref["lc"] = lc
+    if cfg.serve:
+        from colo_fsm.server.server import admit_while_serving
+
+        served.attach_status(lc.status)
+        served.attach_admit(admit_while_serving(lc))  # spec: resting states with the engine awake
+    timer = StateTimer(lc.spec)  # time in each state per step, one trace record at a time
+    lc.trace.subscribe(timer)
+    visited: set[str] = set()  # states entered during the current step: what the machine did, not a re-derivation
+    lc.trace.subscribe(lambda rec: visited.add(rec.dest))
     display = ProgressDisplay(cfg.steps) if show else None
     if display is not None:
+        follow(display, lc.trace, lc.spec)  # the shown state follows every transition (throttled)
         display.event(f"run folder: {run_dir}")
         display.event(
             f"engine: backend={engine.backend_name} ({engine.backend_reason}); "
@@ -274,24 +306,28 @@ def run_rank(
     t_loop = time.monotonic()
     try:
         lc.start()
+        if cfg.serve and show:
+            # one line, machine-readable: external agents/gyms build OpenAI clients against these
+            print(f"dp_openai_server_base_urls={json.dumps(lc.dp_openai_server_base_urls)}", flush=True)
+            if display is not None:
+                display.event(f"OpenAI-compatible servers (127.0.0.1 only): {lc.dp_openai_server_base_urls}")
         while not lc.finished:
             groups = buffer.sample(lc.weight_version, timeout=cfg.sample_timeout_s)
-            step = lc.step_index
+            visited.clear()
             result = lc.step(_to_rollouts(groups))
             steps_this_run += 1
             consumed += result.consumed_samples * dp
             reward = float(result.metrics.get("train/reward_mean", 0.0))
             rewards_seen.append(reward)
             if metrics is not None and display is not None:
-                from colo_fsm.collector import step_metrics
-
                 m = dict(result.metrics)
-                m.update(step_metrics(buffer, collector))
+                m.update(step_metrics(buffer, collector, times=timer.pop_completed()))
                 m["lifecycle/weight_version"] = float(lc.weight_version)
                 ages = [g.age(lc.weight_version - 1) for g in groups]
                 m["train/trajectory_age_mean"] = sum(ages) / len(ages)
-                # the last step never wakes the engine, so it does not validate even when latched to
-                validated = bool(lc.validation_decision.peek(step)) and not lc.facts[Fact.LAST_STEP]
+                # facts read from what the machine did in this step (the trace), not re-derived from its rules
+                validated = State.VALIDATING.value in visited
+                saved = State.CHECKPOINTING.value in visited
                 if validated and lc.last_validation:
                     m.update(lc.last_validation)
                     val_acc = float(lc.last_validation.get("val/accuracy", 0.0))
@@ -304,7 +340,7 @@ def run_rank(
                     consumed=rec["train/consumed_samples"],
                     samples_per_s=(consumed - consumed0) / max(1e-9, time.monotonic() - t_loop),
                 )
-                if lc.checkpoint_decision.peek(step):
+                if saved:
                     display.event(
                         f"checkpoint saved: {ckpt_dir / f'step_{lc.step_index:08d}'} "
                         f"(weight version {lc.weight_version})"

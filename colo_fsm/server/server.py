@@ -21,6 +21,7 @@ from colo_fsm.errors import ConfigError, EngineRebuild, WaitTimeout
 from colo_fsm.log import get_logger
 from colo_fsm.server.app import create_app, default_chat_template
 from colo_fsm.server.gate import SuspendGate
+from colo_fsm.states.spec import LIFECYCLE, EngineCondition, LifecycleSpec
 
 log = get_logger("colo_fsm.server")
 
@@ -130,6 +131,25 @@ class OpenAIServer:
             self._sock.close()
 
 
+def serving_state(state: Any, spec: LifecycleSpec = LIFECYCLE) -> bool:
+    """Whether requests may be admitted in ``state``: the spec declares the engine AWAKE there and the machine
+    rests there (waits for the training loop), so no action of a handoff is running. Read from the spec, not
+    from a list of state names: in the shipped lifecycle that is Generating and Validating."""
+    st = spec.state(state)
+    return st.resting and st.engine is EngineCondition.AWAKE
+
+
+def admit_while_serving(lifecycle: Any, spec: LifecycleSpec | None = None) -> Callable[[], bool]:
+    """The admission predicate for :meth:`GatedEngine.attach_admit`: True while ``lifecycle.state`` is a
+    :func:`serving_state` of ``spec`` (default: the lifecycle's own ``spec``, else :data:`LIFECYCLE`)."""
+    the_spec = spec or getattr(lifecycle, "spec", None) or LIFECYCLE
+
+    def admit() -> bool:
+        return serving_state(lifecycle.state, the_spec)
+
+    return admit
+
+
 def gather_base_urls(local: str | None, group: Any = None) -> list[str]:
     """Every data-parallel rank's base URL, in rank order (``torch.distributed.all_gather_object`` when
     initialized, else just ``local``). Ranks that serve nothing pass None and are left out."""
@@ -150,8 +170,8 @@ class GatedEngine:
     ``suspend()`` closes the gate, waits for in-flight requests (``drain_timeout_s``), then suspends the inner
     engine; ``resume()`` resumes the inner engine, then opens the gate. ``generate()`` (used by the collector)
     passes the same gate. With ``serve=True``, ``bring_up()`` starts one :class:`OpenAIServer` and gathers the
-    base URLs over ``dp_group``; pass ``admit=lambda: lc.state in (State.GENERATING, State.VALIDATING)`` to keep
-    requests out of the start-up handoff and the first actions of a step too.
+    base URLs over ``dp_group``; ``attach_admit(admit_while_serving(lc))`` keeps requests out of the start-up
+    handoff and the first actions of a step too (admitted only in resting states with the engine awake).
     """
 
     def __init__(
@@ -266,4 +286,11 @@ class GatedEngine:
             return list(self.generator.generate(prompts, max_tokens=max_tokens, temperature=temperature, seed=seed))
 
 
-__all__ = ["LOOPBACK", "GatedEngine", "OpenAIServer", "gather_base_urls"]
+__all__ = [
+    "LOOPBACK",
+    "GatedEngine",
+    "OpenAIServer",
+    "admit_while_serving",
+    "gather_base_urls",
+    "serving_state",
+]
