@@ -6,12 +6,17 @@ more rollout calls than it runs at once (``max_concurrency`` = 1000, Ray's async
 holding ``--hold`` seconds, so some queue. Then control calls (``ping``) are issued every 20 ms without waiting
 for the previous one, and each is timed from submission to completion. A second measurement issues one
 ``suspend`` into the same saturation (it waits for running rollouts by design) and checks that nothing ran
-while suspended and no rollout was lost.
+while suspended and no rollout was lost. A third suspends the engine, sends the same number of rollout calls
+(1000 of them wait at the closed gate, holding every default-group slot; the rest queue) and times a
+training step's calls (``restore_buffers``, ``train_step``, ``offload_buffers``), which are control calls of
+the colocated worker. In the shared queue they wait until the parked rollouts give up (the one-queue
+worker's request timeout is set to three hold times, longer than any wait of the suspend measurement, so
+they do; by default they would wait 300 s).
 
 Usage::
 
-    python bench/ray_control_latency.py           # 1500 rollouts, hold 3 s, 50 control calls (~45 s)
-    python bench/ray_control_latency.py --quick   # 1200 rollouts, hold 2 s, 30 control calls (~35 s)
+    python bench/ray_control_latency.py           # 1500 rollouts, hold 3 s, 50 control calls (~70 s)
+    python bench/ray_control_latency.py --quick   # 1200 rollouts, hold 2 s, 30 control calls (~55 s)
 
 Writes ``bench/results/ray_control_latency.json``.
 """
@@ -51,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from colo_fsm.ray import init_ray, make_worker_class
     from colo_fsm.ray.fakes import HoldingWorkerFactory
-    from colo_fsm.ray.saturation import measure_control_latency, measure_suspend
+    from colo_fsm.ray.saturation import measure_control_latency, measure_suspend, measure_training_step
 
     t_start = time.monotonic()
     init_ray(num_cpus=2)
@@ -62,10 +67,14 @@ def main(argv: list[str] | None = None) -> int:
             False,
         ),
     }
-    workers = {label: cls.remote(i, HoldingWorkerFactory(hold)) for i, (label, (cls, _)) in enumerate(kinds.items())}
+    workers = {
+        label: cls.remote(i, HoldingWorkerFactory(hold), request_timeout_s=300.0 if grouped else 3 * hold)
+        for i, (label, (cls, grouped)) in enumerate(kinds.items())
+    }
     ray.get([w.bring_up.remote() for w in workers.values()])
 
     results = {}
+    training = {}
     for label, worker in workers.items():
         r = measure_control_latency(
             worker,
@@ -77,7 +86,15 @@ def main(argv: list[str] | None = None) -> int:
             probe_active=kinds[label][1],
         )
         s = measure_suspend(worker, label=label, rollout_calls=rollouts, hold_s=hold)
+        t = measure_training_step(
+            worker,
+            [f"sample{i}" for i in range(8)],
+            label=label,
+            rollout_calls=rollouts,
+            probe_parked=args.max_concurrency if kinds[label][1] else None,
+        )
         results[label] = (r, s)
+        training[label] = t
     ray.shutdown()
 
     with_g, without = results["separate control group"][0], results["one shared queue"][0]
@@ -100,6 +117,18 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {label} | {s.suspend_s:.2f} | {s.active_after_suspend} | {s.waiting_at_gate} | "
             f"{s.rollouts_ok}/{s.rollout_calls} | {s.rollouts_failed} |"
+        )
+    print(
+        "\n| training step, suspended, rollouts waiting | restore ms | train_step ms | offload ms | step ms "
+        "| rollouts ok | gave up at the gate |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for label, t in training.items():
+        lat = t.latencies_s
+        print(
+            f"| {label} | {lat['restore_buffers'] * 1e3:.1f} | {lat['train_step'] * 1e3:.1f} | "
+            f"{lat['offload_buffers'] * 1e3:.1f} | {t.step_s * 1e3:.1f} | {t.rollouts_ok}/{t.rollout_calls} | "
+            f"{t.rollouts_failed} |"
         )
 
     payload = {
@@ -124,12 +153,19 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_p50": ratio50,
         "ratio_p99": ratio99,
         "suspend": {label: s.__dict__ for label, (_, s) in results.items()},
+        "training_step": {label: t.summary() for label, t in training.items()},
         "wall_s": time.monotonic() - t_start,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
-    ok = with_g.p99 < without.p50 and all(s.rollouts_failed == 0 for _, s in results.values())
+    t_g, t_q = training["separate control group"], training["one shared queue"]
+    ok = (
+        with_g.p99 < without.p50
+        and all(s.rollouts_failed == 0 for _, s in results.values())
+        and t_g.step_s < t_q.step_s
+        and t_g.rollouts_failed == 0
+    )
     return 0 if ok else 1
 
 
