@@ -29,6 +29,10 @@ class SaturationResult:
     active_at_start: int = 0
     submit_s: float = 0.0
     completed_rollouts: int = 0
+    completed_seen: list[int] = field(default_factory=list)
+    """With ``control_method="health"``: how many of the submitted rollout calls had returned when each
+    control call ran (0 for a call that did not queue behind them and ran before the first finished;
+    at least ``rollout_calls - max_concurrency`` for one that waited in the same queue)."""
 
     def percentile(self, q: float) -> float:
         """The ``q``-th percentile (0-100) of the latencies (nearest rank)."""
@@ -62,15 +66,18 @@ class SaturationResult:
         return d
 
 
-async def _timed_control_calls(worker: Any, method: str, n: int, interval_s: float, timeout_s: float) -> list[float]:
-    """Issue ``n`` control calls ``interval_s`` apart without waiting; each latency is submission to completion."""
+async def _timed_control_calls(
+    worker: Any, method: str, n: int, interval_s: float, timeout_s: float
+) -> list[tuple[float, Any]]:
+    """Issue ``n`` control calls ``interval_s`` apart without waiting; each latency is submission to completion.
+    Returns (latency, result) pairs (result None for a call that timed out)."""
 
-    async def one(ref: Any, t0: float) -> float:
+    async def one(ref: Any, t0: float) -> tuple[float, Any]:
         try:
-            await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+            out = await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
         except TimeoutError:
-            return timeout_s
-        return time.monotonic() - t0
+            return timeout_s, None
+        return time.monotonic() - t0, out
 
     tasks = []
     for _ in range(n):
@@ -97,10 +104,13 @@ def measure_control_latency(
     """Saturate ``worker`` with ``rollout_calls`` ``generate`` calls, then time ``control_calls`` control calls.
 
     The worker's generator must hold each call ``hold_s`` seconds (e.g. :class:`~colo_fsm.ray.fakes.HoldingGenerator`).
-    Control calls are issued every ``interval_s`` without waiting for the previous one.
+    Control calls are issued every ``interval_s`` without waiting for the previous one. With
+    ``control_method="health"`` the result also says how many rollouts had returned when each control call ran
+    (:attr:`SaturationResult.completed_seen`), which shows queueing independently of the machine's speed.
     """
     res = SaturationResult(label, rollout_calls, max_concurrency, hold_s)
     ray.get(getattr(worker, control_method).remote())  # warm the control path
+    completed_before = ray.get(worker.health.remote())["completed"]
     t0 = time.monotonic()
     rollouts = [worker.generate.remote([f"p{i}"], 4, 0.0, None) for i in range(rollout_calls)]
     res.submit_s = time.monotonic() - t0
@@ -109,8 +119,11 @@ def measure_control_latency(
     time.sleep(settle_s)
     if probe_active:
         res.active_at_start = _probe_active(worker, min(rollout_calls, max_concurrency), time.monotonic() + timeout_s)
-    latencies = asyncio.run(_timed_control_calls(worker, control_method, control_calls, interval_s, timeout_s))
-    res.latencies_s = latencies
+    timed = asyncio.run(_timed_control_calls(worker, control_method, control_calls, interval_s, timeout_s))
+    res.latencies_s = [lat for lat, _ in timed]
+    res.completed_seen = [
+        out["completed"] - completed_before for _, out in timed if isinstance(out, dict) and "completed" in out
+    ]
     done, _ = ray.wait(rollouts, num_returns=len(rollouts), timeout=timeout_s)
     res.completed_rollouts = len(done)
     return res
