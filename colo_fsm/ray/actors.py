@@ -88,7 +88,7 @@ actor, so the model, engine and trainer are built in the process (and on the dev
 class ColocatedFactory:
     """A picklable ``adapters_factory`` that builds one model and puts engine and trainer on that same object.
 
-    ``build_model(rank)`` runs first, inside the worker; then ``make_engine(model, rank)`` and
+    ``build_model(rank)`` runs first, inside the worker; then ``make_engine(model, rank)``, then
     ``make_trainer(model, rank)`` (and ``make_generator(engine, rank)`` when the engine does not generate
     text itself). All four must be picklable (module-level functions or instances of module-level classes).
     """
