@@ -79,6 +79,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     "RayCollectorProxy": ("colo_fsm.ray", "RayCollectorProxy"),
     "RayDrain": ("colo_fsm.ray", "RayDrain"),
     "init_ray": ("colo_fsm.ray", "init_ray"),
+    "RayTrainerProxy": ("colo_fsm.ray", "RayTrainerProxy"),
+    "ColocatedFactory": ("colo_fsm.ray", "ColocatedFactory"),
+    "WorkerAdapters": ("colo_fsm.ray", "WorkerAdapters"),
     "MegatronEngine": ("colo_fsm.adapters.megatron", "MegatronEngine"),
     "MegatronTrainer": ("colo_fsm.adapters.megatron", "MegatronTrainer"),
     "ModelConfig": ("colo_fsm.adapters.megatron", "ModelConfig"),
@@ -123,7 +126,15 @@ if TYPE_CHECKING:
     from colo_fsm.diagram import to_dot, to_mermaid
     from colo_fsm.log import get_logger
     from colo_fsm.metrics import MetricsLogger, read_metrics
-    from colo_fsm.ray import RayCollectorProxy, RayDrain, RayEngineProxy, init_ray
+    from colo_fsm.ray import (
+        ColocatedFactory,
+        RayCollectorProxy,
+        RayDrain,
+        RayEngineProxy,
+        RayTrainerProxy,
+        WorkerAdapters,
+        init_ray,
+    )
     from colo_fsm.server import GatedEngine, OpenAIServer, SuspendGate
     from colo_fsm.testing import LifecycleMachine, lifecycle_test_case, recording_adapters
     from colo_fsm.testing import check as check_handoff
@@ -142,6 +153,7 @@ __all__ = [
     "Collector",
     "CollectorCondition",
     "ColoFsmError",
+    "ColocatedFactory",
     "Completion",
     "ConfigError",
     "DeviceDrain",
@@ -176,6 +188,7 @@ __all__ = [
     "RayCollectorProxy",
     "RayDrain",
     "RayEngineProxy",
+    "RayTrainerProxy",
     "ReplayBuffer",
     "RolloutDeferred",
     "RolloutFailed",
@@ -199,6 +212,7 @@ __all__ = [
     "UnsupportedEngine",
     "ValidationDecision",
     "WaitTimeout",
+    "WorkerAdapters",
     "__version__",
     "broadcast_from_rank0",
     "check_handoff",
