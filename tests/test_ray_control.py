@@ -249,8 +249,9 @@ def test_single_controller_lifecycle_over_colocated_workers_and_collector(ray_se
         config=LifecycleConfig(num_steps=3),
         drain=drain,
         checkpoint=CheckpointDecision(2),
-        checkpoint_extra=lambda: {"replay_buffer": collector.state_dict()},
+        checkpoint_extra=lambda: saved_extra.append({"replay_buffer": collector.state_dict()}) or saved_extra[-1],
     )
+    saved_extra: list[dict] = []
     lc.start()
     batches = []
     while not lc.finished:
@@ -287,6 +288,8 @@ def test_single_controller_lifecycle_over_colocated_workers_and_collector(ray_se
         saved = json.loads((tmp_path / "ckpt" / f"rank{rank}-step2.json").read_text())
         assert saved["pid"] == pid and saved["weight_version"] == 2 and saved["model_version"] == 2
         assert "replay_buffer" in saved["extra_state"]
+        # the collector's state carries the buffer AND the prompts deferred on pause (none lost on resume)
+        assert set(saved_extra[0]["replay_buffer"]) == {"buffer", "collector"}
 
     calls = _merge_check_barrier(ray.get([w.control_log.remote() for w in workers]))
     handoff = ["suspend", "drain", "restore_buffers", "train_step", "offload_buffers", "drain"]

@@ -419,12 +419,16 @@ class CollectorBody:
         return {**self.buffer.stats().as_metrics(), **self.collector.stats().as_metrics()}
 
     async def state_dict(self) -> dict[str, Any]:
-        """The buffer's JSON-able state (for the driver's checkpoint_extra)."""
-        return self.buffer.state_dict()
+        """JSON-able state for the driver's checkpoint_extra: the buffer and the collector's deferred prompts."""
+        return {"buffer": self.buffer.state_dict(), "collector": self.collector.state_dict()}
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the buffer."""
-        self.buffer.load_state_dict(state)
+        """Restore the buffer and the deferred prompts (a buffer-only state from older checkpoints loads too)."""
+        if "buffer" in state:
+            self.buffer.load_state_dict(state["buffer"])
+            self.collector.load_state_dict(state["collector"])
+        else:
+            self.buffer.load_state_dict(state)
 
     async def close(self) -> None:
         """Stop the collector for good."""
