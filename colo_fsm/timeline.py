@@ -195,6 +195,10 @@ def _colors(states: Iterable[str], spec: LifecycleSpec) -> dict[str, str]:
     return colors
 
 
+_MIN_WIDTH_MAX_SPANS = 300
+"""Rows with more spans than this are drawn at true width (no minimum width for short states)."""
+
+
 def render_timeline(
     traces: Sequence[str | Path],
     output: str | Path,
@@ -236,9 +240,11 @@ def render_timeline(
     fig_h = 1.6 + 0.55 * len(labels)
     fig, ax = plt.subplots(figsize=(width_in, fig_h), dpi=dpi)
     try:
-        min_w = horizon / 2000.0  # keep instantaneous states visible
         for y, label in enumerate(labels):
             row = [s for s in all_spans if s.row == label]
+            # Keep instantaneous states visible in short runs; in long runs (hundreds of steps) a minimum width
+            # would paint sub-millisecond states (Waking) over most of the row and misstate where time goes.
+            min_w = horizon / 2000.0 if len(row) <= _MIN_WIDTH_MAX_SPANS else 0.0
             by_state: dict[str, list[tuple[float, float]]] = {}
             strips: list[tuple[float, float]] = []
             for s in row:
