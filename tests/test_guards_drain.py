@@ -47,15 +47,34 @@ def test_cpu_only_drain_is_a_noop_without_cuda():
     assert DeviceDrain(local_rank=0)() == -1
 
 
-def test_broken_drain_of_current_device_is_caught():
-    """The bug the drain exists to prevent: a drain of the thread's current device misses rank 1's GPU."""
+def test_production_path_synchronizes_local_rank_device_from_a_fresh_thread(monkeypatch):
+    """The real torch path (not the injectable one): the call must name cuda:LOCAL_RANK explicitly.
 
-    class CurrentDeviceDrain(DeviceDrain):
-        def target_device(self) -> int:  # what a bare torch.cuda.synchronize() does on a fresh thread
-            return 0
+    A bare ``torch.cuda.synchronize()`` (the calling thread's current device, cuda:0 on a thread that never
+    called set_device) records ``None`` here and fails this test.
+    """
+    import torch
 
-    seen: list[int] = []
-    broken = CurrentDeviceDrain(local_rank=1, synchronize=seen.append)
-    broken()
-    assert seen == [0]
-    assert broken.target_device() != broken.local_rank
+    calls: list[object] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    drain = DeviceDrain(local_rank=3)
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(drain()))
+    t.start()
+    t.join()
+    assert result == [3]
+    assert calls == [torch.device("cuda", 3)]
+
+
+def test_production_path_refuses_a_device_that_does_not_exist(monkeypatch):
+    import torch
+
+    from colo_fsm.errors import DrainError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    with pytest.raises(DrainError, match="LOCAL_RANK=5"):
+        DeviceDrain(local_rank=5)()
