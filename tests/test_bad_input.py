@@ -354,3 +354,38 @@ def test_a_refused_trigger_names_the_valid_ones():
         lc.train([1])
     assert info.value.allowed == ("start", "stop") and "start, stop" in str(info.value)
     assert lc.state is State.CREATED
+
+
+# -------------------------------------------------------------------------- the testing API and the checker CLI
+@pytest.mark.parametrize(
+    ("thunk", "field"),
+    [
+        (lambda: __import__("colo_fsm.testing.checker", fromlist=["x"]).check(2, scenario="nope"), "scenario"),
+        (lambda: __import__("colo_fsm.testing.checker", fromlist=["x"]).check("2"), "ranks"),
+        (lambda: __import__("colo_fsm.testing.checker", fromlist=["x"]).check(0), "ranks"),
+        (lambda: __import__("colo_fsm.testing.profiles", fromlist=["x"]).lifecycle_settings("nope"), "profile"),
+    ],
+    ids=["check.scenario", "check.ranks_str", "check.ranks_0", "profile"],
+)
+def test_testing_api_bad_input(thunk, field):
+    with pytest.raises(ConfigError, match=field):
+        thunk()
+
+
+@pytest.mark.parametrize("ranks", ["x", "0..3", ""])
+def test_checker_cli_bad_ranks_is_a_usage_error(ranks, capsys):
+    from colo_fsm.testing.checker import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--ranks", ranks])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--ranks" in err and "Traceback" not in err
+
+
+def test_unknown_profile_from_the_environment(monkeypatch):
+    from colo_fsm.testing.profiles import PROFILE_ENV, lifecycle_settings
+
+    monkeypatch.setenv(PROFILE_ENV, "colo-fsm-huge")
+    with pytest.raises(ConfigError, match="colo-fsm-huge"):
+        lifecycle_settings()

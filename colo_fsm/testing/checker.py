@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from colo_fsm.errors import ConfigError
 from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.states.spec import (
     LIFECYCLE,
@@ -374,8 +375,12 @@ def check(
     device its ``drain_device`` synchronizes. ``symmetry=False`` turns the symmetry reduction off (it is also
     off when the drain targets would break it).
     """
-    if ranks < 1:
-        raise ValueError("ranks must be >= 1")
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ConfigError("ranks", ranks, "an integer >= 1")
+    if steps is None and scenario not in SCENARIOS:
+        raise ConfigError("scenario", scenario, f"one of {', '.join(SCENARIOS)}")
+    if not callable(drain_factory):
+        raise ConfigError("drain_factory", drain_factory, "a callable local_rank -> drain with target_device()")
     t0 = time.perf_counter()
     plan = tuple(steps) if steps is not None else SCENARIOS[scenario]
     others = plan_program(spec, plan)
@@ -486,10 +491,18 @@ def check_all(ranks: Sequence[int], *, scenarios: Sequence[str] | None = None, *
 
 
 def _parse_ranks(text: str) -> list[int]:
-    if ".." in text:
-        lo, hi = text.split("..", 1)
-        return list(range(int(lo), int(hi) + 1))
-    return [int(x) for x in text.split(",")]
+    """``'2..8'`` or ``'2,4,8'``; anything else raises ``argparse.ArgumentTypeError`` (a one-line usage error)."""
+    try:
+        if ".." in text:
+            lo, hi = text.split("..", 1)
+            values = list(range(int(lo), int(hi) + 1))
+        else:
+            values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected N >= 1 as '2..8' or '2,4,8', got {text!r}")
+    return values
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -498,7 +511,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Exit status 0 when every check passes, 1 when one finds a violation (its shortest trace is printed).
     """
     ap = argparse.ArgumentParser(prog="colo-fsm check", description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--ranks", default="2..8", help="N values: '2..8' or '2,4,8' (default 2..8)")
+    ap.add_argument(
+        "--ranks", default=[2, 3, 4, 5, 6, 7, 8], type=_parse_ranks, help="N values: '2..8' or '2,4,8' (default 2..8)"
+    )
     ap.add_argument(
         "--scenario",
         action="append",
@@ -516,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.mutant not in by_name:
             ap.error(f"unknown mutant {args.mutant!r}; known: {', '.join(by_name)}")
         kwargs = by_name[args.mutant].checker_kwargs()
-    results = check_all(_parse_ranks(args.ranks), scenarios=args.scenario, **kwargs)
+    results = check_all(args.ranks, scenarios=args.scenario, **kwargs)
     total_states = sum(r.states for r in results)
     for r in results:
         print(r.report() if not r.ok else r.summary())

@@ -16,6 +16,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 
+from colo_fsm.errors import ConfigError
+
 PROFILE_ENV = "COLO_FSM_HYPOTHESIS_PROFILE"
 CI_PROFILE = "colo-fsm-ci"
 DEEP_PROFILE = "colo-fsm-deep"
@@ -44,15 +46,22 @@ def active_profile() -> str:
 def lifecycle_settings(profile: str | None = None, **overrides: Any) -> settings:
     """Settings for a lifecycle machine run: a colo-fsm profile (default: the active one) plus ``overrides``."""
     register_profiles()
-    return settings(settings.get_profile(profile or active_profile()), **overrides)
+    name = profile or active_profile()
+    if name not in PROFILES:
+        source = "profile" if profile else f"${PROFILE_ENV}"
+        raise ConfigError(source, name, f"one of {', '.join(PROFILES)}")
+    return settings(settings.get_profile(name), **overrides)
 
 
 register_profiles()
+PROFILES = (CI_PROFILE, DEEP_PROFILE, DEV_PROFILE)
+"""The colo-fsm hypothesis profiles."""
 
 __all__ = [
     "CI_PROFILE",
     "DEEP_PROFILE",
     "DEV_PROFILE",
+    "PROFILES",
     "PROFILE_ENV",
     "active_profile",
     "lifecycle_settings",

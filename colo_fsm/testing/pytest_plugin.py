@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from colo_fsm.testing.profiles import PROFILE_ENV, register_profiles
+from colo_fsm.testing.profiles import PROFILE_ENV, PROFILES, register_profiles
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -46,6 +46,8 @@ def pytest_configure(config: pytest.Config) -> None:
     register_profiles()
     profile = config.getoption("--colo-fsm-profile", default=None)
     if profile:
+        if profile not in PROFILES:
+            raise pytest.UsageError(f"--colo-fsm-profile={profile!r}: expected one of {', '.join(PROFILES)}")
         os.environ[PROFILE_ENV] = profile
 
 
