@@ -23,3 +23,9 @@ def test_wall_clock_metrics_property_holds():
 
 def test_trainable_property_holds():
     p.check_trainable_property()
+
+
+def test_replay_buffer_property_holds():
+    from colo_fsm.testing.properties import check_replay_buffer_property
+
+    check_replay_buffer_property()

@@ -97,6 +97,29 @@ class UnlatchedCheckpointDecision(CheckpointDecision):
         return answer
 
 
+def _stale_tolerant_buffer() -> type[Any]:
+    """MUTANT: a replay buffer whose advance never evicts (stale groups stay and get sampled)."""
+    from colo_fsm.collector.buffer import ReplayBuffer
+
+    class StaleTolerantReplayBuffer(ReplayBuffer):
+        def _advance_locked(self, weight_version: int) -> int:
+            self._weight_version = max(self._weight_version, weight_version)
+            return 0
+
+    return StaleTolerantReplayBuffer
+
+
+def _silently_dropping_buffer() -> type[Any]:
+    """MUTANT: a replay buffer that drops stale groups without counting them."""
+    from colo_fsm.collector.buffer import ReplayBuffer
+
+    class SilentlyDroppingReplayBuffer(ReplayBuffer):
+        def _evict_locked(self, group: Any, age: int) -> None:
+            return None
+
+    return SilentlyDroppingReplayBuffer
+
+
 class AgeOnlyInFlightCap(InFlightCap):
     """MUTANT: the in-flight cap ignores the receiving actor's capacity."""
 
@@ -220,6 +243,7 @@ class Mutant:
     parallelism_check: Callable[..., Any] | None = None  # component swaps seen by the property killer
     trainable_check: Callable[..., None] | None = None
     metrics_logger: Callable[[], type[Any]] | None = None
+    buffer_class: Callable[[], type[Any]] | None = None  # a replay buffer class (built lazily: imports collector)
     expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
 
     def checker_kwargs(self, scenario: str = "all-step-kinds") -> dict[str, Any]:
@@ -367,6 +391,20 @@ MUTANTS: tuple[Mutant, ...] = (
         expected=_NOT_VALIDATOR,
     ),
     Mutant(
+        "buffer-trains-on-stale",
+        "5: a trajectory older than max_trajectory_age_steps is not trained on",
+        "the replay buffer never evicts by age, so sample() can return stale groups",
+        buffer_class=lambda: _stale_tolerant_buffer(),
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "buffer-drops-stale-silently",
+        "5: a stale trajectory is counted, not silently dropped",
+        "the replay buffer evicts stale groups without counting them",
+        buffer_class=lambda: _silently_dropping_buffer(),
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
         "in-flight-cap-ignores-actor",
         "6: bounded in-flight work (actor capacity, control headroom)",
         "the in-flight cap is num_prompts_per_step * max_trajectory_age_steps only",
@@ -508,6 +546,7 @@ def kill_by_properties(m: Mutant) -> str | None:
             lambda: p.check_wall_clock_metrics_property(m.metrics_logger() if m.metrics_logger else None),
         ),
         ("dual-mode opt-in", lambda: p.check_trainable_property(m.trainable_check)),
+        ("replay buffer", lambda: p.check_replay_buffer_property(m.buffer_class() if m.buffer_class else None)),
     ]
     for name, run in checks:
         try:

@@ -152,6 +152,48 @@ def check_wall_clock_metrics_property(logger_class: Callable[..., Any] | None = 
     prop()
 
 
+def check_replay_buffer_property(buffer_class: Callable[..., Any] | None = None, max_examples: int = 200) -> None:
+    """Fact 5 (staleness half): no group older than ``max_trajectory_age_steps`` is ever sampled, and every group
+    put is accounted for as sampled, evicted (counted) or still buffered -- never silently dropped."""
+    from colo_fsm.collector.buffer import ReplayBuffer, TrajectoryGroup
+    from colo_fsm.errors import WaitTimeout
+
+    cls = buffer_class or ReplayBuffer
+    op = st.one_of(
+        st.tuples(st.just("put"), st.integers(0, 3)),  # a group generated `lag` versions ago
+        st.tuples(st.just("advance"), st.integers(0, 2)),
+        st.tuples(st.just("sample"), st.just(0)),
+    )
+
+    @_settings(max_examples)
+    @given(n=st.integers(1, 3), max_age=st.integers(0, 2), ops=st.lists(op, max_size=40))
+    def prop(n: int, max_age: int, ops: list[tuple[str, int]]) -> None:
+        buf = cls(n, max_age)
+        version, put, sampled = 0, 0, 0
+        for i, (kind, arg) in enumerate(ops):
+            if kind == "put":
+                g = TrajectoryGroup(f"p{i}", "x", ("y",), (0.0,), weight_version=max(0, version - arg))
+                buf.put(g)
+                put += 1
+            elif kind == "advance":
+                version += arg
+                buf.advance(version)
+            elif len(buf) >= n:  # enough groups buffered, fresh or not: the buffer must pick only fresh ones
+                try:
+                    batch = buf.sample(version, timeout=0)
+                except WaitTimeout:  # stale ones evicted, too few fresh left: nothing taken
+                    batch = []
+                sampled += len(batch)
+                ages = [g.age(version) for g in batch]
+                assert all(a <= max_age for a in ages), f"sampled ages {ages} > max_trajectory_age_steps={max_age}"
+            evicted = buf.stats().evicted_stale
+            assert put == sampled + evicted + len(buf), (
+                f"{put} put != {sampled} sampled + {evicted} evicted + {len(buf)} buffered: a group was lost"
+            )
+
+    prop()
+
+
 def check_trainable_property(check: Callable[..., None] | None = None) -> None:
     """Fact 9: an ``inference_optimized`` model trains only with ``allow_inference_optimized_training=True``."""
     if check is None:
