@@ -21,6 +21,7 @@ from colo_fsm.testing.lifecycle_machine import (
 )
 from colo_fsm.testing.profiles import CI_PROFILE, DEEP_PROFILE, DEV_PROFILE, active_profile, lifecycle_settings
 from colo_fsm.testing.report import record_stats
+from colo_fsm.testing.watch import FAULT_TARGETS
 
 
 @pytest.fixture(autouse=True)
@@ -51,9 +52,13 @@ def test_profiles_are_registered():
 
 
 def test_lifecycle_machine_over_recording_fakes():
-    """Every DESIGN section 2 fact, after every step of >= 500 programs (the CI profile)."""
-    delta = _run()
-    assert delta["programs"] >= lifecycle_settings().max_examples
+    """Every DESIGN section 2 fact, after every step of >= 500 programs (the CI profile, whatever the env says)."""
+    delta = _run(CI_PROFILE)
+    assert delta["programs"] >= 500 and delta["programs"] >= settings.get_profile(CI_PROFILE).max_examples
+    # every call the machine can make fail did fail at least once (a fault armed for a call that never comes
+    # again must not block the others)
+    never = [f"{c}.{m}" for c, m in FAULT_TARGETS if not delta.get(f"fired:{c}.{m}", 0)]
+    assert not never, f"fault targets that never fired: {never} ({ {k: v for k, v in delta.items() if ':' in k} })"
     # the programs went everywhere: every state reached, faults fired, requests served
     for state in (
         "Generating",
@@ -169,4 +174,8 @@ def test_lifecycle_machine_deep_async():
 
 
 def test_stats_are_counted():
-    assert STATS["programs"] > 0
+    """STATS counts programs and firings by itself (no reliance on another test having run first)."""
+    before = STATS["programs"]
+    delta = _run(DEV_PROFILE, key="lifecycle_machine_stats", adapters_factory=async_adapters)
+    assert STATS["programs"] > before and delta["programs"] > 0
+    assert sum(v for k, v in delta.items() if k.startswith("fired:")) > 0

@@ -57,6 +57,7 @@ from colo_fsm.testing.fakes import (
 )
 from colo_fsm.testing.profiles import lifecycle_settings
 from colo_fsm.testing.watch import (
+    ADAPTER_CALLS,
     FAULT_TARGETS,
     Conditions,
     EventLog,
@@ -127,6 +128,61 @@ def as_adapters(obj: Any) -> Adapters:
         collector = ad.collector
         ad.collector_probe = lambda: "running" if collector.running else "paused"
     return ad
+
+
+# ---------------------------------------------------------------------------------------------- fault targets
+_ACTION_TARGETS: dict[str, tuple[str, str]] = {action: target for target, action in ADAPTER_CALLS.items()}
+_VALIDATOR_TARGET = ("validator", "validate")
+_CALLABLE: dict[tuple[int, State, bool], tuple[tuple[str, str], ...]] = {}
+
+_RARE_TARGETS: tuple[tuple[str, str], ...] = (
+    ("trainer", "train_step"),
+    ("trainer", "save_checkpoint"),
+    ("barrier", "wait"),
+    ("engine", "resume"),
+    _VALIDATOR_TARGET,
+)
+_FAULT_DRAWS: tuple[tuple[str, str], ...] = (*FAULT_TARGETS, *_RARE_TARGETS, *_RARE_TARGETS)
+"""What the ``fault`` event draws from: every target, the ones only some steps call (a save, a validation) or
+only once per step weighted up, so each fires in the CI profile's 500 programs."""
+
+_FIRST_FAULTS: tuple[tuple[str, str] | None, ...] = (
+    *(None,) * (len(_FAULT_DRAWS) // 3),
+    *_FAULT_DRAWS,
+    *(_VALIDATOR_TARGET,) * 4,
+)
+"""The fault armed before a program starts (about half have none); the validator, called only by steps that
+validate inline, weighted up most."""
+
+FAULT_PATIENCE = 12
+"""Lifecycle calls an armed fault may wait for its target before it is disarmed (so it cannot block the others)."""
+
+
+def callable_targets(spec: LifecycleSpec, state: State, *, inline_validator: bool) -> tuple[tuple[str, str], ...]:
+    """The :data:`FAULT_TARGETS` a lifecycle resting in ``state`` may still call, read from ``spec``.
+
+    Every state reachable from ``state`` (guards ignored, the fail edge excluded) contributes the adapter calls of
+    the actions its outgoing transitions run; the inline validator counts once Validating is reachable. A target
+    outside this set (``engine.bring_up`` after the build, anything but teardown after a failure) can never fire.
+    """
+    key = (id(spec), state, inline_validator)
+    hit = _CALLABLE.get(key)
+    if hit is not None:
+        return hit
+    seen, todo, actions = {state}, [state], set[str]()
+    while todo:
+        here = todo.pop()
+        for t in spec.outgoing(here):
+            actions.update(t.actions)
+            if t.dest not in seen:
+                seen.add(t.dest)
+                todo.append(t.dest)
+    found = {_ACTION_TARGETS[a] for a in actions if a in _ACTION_TARGETS}
+    if inline_validator and State.VALIDATING in seen:
+        found.add(_VALIDATOR_TARGET)
+    result = tuple(t for t in FAULT_TARGETS if t in found)
+    _CALLABLE[key] = result
+    return result
 
 
 # ---------------------------------------------------------------------------------------------- programs
@@ -227,9 +283,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         _count("programs")
 
     # ------------------------------------------------------------------ setup / teardown
-    @initialize(cfg=run_configs(), autostart=st.integers(0, 4))
-    def setup(self, cfg: RunConfig, autostart: int) -> None:
-        """Build adapters, proxies and the lifecycle for one drawn configuration; usually start it, too."""
+    @initialize(cfg=run_configs(), autostart=st.integers(0, 4), first_fault=st.sampled_from(_FIRST_FAULTS))
+    def setup(self, cfg: RunConfig, autostart: int, first_fault: tuple[str, str] | None = None) -> None:
+        """Build adapters, proxies and the lifecycle for one drawn configuration; usually start it, too.
+
+        ``first_fault`` is armed before anything runs (about half the programs): the start's own calls
+        (``engine.bring_up``, ``engine.server_base_urls``) can fail only then, and the rare calls of a step
+        (save, validation) get a fault that waits for them from the first step on.
+        """
         cls = type(self)
         self.cfg = cfg
         self.ad = as_adapters(cls.adapters_factory())
@@ -284,6 +345,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.builds = 0
         self.last_latched_at: int | None = None
         self.validations = 0
+        self.fault_waited = 0
+        if first_fault is not None and cls.inject_faults:
+            self._arm(first_fault)
         if autostart:  # most programs start at once; the others may see faults and triggers before the build
             self.start()
 
@@ -293,6 +357,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             _count("transitions", len(records))
             for dest in {r.dest for r in records}:
                 _count(f"reached:{dest}")
+            for component, method in self.faults.fired:
+                _count(f"fired:{component}.{method}")
         try:
             if self.alc is not None:
                 self.alc._executor.shutdown(wait=True)
@@ -318,6 +384,45 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _at(self, *states: State) -> bool:
         return self.lc is not None and self.lc.state in states
+
+    def _callable_targets(self) -> tuple[tuple[str, str], ...]:
+        assert self.lc is not None
+        cfg = self.cfg
+        targets = callable_targets(self.lc.spec, self.lc.state, inline_validator=cfg.inline_validator)
+        never = set()  # calls the rest of this run never makes: its decisions save or validate at no step left
+        first = self.lc.step_index
+        ahead = range(first, cfg.num_steps if cfg.num_steps is not None else first + 60)
+        if cfg.must_save_by_s is None and not (
+            cfg.checkpoint_every and any((s + 1) % cfg.checkpoint_every == 0 for s in ahead)
+        ):
+            never.add(("trainer", "save_checkpoint"))
+        not_last = ahead[:-1] if cfg.num_steps is not None else ahead  # the last step never validates
+        if not (cfg.validate_every and any((s + 1) % cfg.validate_every == 0 for s in not_last)):
+            never.add(_VALIDATOR_TARGET)
+        return tuple(t for t in targets if t not in never)
+
+    def _arm(self, drawn: tuple[str, str]) -> None:
+        """Arm ``drawn``, or (when no call of it can come any more) a target that can still be called."""
+        targets = self._callable_targets()
+        if not targets:
+            return
+        # only a call that can still happen: one that never comes would block every other fault. A drawn target
+        # that cannot stands for one that can (a fixed map, so programs still shrink).
+        target = drawn if drawn in targets else targets[FAULT_TARGETS.index(drawn) % len(targets)]
+        self.faults.arm(*target)
+        self.fault_waited = 0
+        _count("faults_armed")
+        _count(f"armed:{target[0]}.{target[1]}")
+
+    def _retire_fault(self) -> None:
+        """After a lifecycle call: disarm a fault that did not fire and no longer can (or waited long enough)."""
+        armed = self.faults.armed
+        if armed is None:
+            return
+        self.fault_waited += 1
+        if self.fault_waited >= FAULT_PATIENCE or armed not in self._callable_targets():
+            self.faults.armed = None
+            _count("faults_disarmed")
 
     def _validator(self, step: int, weight_version: int) -> dict[str, float]:
         self.log.add("validator", "validate", "call", (step, weight_version))
@@ -347,6 +452,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             raise AssertionError(f"{label}: an adapter fault escaped without a typed lifecycle error: {exc!r}") from exc
         finally:
             self.server.pump()
+            self._retire_fault()
         if len(self.faults.fired) > fired:
             raise AssertionError(
                 f"{label}: an injected fault in {self.faults.fired[-1]} raised, but the caller got no "
@@ -503,7 +609,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             st.tuples(st.just("request"), st.just(1)),
             st.tuples(st.just("rollouts_admitted"), st.sampled_from([1, 7, 64])),
             st.tuples(st.just("rollouts_finish"), st.sampled_from([1, 7, 64])),
-            st.tuples(st.just("fault"), st.sampled_from(FAULT_TARGETS)),
+            st.tuples(st.just("fault"), st.sampled_from(_FAULT_DRAWS)),
             st.tuples(st.just("wrong_trigger"), st.sampled_from((*LIFECYCLE.triggers(), "fail", "no_such_trigger"))),
         )
     )
@@ -535,8 +641,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 self.buffer.add(1, v)
         elif kind == "fault":
             if type(self).inject_faults and self.faults.armed is None and lc.state is not S.STOPPED:
-                self.faults.arm(*arg)
-                _count("faults_armed")
+                self._arm(arg)
         else:
             self._wrong_trigger(arg)
 
@@ -855,6 +960,7 @@ def stats_snapshot() -> dict[str, int]:
 
 
 __all__ = [
+    "FAULT_PATIENCE",
     "STATS",
     "AdapterFactory",
     "Adapters",
@@ -862,6 +968,7 @@ __all__ = [
     "RunConfig",
     "StepRecord",
     "as_adapters",
+    "callable_targets",
     "check_lifecycle",
     "lifecycle_machine",
     "lifecycle_test_case",
