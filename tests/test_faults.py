@@ -57,7 +57,10 @@ def test_rank_dies_while_resting_in_every_resting_state(tmp_path):
     record_stats("faults_injected_die_resting", len(runs))
 
 
-def test_four_ranks_one_dies_mid_checkpoint(tmp_path):
+def test_four_ranks_one_dies_just_before_its_save_checkpoint_runs(tmp_path):
+    """Rank 2 dies at the save_checkpoint action, before its save starts (nothing of it is written); the peers
+    save, then time out at the next barrier. A real save interrupted mid-write: tests/test_checkpoint_interrupted.py.
+    """
     point = FaultPoint("conclude", State.TRAINING, State.CHECKPOINTING, "save_checkpoint")
     sc = fault_points()[point]
     run = faults.run_ranks(sc, fault=point, kind=FaultKind.DIE, world=4, victim=2, barrier_timeout_s=1.5, root=tmp_path)
