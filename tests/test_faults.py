@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 
 import pytest
 
@@ -137,3 +138,24 @@ def test_faulty_lifecycle_without_fault_is_the_lifecycle(tmp_path):
 
 def test_action_failed_type_is_reported():
     assert issubclass(ActionFailed, Exception)
+
+
+def test_a_slow_healthy_barrier_is_not_a_failure(tmp_path, monkeypatch):
+    """Under load a healthy rank can reach a barrier long after its peer: before the fault fired, barriers wait
+    the healthy timeout, so only the injected fault fails the run (here: the short timeout is 0.3 s, rank 0's
+    training step takes 1 s before the Waking barrier)."""
+    real = faults.AtomicCheckpointTrainer.train_step
+
+    def slow_train_step(self, batch):
+        if self.root.name == "rank0" and self.steps == 0:
+            time.sleep(1.0)
+        return real(self, batch)
+
+    monkeypatch.setattr(faults.AtomicCheckpointTrainer, "train_step", slow_train_step)
+    point = FaultPoint("resume", State.WAKING, State.GENERATING, "resume_collector")
+    run = faults.run_ranks(
+        fault_points()[point], fault=point, kind=FaultKind.RAISE, world=2, barrier_timeout_s=0.3, root=tmp_path
+    )
+    assert check_outcome(run) == []
+    victim = run.outcomes[run.victim]
+    assert victim.fault_fired and victim.trained >= 1 and isinstance(victim.failure, ActionFailed)

@@ -118,9 +118,11 @@ class FaultyLifecycle(Lifecycle):
         hang_limit_s: float = 60.0,
         die: Callable[[], None] | None = None,
         occurrence: int = 1,
+        on_fire: Callable[[], None] | None = None,
         **kwargs: Any,
     ) -> None:
         self.fault = fault
+        self._on_fire = on_fire
         self.occurrence = occurrence
         self._seen = 0
         self.fault_kind = FaultKind(kind)
@@ -132,6 +134,12 @@ class FaultyLifecycle(Lifecycle):
 
     def _bind_actions(self) -> dict[str, Callable[[], None]]:
         return {name: self._wrap(name, fn) for name, fn in super()._bind_actions().items()}
+
+    def mark_fired(self) -> None:
+        """The fault fires now: set :attr:`fired` and tell ``on_fire``."""
+        self.fired.set()
+        if self._on_fire is not None:
+            self._on_fire()
 
     def _hit(self, name: str) -> bool:
         f = self.fault
@@ -147,7 +155,7 @@ class FaultyLifecycle(Lifecycle):
         def run() -> None:
             hit = self._hit(name)
             if hit:
-                self.fired.set()
+                self.mark_fired()
                 kind = self.fault_kind
                 if kind is FaultKind.RAISE:
                     raise InjectedFault(f"injected fault before {name}")
@@ -223,6 +231,44 @@ class RankOutcome:
     journal: list[str] = field(default_factory=list)
 
 
+HEALTHY_BARRIER_TIMEOUT_S = 30.0
+"""How long a barrier met before the run's fault fired may wait: every rank is healthy and will come, however
+slowly a loaded machine runs 100 rank threads. Only barriers after the fault get the short timeout under test."""
+
+
+class _FaultRunBarrier(ThreadBarrier):
+    """A :class:`ThreadBarrier` whose timeout is ``healthy_s`` until the run's fault fired, ``timeout_s`` after.
+
+    A barrier entered while every rank was still healthy is broken (as a peer's timeout would) ``timeout_s``
+    after the fault fires, by :func:`_break_after_fault`; a barrier entered later times out after ``timeout_s``.
+    """
+
+    def __init__(
+        self, shared: threading.Barrier, rank: int, *, timeout_s: float, healthy_s: float, fault_fired: threading.Event
+    ) -> None:
+        super().__init__(shared, rank, timeout_s=timeout_s)
+        self.short_s, self.healthy_s, self.fault_fired = timeout_s, max(healthy_s, timeout_s), fault_fired
+
+    def wait(self, *, state: str | None = None, weight_version: int | None = None) -> None:
+        self.timeout_s = self.short_s if self.fault_fired.is_set() else self.healthy_s
+        super().wait(state=state, weight_version=weight_version)
+
+
+def _break_after_fault(
+    shared: threading.Barrier, fault_fired: threading.Event, timeout_s: float, threads: list[threading.Thread]
+) -> None:
+    """Once the fault fired, break the shared barrier after ``timeout_s`` (the peers' timeout, counted from the
+    fault) unless every rank has ended by then."""
+    while any(t.is_alive() for t in threads):
+        if fault_fired.wait(0.1):
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and any(t.is_alive() for t in threads):
+                time.sleep(0.05)
+            if any(t.is_alive() for t in threads):
+                shared.abort()
+            return
+
+
 def _decision(name: str, steps: Sequence[StepPlan], attr: str) -> LatchedDecision:
     return LatchedDecision(name, lambda step: step < len(steps) and bool(getattr(steps[step], attr)))
 
@@ -240,7 +286,10 @@ def _rank_main(
     abort_on_failure: bool,
     out: dict[int, RankOutcome],
     spec: LifecycleSpec,
+    healthy_timeout_s: float = HEALTHY_BARRIER_TIMEOUT_S,
+    fault_fired: threading.Event | None = None,
 ) -> None:
+    fault_fired = fault_fired or threading.Event()
     journal = Journal()
     engine = RecordingEngine(journal, urls=[f"http://127.0.0.1:{8000 + rank}/v1"])
     trainer = AtomicCheckpointTrainer(root / f"rank{rank}", journal)
@@ -251,13 +300,16 @@ def _rank_main(
         collector,
         config=LifecycleConfig(num_steps=scenario.num_steps, rank=rank, world_size=world),
         drain=lambda: rank,
-        barrier=ThreadBarrier(shared, rank, timeout_s=barrier_timeout_s),
+        barrier=_FaultRunBarrier(
+            shared, rank, timeout_s=barrier_timeout_s, healthy_s=healthy_timeout_s, fault_fired=fault_fired
+        ),
         checkpoint=_decision("checkpoint", scenario.steps, "save"),
         validation=_decision("validation", scenario.steps, "validate"),
         spec=spec,
         fault=fault if fault is not None and fault.action is not None else None,
         kind=kind,
         release=release,
+        on_fire=fault_fired.set,
     )
     produced = trained_batches = kept = 0
     error: BaseException | None = None
@@ -266,7 +318,7 @@ def _rank_main(
 
     def resting_fault() -> None:
         if rest_fault is not None and lc.state is rest_fault.dest:
-            lc.fired.set()
+            lc.mark_fired()
             raise RankDied(f"rank {rank} died resting in {lc.state.value}")
 
     try:
@@ -360,6 +412,7 @@ def run_ranks(
     root: Path,
     spec: LifecycleSpec = LIFECYCLE,
     join_timeout_s: float = 60.0,
+    healthy_timeout_s: float = HEALTHY_BARRIER_TIMEOUT_S,
 ) -> FaultRun:
     """Run ``scenario`` on ``world`` thread ranks; rank ``victim`` gets the fault. Blocks until all ranks end."""
     handle = start_ranks(
@@ -371,6 +424,7 @@ def run_ranks(
         barrier_timeout_s=barrier_timeout_s,
         root=root,
         spec=spec,
+        healthy_timeout_s=healthy_timeout_s,
     )
     return handle.join(join_timeout_s)
 
@@ -428,9 +482,15 @@ def start_ranks(
     barrier_timeout_s: float = 10.0,
     root: Path,
     spec: LifecycleSpec = LIFECYCLE,
+    healthy_timeout_s: float = HEALTHY_BARRIER_TIMEOUT_S,
 ) -> RankRun:
-    """Start the rank threads of :func:`run_ranks` and return at once."""
+    """Start the rank threads of :func:`run_ranks` and return at once.
+
+    ``barrier_timeout_s`` is the peers' timeout once the fault fired (counted from the fault); a barrier met
+    while every rank is healthy waits up to ``healthy_timeout_s``, so a loaded machine cannot fail it spuriously.
+    """
     shared = threading.Barrier(world)
+    fault_fired = threading.Event()
     release = threading.Event()
     out: dict[int, RankOutcome] = {}
     abort = False  # a failed rank simply stops taking part, as a real process group member would
@@ -452,12 +512,20 @@ def start_ranks(
                 abort,
                 out,
                 spec,
+                healthy_timeout_s,
+                fault_fired,
             ),
         )
         for r in range(world)
     ]
     for t in threads:
         t.start()
+    threading.Thread(
+        target=_break_after_fault,
+        name="fault-barrier-breaker",
+        daemon=True,
+        args=(shared, fault_fired, barrier_timeout_s, threads),
+    ).start()
     return RankRun(
         scenario,
         fault,
@@ -688,8 +756,12 @@ def run_all(
     barrier_timeout_s: float | None = None,
     spec: LifecycleSpec = LIFECYCLE,
     resting: bool = False,
+    healthy_timeout_s: float = HEALTHY_BARRIER_TIMEOUT_S,
 ) -> list[FaultRun]:
-    """Inject ``kind`` at every fault point (or, with ``resting``, in every resting state), all runs at once."""
+    """Inject ``kind`` at every fault point (or, with ``resting``, in every resting state), all runs at once.
+
+    The 1.5 s default timeout applies only to barriers after the fault fired; healthy ones wait
+    ``healthy_timeout_s`` (so 100 rank threads on a loaded CI machine do not fail a healthy barrier)."""
     timeout = barrier_timeout_s if barrier_timeout_s is not None else 1.5
     points = rest_points(spec) if resting else fault_points(spec)
     handles = [
@@ -701,6 +773,7 @@ def run_all(
             barrier_timeout_s=timeout,
             root=Path(root) / f"{kind.value}-{i}",
             spec=spec,
+            healthy_timeout_s=healthy_timeout_s,
         )
         for i, (p, sc) in enumerate(points.items())
     ]
@@ -734,9 +807,8 @@ def gloo_fault_worker(rank: int, world: int, port: int, mode: str, timeout_s: fl
         os._exit(17)
 
     kind = FaultKind.DIE if mode == "die" else FaultKind.HANG
-    release = threading.Event()
-    if kind is FaultKind.HANG:
-        threading.Timer(timeout_s * 2, release.set).start()
+    release = threading.Event()  # never set: the hang lasts hang_limit_s, counted from when it begins (not from
+    # here, before the start and the first step, which a loaded machine can slow past the peer's timeout)
     lc = FaultyLifecycle(
         engine,
         trainer,
@@ -749,6 +821,7 @@ def gloo_fault_worker(rank: int, world: int, port: int, mode: str, timeout_s: fl
         fault=point if rank == 1 else None,
         kind=kind,
         release=release,
+        hang_limit_s=timeout_s * 2,
         die=die,
         occurrence=2,
     )
