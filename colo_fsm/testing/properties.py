@@ -155,6 +155,7 @@ def check_wall_clock_metrics_property(logger_class: Callable[..., Any] | None = 
 def check_replay_buffer_property(buffer_class: Callable[..., Any] | None = None, max_examples: int = 200) -> None:
     """Fact 5 (staleness half): no group older than ``max_trajectory_age_steps`` is ever sampled, and every group
     put is accounted for as sampled, evicted (counted) or still buffered -- never silently dropped."""
+    from colo_fsm.adapters.protocols import Completion
     from colo_fsm.collector.buffer import ReplayBuffer, TrajectoryGroup
     from colo_fsm.errors import WaitTimeout
 
@@ -172,7 +173,8 @@ def check_replay_buffer_property(buffer_class: Callable[..., Any] | None = None,
         version, put, sampled = 0, 0, 0
         for i, (kind, arg) in enumerate(ops):
             if kind == "put":
-                g = TrajectoryGroup(f"p{i}", "x", ("y",), (0.0,), weight_version=max(0, version - arg))
+                wv = max(0, version - arg)
+                g = TrajectoryGroup(f"p{i}", "x", (Completion("y", (), wv),), (0.0,), weight_version=wv)
                 buf.put(g)
                 put += 1
             elif kind == "advance":
