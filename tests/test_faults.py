@@ -91,7 +91,10 @@ def _free_port() -> int:
 
 
 def test_real_gloo_rank_dies_or_never_arrives_at_torch_barrier():
-    """Two real worlds of two gloo processes at once: in one rank 1 dies, in the other it never arrives."""
+    """Two real worlds of two gloo processes at once: in one rank 1 dies, in the other it never arrives.
+
+    The never-arrives world starts late (a loaded machine): rank 1's hang must still outlast rank 0's timeout,
+    counted from when it begins, not from process start."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -101,7 +104,8 @@ def test_real_gloo_rank_dies_or_never_arrives_at_torch_barrier():
     for mode in ("die", "never_arrives"):
         port = _free_port()
         for rank in (0, 1):
-            p = ctx.Process(target=faults.gloo_fault_worker, args=(rank, 2, port, mode, timeout_s, out))
+            delay = timeout_s * 2 + 0.5 if mode == "never_arrives" else 0.0
+            p = ctx.Process(target=faults.gloo_fault_worker, args=(rank, 2, port, mode, timeout_s, out, delay))
             procs.append((mode, rank, p))
     for _m, _r, p in procs:
         p.start()

@@ -781,12 +781,16 @@ def run_all(
 
 
 # ---------------------------------------------------------------------------------------------- real gloo
-def gloo_fault_worker(rank: int, world: int, port: int, mode: str, timeout_s: float, out: Any) -> None:
+def gloo_fault_worker(
+    rank: int, world: int, port: int, mode: str, timeout_s: float, out: Any, startup_delay_s: float = 0.0
+) -> None:
     """One rank of a real two-process gloo run (``mode``: ``die`` or ``never_arrives`` for rank 1).
 
     Rank 1 dies (``os._exit``) or sleeps past the timeout at the barrier of the handoff to training; rank 0's
     :class:`~colo_fsm.guards.barrier.TorchBarrier` must time out and its lifecycle end in Failed naming state,
     rank and weight version (1: the fault hits the second step). Puts ``(mode, rank, result dict)`` on ``out``.
+    ``startup_delay_s`` (every rank) stands for a loaded machine being slow before the run starts: the hang
+    still lasts twice the timeout from when it begins.
     """
     from datetime import timedelta
 
@@ -825,6 +829,7 @@ def gloo_fault_worker(rank: int, world: int, port: int, mode: str, timeout_s: fl
         die=die,
         occurrence=2,
     )
+    time.sleep(startup_delay_s)
     t0 = time.monotonic()
     result: dict[str, Any] = {}
     try:
