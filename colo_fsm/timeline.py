@@ -10,32 +10,19 @@ is evaluated in the old state); the last state of a row extends to the end of th
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from colo_fsm.errors import ConfigError
-from colo_fsm.machine.trace import TraceRecord
+from colo_fsm.machine.trace import TraceFileError, TraceRecord, read_trace_file
 from colo_fsm.states.spec import LIFECYCLE, LifecycleSpec
 
 log = logging.getLogger("colo_fsm.timeline")
 
 TIMELINE_FORMATS: tuple[str, ...] = ("png", "svg", "pdf")
 """Picture formats :func:`render_timeline` writes."""
-
-_REQUIRED: dict[str, tuple[type, ...]] = {
-    "rank": (int,),
-    "source": (str,),
-    "dest": (str,),
-    "trigger": (str,),
-    "t_start": (int, float),
-    "t_enter": (int, float),
-    "t_end": (int, float),
-}
 
 # Fixed colours so a state keeps its colour across pictures; Failed is always red, Stopped grey.
 _STATE_COLORS: dict[str, str] = {
@@ -54,21 +41,6 @@ _STATE_COLORS: dict[str, str] = {
 _EXTRA_COLORS = ("#f06292", "#9575cd", "#4db6ac", "#fff176", "#a1887f", "#90a4ae", "#aed581", "#ff8a65")
 
 
-class TraceFileError(ConfigError):
-    """A trace file is missing, unreadable or holds a line that is not a trace record; names file and line."""
-
-    def __init__(self, path: str | Path, line: int | None, problem: str) -> None:
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__("trace", where, problem)
-        self.path = str(path)
-        self.line = line
-        self.problem = problem
-        self.args = (f"{where}: {problem}",)
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
 @dataclass(frozen=True)
 class Span:
     """One stretch of time a rank's machine spent in ``state``; ``action_end`` is when its actions finished."""
@@ -80,50 +52,6 @@ class Span:
     action_end: float
     failed: bool = False
     error: str | None = None
-
-
-def read_trace_file(path: str | Path) -> list[TraceRecord]:
-    """Read one JSON-lines trace strictly; raises :class:`TraceFileError` naming the file and line."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TraceFileError(p, None, "no such trace file") from None
-    except IsADirectoryError:
-        raise TraceFileError(p, None, "is a directory, expected a JSON-lines trace file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFileError(p, None, f"cannot read: {exc}") from None
-    records: list[TraceRecord] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            data: Any = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceFileError(p, n, f"not JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(data, dict):
-            raise TraceFileError(p, n, f"expected a JSON object (a trace record), got {type(data).__name__}")
-        for key, types in _REQUIRED.items():
-            if key not in data:
-                raise TraceFileError(p, n, f"trace record lacks {key!r}")
-            value: Any = data[key]
-            if isinstance(value, bool) or not isinstance(value, types):
-                want = "a number" if float in types else f"a {types[0].__name__}"
-                raise TraceFileError(p, n, f"{key}={value!r}: expected {want}")
-            if float in types and not math.isfinite(data[key]):
-                raise TraceFileError(p, n, f"{key}={value!r}: expected a finite number")
-        if not data["t_start"] <= data["t_enter"] <= data["t_end"]:
-            raise TraceFileError(p, n, "times out of order: expected t_start <= t_enter <= t_end")
-        data.setdefault("seq", n)
-        data.setdefault("step", 0)
-        data.setdefault("weight_version", 0)
-        try:
-            records.append(TraceRecord.from_dict(data))
-        except TypeError as exc:
-            raise TraceFileError(p, n, f"not a trace record ({exc})") from None
-    if not records:
-        raise TraceFileError(p, None, "holds no trace records")
-    return records
 
 
 def load_rows(paths: Sequence[str | Path]) -> dict[str, list[TraceRecord]]:

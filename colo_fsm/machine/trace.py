@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -124,24 +125,87 @@ class Trace:
                 self._file = None
 
 
+_REQUIRED: dict[str, tuple[type, ...]] = {
+    "rank": (int,),
+    "source": (str,),
+    "dest": (str,),
+    "trigger": (str,),
+    "t_start": (int, float),
+    "t_enter": (int, float),
+    "t_end": (int, float),
+}
+
+
+class TraceFileError(ConfigError):
+    """A trace file is missing, unreadable or holds a line that is not a trace record; names file and line."""
+
+    def __init__(self, path: str | Path, line: int | None, problem: str) -> None:
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__("trace", where, problem)
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+        self.args = (f"{where}: {problem}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def read_trace_file(path: str | Path) -> list[TraceRecord]:
+    """Read one JSON-lines trace strictly; raises :class:`TraceFileError` naming the file and line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceFileError(p, None, "no such trace file") from None
+    except IsADirectoryError:
+        raise TraceFileError(p, None, "is a directory, expected a JSON-lines trace file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFileError(p, None, f"cannot read: {exc}") from None
+    records: list[TraceRecord] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            data: Any = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceFileError(p, n, f"not JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(data, dict):
+            raise TraceFileError(p, n, f"expected a JSON object (a trace record), got {type(data).__name__}")
+        for key, types in _REQUIRED.items():
+            if key not in data:
+                raise TraceFileError(p, n, f"trace record lacks {key!r}")
+            value: Any = data[key]
+            if isinstance(value, bool) or not isinstance(value, types):
+                want = "a number" if float in types else f"a {types[0].__name__}"
+                raise TraceFileError(p, n, f"{key}={value!r}: expected {want}")
+            if float in types and not math.isfinite(data[key]):
+                raise TraceFileError(p, n, f"{key}={value!r}: expected a finite number")
+        if not data["t_start"] <= data["t_enter"] <= data["t_end"]:
+            raise TraceFileError(p, n, "times out of order: expected t_start <= t_enter <= t_end")
+        data.setdefault("seq", n)
+        data.setdefault("step", 0)
+        data.setdefault("weight_version", 0)
+        try:
+            records.append(TraceRecord.from_dict(data))
+        except TypeError as exc:
+            raise TraceFileError(p, n, f"not a trace record ({exc})") from None
+    if not records:
+        raise TraceFileError(p, None, "holds no trace records")
+    return records
+
+
 def read_trace(paths: str | Path | Iterable[str | Path]) -> list[TraceRecord]:
     """Read one or more JSON-lines traces (e.g. one per rank), sorted by ``t_start``.
 
-    A malformed line raises ``ValueError`` naming the file and line number.
+    Each file is read by :func:`read_trace_file`: a malformed one raises :class:`TraceFileError` naming the
+    file and line.
     """
     if isinstance(paths, str | Path):
         paths = [paths]
-    records: list[TraceRecord] = []
-    for p in paths:
-        for n, line in enumerate(Path(p).read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(TraceRecord.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as exc:
-                raise ValueError(f"{p}:{n}: not a colo-fsm trace record ({exc})") from None
+    records = [r for p in paths for r in read_trace_file(p)]
     records.sort(key=lambda r: (r.t_start, r.rank, r.seq))
     return records
 
 
-__all__ = ["Trace", "TraceRecord", "read_trace"]
+__all__ = ["Trace", "TraceFileError", "TraceRecord", "read_trace", "read_trace_file"]
