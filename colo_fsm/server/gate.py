@@ -205,6 +205,14 @@ class SuspendGate:
             self._timeouts += 1
         return ServerUnavailable(waited, self.state())
 
+    def _try_enter_locked(self, t0: float) -> tuple[float, float] | None:
+        """Under the lock: take a place in flight if admissible; (admitted_at wall time, seconds waited) or None."""
+        if not self._admissible():
+            return None
+        self._in_flight += 1
+        self._admitted += 1
+        return time.time(), time.monotonic() - t0
+
     def _leave(self, admitted_at: float, waited: float) -> None:
         with self._cond:
             self._in_flight -= 1
@@ -226,11 +234,9 @@ class SuspendGate:
             self._waiting += 1
             try:
                 while True:
-                    if self._admissible():
-                        self._in_flight += 1
-                        self._admitted += 1
-                        admitted_at = time.time()
-                        waited = time.monotonic() - t0
+                    entered = self._try_enter_locked(t0)
+                    if entered is not None:
+                        admitted_at, waited = entered
                         break
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if self._retired or (remaining is not None and remaining <= 0):
@@ -262,11 +268,9 @@ class SuspendGate:
         try:
             while True:
                 with self._cond:
-                    if self._admissible():
-                        self._in_flight += 1
-                        self._admitted += 1
-                        admitted_at = time.time()
-                        waited = time.monotonic() - t0
+                    entered = self._try_enter_locked(t0)
+                    if entered is not None:
+                        admitted_at, waited = entered
                         break
                     fut: asyncio.Future[None] | None = None
                     if self._retired:
