@@ -33,12 +33,15 @@ def context() -> dict[str, Any]:
     return dict(_context)
 
 
+def format_prefix(*, rank: int, state: str, weight_version: int, step: int) -> str:
+    """``[rank=.. state=.. wv=.. step=..] ``: the one format every lifecycle line starts with."""
+    return f"[rank={rank} state={state} wv={weight_version} step={step}] "
+
+
 def prefix() -> str:
-    """``[rank=.. state=.. wv=.. step=..] `` for the active lifecycle, or ``""``."""
+    """:func:`format_prefix` for the active lifecycle, or ``""``."""
     c = _context
-    if not c:
-        return ""
-    return f"[rank={c['rank']} state={c['state']} wv={c['weight_version']} step={c['step']}] "
+    return format_prefix(**c) if c else ""
 
 
 class LifecycleLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -100,4 +103,4 @@ class _Heartbeat:
 
 heartbeat = _Heartbeat()
 
-__all__ = ["LifecycleLogger", "context", "get_logger", "heartbeat", "prefix", "set_context"]
+__all__ = ["LifecycleLogger", "context", "format_prefix", "get_logger", "heartbeat", "prefix", "set_context"]

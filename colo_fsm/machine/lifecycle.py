@@ -31,7 +31,7 @@ from colo_fsm.guards.barrier import Barrier, SoloBarrier
 from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision, ValidationDecision
 from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.guards.handoff import HandoffLedger
-from colo_fsm.log import heartbeat
+from colo_fsm.log import format_prefix, heartbeat
 from colo_fsm.log import set_context as _log_context
 from colo_fsm.machine.trace import Trace, TraceRecord
 from colo_fsm.states.spec import (
@@ -448,8 +448,8 @@ class Lifecycle:
     def _log(self, level: int, msg: str, *args: Any, exc_info: bool = False) -> None:
         """Every lifecycle line names rank, state and weight version (also as ``extra`` fields)."""
         if log.isEnabledFor(level):
-            prefix = f"[rank={self.rank} state={self.state.value} wv={self.weight_version} step={self.step_index}] "
-            log.log(level, prefix + msg, *args, extra=self._log_extra(), exc_info=exc_info)
+            extra = self._log_extra()
+            log.log(level, format_prefix(**extra) + msg, *args, extra=extra, exc_info=exc_info)
 
     def _report_progress(self, now: float) -> None:
         """Called by the heartbeat thread: a line while one action runs longer than ``progress_interval_s``."""
