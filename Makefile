@@ -9,7 +9,7 @@ PYTHON ?= python
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-deep lint format bench gpu-check clean
+.PHONY: setup demo test test-deep lint format bench gpu-check clean docs
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; v=sys.version_info; sys.exit(0 if v >= (3, 12) else "colo-fsm needs Python >= 3.12 (megatron-core 0.17+); got %d.%d: install it or set PYTHON=python3.12" % v[:2])'
@@ -37,6 +37,10 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff check --fix colo_fsm tests bench scripts examples
 	$(VENV)/bin/ruff format colo_fsm tests bench scripts examples
+
+# the docs site with the API reference from the docstrings; warnings are errors; built into a temp dir
+docs: setup
+	d=$$(mktemp -d) && $(VENV)/bin/mkdocs build --strict --quiet -d $$d && echo "docs built in $$d"
 
 bench: setup
 	$(PY) bench/run_all.py
