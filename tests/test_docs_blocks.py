@@ -113,7 +113,7 @@ def test_the_block_reader_sees_markers_and_languages(tmp_path: Path) -> None:
         (2, "python", None, "", "x = 1\n"),
         (6, "bash", "fragment", "needs a GPU", "nvidia-smi\n"),
         (11, "python", None, "", "not_marked = 1\n"),  # a blank line between marker and fence: not marked
-        (15, "text", None, "", "out\n"),
+        (16, "text", None, "", "out\n"),  # an indented fence (in a list)
     ]
 
 
