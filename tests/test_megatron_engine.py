@@ -48,10 +48,11 @@ def test_built_once_and_inference_mode_follows_suspend_resume(model):
         eng.bring_up()
     eng.suspend()
     assert not InferenceMode.is_active()
-    with pytest.raises(LifecycleError, match="suspended"):
-        eng.generate(["12>"], max_tokens=2)
+    waiting = eng.submit(TOK.tokenize("12>"), max_tokens=2)  # accepted while suspended: queued, not decoded
+    assert eng.request_counts().queued == 1 and not waiting.done() and eng.steps == 0
     eng.resume()
     assert InferenceMode.is_active()
+    assert len(waiting.result(timeout=60).token_ids) == 2
     assert len(eng.generate(["12>"], max_tokens=2)) == 1
     eng.shutdown()
     with pytest.raises(LifecycleError):
@@ -194,37 +195,50 @@ def test_device_context_index_from_the_device_else_local_rank(cuda_device_record
 
 
 def test_engine_entry_points_run_on_the_ranks_own_device_from_any_thread(model, cuda_device_recorder):
-    """Rank 1's engine is called from a thread whose current device is cuda:0: every entry point (and the work
-    inside it) must run with cuda:1 current."""
+    """Rank 1's engine is called from a thread whose current device is cuda:0: every backend call (made on the
+    engine thread) and every entry point must run with cuda:1 current."""
     import threading
 
-    from colo_fsm.adapters.megatron.cpu_loop import Generated
+    from colo_fsm.adapters.batching import StepOutput
 
-    eng = MegatronEngine(model, TOK)
-    eng.bring_up()
-    eng.device = torch.device("cuda", 1)  # as on rank 1 of a 2-GPU run
+    seen: list[tuple[str, list[int]]] = []
 
     class Backend:  # the one piece faked: records which device was current when the engine called it
-        seen: list[tuple[str, list[int]]] = []
+        name = "recording"
 
-        def generate(self, prompts, **kw):
-            self.seen.append(("generate", list(cuda_device_recorder.active)))
-            return [Generated(tuple(p), (1,), (0.0,), "length") for p in prompts]
+        def __init__(self):
+            seen.append(("build", list(cuda_device_recorder.active)))
+            self.rows = []
+
+        def add(self, req):
+            seen.append(("add", list(cuda_device_recorder.active)))
+            self.rows.append(req.request_id)
+
+        def step(self):
+            seen.append(("step", list(cuda_device_recorder.active)))
+            rows, self.rows = self.rows, []
+            return [StepOutput(r, (1,), (0.0,), "length") for r in rows]
+
+        def abort(self, rid):
+            pass
 
         def suspend(self):
-            self.seen.append(("suspend", list(cuda_device_recorder.active)))
+            seen.append(("suspend", list(cuda_device_recorder.active)))
             return 0.0
 
         def resume(self):
-            self.seen.append(("resume", list(cuda_device_recorder.active)))
+            seen.append(("resume", list(cuda_device_recorder.active)))
             return 0.0
 
         def shutdown(self):
-            self.seen.append(("shutdown", list(cuda_device_recorder.active)))
+            seen.append(("shutdown", list(cuda_device_recorder.active)))
 
-    eng._backend = Backend()
+    eng = MegatronEngine(model, TOK)
+    eng.device = torch.device("cuda", 1)  # as on rank 1 of a 2-GPU run
+    eng._make_backend = Backend
 
     def calls():
+        eng.bring_up()
         eng.generate_ids([[1, 2]], max_tokens=1)
         eng.generate(["12>"], max_tokens=1)
         eng.suspend()
@@ -234,8 +248,9 @@ def test_engine_entry_points_run_on_the_ranks_own_device_from_any_thread(model, 
     t = threading.Thread(target=calls)
     t.start()
     t.join()
-    assert [name for name, _ in Backend.seen] == ["generate", "generate", "suspend", "resume", "shutdown"]
-    assert all(active and set(active) == {1} for _, active in Backend.seen), Backend.seen
+    names = [name for name, _ in seen]
+    assert names == ["build", "add", "step", "add", "step", "suspend", "resume", "shutdown"], names
+    assert all(active and active[-1] == 1 for _, active in seen), seen
     assert cuda_device_recorder.active == []
 
 
