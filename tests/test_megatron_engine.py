@@ -142,6 +142,56 @@ def test_dynamic_engine_suspend_resume_on_gpu(mode):
     eng.shutdown()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["persist", "offload", "recompute"])
+def test_dynamic_engine_parks_requests_across_a_train_step_on_gpu(mode):
+    """Requests in flight at a suspend are kept (in every KV mode) and finish with their exact lengths."""
+    import threading
+
+    from colo_fsm.adapters.megatron.dynamic import dynamic_engine_available
+
+    ok, why = dynamic_engine_available()
+    if not ok:
+        pytest.skip(f"megatron-core's dynamic engine cannot run here: {why}")
+    from colo_fsm.adapters.megatron.parallel import init_distributed
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout
+
+    init_distributed(1, device="cuda")
+    model = tiny(TOK, device="cuda", max_sequence_length=128, hidden_size=128, num_attention_heads=2)
+    version = {"v": 0}
+    eng = MegatronEngine(
+        model, TOK, GenerationConfig(kv_cache_mode=mode, buffer_size_gb=0.5), weight_version=lambda: version["v"]
+    )
+    eng.bring_up()
+    started = threading.Event()
+    lengths = [8, 16, 32, 48, 64, 96]
+    handles = [
+        eng.submit(
+            TOK.tokenize("123>"),
+            max_tokens=n,
+            temperature=1.0,
+            top_k=5,
+            stop_token_ids=(),
+            on_token=(lambda t, lp, v: started.set()) if i == 0 else None,
+        )
+        for i, n in enumerate(lengths)
+    ]
+    assert started.wait(120)
+    eng.suspend()
+    parked = eng.request_counts().parked
+    steps = eng.steps
+    MegatronTrainer(model).train_step([Rollout((1, 2), (3, 4), 1.0, 0), Rollout((1, 2), (4, 3), 0.0, 0)])
+    version["v"] = 1
+    assert eng.steps == steps and not eng.decode_in_flight
+    eng.resume()
+    outs = [h.result(timeout=300) for h in handles]
+    for c, n in zip(outs, lengths):
+        assert c.finish_reason in ("length", "stop") and (c.finish_reason == "stop" or len(c.token_ids) == n)
+        assert len(c.logprobs) == len(c.token_ids)
+    assert parked > 0 and any(c.version_span == 1 for c in outs)
+    eng.shutdown()
+
+
 def test_dynamic_engine_head_dim_check():
     from types import SimpleNamespace
 
@@ -290,3 +340,111 @@ def test_dual_mode_build_registers_the_export_types(dist1, monkeypatch):  # noqa
     calls.clear()
     build_model(ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, max_sequence_length=16))
     assert calls == []  # a plain local model does not touch megatron-bridge
+
+
+# -------------------------------------------------------------------------- the dynamic backend, in pieces
+def _record(rid, *chunks, status="ACTIVE_AND_GENERATING_TOKENS"):
+    """A stand-in ``DynamicInferenceRequestRecord``: one request per (tokens, logprobs) chunk (a recompute
+    checkpoint starts a new request in the record)."""
+    from types import SimpleNamespace
+
+    reqs = [
+        SimpleNamespace(generated_tokens=list(t), generated_log_probs=list(lp), status=SimpleNamespace(name=status))
+        for t, lp in chunks
+    ]
+
+    class Rec(SimpleNamespace):
+        def __getitem__(self, i):
+            return self.requests[i]
+
+    return Rec(request_id=rid, requests=reqs)
+
+
+def test_dynamic_records_become_per_step_outputs_across_a_recompute_checkpoint():
+    import math
+
+    from colo_fsm.adapters.megatron.dynamic import outputs_from_records, record_tokens
+
+    eod = TOK.eod
+    tracked = {1: 0, 2: 0, 3: 0}
+    live = {1: _record(1, ([5], [-0.5])), 2: _record(2, ([6], [-0.25])), 3: _record(3, ([7, 8], [-1.0]))}
+    out = outputs_from_records(tracked, live, [], eod)
+    assert [(o.request_id, o.token_ids, o.finished) for o in out] == [
+        (1, (5,), None),
+        (2, (6,), None),
+        (3, (7, 8), None),
+    ]
+    assert math.isnan(out[2].logprobs[1])  # a missing log-prob is nan, never invented
+    # request 1 was checkpointed (recompute resume): a second request in its record continues the tokens
+    live = {1: _record(1, ([5], [-0.5]), ([4], [-0.1])), 3: live[3]}
+    finished = [_record(2, ([6, eod], [-0.25, -0.3]), status="COMPLETED")]
+    out = outputs_from_records(tracked, live, finished, eod)
+    assert [(o.request_id, o.token_ids, o.logprobs, o.finished) for o in out] == [
+        (1, (4,), (-0.1,), None),
+        (2, (eod,), (-0.3,), "stop"),
+    ]
+    assert tracked == {1: 2, 3: 2}  # the finished one left; 3 had nothing new and reported nothing
+    failed = [_record(3, ([7, 8], [-1.0, -1.0]), status="FAILED")]
+    assert [(o.request_id, o.finished) for o in outputs_from_records(tracked, {}, failed, eod)] == [(3, "abort")]
+    assert record_tokens(_record(9, ([1, 2], [-1.0, -2.0]), ([3], [-3.0]))) == ([1, 2, 3], [-1.0, -2.0, -3.0])
+    untracked = outputs_from_records({}, live, finished, eod)
+    assert untracked == []  # an aborted request's late tokens are ignored
+
+
+def test_dynamic_sampling_params_per_request():
+    from colo_fsm.adapters.batching import BackendRequest
+    from colo_fsm.adapters.megatron.dynamic import sampling_params
+
+    g = sampling_params(BackendRequest(0, (1, 2), 7), eod=3)
+    assert (g.top_k, g.temperature, g.top_p, g.num_tokens_to_generate, g.termination_id) == (1, 1.0, 0.0, 7, 3)
+    assert g.return_log_probs and g.skip_prompt_log_probs
+    s = sampling_params(BackendRequest(0, (1,), 5, temperature=0.7, top_p=0.9, top_k=4), eod=3)
+    assert (s.temperature, s.top_p, s.top_k) == (0.7, 0.9, 4)
+    assert sampling_params(BackendRequest(0, (1,), 5, temperature=1.0), eod=3).top_p == 0.0  # 1.0 means off
+
+
+def test_dynamic_abort_dequeues_a_waiting_request_and_finishes_an_active_one():
+    from collections import deque
+    from types import SimpleNamespace
+
+    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend
+
+    class Fut:
+        def __init__(self):
+            self.cancelled = False
+
+        def done(self):
+            return self.cancelled
+
+        def cancel(self):
+            self.cancelled = True
+
+    be = object.__new__(DynamicStepBackend)  # the engine is the one piece stood in for (it needs a GPU)
+    be.device = torch.device("cpu")
+    waiting_future = Fut()
+    be.engine = SimpleNamespace(
+        waiting_request_ids=deque([2]),
+        requests={1: SimpleNamespace(future=Fut()), 2: SimpleNamespace(future=waiting_future)},
+        stop_word_finished_request_ids=set(),
+        resume_request_ids=None,
+        context=SimpleNamespace(),
+    )
+    be._tracked = {1: 3, 2: 0}
+    be.abort(2)
+    assert 2 not in be.engine.requests and not be.engine.waiting_request_ids and waiting_future.cancelled
+    be.abort(1)
+    assert be.engine.stop_word_finished_request_ids == {1} and 1 in be.engine.requests  # finished next step
+    be.abort(1)  # unknown now: a no-op
+    assert be._tracked == {}
+
+
+def test_cuda_graph_model_option():
+    from colo_fsm.adapters.megatron.model import ModelConfig, transformer_config
+
+    cfg = transformer_config(ModelConfig(vocab_size=16, device="cuda", cuda_graphs=True))
+    assert cfg.cuda_graph_impl == "local" and cfg.inference_rng_tracker is True
+    assert transformer_config(ModelConfig(vocab_size=16)).cuda_graph_impl == "none"
+    with pytest.raises(ConfigError) as exc:
+        ModelConfig(vocab_size=16, cuda_graphs=True)  # on the CPU
+    assert exc.value.field == "cuda_graphs"
+    assert GenerationConfig(num_cuda_graphs=16).num_cuda_graphs == 16
