@@ -7,6 +7,8 @@ The convention, for whoever writes a page:
   ``toml``, ``yaml``, ``json`` and ``ini`` are shown, never run.
 * ``<!-- fragment: REASON -->`` on the line right before a fence: the block is not run, and REASON (required)
   says why, e.g. ``<!-- fragment: needs a GPU -->`` or ``<!-- fragment: takes minutes; tests/test_demo.py runs it -->``.
+* ``<!-- slow: REASON -->`` right before a fence: the block runs only in the slow variant of the page's test
+  (``make test-deep``), e.g. one that starts a Ray cluster; REASON says why.
 * ``<!-- file: NAME -->`` right before a fence: the block is written to NAME in the page's folder instead of
   run (a ``conftest.py`` or a script), for a later block to use.
 * A page's blocks run in page order in one fresh process whose working directory is a temporary folder holding
@@ -35,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = {"python", "bash"}
 SHOWN = {"text", "mermaid", "toml", "yaml", "json", "ini"}
 _FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([^\s`]*)")
-_MARK = re.compile(r"^\s*<!--\s*(fragment|file)\s*:\s*(.*?)\s*-->\s*$")
+_MARK = re.compile(r"^\s*<!--\s*(fragment|file|slow)\s*:\s*(.*?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class Block:
     line: int
     lang: str
     text: str
-    mark: str | None = None  # "fragment" or "file"
+    mark: str | None = None  # "fragment", "slow" or "file"
     arg: str = ""  # the fragment's reason or the file's name
 
 
@@ -118,12 +120,13 @@ def test_the_block_reader_sees_markers_and_languages(tmp_path: Path) -> None:
 
 
 _DRIVER = r"""
-import json, subprocess, sys, traceback
+import json, subprocess, sys, time, traceback
 blocks = json.load(open(sys.argv[1]))
 ns = {"__name__": "__doc_page__"}
+t = time.monotonic()
 for b in blocks:
     where = f"{b['page']}:{b['line']}"
-    print(f"--- {where} ({b['lang']})", flush=True)
+    print(f"--- {where} ({b['lang']}) at {time.monotonic() - t:.1f}s", flush=True)
     if b["mark"] == "file":
         open(b["arg"], "w").write(b["text"])
         continue
@@ -143,16 +146,15 @@ for b in blocks:
 """
 
 
-def _runnable(path: Path) -> list[Block]:
-    return [b for b in blocks(path) if b.lang in RUN and b.mark != "fragment"]
+def _runnable(path: Path, *, slow: bool = False) -> list[Block]:
+    skip = {"fragment"} if slow else {"fragment", "slow"}
+    return [b for b in blocks(path) if b.lang in RUN and b.mark not in skip]
 
 
-@pytest.mark.parametrize("path", [p for p in pages() if _runnable(p)], ids=_ids([p for p in pages() if _runnable(p)]))
-def test_page_blocks_run(path: Path, tmp_path: Path) -> None:
-    """Run the page's blocks in order in a fresh process (see the module docstring); it must exit 0."""
+def _run_page(path: Path, tmp_path: Path, run: list[Block]) -> None:
     shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("*.log", "_ext", "api"))
     spec = tmp_path / ".blocks.json"
-    spec.write_text(json.dumps([b.__dict__ for b in _runnable(path)]), encoding="utf-8")
+    spec.write_text(json.dumps([b.__dict__ for b in run]), encoding="utf-8")
     driver = tmp_path / ".driver.py"
     driver.write_text(_DRIVER, encoding="utf-8")
     env = dict(os.environ)
@@ -160,11 +162,24 @@ def test_page_blocks_run(path: Path, tmp_path: Path) -> None:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["MPLBACKEND"] = "Agg"
     proc = subprocess.run(
-        [sys.executable, str(driver), str(spec)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
+        [sys.executable, str(driver), str(spec)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
     )
-    assert proc.returncode == 0, f"{path.name} blocks failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+    failed = next((ln for ln in proc.stdout.splitlines() if ln.startswith("BLOCK FAILED")), "")
+    assert proc.returncode == 0, f"{failed or path.name}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+
+
+_PAGES = [p for p in pages() if _runnable(p)]
+_SLOW_PAGES = [p for p in pages() if len(_runnable(p, slow=True)) > len(_runnable(p))]
+
+
+@pytest.mark.parametrize("path", _PAGES, ids=_ids(_PAGES))
+def test_page_blocks_run(path: Path, tmp_path: Path) -> None:
+    """Run the page's blocks (all but fragments and slow ones) in order in a fresh process; it must exit 0."""
+    _run_page(path, tmp_path, _runnable(path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", _SLOW_PAGES, ids=_ids(_SLOW_PAGES))
+def test_page_blocks_run_with_slow_ones(path: Path, tmp_path: Path) -> None:
+    """The same, with the blocks marked slow."""
+    _run_page(path, tmp_path, _runnable(path, slow=True))
