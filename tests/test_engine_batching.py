@@ -6,7 +6,9 @@ CPU step loop) on a tiny real GPT; assertions are on counts, orders and tokens, 
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
+import time
 
 import pytest
 import torch
@@ -134,8 +136,8 @@ def _rollouts(completions):
 def handoff_run(model, engine_class=MegatronEngine, *, n_tokens=16, trainer_lr=5e-2):
     """Park requests mid-generation, train one real step on the same model, resume; what happened.
 
-    Returns (reference, completions, record): the uninterrupted greedy runs, the parked requests' completions,
-    and counts observed during the handoff.
+    Returns (reference, completions, record): the uninterrupted greedy runs, the parked requests' completions
+    (an exception where a request failed, None where it never completed), and what was observed on the way.
     """
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
 
@@ -163,10 +165,32 @@ def handoff_run(model, engine_class=MegatronEngine, *, n_tokens=16, trainer_lr=5
     record["steps_after_train"] = eng.steps
     record["in_flight_after_train"] = eng.decode_in_flight
     eng.resume()
-    completions = [h.result(timeout=WAIT) for h in handles]
+    for _ in range(60_000):  # until the engine is idle (bounded, never an assertion on time)
+        if eng.request_counts() == (0, 0, 0) and not eng.decode_in_flight:
+            break
+        time.sleep(0.002)
+    concurrent.futures.wait([h.future for h in handles], timeout=10)
+    completions = []
+    for h in handles:
+        if not h.future.done():
+            completions.append(None)
+            continue
+        try:
+            completions.append(h.result(timeout=0))
+        except Exception as exc:  # the request failed in the engine
+            completions.append(exc)
+    record["steps_end"] = eng.steps
     record["counts_after"] = eng.request_counts()
     record["completed"] = eng._batcher.completed
     record["steps_while_suspended"] = eng._batcher.steps_while_suspended
+    # what the request must be: its pre-handoff tokens, then the greedy continuation under the new weights
+    record["continuations"] = {}
+    for i, c in enumerate(completions):
+        if isinstance(c, TokenCompletion):
+            old = [t for t, v in zip(c.token_ids, c.weight_versions) if v == 0]
+            if 0 < len(old) < n_tokens and (not old or old[-1] != TOK.eod):
+                cont = eng.generate_ids([TOK.tokenize(prompts[i]) + old], max_tokens=n_tokens - len(old))[0]
+                record["continuations"][i] = tuple(old) + cont.token_ids
     eng.shutdown()
     return reference, completions, record
 
@@ -180,17 +204,30 @@ def handoff_violations(reference, completions, record, n_tokens=16):
         bad.append(f"decode steps ran while suspended ({record['steps']} -> {record['steps_after_train']})")
     if record["counts"].running or not record["counts"].parked:
         bad.append(f"requests not parked at the suspend: {record['counts']}")
-    for ref, c in zip(reference, completions):
+    after = record["steps_end"] - record["steps_after_train"]  # decode steps since the resume
+    for i, (ref, c) in enumerate(zip(reference, completions)):
+        if c is None:
+            bad.append(f"request {i} never completed (lost)")
+            continue
+        if isinstance(c, Exception):
+            bad.append(f"request {i} failed: {c!r}")
+            continue
         if c.finish_reason not in ("length", "stop"):
-            bad.append(f"request {c.request_id} ended {c.finish_reason!r}")
+            bad.append(f"request {i} ended {c.finish_reason!r}")
         elif c.finish_reason == "length" and len(c.token_ids) != n_tokens:
-            bad.append(f"request {c.request_id}: {len(c.token_ids)} tokens, asked {n_tokens}")
+            bad.append(f"request {i}: {len(c.token_ids)} tokens, asked {n_tokens}")
         old = [t for t, v in zip(c.token_ids, c.weight_versions) if v == 0]
         if tuple(old) != ref.token_ids[: len(old)]:
-            bad.append(f"request {c.request_id}: tokens before the handoff differ from an uninterrupted run")
+            bad.append(f"request {i}: tokens before the handoff differ from an uninterrupted run")
         if list(c.weight_versions) != sorted(c.weight_versions):
-            bad.append(f"request {c.request_id}: versions not monotone {c.weight_versions}")
-    if record["completed"] != len(reference) * 2:  # the reference runs and the parked ones, each exactly once
+            bad.append(f"request {i}: versions not monotone {c.weight_versions}")
+        new = sum(v == 1 for v in c.weight_versions)
+        if new > after:
+            bad.append(f"request {i}: {new} tokens after the resume in {after} decode steps (generated twice)")
+        want = record["continuations"].get(i)
+        if want is not None and c.token_ids != want:
+            bad.append(f"request {i}: {c.token_ids} is not its prefix + the new weights' continuation {want}")
+    if record["completed"] < len(reference) * 2:  # the reference runs and the parked ones, each exactly once
         bad.append(f"{record['completed']} completions for {len(reference) * 2} requests")
     return bad
 
@@ -338,3 +375,23 @@ def test_completion_versions_oldest_first_last_span():
     assert (c.first_weight_version, c.last_weight_version, c.weight_version, c.version_span) == (3, 4, 3, 1)
     empty = TokenCompletion(1, (1,), (), (), (), "", "abort", admitted_version=7)
     assert (empty.weight_version, empty.version_span) == (7, 0)
+
+
+# ---------------------------------------------------------------------------------------------- mutants
+_ENGINE_MUTANTS = ("suspend-not-at-step-boundary", "parked-request-dropped-on-resume", "parked-request-resumed-twice")
+
+
+@pytest.mark.parametrize("name", _ENGINE_MUTANTS)
+def test_engine_mutant_is_caught_by_the_handoff_checks(dist1, name):  # noqa: F811
+    """Each engine-loop mutant of colo_fsm.testing.mutants, run on the real model, breaks the handoff checks."""
+    from colo_fsm.testing.mutants import MUTANTS
+
+    mutant = next(m for m in MUTANTS if m.name == name)
+    assert mutant.batcher_class is not None
+
+    class MutantEngine(MegatronEngine):
+        batcher_class = mutant.batcher_class()
+
+    torch.manual_seed(99)
+    reference, completions, record = handoff_run(tiny(TOK), MutantEngine)
+    assert handoff_violations(reference, completions, record), f"{name} survived the handoff checks"
