@@ -78,8 +78,11 @@ def test_concurrent_requests_of_different_lengths_batch_together_and_match_solo_
     steps_solo = eng.steps
     out: dict[int, TokenCompletion] = {}
 
+    running: list[int] = []
+
     def caller(i):
-        out[i] = eng.submit(TOK.tokenize(PROMPTS[i]), max_tokens=lengths[i]).result(timeout=WAIT)
+        on_token = lambda t, lp, v: running.append(eng.request_counts().running)  # noqa: E731
+        out[i] = eng.submit(TOK.tokenize(PROMPTS[i]), max_tokens=lengths[i], on_token=on_token).result(timeout=WAIT)
 
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(PROMPTS))]
     for t in threads:
@@ -92,6 +95,7 @@ def test_concurrent_requests_of_different_lengths_batch_together_and_match_solo_
         assert out[i].logprobs == pytest.approx(solo[i].logprobs, abs=1e-4)
     tokens = sum(len(c.token_ids) for c in out.values())
     assert eng.steps - steps_solo < tokens  # requests shared decode steps (a solo loop needs one step per token)
+    assert max(running) == 4  # bounded by max_active_requests, and the bound was reached
     assert eng.request_counts() == (0, 0, 0)
     eng.shutdown()
 
@@ -287,20 +291,21 @@ def test_cancel_aborts_one_request_and_disturbs_nothing_else(model):
     solo = [_solo(eng, p, 10) for p in PROMPTS[:4]]
     on_token, started = _after_tokens(2)
     hs = [
-        eng.submit(TOK.tokenize(p), max_tokens=10, on_token=on_token if i == 1 else None)
+        eng.submit(TOK.tokenize(p), max_tokens=25 if i == 1 else 10, on_token=on_token if i == 1 else None)
         for i, p in enumerate(PROMPTS[:4])
     ]
     assert started.wait(WAIT)
     assert hs[1].cancel() is True
     gone = hs[1].result(timeout=WAIT)
-    assert gone.finish_reason == "abort" and 2 <= len(gone.token_ids) < 10
+    assert gone.finish_reason == "abort" and 2 <= len(gone.token_ids) < 25
     assert hs[1].cancel() is False  # already done
-    future_cancelled = eng.submit(TOK.tokenize("99>"), max_tokens=10)
+    future_cancelled = eng.submit(TOK.tokenize("99>"), max_tokens=25)
     future_cancelled.future.cancel()  # the caller's future cancelled: aborted in the engine too
     assert future_cancelled.result().finish_reason == "abort"
     for i in (0, 2, 3):
         assert hs[i].result(timeout=WAIT).token_ids == solo[i].token_ids
     assert eng.request_counts() == (0, 0, 0)
+    assert eng._batcher.backend.active_ids() == []  # the aborted rows left the backend's batch too
     eng.shutdown()
 
 
@@ -395,3 +400,42 @@ def test_engine_mutant_is_caught_by_the_handoff_checks(dist1, name):  # noqa: F8
     torch.manual_seed(99)
     reference, completions, record = handoff_run(tiny(TOK), MutantEngine)
     assert handoff_violations(reference, completions, record), f"{name} survived the handoff checks"
+
+
+def test_cancelling_the_awaiting_task_aborts_the_request_in_the_engine(model):
+    """The server's disconnect path: the asyncio task awaiting handle.wait() is cancelled."""
+    import asyncio
+
+    eng = _engine(model)
+    ref = _solo(eng, "44>", 12)
+    on_token, started = _after_tokens(2)
+
+    async def main():
+        gone = eng.submit(TOK.tokenize("123>"), max_tokens=20, on_token=on_token)
+        other = eng.submit(TOK.tokenize("44>"), max_tokens=12)
+        task = asyncio.create_task(gone.wait())
+        await asyncio.to_thread(started.wait, WAIT)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return gone, await other.wait()
+
+    gone, other = asyncio.run(main())
+    assert gone.future.cancelled() and gone.result().finish_reason == "abort" and len(gone.result().token_ids) < 20
+    assert other.token_ids == ref.token_ids
+    assert eng.request_counts() == (0, 0, 0)
+    eng.shutdown()
+
+
+def test_a_failing_on_token_callback_aborts_only_its_request(model):
+    eng = _engine(model)
+    ref = _solo(eng, "44>", 6)
+
+    def boom(tok, lp, v):
+        raise RuntimeError("callback bug")
+
+    bad = eng.submit(TOK.tokenize("123>"), max_tokens=6, on_token=boom)
+    good = eng.submit(TOK.tokenize("44>"), max_tokens=6)
+    assert bad.result(timeout=WAIT).finish_reason == "abort"
+    assert good.result(timeout=WAIT).token_ids == ref.token_ids
+    eng.shutdown()
