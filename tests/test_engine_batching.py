@@ -388,8 +388,8 @@ _ENGINE_MUTANTS = ("suspend-not-at-step-boundary", "parked-request-dropped-on-re
 
 @pytest.mark.parametrize("name", _ENGINE_MUTANTS)
 def test_engine_mutant_is_caught_by_the_handoff_checks(dist1, name):  # noqa: F811
-    """Each engine-loop mutant of colo_fsm.testing.mutants, run on the real model, breaks the handoff checks."""
-    from colo_fsm.testing.mutants import MUTANTS
+    """Each engine-loop mutant of tests/support/mutants.py, run on the real model, breaks the handoff checks."""
+    from tests.support.mutants import MUTANTS
 
     mutant = next(m for m in MUTANTS if m.name == name)
     assert mutant.batcher_class is not None
