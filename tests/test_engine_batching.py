@@ -247,6 +247,19 @@ def test_suspend_parks_requests_train_step_then_they_finish_under_the_new_versio
     for c in spanning:
         assert c.first_weight_version == 0 and c.last_weight_version == 1 and c.weight_version == 0
     assert record["counts_after"] == (0, 0, 0)
+    # behaviour log-probs were recorded when each token was generated: the pre-handoff ones are the old
+    # weights' (the uninterrupted run's), the post-handoff ones the new weights' -- what the GRPO ratio needs
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout
+
+    with torch.no_grad():
+        now, t = MegatronTrainer(model).token_logprobs([Rollout(c.prompt_ids, c.token_ids, 0.0, 0) for c in spanning])
+    model.eval()
+    for i, c in enumerate(spanning):
+        k = c.weight_versions.index(1)
+        assert c.logprobs[:k] == pytest.approx(reference[completions.index(c)].logprobs[:k], abs=1e-4)
+        current = now[i][t["comp"][i]].tolist()
+        assert c.logprobs[k:] == pytest.approx(current[k:], abs=1e-4)
+        assert c.logprobs[:k] != pytest.approx(current[:k], abs=1e-4)  # the step did change them
 
 
 def test_drain_mode_suspend_waits_for_admitted_requests_and_keeps_the_queue(model):
