@@ -452,3 +452,42 @@ def test_a_failing_on_token_callback_aborts_only_its_request(model):
     assert bad.result(timeout=WAIT).finish_reason == "abort"
     assert good.result(timeout=WAIT).token_ids == ref.token_ids
     eng.shutdown()
+
+
+def test_control_calls_from_the_engine_thread_are_refused_not_deadlocked(model):
+    eng = _engine(model)
+    errors = []
+
+    def suspend_from_callback(tok, lp, v):
+        try:
+            eng.suspend()
+        except Exception as exc:
+            errors.append(exc)
+            return False
+
+    c = eng.submit(TOK.tokenize("12>"), max_tokens=5, on_token=suspend_from_callback).result(timeout=WAIT)
+    assert c.finish_reason == "stop" and len(c.token_ids) == 1
+    assert errors and "engine thread" in str(errors[0])
+    assert eng.awake and len(eng.generate(["12>"], max_tokens=2)[0].token_ids) >= 1
+    eng.shutdown()
+
+
+def test_a_backend_that_dies_fails_its_requests_and_stops_the_engine(model):
+    from colo_fsm.adapters.megatron.cpu_loop import CpuStepLoop
+
+    class Dying(CpuStepLoop):
+        def step(self):
+            if self.steps >= 2:
+                raise RuntimeError("device lost")
+            return super().step()
+
+    eng = MegatronEngine(model, TOK)
+    eng._make_backend = lambda: Dying(model, eod=TOK.eod, pad=TOK.pad, max_sequence_length=32)
+    eng.bring_up()
+    hs = [eng.submit(TOK.tokenize(p), max_tokens=10) for p in PROMPTS[:3]]
+    for h in hs:
+        with pytest.raises(RuntimeError, match="device lost"):
+            h.result(timeout=WAIT)
+    with pytest.raises(EngineStopped):
+        eng.submit(TOK.tokenize("1>"), max_tokens=2)
+    eng.shutdown()

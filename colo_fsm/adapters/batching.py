@@ -431,6 +431,10 @@ class ContinuousBatcher:
     def _command(self, kind: str, *, drain: bool = False) -> None:
         if self._thread is None:
             raise LifecycleError(f"engine {kind} before start")
+        if threading.current_thread() is self._thread:
+            raise LifecycleError(
+                f"engine {kind} called from the engine thread (e.g. inside on_token): it would deadlock"
+            )
         if self._stopped:
             if kind == "shutdown":
                 return
@@ -541,6 +545,8 @@ class ContinuousBatcher:
                 if out.finished is None:
                     backend.abort(req.request_id)  # we ended it (stop token, on_token, length): free its slot
                 with self._cond:
+                    if req.state != "running":
+                        continue  # a caller aborted it meanwhile: it is already resolved, and only once
                     self._active.pop(req.request_id, None)
                     self._mark_done_locked(req, reason)
                 finished.append(req)
