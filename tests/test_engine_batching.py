@@ -491,3 +491,10 @@ def test_a_backend_that_dies_fails_its_requests_and_stops_the_engine(model):
     with pytest.raises(EngineStopped):
         eng.submit(TOK.tokenize("1>"), max_tokens=2)
     eng.shutdown()
+
+
+def test_the_shipped_batcher_satisfies_the_parking_property():
+    """No false alarm: the property that kills the engine mutants holds for ContinuousBatcher itself."""
+    from tests.support.properties import check_parking_property
+
+    check_parking_property()
