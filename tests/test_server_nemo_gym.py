@@ -93,8 +93,11 @@ def test_nemo_gym_clients_across_suspends() -> None:
     try:
         p = subprocess.run(
             [gym_python, str(DRIVER)],
-            env={**os.environ, "NEMO_GYM_DRIVER_URL": gated.server_base_urls()[0],
-                 "NEMO_GYM_DRIVER_PROMPTS": json.dumps(prompts)},
+            env={
+                **os.environ,
+                "NEMO_GYM_DRIVER_URL": gated.server_base_urls()[0],
+                "NEMO_GYM_DRIVER_PROMPTS": json.dumps(prompts),
+            },
             capture_output=True,
             text=True,
             timeout=300,
