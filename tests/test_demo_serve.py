@@ -26,6 +26,18 @@ from colo_fsm.metrics import read_metrics
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class _Tok:
+    @staticmethod
+    def detokenize(ids: list[int]) -> str:
+        from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+        from colo_fsm.demo.task import ALPHABET
+
+        return CharTokenizer(ALPHABET).detokenize(ids)
+
+
+TOK = _Tok()
+
+
 class Demo:
     """A demo subprocess; ``urls`` once it printed them (``serve``)."""
 
@@ -108,9 +120,12 @@ def test_demo_serve_answers_an_openai_client_during_the_run(tmp_path):
             stream = client.completions.create(
                 model="m", prompt="123>", max_tokens=4, temperature=0.0, stream=True, logprobs=0
             )
-            streamed = "".join(c.choices[0].text for c in stream if c.choices)
+            chunks = [c for c in stream if c.choices]
+            streamed = "".join(c.choices[0].text for c in chunks)
+            assert streamed == TOK.detokenize(chunks[-1].choices[0].token_ids)  # every token, in order
+            lps = [lp for c in chunks if c.choices[0].logprobs for lp in c.choices[0].logprobs.token_logprobs]
+            assert len(lps) == len(chunks[-1].choices[0].token_ids) and all(lp <= 0 for lp in lps)
             again = client.completions.create(model="m", prompt="123>", max_tokens=4, temperature=0.0, logprobs=0)
-            assert streamed == again.choices[0].text or again.choices[0].text  # the weights may move between
             assert len(again.choices[0].logprobs.token_logprobs) == again.usage.completion_tokens
             stopped = client.completions.create(model="m", prompt="555>", stop="5", max_tokens=4, temperature=1.0)
             assert "5" not in stopped.choices[0].text

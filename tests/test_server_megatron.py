@@ -79,6 +79,8 @@ class SlowEngine:
         self.asleep_submits = 0
         self.handles: list = []
         self.version = 0
+        self.tokens_while_asleep = 0
+        self.tokens = 0
 
     def bring_up(self) -> None:
         self.engine.bring_up()
@@ -104,6 +106,15 @@ class SlowEngine:
     def submit(self, prompt_ids, **kw):
         if not self.awake:
             self.asleep_submits += 1
+        user = kw.get("on_token")
+
+        def on_token(t, lp, v):
+            self.tokens += 1
+            if not self.engine.awake:
+                self.tokens_while_asleep += 1  # a token generated during a handoff
+            return user(t, lp, v) if user is not None else None
+
+        kw["on_token"] = on_token
         h = self.engine.submit(prompt_ids, **kw)
         self.handles.append(h)
         return h
@@ -118,14 +129,26 @@ def test_real_engine_parks_http_requests_and_never_gets_one_while_asleep(model):
     codes: list = []
     stop = threading.Event()
 
+    streamed: list = []
+
     def hammer():
         with httpx.Client(timeout=60) as h:
             while not stop.is_set():
-                r = h.post(gated.server_base_urls()[0] + "/completions",
-                           json={"prompt": "12>", "max_tokens": 20, "temperature": 1.0, "logprobs": 0})
+                r = h.post(
+                    gated.server_base_urls()[0] + "/completions",
+                    json={"prompt": "12>", "max_tokens": 20, "temperature": 1.0, "logprobs": 0},
+                )
                 codes.append((r.status_code, r.json()))
 
-    threads = [threading.Thread(target=hammer) for _ in range(3)]
+    def stream():
+        from openai import OpenAI
+
+        c = OpenAI(base_url=gated.server_base_urls()[0], api_key="unused", max_retries=0, timeout=60)
+        while not stop.is_set():
+            chunks = list(c.completions.create(model="m", prompt="1>", max_tokens=25, temperature=1.0, stream=True))
+            streamed.append(("".join(ch.choices[0].text for ch in chunks), chunks[-1].choices[0].token_ids))
+
+    threads = [threading.Thread(target=hammer) for _ in range(3)] + [threading.Thread(target=stream)]
     try:
         for t in threads:
             t.start()
@@ -142,7 +165,8 @@ def test_real_engine_parks_http_requests_and_never_gets_one_while_asleep(model):
         stop.set()
         gated.shutdown()
     assert codes and {c for c, _ in codes} == {200}
-    assert slow.asleep_submits == 0
+    assert slow.asleep_submits == 0 and slow.tokens > 0 and slow.tokens_while_asleep == 0
+    assert streamed and all(text == TOK.detokenize(ids) for text, ids in streamed)  # paused, continued, whole
     outs = [h.future.result(5) for h in slow.handles if h.future.done() and not h.future.cancelled()]
     assert any(len(set(o.weight_versions)) > 1 for o in outs), "no request was parked across a suspend"
     by_ids = {tuple(o.token_ids): tuple(o.logprobs) for o in outs}
