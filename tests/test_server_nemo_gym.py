@@ -83,7 +83,7 @@ def engine(request: Any) -> Any:
     return eng
 
 
-def test_nemo_gym_clients_across_suspends(engine: Any) -> None:
+def test_nemo_gym_clients_across_suspends(engine: Any, tmp_path: Path) -> None:
     gym_python = _gym_python()
     eng = engine
     rec = Recording(eng)
@@ -118,6 +118,7 @@ def test_nemo_gym_clients_across_suspends(engine: Any) -> None:
             capture_output=True,
             text=True,
             timeout=300,
+            cwd=tmp_path,  # nemo-gym (hydra) writes an outputs/ folder into its working directory
         )
     finally:
         stop.set()
