@@ -318,10 +318,12 @@ def test_health_reports_real_admission_and_teardown_says_shutting_down() -> None
     gated.attach_admit(lambda: False)  # e.g. the lifecycle is Draining: the gate is open, nothing is admitted
     assert httpx.get(root(gated) + "/health").json()["admission"] == "closed"
     gated.attach_admit(lambda: True)
-    gated.stopping = True
+    gated.stopping = True  # what shutdown() does first
     gated.gate.retire()
     h = httpx.get(root(gated) + "/health")
-    assert h.status_code == 503 and h.json()["admission"] == "stopped"
+    assert h.status_code == 503 and h.json()["admission"] == "stopping"
+    gated.stopped = True  # the engine is torn down; the server goes next
+    assert httpx.get(root(gated) + "/health").json()["admission"] == "stopped"
     r = httpx.post(base(gated) + "/completions", json={"prompt": "1>"})
     assert r.status_code == 503 and "Retry-After" not in r.headers and "shutting down" in r.json()["error"]["message"]
     gated.shutdown()

@@ -761,6 +761,9 @@ def create_app(
         return _model_card()
 
     def _admission() -> str:
+        phase = getattr(stopping, "phase", None)  # GatedEngine's: "running", "stopping", "stopped"
+        if phase is not None and phase() in ("stopping", "stopped"):
+            return str(phase())
         if the_gate.retired:
             return "stopped"
         if _stopping():

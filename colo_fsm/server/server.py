@@ -245,6 +245,7 @@ class GatedEngine:
         self._urls: list[str] = []
         self._built = False
         self.stopping = False
+        self.stopped = False
         self.suspend_drain_s: list[float] = []
         self.events: list[str] = []  # "suspend" / "resume" / "shutdown", in order (tests and traces)
 
@@ -277,7 +278,7 @@ class GatedEngine:
                 status=lambda: self._status() if self._status else None,
                 tokenizer=self.tokenizer,
                 settings=self.settings,
-                stopping=lambda: self.stopping,
+                stopping=_Stopping(self),
                 **self._server_args,
             )
             local = self.server.start()
@@ -319,6 +320,7 @@ class GatedEngine:
         if left:
             log.warning("shutdown: %d HTTP request(s) still running; the engine aborts them (503)", left)
         self.inner.shutdown()
+        self.stopped = True
         self.events.append("shutdown")
         deadline = time.monotonic() + 2.0
         while self._active_http() > 0 and time.monotonic() < deadline:  # let the 503s go out
@@ -360,6 +362,20 @@ class GatedEngine:
             ]
         with self.gate.admit(self.request_timeout_s):
             return list(self.generator.generate(prompts, max_tokens=max_tokens, temperature=temperature, seed=seed))
+
+
+class _Stopping:
+    """``stopping()`` for the app, with ``phase()``: "running", "stopping" (teardown began) or "stopped"."""
+
+    def __init__(self, gated: GatedEngine) -> None:
+        self._gated = gated
+
+    def __call__(self) -> bool:
+        return self._gated.stopping
+
+    def phase(self) -> str:
+        g = self._gated
+        return "stopped" if g.stopped else "stopping" if g.stopping else "running"
 
 
 def _completion_extras(o: Any) -> dict[str, Any]:
