@@ -38,7 +38,7 @@ $(GYM_VENV)/.installed:
 nemo-gym-venv: $(GYM_VENV)/.installed
 
 test: setup nemo-gym-venv
-	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+	COLO_FSM_NEMO_GYM_PYTHON=$(abspath $(GYM_VENV))/bin/python $(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
 
 test-deep: setup
 	COLO_FSM_HYPOTHESIS_PROFILE=colo-fsm-deep $(PY) -m pytest -q -m "slow and not gpu" $(PYTEST_ARGS)
