@@ -20,7 +20,8 @@ from unittest.mock import MagicMock
 async def raw_client(base_url: str, prompts: list[str]) -> dict[str, Any]:
     from nemo_gym.openai_utils import NeMoGymAsyncOpenAI
 
-    c = NeMoGymAsyncOpenAI(base_url=base_url, api_key="unused", internal=True)
+    # the default client (internal=False) gives up after 3 tries on a 503: parked requests never need a retry
+    c = NeMoGymAsyncOpenAI(base_url=base_url, api_key="unused")
     out: dict[str, Any] = {"models": await c.create_models()}
     out["completions"] = [
         await c.create_completion(
