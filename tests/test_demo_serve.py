@@ -149,11 +149,13 @@ def _first_step_done(run: Path) -> bool:
 
 
 def test_sigterm_stops_a_serving_demo_cleanly(tmp_path):
-    demo = Demo(tmp_path, 500)
+    demo = Demo(tmp_path, 500, extra=("--on-policy-guard",))
     results: list[Any] = []
     stop = threading.Event()
     try:
         url = demo.urls()[0]
+        off = httpx.post(url + "/completions", json={"prompt": "123>", "temperature": 0.5}, timeout=60)
+        assert off.status_code == 400 and off.json()["error"]["param"] == "temperature"  # the on-policy guard
 
         def traffic() -> None:
             with httpx.Client(timeout=60) as h:

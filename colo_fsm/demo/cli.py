@@ -137,6 +137,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="chat template of --serve's /v1/chat/completions: 'digits' (default; user text + '>', what the demo's "
         "tokenizer can encode), 'roles' ('role: text' lines), or a Jinja2 file (messages, add_generation_prompt)",
     )
+    p.add_argument(
+        "--on-policy-guard",
+        action="store_true",
+        help="with --serve: answer 400 to a request whose temperature or top_p differ from the training rollouts' "
+        "(a gym then cannot silently train on off-policy samples)",
+    )
     p.add_argument("--stop-after", type=_positive_int, default=None, help=argparse.SUPPRESS)
 
 

@@ -43,6 +43,7 @@ class DemoConfig:
     serve: bool = False  # an OpenAI-compatible HTTP server per rank (127.0.0.1), up once with the engine
     stop_after: int | None = None  # stop early after this many steps of this run (tests; simulates an interruption)
     chat_template: str = "digits"  # --serve chat: 'digits' (the task alphabet), 'roles', or a Jinja2 file
+    on_policy_guard: bool = False  # --serve: refuse requests whose temperature/top_p differ from the rollouts'
 
     def __post_init__(self) -> None:
         _int("steps", self.steps, 1)
@@ -67,7 +68,7 @@ class DemoConfig:
         _int("seed", self.seed, 0)
         if self.threads is not None:
             _int("threads", self.threads, 1)
-        for name in ("resume", "tensorboard", "serve"):
+        for name in ("resume", "tensorboard", "serve", "on_policy_guard"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
         if self.stop_after is not None:

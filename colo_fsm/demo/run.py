@@ -281,7 +281,7 @@ def run_rank(
 
     served: Any = engine
     if cfg.serve:
-        from colo_fsm.server import GatedEngine
+        from colo_fsm.server import GatedEngine, OnPolicy, ServerSettings
         from colo_fsm.server.templates import resolve_chat_template
 
         # one OpenAI-compatible server per rank, brought up once with the engine (bring_up), on 127.0.0.1;
@@ -295,6 +295,7 @@ def run_rank(
             count_tokens=lambda text: len(tok.tokenize(text)),
             tokenizer=tok,
             chat_template=resolve_chat_template(cfg.chat_template),
+            settings=ServerSettings(on_policy=OnPolicy(cfg.temperature, 1.0) if cfg.on_policy_guard else None),
         )
     lc = Lifecycle(
         served,

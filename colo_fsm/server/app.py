@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from colo_fsm.adapters.protocols import Completion, TextGenerator
-from colo_fsm.errors import ConfigError, ServerUnavailable
+from colo_fsm.errors import ConfigError, EngineStopped, ServerUnavailable
 from colo_fsm.log import get_logger
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.server.params import (
@@ -217,8 +217,9 @@ def create_app(
     def _shutting_down() -> JSONResponse:
         return _error(503, "the server is shutting down; do not retry", "service_unavailable", code="shutting_down")
 
+    @app.exception_handler(EngineStopped)
     @app.exception_handler(ServerStopping)
-    async def _stopping_handler(_request: Request, _exc: ServerStopping) -> JSONResponse:
+    async def _stopping_handler(_request: Request, _exc: Exception) -> JSONResponse:
         served["unavailable"] += 1
         return _shutting_down()
 
