@@ -5,7 +5,7 @@ overrides, so nothing goes there) and prints one JSON object of what they receiv
 
 * ``NeMoGymAsyncOpenAI``: models, completions (logprobs), chat (logprobs), tokenize, responses.
 * ``VLLMModel`` (nemo-gym's responses server) with ``return_token_id_information=True``, over the chat path and
-  with ``use_completions_api=True``: ``POST /v1/responses`` on its FastAPI app, which calls colo-fsm's server.
+  with ``use_completions_api=True``; and its default (chat, no token ids): ``POST /v1/responses`` on its FastAPI app, which calls colo-fsm's server.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ async def raw_client(base_url: str, prompts: list[str]) -> dict[str, Any]:
     return out
 
 
-def vllm_model(base_url: str, prompts: list[str], use_completions_api: bool) -> list[dict[str, Any]]:
+def vllm_model(
+    base_url: str, prompts: list[str], use_completions_api: bool, token_ids: bool = True
+) -> list[dict[str, Any]]:
     import nemo_gym.server_utils
     from fastapi.testclient import TestClient
     from nemo_gym.server_utils import ServerClient
@@ -60,7 +62,7 @@ def vllm_model(base_url: str, prompts: list[str], use_completions_api: bool) -> 
         model="colo-fsm",
         entrypoint="",
         name="colo_fsm_policy",
-        return_token_id_information=True,
+        return_token_id_information=token_ids,
         uses_reasoning_parser=False,
         use_completions_api=use_completions_api,
     )
@@ -88,6 +90,8 @@ def main() -> None:
     out["vllm_chat"] = vllm_model(base_url, prompts, use_completions_api=False)
     nemo_gym.server_utils._GLOBAL_AIOHTTP_CLIENT = None
     out["vllm_completions"] = vllm_model(base_url, prompts, use_completions_api=True)
+    nemo_gym.server_utils._GLOBAL_AIOHTTP_CLIENT = None
+    out["vllm_default"] = vllm_model(base_url, prompts, use_completions_api=False, token_ids=False)
     print("NEMO_GYM_RESULT " + json.dumps(out))
 
 

@@ -152,5 +152,7 @@ def test_nemo_gym_clients_across_suspends(engine: Any, tmp_path: Path) -> None:
                 text = template([{"role": "user", "content": prompt}]) if template else prompt
                 assert msg["prompt_token_ids"] == tok.tokenize(text) == list(by_tokens[key][0])
                 assert msg["content"][0]["text"] == tok.detokenize(msg["generation_token_ids"])
+        generated_texts = {tok.detokenize(g[1]) for g in gen}
+        assert [r["output"][-1]["content"][0]["text"] in generated_texts for r in out["vllm_default"]] == [True] * 3
     finally:
         gated.shutdown()
