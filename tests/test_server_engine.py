@@ -375,3 +375,14 @@ def test_stream_chunks_are_sse_with_done(served) -> None:
     assert lines[-1] == "data: [DONE]"
     objs = [json.loads(ln[6:]) for ln in lines[:-1]]
     assert objs[-1]["usage"]["completion_tokens"] > 0 and objs[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_streamed_text_stops_before_a_multi_character_stop_string(served) -> None:
+    gated, _ = served
+    c = client(gated)
+    # the fake answers "456789": the stop string "67" is held back while it may still be forming, never sent
+    chunks = list(
+        c.completions.create(model="m", prompt="987654>", stop=["67"], max_tokens=8, temperature=0, stream=True)
+    )
+    assert "".join(ch.choices[0].text for ch in chunks) == "45"
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].choices[0].stop_reason == "67"
