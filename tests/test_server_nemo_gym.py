@@ -67,9 +67,10 @@ def _has_running(engine: Any) -> bool:
     return bool(engine.request_counts().running)
 
 
-@pytest.fixture(params=["megatron-cpu", "fake"])
+@pytest.fixture(params=["megatron-cpu"])
 def engine(request: Any) -> Any:
-    """The real MegatronEngine (CPU backend, tiny GPT; weight version bumped at each resume) and the fake."""
+    """The real MegatronEngine (CPU backend, tiny GPT; weight version bumped at each resume); add "fake" to the
+    params to run the same clients over the contract fake (tests/_server_fake.py)."""
     if request.param == "fake":
         return FakeEngine(step_s=0.01)
     from colo_fsm.adapters.megatron.engine import MegatronEngine
