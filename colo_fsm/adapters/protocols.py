@@ -68,7 +68,9 @@ class Collector(Protocol):
     """The asynchronous producer of trajectories."""
 
     def pause(self) -> None:
-        """Stop issuing rollouts; on return no rollout request of this collector is being served."""
+        """Stop issuing new rollouts and return at once (park, the default): rollouts already submitted stay
+        parked in the engine through the handoff and finish after it, under the new weights. A collector set
+        to drain (strictly on-policy) returns only when no rollout request of it is being served."""
 
     def resume(self) -> None:
         """Start issuing rollouts again."""
@@ -76,12 +78,19 @@ class Collector(Protocol):
 
 @dataclass(frozen=True)
 class Completion:
-    """One generated continuation: the text, its token ids and the weight version that produced it."""
+    """One generated continuation: the text, its token ids and the weight version that produced it.
+
+    ``weight_version`` is the oldest version among its tokens (what staleness is counted from);
+    ``weight_versions`` (one per token, when the engine reports them) and ``logprobs`` (the behaviour
+    log-probs recorded when each token was generated) may be empty.
+    """
 
     text: str
     token_ids: tuple[int, ...]
     weight_version: int
     finish_reason: str = "length"
+    weight_versions: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
 
 
 @runtime_checkable
