@@ -634,14 +634,17 @@ class AsyncCollector:
         """The group tagged with the versions that generated it and its target step.
 
         Samples that report per-token weight versions (the engine's record) are the truth: oldest and newest
-        come from them. Otherwise the rollout's own tag is replaced: the group spans from the version read at
-        the rollout's start to the one read at its end.
+        come from them. Otherwise the oldest is the oldest sample's stamp, kept within the versions read at the
+        rollout's start and end (a rollout's own tag outside them is replaced), and the newest is the version
+        read at its end.
         """
         spanned = samples_versions(group.samples)
         if spanned is not None:
             oldest, newest = spanned
         else:
-            oldest, newest = min(version, end_version), max(version, end_version)
+            lo, hi = min(version, end_version), max(version, end_version)
+            stamp = min(s.weight_version for s in group.samples)
+            oldest, newest = min(max(stamp, lo), hi), hi
         return group.with_version(oldest, ticket.target_step, newest)
 
     def _put_back(self, prompt: Prompt, order: int, ticket: Ticket, exc: RolloutDeferred) -> None:
