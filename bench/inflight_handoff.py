@@ -73,22 +73,24 @@ class Shape:
     warmup: int
     max_active_requests: int
     lr: float
+    temperature: float
 
 
 MODELS: dict[str, Shape] = {
-    # CPU: a tiny GPT whose decode step costs about the same for 1 or 64 requests (per-step overhead dominates)
-    "small": Shape(32, 2, 4, 16, 6, 64, 5.0, 1.3, 8, 4, 2, 24, 3, 32, 1e-4),
+    # CPU: a tiny GPT whose decode step costs about the same for 1 or 24 short requests (per-step overhead
+    # dominates; the CPU path recomputes every sequence each step, so long batches stop being cheap)
+    "small": Shape(16, 1, 4, 16, 4, 64, 4.0, 1.4, 8, 2, 4, 100, 5, 48, 1e-4, 0.0),
     # one GPU: ~200M parameters (16 layers x 1024 hidden), long tails
-    "gpt200m": Shape(1024, 16, 16, 200, 16, 1024, 64.0, 1.3, 32, 4, 2, 20, 2, 512, 1e-5),
+    "gpt200m": Shape(1024, 16, 16, 200, 16, 1024, 64.0, 1.3, 32, 4, 2, 20, 2, 512, 1e-5, 1.0),
 }
-QUICK: dict[str, dict[str, Any]] = {"small": {"steps": 14, "warmup": 2}, "gpt200m": {"steps": 8, "warmup": 2}}
+QUICK: dict[str, dict[str, Any]] = {"small": {"steps": 50, "warmup": 5}, "gpt200m": {"steps": 12, "warmup": 2}}
 
 
 def output_length(seed: int, prompt: int, sample: int, shape: Shape) -> int:
     """The drawn output length of one request (lognormal, cut to ``[1, max_tokens]``); the same in every mode."""
     rng = random.Random(seed * 1_000_003 + prompt * 1009 + sample)
     x = rng.lognormvariate(math.log(shape.median_tokens), shape.sigma)
-    return max(1, min(shape.max_tokens, int(round(x))))
+    return max(1, min(shape.max_tokens, round(x)))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -200,7 +202,7 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
             engine.submit(
                 base_tok.tokenize(prompt.text),
                 max_tokens=output_length(args.seed, i, j, shape),
-                temperature=1.0,
+                temperature=shape.temperature,
                 seed=args.seed * 7919 + i * 131 + j,
                 priority=Priority.TRAINING,
             )
@@ -271,6 +273,7 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
     sampler = threading.Thread(target=sample_occupancy, name="occupancy", daemon=True)
     stream = prompt_stream()
     step_ends: list[float] = []
+    decode_steps: list[int] = []
     consumed: list[int] = []
     spans: list[int] = []
     t_start = time.monotonic()
@@ -287,6 +290,7 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
             batch = to_rollouts(groups)
             result = lc.step(batch)
             step_ends.append(time.monotonic())
+            decode_steps.append(engine.steps)
             consumed.append(result.consumed_samples)
             spans += [g.version_span for g in groups]
             counts = engine.request_counts()
@@ -320,6 +324,7 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
         "spanning_rollouts": sum(1 for r in rows if r[2] > 0),
         "max_version_span": max((r[2] for r in meter.window(t_start, t1)), default=0),
         "decode_tokens": sum(r[1] for r in rows),
+        "decode_steps": decode_steps[-1] - (decode_steps[w - 1] if w else 0),
         "spanning_groups_trained": sum(1 for s in spans[w * shape.num_prompts_per_step :] if s > 0),
         "measured_steps": len(consumed) - w,
         "engine_backend": engine.backend_name,
@@ -329,7 +334,6 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
         run["collector"] = {
             k: v for k, v in asdict(collector.stats()).items() if k in ("started", "completed", "spanning", "failed")
         }
-    del model, trainer, engine
     return run
 
 
@@ -351,6 +355,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "spanning_rollouts": sum(r["spanning_rollouts"] for r in runs),
         "max_version_span": max(r["max_version_span"] for r in runs),
         "decode_tokens_per_s": sum(r["decode_tokens"] for r in runs) / measured_s,
+        "decode_steps_per_s": sum(r["decode_steps"] for r in runs) / measured_s,
+        "tokens_per_decode_step": sum(r["decode_tokens"] for r in runs) / max(1, sum(r["decode_steps"] for r in runs)),
         "mean_running_requests": sum(r["active_sum"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
         "engine_idle_share": sum(r["idle_samples"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
         "spanning_groups_trained": sum(r["spanning_groups_trained"] for r in runs),
@@ -379,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-prompts-per-step", type=int, default=None)
     ap.add_argument("--samples-per-group", type=int, default=None)
     ap.add_argument("--max-age", type=int, default=None, help="max_trajectory_age_steps")
+    ap.add_argument("--max-active", type=int, default=None, help="the engine's max_active_requests")
+    ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (small: 0, gpt200m: 1)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds of park, drain, sync, interleaved (default 3)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (default 1)")
@@ -399,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         "num_prompts_per_step": args.num_prompts_per_step,
         "samples_per_group": args.samples_per_group,
         "max_trajectory_age_steps": args.max_age,
+        "max_active_requests": args.max_active,
+        "temperature": args.temperature,
     }
     shape = replace(shape, **{k: v for k, v in overrides.items() if v is not None})
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
