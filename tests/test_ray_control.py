@@ -285,7 +285,10 @@ def test_single_controller_lifecycle_over_colocated_workers_and_collector(ray_se
     pids = [i["pid"] for i in infos]
     assert len(set(pids)) == 2 and os.getpid() not in pids  # two worker processes, not the driver
     assert [h["train_steps"] for h in health] == [3, 3] and [h["saves"] for h in health] == [1, 1]
-    assert all(h["timed_out"] == 0 and h["gate"] != "open" for h in health)  # torn down, gate closed
+    assert all(h["gate"] != "open" for h in health)  # torn down, gate closed
+    # the collector parks on pause: calls held at a worker's gate through the last handoff (the last step never
+    # wakes the engine) are refused at the teardown, never admitted; at most one per sample of the groups in flight
+    assert sum(h["timed_out"] for h in health) <= cap.value * 2
     for rank, pid in enumerate(pids):  # each rank saved its own part, from its own process
         saved = json.loads((tmp_path / "ckpt" / f"rank{rank}-step2.json").read_text())
         assert saved["pid"] == pid and saved["weight_version"] == 2 and saved["model_version"] == 2
