@@ -79,7 +79,7 @@ class Shape:
 MODELS: dict[str, Shape] = {
     # CPU: a tiny GPT whose decode step costs about the same for 1 or 24 short requests (per-step overhead
     # dominates; the CPU path recomputes every sequence each step, so long batches stop being cheap)
-    "small": Shape(16, 1, 4, 16, 4, 64, 4.0, 1.4, 8, 2, 4, 100, 5, 48, 1e-4, 0.0),
+    "small": Shape(16, 1, 4, 16, 4, 64, 3.0, 1.6, 8, 2, 4, 100, 5, 48, 1e-4, 0.0),
     # one GPU: ~200M parameters (16 layers x 1024 hidden), long tails
     "gpt200m": Shape(1024, 16, 16, 200, 16, 1024, 64.0, 1.3, 32, 4, 2, 20, 2, 512, 1e-5, 1.0),
 }
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-age", type=int, default=None, help="max_trajectory_age_steps")
     ap.add_argument("--max-active", type=int, default=None, help="the engine's max_active_requests")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (small: 0, gpt200m: 1)")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds of park, drain, sync, interleaved (default 3)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of park, drain, sync, interleaved (default 3; --quick 4)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (default 1)")
     ap.add_argument("--sample-timeout", type=float, default=600.0)
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         f"mean {statistics.fmean(lengths):.1f}",
         flush=True,
     )
-    rounds = args.rounds or 3
+    rounds = args.rounds or (4 if args.quick else 3)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     t_all = time.monotonic()
     try:
