@@ -79,7 +79,7 @@ class Shape:
 MODELS: dict[str, Shape] = {
     # CPU: a tiny GPT whose decode step costs about the same for 1 or 24 short requests (per-step overhead
     # dominates; the CPU path recomputes every sequence each step, so long batches stop being cheap)
-    "small": Shape(16, 1, 4, 16, 4, 64, 3.0, 1.6, 8, 2, 4, 100, 5, 48, 1e-4, 0.0),
+    "small": Shape(16, 1, 4, 16, 4, 64, 3.0, 1.6, 8, 2, 3, 100, 5, 48, 1e-4, 0.0),
     # one GPU: ~200M parameters (16 layers x 1024 hidden), long tails
     "gpt200m": Shape(1024, 16, 16, 200, 16, 1024, 64.0, 1.3, 32, 4, 2, 20, 2, 512, 1e-5, 1.0),
 }
