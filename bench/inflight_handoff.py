@@ -387,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-age", type=int, default=None, help="max_trajectory_age_steps")
     ap.add_argument("--max-active", type=int, default=None, help="the engine's max_active_requests")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (small: 0, gpt200m: 1)")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds of park, drain, sync, interleaved (default 3; --quick 4)")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="rounds of park, drain, sync, interleaved (default 3; --quick 4)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (default 1)")
     ap.add_argument("--sample-timeout", type=float, default=600.0)
