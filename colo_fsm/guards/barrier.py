@@ -1,13 +1,22 @@
-"""Barriers over a process group, with a timeout whose failure names state, rank and timeout."""
+"""Barriers over a process group, with a timeout whose failure names state, rank and timeout.
+
+:class:`TorchBarrier` and :class:`ThreadBarrier` also exchange a
+:class:`~colo_fsm.guards.fingerprint.HandoffFingerprint` as the barrier itself when one is passed
+(``exchanges_fingerprints``): one all-gather instead of a barrier, and on a mismatch every rank raises
+:class:`~colo_fsm.errors.HandoffDivergence` within that barrier.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 import threading
+import weakref
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from colo_fsm.errors import BarrierTimeout, ConfigError
+from colo_fsm.guards.fingerprint import HandoffFingerprint, divergence, mode_record
 
 
 @runtime_checkable
@@ -25,23 +34,35 @@ def _check_timeout(timeout_s: float) -> float:
 
 
 class SoloBarrier:
-    """The barrier of a world of one rank: returns at once."""
+    """The barrier of a world of one rank: returns at once (a fingerprint of one rank always agrees)."""
 
     rank = 0
+    exchanges_fingerprints = True
 
-    def wait(self, *, state: str | None = None, weight_version: int | None = None) -> None:
+    def wait(
+        self,
+        *,
+        state: str | None = None,
+        weight_version: int | None = None,
+        fingerprint: HandoffFingerprint | None = None,
+    ) -> None:
         return None
 
 
 class TorchBarrier:
     """A ``torch.distributed`` barrier over ``group`` with a timeout.
 
-    Uses ``monitored_barrier`` on gloo (which names the missing ranks) and a ``barrier`` on a work handle
-    with ``wait(timeout)`` elsewhere. On timeout raises :class:`BarrierTimeout` naming the state, this rank
-    and the timeout.
+    Without a fingerprint: ``monitored_barrier`` on gloo (which names the missing ranks) and a ``barrier`` on
+    a work handle with ``wait(timeout)`` elsewhere. With one: a single ``all_gather`` of the ranks'
+    fingerprints (seven int64 values each; on NCCL on ``device``, default ``cuda:LOCAL_RANK``, never the
+    calling thread's current device). On timeout raises :class:`BarrierTimeout` naming the state, this rank
+    and the timeout; on a fingerprint mismatch every rank raises :class:`~colo_fsm.errors.HandoffDivergence`.
     """
 
-    def __init__(self, group: Any = None, *, timeout_s: float = 600.0) -> None:
+    exchanges_fingerprints = True
+
+    def __init__(self, group: Any = None, *, timeout_s: float = 600.0, device: Any = None) -> None:
+        import torch
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -49,11 +70,53 @@ class TorchBarrier:
         self.group = group
         self.timeout_s = _check_timeout(timeout_s)
         self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group))
+        if device is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if self.backend == "nccl" else "cpu"
+        self.device = torch.device(device)
 
-    def wait(self, *, state: str | None = None, weight_version: int | None = None) -> None:
+    def _exchange(self, fingerprint: HandoffFingerprint) -> list[HandoffFingerprint]:
+        import torch
+        import torch.distributed as dist
+
+        mine = torch.tensor(fingerprint.to_ints(), dtype=torch.int64, device=self.device)
+        rows = [torch.empty_like(mine) for _ in range(self.world_size)]
+        work = dist.all_gather(rows, mine, group=self.group, async_op=True)
+        if work is not None and not work.wait(timeout=timedelta(seconds=self.timeout_s)):
+            raise TimeoutError("fingerprint all_gather did not complete")
+        return [HandoffFingerprint.from_ints(r.tolist()) for r in rows]
+
+    def _exchange_modes(self, fingerprint: HandoffFingerprint) -> list[dict[str, Any] | None]:
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, mode_record(fingerprint), group=self.group)
+        return out
+
+    def wait(
+        self,
+        *,
+        state: str | None = None,
+        weight_version: int | None = None,
+        fingerprint: HandoffFingerprint | None = None,
+    ) -> None:
         import torch.distributed as dist
 
         timeout = timedelta(seconds=self.timeout_s)
+        if fingerprint is not None:
+            try:
+                gathered = self._exchange(fingerprint)
+            except Exception as exc:
+                raise BarrierTimeout(
+                    self.timeout_s, state=state, rank=self.rank, weight_version=weight_version, detail=str(exc)
+                ) from exc
+            err = divergence(gathered, rank=self.rank)
+            if err is not None:  # every rank gathered the same rows, so every rank is here
+                if "mode_digest" in err.fields:
+                    err = divergence(gathered, rank=self.rank, modes=self._exchange_modes(fingerprint))
+                raise err  # type: ignore[misc]
+            return
         try:
             if dist.get_backend(self.group) == "gloo":
                 dist.monitored_barrier(group=self.group, timeout=timeout, wait_all_ranks=True)
@@ -70,8 +133,11 @@ class TorchBarrier:
 class ThreadBarrier:
     """Ranks as threads of one process (simulations, tests): a :class:`threading.Barrier` with a timeout.
 
-    Create one :class:`threading.Barrier` for all ranks and one ``ThreadBarrier`` per rank around it.
+    Create one :class:`threading.Barrier` for all ranks and one ``ThreadBarrier`` per rank around it. With a
+    fingerprint, the ranks exchange it through slots shared by everyone around the same ``threading.Barrier``.
     """
+
+    exchanges_fingerprints = True
 
     def __init__(self, shared: threading.Barrier, rank: int, *, timeout_s: float = 60.0) -> None:
         if not isinstance(shared, threading.Barrier):
@@ -82,9 +148,22 @@ class ThreadBarrier:
         self.rank = rank
         self.timeout_s = _check_timeout(timeout_s)
 
-    def wait(self, *, state: str | None = None, weight_version: int | None = None) -> None:
+    def wait(
+        self,
+        *,
+        state: str | None = None,
+        weight_version: int | None = None,
+        fingerprint: HandoffFingerprint | None = None,
+    ) -> None:
         try:
+            if fingerprint is None:
+                self.shared.wait(timeout=self.timeout_s)
+                return
+            slots = _slots(self.shared)
+            slots[self.rank] = fingerprint
             self.shared.wait(timeout=self.timeout_s)
+            gathered = list(slots)
+            self.shared.wait(timeout=self.timeout_s)  # nobody overwrites a slot before every rank read them all
         except threading.BrokenBarrierError as exc:
             raise BarrierTimeout(
                 self.timeout_s,
@@ -93,6 +172,22 @@ class ThreadBarrier:
                 weight_version=weight_version,
                 detail="a peer timed out or left",
             ) from exc
+        fps = [fp if fp is not None else HandoffFingerprint("<absent>", -1, -1) for fp in gathered]
+        err = divergence(fps, rank=self.rank, modes=[mode_record(fp) for fp in gathered])
+        if err is not None:
+            raise err
+
+
+_SLOTS: weakref.WeakKeyDictionary[threading.Barrier, list[HandoffFingerprint | None]] = weakref.WeakKeyDictionary()
+_SLOTS_LOCK = threading.Lock()
+
+
+def _slots(shared: threading.Barrier) -> list[HandoffFingerprint | None]:
+    with _SLOTS_LOCK:
+        slots = _SLOTS.get(shared)
+        if slots is None:
+            slots = _SLOTS[shared] = [None] * shared.parties
+        return slots
 
 
 __all__ = ["Barrier", "SoloBarrier", "ThreadBarrier", "TorchBarrier"]

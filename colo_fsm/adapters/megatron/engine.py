@@ -28,9 +28,11 @@ from typing import Any
 import torch
 
 from colo_fsm.adapters.megatron.cpu_loop import Generated, generate_tokens
+from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import on_own_device
 from colo_fsm.adapters.protocols import Completion
 from colo_fsm.errors import ConfigError, EngineRebuild, LifecycleError
+from colo_fsm.guards.mode import ModeReport
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.log import get_logger
 
@@ -205,6 +207,7 @@ class MegatronEngine:
         self.torn_down = False
         self.timings: list[tuple[str, float]] = []  # ("suspend"|"resume", seconds)
         self.generate_calls = 0
+        self.mode = mode_control(model)  # guards: the shared model's inference-only switches (megatron/mode.py)
 
     # ------------------------------------------------------------------ GenerationEngine
     def _choose_backend(self) -> tuple[str, str]:
@@ -263,6 +266,7 @@ class MegatronEngine:
             if not self.awake:
                 return
             dt = self._backend.suspend()
+            self.mode.to_training()  # guards: every rank back in the training mode, identically
             self.awake = False
             self.timings.append(("suspend", dt))
 
@@ -274,6 +278,7 @@ class MegatronEngine:
             if self.awake:
                 return
             self.model.eval()
+            self.mode.to_inference()  # guards: decode-side switches back on
             dt = self._backend.resume()
             self.awake = True
             self.timings.append(("resume", dt))
@@ -284,9 +289,14 @@ class MegatronEngine:
         with self._lock:
             if self._backend is not None and not self.torn_down:
                 self._backend.shutdown()
+                self.mode.to_training()  # guards
             self._backend = None
             self.awake = False
             self.torn_down = True
+
+    def model_mode(self) -> ModeReport:
+        """The shared model's inference-only switches now, and their training values (guards)."""
+        return self.mode.report()
 
     def server_base_urls(self) -> Sequence[str]:
         """Base URLs of OpenAI-compatible servers over this engine (none unless given)."""
