@@ -11,12 +11,12 @@ from colo_fsm.errors import ModelModeError
 from colo_fsm.guards.drain import NoDeviceDrain
 from colo_fsm.guards.mode import ModelMode, ModeReport, check_training_mode, mode_digest, report_of
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
-from colo_fsm.testing.fakes import Journal, ModalEngine, RecordingCollector, RecordingTrainer, RecordingEngine
+from colo_fsm.testing.fakes import Journal, ModalEngine, RecordingCollector, RecordingEngine, RecordingTrainer
 from tests._megatron_util import dist1, tiny  # noqa: F401
 
 pytest.importorskip("megatron.core")
 
-from colo_fsm.adapters.megatron import CharTokenizer, MegatronEngine, MegatronTrainer, Rollout  # noqa: E402
+from colo_fsm.adapters.megatron import CharTokenizer, MegatronEngine, MegatronTrainer, Rollout
 
 TOK = CharTokenizer()
 

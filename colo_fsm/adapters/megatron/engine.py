@@ -28,10 +28,12 @@ from typing import Any
 import torch
 
 from colo_fsm.adapters.megatron.cpu_loop import Generated, generate_tokens
+from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import on_own_device
 from colo_fsm.adapters.protocols import Completion
 from colo_fsm.errors import ConfigError, EngineRebuild, LifecycleError
+from colo_fsm.guards.memory import MemoryBudget, MemoryEstimate
 from colo_fsm.guards.mode import ModeReport
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.log import get_logger
@@ -208,6 +210,8 @@ class MegatronEngine:
         self.timings: list[tuple[str, float]] = []  # ("suspend"|"resume", seconds)
         self.generate_calls = 0
         self.mode = mode_control(model)  # guards: the shared model's inference-only switches (megatron/mode.py)
+        self.memory_budget: MemoryBudget | None = None  # guards: checked before bring_up builds (megatron/memory.py)
+        self.memory_estimate: MemoryEstimate | None = None  # guards: the last budget estimate (breakdown())
 
     # ------------------------------------------------------------------ GenerationEngine
     def _choose_backend(self) -> tuple[str, str]:
@@ -231,6 +235,7 @@ class MegatronEngine:
         """Build the engine once and leave it awake (``InferenceMode`` set)."""
         if self.built:
             raise EngineRebuild("MegatronEngine.bring_up called twice: the colocated engine is built once per run")
+        self.memory_estimate = check_engine_budget(self)  # guards: refuse an over-budget build with the numbers
         self.model.eval()
         if self.backend_name == "dynamic":
             from colo_fsm.adapters.megatron.dynamic import DynamicBackend
