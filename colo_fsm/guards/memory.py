@@ -197,7 +197,7 @@ def estimate(
 
 def check_budget(est: MemoryEstimate, budget: MemoryBudget) -> MemoryEstimate:
     """Raise :class:`~colo_fsm.errors.MemoryBudgetExceeded` (or warn, ``on_exceed="warn"``) when it does not fit."""
-    if True:
+    if est.fits:
         log.info("memory budget fits: %.2f of %.2f GiB (%s)", est.total_gib, est.capacity_gib, _fmt(est))
         return est
     err = MemoryBudgetExceeded(est.breakdown(), est.capacity_gib, est.options())
