@@ -2,7 +2,7 @@
 
 :class:`TorchBarrier` and :class:`ThreadBarrier` also exchange a
 :class:`~colo_fsm.guards.fingerprint.HandoffFingerprint` as the barrier itself when one is passed
-(``exchanges_fingerprints``): one all-gather instead of a barrier, and on a mismatch every rank raises
+(``exchanges_fingerprints``): one small collective instead of a barrier, and on a mismatch every rank raises
 :class:`~colo_fsm.errors.HandoffDivergence` within that barrier.
 """
 
@@ -53,9 +53,11 @@ class TorchBarrier:
     """A ``torch.distributed`` barrier over ``group`` with a timeout.
 
     Without a fingerprint: ``monitored_barrier`` on gloo (which names the missing ranks) and a ``barrier`` on
-    a work handle with ``wait(timeout)`` elsewhere. With one: a single ``all_gather`` of the ranks'
-    fingerprints (seven int64 values each; on NCCL on ``device``, default ``cuda:LOCAL_RANK``, never the
-    calling thread's current device). On timeout raises :class:`BarrierTimeout` naming the state, this rank
+    a work handle with ``wait(timeout)`` elsewhere. With one, the fingerprint *is* the barrier: one
+    ``all_reduce(MAX)`` of its seven int64 values and their negations (each field's max and min over the
+    ranks; the cost of a bare barrier), on NCCL on ``device`` (default ``cuda:LOCAL_RANK``, never the calling
+    thread's current device). Only when max != min somewhere do the ranks, all together, all_gather the
+    fingerprints (and, for a mode digest, the mode records) to name the fields, values and ranks. On timeout raises :class:`BarrierTimeout` naming the state, this rank
     and the timeout; on a fingerprint mismatch every rank raises :class:`~colo_fsm.errors.HandoffDivergence`.
     """
 
@@ -76,15 +78,34 @@ class TorchBarrier:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if self.backend == "nccl" else "cpu"
         self.device = torch.device(device)
 
+    def _agree(self, fingerprint: HandoffFingerprint) -> bool:
+        """One all_reduce(MAX) of the fingerprint and its negation: every field's max and min over the ranks.
+
+        The ranks agree iff max == min for every field; every rank computes the same answer from the same
+        reduced vector, so either all go on or all go on to :meth:`_exchange` together.
+        """
+        import torch
+        import torch.distributed as dist
+
+        ints = fingerprint.to_ints()
+        t = torch.tensor(ints + [-v for v in ints], dtype=torch.int64, device=self.device)
+        self._complete(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True))
+        vals = t.tolist()
+        n = len(ints)
+        return all(vals[i] == -vals[n + i] for i in range(n))
+
+    def _complete(self, work: Any) -> None:
+        if work is not None and not work.wait(timeout=timedelta(seconds=self.timeout_s)):
+            raise TimeoutError("fingerprint collective did not complete")
+
     def _exchange(self, fingerprint: HandoffFingerprint) -> list[HandoffFingerprint]:
+        """All ranks' fingerprints (an all_gather; only after a disagreement, to name fields and ranks)."""
         import torch
         import torch.distributed as dist
 
         mine = torch.tensor(fingerprint.to_ints(), dtype=torch.int64, device=self.device)
         rows = [torch.empty_like(mine) for _ in range(self.world_size)]
-        work = dist.all_gather(rows, mine, group=self.group, async_op=True)
-        if work is not None and not work.wait(timeout=timedelta(seconds=self.timeout_s)):
-            raise TimeoutError("fingerprint all_gather did not complete")
+        self._complete(dist.all_gather(rows, mine, group=self.group, async_op=True))
         return [HandoffFingerprint.from_ints(r.tolist()) for r in rows]
 
     def _exchange_modes(self, fingerprint: HandoffFingerprint) -> list[dict[str, Any] | None]:
@@ -106,16 +127,18 @@ class TorchBarrier:
         timeout = timedelta(seconds=self.timeout_s)
         if fingerprint is not None:
             try:
-                gathered = self._exchange(fingerprint)
+                if self._agree(fingerprint):
+                    return
+                gathered = self._exchange(fingerprint)  # every rank saw the same disagreement: all are here
+                err = divergence(gathered, rank=self.rank)
+                if err is not None and "mode_digest" in err.fields:
+                    err = divergence(gathered, rank=self.rank, modes=self._exchange_modes(fingerprint))
             except Exception as exc:
                 raise BarrierTimeout(
                     self.timeout_s, state=state, rank=self.rank, weight_version=weight_version, detail=str(exc)
                 ) from exc
-            err = divergence(gathered, rank=self.rank)
-            if err is not None:  # every rank gathered the same rows, so every rank is here
-                if "mode_digest" in err.fields:
-                    err = divergence(gathered, rank=self.rank, modes=self._exchange_modes(fingerprint))
-                raise err  # type: ignore[misc]
+            if err is not None:
+                raise err
             return
         try:
             if dist.get_backend(self.group) == "gloo":
