@@ -53,11 +53,11 @@ class TorchBarrier:
     """A ``torch.distributed`` barrier over ``group`` with a timeout.
 
     Without a fingerprint: ``monitored_barrier`` on gloo (which names the missing ranks) and a ``barrier`` on
-    a work handle with ``wait(timeout)`` elsewhere. With one, the fingerprint *is* the barrier: one
-    ``all_reduce(MAX)`` of its seven int64 values and their negations (each field's max and min over the
-    ranks; the cost of a bare barrier), on NCCL on ``device`` (default ``cuda:LOCAL_RANK``, never the calling
-    thread's current device). Only when max != min somewhere do the ranks, all together, all_gather the
-    fingerprints (and, for a mode digest, the mode records) to name the fields, values and ranks. On timeout raises :class:`BarrierTimeout` naming the state, this rank
+    a work handle with ``wait(timeout)`` elsewhere. With one, the fingerprint exchange *is* the barrier: one
+    all-to-all of the seven int64 values (every rank receives every rank's fingerprint), on NCCL on ``device``
+    (default ``cuda:LOCAL_RANK``, never the calling thread's current device). Every rank compares the same
+    rows; on a mismatch of the mode digest the ranks, all together, also all_gather their mode records to
+    name the differing mode fields. On timeout raises :class:`BarrierTimeout` naming the state, this rank
     and the timeout; on a fingerprint mismatch every rank raises :class:`~colo_fsm.errors.HandoffDivergence`.
     """
 
@@ -78,35 +78,26 @@ class TorchBarrier:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if self.backend == "nccl" else "cpu"
         self.device = torch.device(device)
 
-    def _agree(self, fingerprint: HandoffFingerprint) -> bool:
-        """One all_reduce(MAX) of the fingerprint and its negation: every field's max and min over the ranks.
+    def _complete(self, work: Any) -> None:
+        if work is not None and not work.wait(timeout=timedelta(seconds=self.timeout_s)):
+            raise TimeoutError("fingerprint exchange did not complete")
 
-        The ranks agree iff max == min for every field; every rank computes the same answer from the same
-        reduced vector, so either all go on or all go on to :meth:`_exchange` together.
+    def _exchange(self, fingerprint: HandoffFingerprint) -> list[HandoffFingerprint]:
+        """Every rank's fingerprint, in one step: an all-to-all of this rank's seven int64 to every peer.
+
+        (An all_gather gives the same rows, but gloo runs it as a ring of ``world - 1`` steps and an
+        all_reduce as ``2 (world - 1)``; the all-to-all posts every send and receive at once, like a barrier.)
         """
         import torch
         import torch.distributed as dist
 
         ints = fingerprint.to_ints()
-        t = torch.tensor(ints + [-v for v in ints], dtype=torch.int64, device=self.device)
-        self._complete(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True))
-        vals = t.tolist()
+        mine = torch.tensor(ints * self.world_size, dtype=torch.int64, device=self.device)
+        rows = torch.empty_like(mine)
+        self._complete(dist.all_to_all_single(rows, mine, group=self.group, async_op=True))
+        flat = rows.tolist()
         n = len(ints)
-        return all(vals[i] == -vals[n + i] for i in range(n))
-
-    def _complete(self, work: Any) -> None:
-        if work is not None and not work.wait(timeout=timedelta(seconds=self.timeout_s)):
-            raise TimeoutError("fingerprint collective did not complete")
-
-    def _exchange(self, fingerprint: HandoffFingerprint) -> list[HandoffFingerprint]:
-        """All ranks' fingerprints (an all_gather; only after a disagreement, to name fields and ranks)."""
-        import torch
-        import torch.distributed as dist
-
-        mine = torch.tensor(fingerprint.to_ints(), dtype=torch.int64, device=self.device)
-        rows = [torch.empty_like(mine) for _ in range(self.world_size)]
-        self._complete(dist.all_gather(rows, mine, group=self.group, async_op=True))
-        return [HandoffFingerprint.from_ints(r.tolist()) for r in rows]
+        return [HandoffFingerprint.from_ints(flat[i * n : (i + 1) * n]) for i in range(self.world_size)]
 
     def _exchange_modes(self, fingerprint: HandoffFingerprint) -> list[dict[str, Any] | None]:
         import torch.distributed as dist
@@ -127,11 +118,9 @@ class TorchBarrier:
         timeout = timedelta(seconds=self.timeout_s)
         if fingerprint is not None:
             try:
-                if self._agree(fingerprint):
-                    return
-                gathered = self._exchange(fingerprint)  # every rank saw the same disagreement: all are here
+                gathered = self._exchange(fingerprint)
                 err = divergence(gathered, rank=self.rank)
-                if err is not None and "mode_digest" in err.fields:
+                if err is not None and "mode_digest" in err.fields:  # every rank got the same rows: all are here
                     err = divergence(gathered, rank=self.rank, modes=self._exchange_modes(fingerprint))
             except Exception as exc:
                 raise BarrierTimeout(
