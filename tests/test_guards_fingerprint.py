@@ -8,7 +8,6 @@ import os
 import socket
 import threading
 
-import pytest
 import torch.multiprocessing as mp
 
 from colo_fsm.errors import HandoffDivergence
@@ -65,6 +64,7 @@ def _rank_lifecycle(case: str, rank: int, world: int, barrier) -> tuple[Lifecycl
 
 
 def _worker(rank: int, world: int, port: int, out) -> None:
+    """One process of a world of ``world``; the program runs over the whole world and over ranks {0, 1}."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -72,25 +72,30 @@ def _worker(rank: int, world: int, port: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
-        torch_barrier = TorchBarrier(timeout_s=30)
-        for case in CASES:
-            for kind, barrier in (("fingerprint", torch_barrier), ("plain", _PlainBarrier(torch_barrier))):
-                lc, engine = _rank_lifecycle(case, rank, world, barrier)
-                try:
-                    lc.start()  # its barrier already compares step, weight version and mode
-                    engine.decode_step(padding=rank == world - 1)  # rank-local padding, as in a real decode step
-                    lc.begin_step()
-                    out.put((rank, case, kind, "passed", lc.state.value))
-                except HandoffDivergence as exc:
-                    out.put((rank, case, kind, "divergence", (exc.fields, exc.mode, exc.rank, str(exc))))
-                except Exception as exc:  # anything else is a failure of the test
-                    out.put((rank, case, kind, "error", f"{type(exc).__name__}: {exc}"))
-                lc.close()
+        pair = dist.new_group([0, 1])  # every process takes part in creating it
+        for n, group in ((world, None), (2, pair)):
+            if rank >= n:
+                continue
+            torch_barrier = TorchBarrier(group, timeout_s=30)
+            for case in CASES:
+                for kind, barrier in (("fingerprint", torch_barrier), ("plain", _PlainBarrier(torch_barrier))):
+                    lc, engine = _rank_lifecycle(case, rank, n, barrier)
+                    try:
+                        lc.start()  # its barrier already compares step, weight version and mode
+                        engine.decode_step(padding=rank == n - 1)  # rank-local padding, as in a real decode step
+                        lc.begin_step()
+                        out.put((n, rank, case, kind, "passed", lc.state.value))
+                    except HandoffDivergence as exc:
+                        out.put((n, rank, case, kind, "divergence", (exc.fields, exc.mode, exc.rank, str(exc))))
+                    except Exception as exc:  # anything else is a failure of the test
+                        out.put((n, rank, case, kind, "error", f"{type(exc).__name__}: {exc}"))
+                    lc.close()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _run(world: int) -> dict[tuple[int, str, str], tuple[str, object]]:
+def _run(world: int) -> dict[tuple[int, int, str, str], tuple[str, object]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
@@ -98,9 +103,9 @@ def _run(world: int) -> dict[tuple[int, str, str], tuple[str, object]]:
     for p in procs:
         p.start()
     results = {}
-    for _ in range(world * len(CASES) * 2):
-        rank, case, kind, outcome, payload = out.get(timeout=120)
-        results[(rank, case, kind)] = (outcome, payload)
+    for _ in range((world + 2) * len(CASES) * 2):
+        n, rank, case, kind, outcome, payload = out.get(timeout=120)
+        results[(n, rank, case, kind)] = (outcome, payload)
     for p in procs:
         p.join(timeout=60)
         if p.is_alive():
@@ -108,29 +113,30 @@ def _run(world: int) -> dict[tuple[int, str, str], tuple[str, object]]:
     return results
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_one_divergent_rank_makes_every_rank_raise_within_the_barrier(world):
-    results = _run(world)
-    for case in CASES:
-        odd = _odd_rank(case, world)
-        others = [r for r in range(world) if r != odd]
-        for rank in range(world):
-            outcome, payload = results[(rank, case, "plain")]
-            assert (outcome, payload) == ("passed", State.DRAINING.value), (case, rank, outcome, payload)
-            outcome, payload = results[(rank, case, "fingerprint")]
-            assert outcome == "divergence", (case, rank, outcome, payload)
-            fields, mode, err_rank, text = payload
-            assert err_rank == rank
-            if case == "padding":
-                assert set(fields) == {"mode_digest"}, fields
-                assert mode == {"expert_padding": {False: others, True: [odd]}}, mode
-                assert "expert_padding" in text and f"True on ranks [{odd}]" in text
-            elif case == "weight_version":
-                assert fields == {"weight_version": {1: [odd], 0: others}}, fields
-                assert f"1 on ranks [{odd}]" in text
-            else:
-                assert fields == {"save": {True: [odd], False: others}}, fields
-                assert "save: " in text
+def test_one_divergent_rank_makes_every_rank_raise_within_the_barrier():
+    """4 gloo processes: the program over all 4 ranks and over a 2-rank subgroup (one spawn for both)."""
+    results = _run(4)
+    for world in (4, 2):
+        for case in CASES:
+            odd = _odd_rank(case, world)
+            others = [r for r in range(world) if r != odd]
+            for rank in range(world):
+                outcome, payload = results[(world, rank, case, "plain")]
+                assert (outcome, payload) == ("passed", State.DRAINING.value), (world, case, rank, outcome, payload)
+                outcome, payload = results[(world, rank, case, "fingerprint")]
+                assert outcome == "divergence", (world, case, rank, outcome, payload)
+                fields, mode, err_rank, text = payload
+                assert err_rank == rank
+                if case == "padding":
+                    assert set(fields) == {"mode_digest"}, fields
+                    assert mode == {"expert_padding": {False: others, True: [odd]}}, mode
+                    assert "expert_padding" in text and f"True on ranks [{odd}]" in text
+                elif case == "weight_version":
+                    assert fields == {"weight_version": {1: [odd], 0: others}}, fields
+                    assert f"1 on ranks [{odd}]" in text
+                else:
+                    assert fields == {"save": {True: [odd], False: others}}, fields
+                    assert "save: " in text
 
 
 def test_thread_barrier_exchanges_fingerprints_and_names_the_mode_field():

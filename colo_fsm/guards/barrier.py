@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 import weakref
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -53,11 +54,12 @@ class TorchBarrier:
     """A ``torch.distributed`` barrier over ``group`` with a timeout.
 
     Without a fingerprint: ``monitored_barrier`` on gloo (which names the missing ranks) and a ``barrier`` on
-    a work handle with ``wait(timeout)`` elsewhere. With one, the fingerprint exchange *is* the barrier: one
-    all-to-all of the seven int64 values (every rank receives every rank's fingerprint), on NCCL on ``device``
-    (default ``cuda:LOCAL_RANK``, never the calling thread's current device). Every rank compares the same
-    rows; on a mismatch of the mode digest the ranks, all together, also all_gather their mode records to
-    name the differing mode fields. On timeout raises :class:`BarrierTimeout` naming the state, this rank
+    a work handle with ``wait(timeout)`` elsewhere. With one, the fingerprint exchange *is* the barrier
+    (seven int64 values per rank): on gloo every rank sends its row to rank 0, which answers each with the
+    whole table (the two steps of ``monitored_barrier``, with its property that a rank arriving after rank 0
+    gave up times out as well); on NCCL one all-to-all on ``device`` (default ``cuda:LOCAL_RANK``, never the
+    calling thread's current device). Every rank compares the same rows; on a mode-digest mismatch the ranks,
+    all together, also all_gather their mode records to name the differing mode fields. On timeout raises :class:`BarrierTimeout` naming the state, this rank
     and the timeout; on a fingerprint mismatch every rank raises :class:`~colo_fsm.errors.HandoffDivergence`.
     """
 
@@ -78,26 +80,56 @@ class TorchBarrier:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if self.backend == "nccl" else "cpu"
         self.device = torch.device(device)
 
-    def _complete(self, work: Any) -> None:
-        if work is not None and not work.wait(timeout=timedelta(seconds=self.timeout_s)):
+    def _complete(self, work: Any, deadline: float | None = None) -> None:
+        left = self.timeout_s if deadline is None else max(deadline - time.monotonic(), 1e-3)
+        if work is not None and not work.wait(timeout=timedelta(seconds=left)):
             raise TimeoutError("fingerprint exchange did not complete")
 
     def _exchange(self, fingerprint: HandoffFingerprint) -> list[HandoffFingerprint]:
-        """Every rank's fingerprint, in one step: an all-to-all of this rank's seven int64 to every peer.
+        """Every rank's fingerprint (the rows every rank compares)."""
+        import torch
 
-        (An all_gather gives the same rows, but gloo runs it as a ring of ``world - 1`` steps and an
-        all_reduce as ``2 (world - 1)``; the all-to-all posts every send and receive at once, like a barrier.)
+        ints = fingerprint.to_ints()
+        n = len(ints)
+        if self.backend == "gloo":
+            table = self._via_root(torch.tensor(ints, dtype=torch.int64))
+        else:
+            table = self._all_to_all(torch.tensor(ints, dtype=torch.int64, device=self.device))
+        flat = table.reshape(-1).tolist()
+        return [HandoffFingerprint.from_ints(flat[i * n : (i + 1) * n]) for i in range(self.world_size)]
+
+    def _via_root(self, mine: Any) -> Any:
+        """gloo: every rank sends its row to rank 0, which answers each with the whole table.
+
+        Like ``monitored_barrier`` (two steps): rank 0 must actively answer, so a rank that arrives after rank 0
+        gave up times out too instead of passing on a contribution rank 0 left behind.
         """
         import torch
         import torch.distributed as dist
 
-        ints = fingerprint.to_ints()
-        mine = torch.tensor(ints * self.world_size, dtype=torch.int64, device=self.device)
-        rows = torch.empty_like(mine)
-        self._complete(dist.all_to_all_single(rows, mine, group=self.group, async_op=True))
-        flat = rows.tolist()
-        n = len(ints)
-        return [HandoffFingerprint.from_ints(flat[i * n : (i + 1) * n]) for i in range(self.world_size)]
+        deadline = time.monotonic() + self.timeout_s
+        table = torch.empty((self.world_size, mine.numel()), dtype=torch.int64)
+        if self.rank == 0:
+            table[0] = mine
+            recvs = [dist.irecv(table[i], group=self.group, group_src=i) for i in range(1, self.world_size)]
+            for w in recvs:
+                self._complete(w, deadline)
+            for w in [dist.isend(table, group=self.group, group_dst=i) for i in range(1, self.world_size)]:
+                self._complete(w, deadline)
+        else:
+            self._complete(dist.isend(mine, group=self.group, group_dst=0), deadline)
+            self._complete(dist.irecv(table, group=self.group, group_src=0), deadline)
+        return table
+
+    def _all_to_all(self, mine: Any) -> Any:
+        """NCCL: one all-to-all of this rank's row to every peer (every rank receives every row at once)."""
+        import torch
+        import torch.distributed as dist
+
+        send = mine.repeat(self.world_size)
+        rows = torch.empty_like(send)
+        self._complete(dist.all_to_all_single(rows, send, group=self.group, async_op=True))
+        return rows.cpu()
 
     def _exchange_modes(self, fingerprint: HandoffFingerprint) -> list[dict[str, Any] | None]:
         import torch.distributed as dist
