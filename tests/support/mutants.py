@@ -13,7 +13,7 @@ catch it:
   violation;
 * ``hypothesis``: the property-based lifecycle machine (:mod:`colo_fsm.testing.lifecycle_machine`) finds a
   failing program;
-* ``properties``: the component properties of :mod:`colo_fsm.testing.properties` (latch, in-flight cap,
+* ``properties``: the component properties of :mod:`tests.support.properties` (latch, in-flight cap,
   parallelism check, wall-clock metrics, dual-mode opt-in) find a counterexample;
 * ``ranks``: two ranks (threads) running the runtime machine over a fingerprint-exchanging
   :class:`~colo_fsm.guards.barrier.ThreadBarrier` with mode-reporting engines: a healthy program must pass,
@@ -41,6 +41,7 @@ from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+from colo_fsm.states.rules import LifecycleRule
 from colo_fsm.states.spec import (
     LIFECYCLE,
     CollectorCondition,
@@ -51,7 +52,7 @@ from colo_fsm.states.spec import (
     TransitionSpec,
 )
 from colo_fsm.states.validate import SpecError, validate_spec
-from colo_fsm.testing.checker import SCENARIOS, StepPlan, check
+from colo_fsm.testing.checker import check
 from colo_fsm.testing.fakes import (
     FakeClock,
     Journal,
@@ -60,6 +61,7 @@ from colo_fsm.testing.fakes import (
     RecordingTrainer,
     recording_adapters,
 )
+from colo_fsm.testing.scenarios import SCENARIOS, StepPlan
 
 KILLERS = ("validator", "runtime", "checker", "hypothesis", "properties", "ranks")
 S = State
@@ -192,6 +194,57 @@ def step_axis_metrics_logger() -> type[Any]:
     return StepAxisMetricsLogger
 
 
+def _no_boundary_suspend_batcher() -> type[Any]:
+    """MUTANT: suspend suspends the backend at once from the caller's thread; the engine loop keeps stepping."""
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    class NoBoundarySuspendBatcher(ContinuousBatcher):
+        def suspend(self) -> None:
+            assert self.backend is not None
+            self.timings.append(("suspend", float(self.backend.suspend() or 0.0)))
+
+        def resume(self) -> None:
+            assert self.backend is not None
+            self.timings.append(("resume", float(self.backend.resume() or 0.0)))
+
+    return NoBoundarySuspendBatcher
+
+
+def _dropping_resume_batcher() -> type[Any]:
+    """MUTANT: on resume the parked requests are dropped from the engine (their callers wait forever)."""
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    class DroppingResumeBatcher(ContinuousBatcher):
+        def _execute(self, cmd: Any, backend: Any) -> bool:
+            parked = not self._awake
+            going = super()._execute(cmd, backend)
+            if cmd.kind == "resume" and parked:
+                with self._cond:
+                    dropped = list(self._active)
+                    self._active.clear()
+                for rid in dropped:
+                    backend.abort(rid)
+            return going
+
+    return DroppingResumeBatcher
+
+
+def _double_resume_batcher() -> type[Any]:
+    """MUTANT: on resume every parked request is added to the engine again (it then runs twice)."""
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    class DoubleResumeBatcher(ContinuousBatcher):
+        def _execute(self, cmd: Any, backend: Any) -> bool:
+            parked = not self._awake
+            going = super()._execute(cmd, backend)
+            if cmd.kind == "resume" and parked:
+                for req in list(self._active.values()):
+                    backend.add(req.backend)
+            return going
+
+    return DoubleResumeBatcher
+
+
 # ---------------------------------------------------------------------------------------------- spec edits
 def edit_transitions(spec: LifecycleSpec, match: Callable[[TransitionSpec], bool], **changes: Any) -> LifecycleSpec:
     """A copy of ``spec`` with ``changes`` applied (``dataclasses.replace``) to every transition ``match`` selects."""
@@ -274,6 +327,7 @@ class Mutant:
     trainable_check: Callable[..., None] | None = None
     metrics_logger: Callable[[], type[Any]] | None = None
     buffer_class: Callable[[], type[Any]] | None = None  # a replay buffer class (built lazily: imports collector)
+    batcher_class: Callable[[], type[Any]] | None = None  # an engine loop (ContinuousBatcher) class, built lazily
     engine_factory: Callable[[int], Any] = resetting_engine  # rank -> engine, for the ranks killer
     expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
 
@@ -464,6 +518,27 @@ MUTANTS: tuple[Mutant, ...] = (
         expected=frozenset({"properties"}),
     ),
     Mutant(
+        "suspend-not-at-step-boundary",
+        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, suspend at a decode-step boundary",
+        "suspend suspends the engine at once and the engine loop keeps decoding through the handoff",
+        batcher_class=_no_boundary_suspend_batcher,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "parked-request-dropped-on-resume",
+        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, each parked request resumes",
+        "the resume forgets the parked requests: they never complete",
+        batcher_class=_dropping_resume_batcher,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "parked-request-resumed-twice",
+        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, each parked request resumes once",
+        "the resume adds every parked request to the engine again: its tokens are generated twice",
+        batcher_class=_double_resume_batcher,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
         "inference-optimized-training-without-opt-in",
         "9: dual-mode training stays opt-in",
         "a dual-mode (inference_optimized) model is trained without allow_inference_optimized_training",
@@ -472,14 +547,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "fingerprint-omits-mode-digest",
-        "11: uniform model mode at every handoff",
+        f"{LifecycleRule.UNIFORM_MODEL_MODE.number}: {LifecycleRule.UNIFORM_MODEL_MODE.value}, the fingerprint has it",
         "the handoff barrier's fingerprint leaves out the model-mode digest, so ranks in different modes pass it",
         lifecycle_class=DigestlessLifecycle,
         expected=frozenset({"ranks"}),
     ),
     Mutant(
         "mode-reset-on-one-rank",
-        "11: uniform model mode at every handoff",
+        f"{LifecycleRule.UNIFORM_MODEL_MODE.number}: {LifecycleRule.UNIFORM_MODEL_MODE.value}, reset on every rank",
         "the engine's suspend resets the model mode on one rank only; the others keep their decode-time padding",
         engine_factory=one_rank_resets_mode,
         expected=frozenset({"ranks"}),
@@ -579,8 +654,8 @@ def kill_by_hypothesis(m: Mutant, max_examples: int = 300) -> str | None:
 
 
 def kill_by_properties(m: Mutant) -> str | None:
-    """The first component property (:mod:`colo_fsm.testing.properties`) the mutant's components break, or None."""
-    from colo_fsm.testing import properties as p
+    """The first component property (:mod:`tests.support.properties`) the mutant's components break, or None."""
+    from tests.support import properties as p
 
     checks: list[tuple[str, Callable[[], None]]] = [
         ("latch", lambda: p.check_latch_property(m.checkpoint_class)),
@@ -592,6 +667,7 @@ def kill_by_properties(m: Mutant) -> str | None:
         ),
         ("dual-mode opt-in", lambda: p.check_trainable_property(m.trainable_check)),
         ("replay buffer", lambda: p.check_replay_buffer_property(m.buffer_class() if m.buffer_class else None)),
+        ("parking", lambda: p.check_parking_property(m.batcher_class() if m.batcher_class else None)),
     ]
     for name, run in checks:
         try:
@@ -718,6 +794,21 @@ def table(results: Sequence[MutantResult]) -> str:
     return "\n".join(lines)
 
 
+def checker_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.support.mutants NAME [--ranks 2..3 --scenario S --json PATH]``: the exhaustive checker
+    (:func:`colo_fsm.testing.checker.main`) on one mutant; exit status 1 when it finds the violation."""
+    import sys
+
+    from colo_fsm.testing.checker import main as check_main
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    by_name = {m.name: m for m in MUTANTS}
+    if not args or args[0] not in by_name:
+        known = ", ".join(by_name)
+        raise SystemExit(f"usage: python -m tests.support.mutants NAME [checker options]; NAME is one of {known}")
+    return check_main(args[1:], **by_name[args[0]].checker_kwargs())
+
+
 __all__ = [
     "KILLERS",
     "MUTANTS",
@@ -728,6 +819,7 @@ __all__ = [
     "MutantResult",
     "RequeryingLifecycle",
     "UnlatchedCheckpointDecision",
+    "checker_main",
     "current_device",
     "edit_state",
     "edit_transitions",
@@ -742,3 +834,7 @@ __all__ = [
     "set_current_device",
     "table",
 ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(checker_main())
