@@ -39,11 +39,11 @@ def training_shape(model: Any) -> TrainingShape:
 
 
 def device_capacity_gib(device: Any) -> float | None:
-    """Total memory of ``device`` in GiB (None for a non-CUDA device)."""
+    """Total memory of ``device`` in GiB (None for a non-CUDA device, or where CUDA is not available)."""
     import torch
 
     dev = torch.device(device)
-    if dev.type != "cuda":
+    if dev.type != "cuda" or not torch.cuda.is_available():
         return None
     return float(torch.cuda.mem_get_info(dev)[1]) / GIB
 
