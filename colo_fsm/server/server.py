@@ -328,6 +328,12 @@ class GatedEngine:
         if self.server is not None:
             self.server.stop()
 
+    def model_mode(self) -> Any:
+        """The inner engine's report of the shared model's mode (None when it reports none)."""
+        from colo_fsm.guards.mode import report_of
+
+        return report_of(self.inner)
+
     def server_base_urls(self) -> Sequence[str]:
         """Every data-parallel rank's server base URL (empty without ``serve``)."""
         return list(self._urls)
