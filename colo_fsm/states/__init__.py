@@ -11,10 +11,13 @@ from colo_fsm.states.spec import (
     EngineCondition,
     Fact,
     LifecycleSpec,
+    RequestCondition,
+    Role,
     State,
     StateSpec,
     TransitionSpec,
 )
+from colo_fsm.states.presets import NEMO_RL, PRESETS, resolve_spec
 
 __all__ = [
     "ACTIONS",
@@ -27,7 +30,12 @@ __all__ = [
     "EngineCondition",
     "Fact",
     "LifecycleSpec",
+    "NEMO_RL",
+    "PRESETS",
+    "RequestCondition",
+    "Role",
     "State",
     "StateSpec",
     "TransitionSpec",
+    "resolve_spec",
 ]
