@@ -21,17 +21,21 @@ from typing import Any
 
 from colo_fsm.errors import BarrierTimeout
 from colo_fsm.adapters.protocols import takes_weight_version
-from colo_fsm.states.presets import PRESETS
-from colo_fsm.states.spec import Collective, CollectorCondition, EngineCondition, Fact, LifecycleSpec, Role
+from colo_fsm.states.spec import LIFECYCLE, Collective, CollectorCondition, EngineCondition, Fact, LifecycleSpec, Role
 
-ADAPTER_CALLS: Mapping[tuple[str, str], str] = {
-    call: name for spec in PRESETS.values() for call, name in spec.adapter_calls().items()
-}
-"""Which action each watched call implements, read from the presets' declared ``calls`` (a spec of your own:
-``spec.adapter_calls()``)."""
+ADAPTER_CALLS: Mapping[tuple[str, str], str] = LIFECYCLE.adapter_calls()
+"""Which action each watched call implements in the shipped lifecycle, read from the actions' declared ``calls``
+(another spec: ``spec.adapter_calls()``)."""
 
-FAULT_TARGETS: tuple[tuple[str, str], ...] = (*ADAPTER_CALLS, ("validator", "validate"))
-"""Every call the lifecycle machine can make fail."""
+VALIDATOR_TARGET = ("validator", "validate")
+
+FAULT_TARGETS: tuple[tuple[str, str], ...] = (*ADAPTER_CALLS, VALIDATOR_TARGET)
+"""Every call the lifecycle machine can make fail in the shipped lifecycle (another spec: :func:`fault_targets`)."""
+
+
+def fault_targets(spec: LifecycleSpec) -> tuple[tuple[str, str], ...]:
+    """Every call the lifecycle machine can make fail when it runs ``spec``: its actions' calls and the validator."""
+    return (*spec.adapter_calls(), VALIDATOR_TARGET)
 
 
 class InjectedFault(RuntimeError):
@@ -440,5 +444,6 @@ __all__ = [
     "WatchedCollector",
     "WatchedEngine",
     "WatchedTrainer",
+    "fault_targets",
     "watched_synchronize",
 ]
