@@ -93,6 +93,29 @@ class Fact(StrEnum):
     SAVE_PENDING = "save_pending"  # an (async) checkpoint save started and is not finalized yet
 
 
+FACT_DESCRIPTIONS: dict[Fact, str] = {
+    Fact.ENGINE_BUILT: "Build once: start is refused once it is set, and a second build raises EngineRebuild.",
+    Fact.HANDOFF_COMPLETE: (
+        "One communicator: true only after this rank drained its own device (the one LOCAL_RANK names) and every "
+        "rank met the barrier, with no collective work issued since; train, generate and resume require it."
+    ),
+    Fact.SAVE_THIS_STEP: (
+        "Decide once: whether this step checkpoints, evaluated once at begin_step; every later site reads the "
+        "latched answer (a must-save-by deadline that fires once cannot be lost by a second query)."
+    ),
+    Fact.VALIDATE_THIS_STEP: "The same latch for validation (val_at_end makes the last step validate).",
+    Fact.LAST_STEP: (
+        "The run's last step (num_steps, or a deadline save that ends the run); it routes the end of the step to "
+        "Done, so collection never resumes."
+    ),
+    Fact.STEP_TRAINED: "Weight versions: the optimizer step ran and the version was bumped exactly once.",
+    Fact.VALIDATE_AT_START: "val_at_start: the run validates once before its first step.",
+    Fact.STOP_EARLY: "Latched once after a step's validation; it upgrades the step to save-and-stop.",
+    Fact.SAVE_PENDING: "An async save started and is not finalized: no wake and no end of the run until it is.",
+}
+"""Why each fact exists (the docs table reads it)."""
+
+
 class Role(StrEnum):
     """What the runtime does for an action; the action's name is free, its role is not."""
 
@@ -624,6 +647,7 @@ LIFECYCLE = LifecycleSpec(states=STATES, actions=ACTIONS, transitions=TRANSITION
 
 __all__ = [
     "ACTIONS",
+    "FACT_DESCRIPTIONS",
     "LIFECYCLE",
     "STATES",
     "TRANSITIONS",

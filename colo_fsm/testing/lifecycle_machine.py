@@ -1220,6 +1220,131 @@ def check_lifecycle(
     run_state_machine_as_test(machine, settings=settings or lifecycle_settings(profile))
 
 
+@dataclass
+class RanksResult:
+    """What :func:`exercise_ranks` did: the adapters of every rank driven through a short run, then the checker."""
+
+    ranks: int
+    spec: str
+    steps: int
+    adapter_calls: int
+    check: Any  # the checker's CheckResult for the same spec and N
+    adapters_exercised: bool = True
+
+    @property
+    def ok(self) -> bool:
+        """True when the adapters ran the whole short run on every rank and the checker found nothing."""
+        return bool(self.adapters_exercised and self.check.ok)
+
+    def report(self) -> str:
+        """The summary plus the checker's report."""
+        return self.summary() + ("" if self.check.ok else "\n" + self.check.report())
+
+    def summary(self) -> str:
+        """One line."""
+        return (
+            f"{self.ranks} ranks of your adapters ran {self.steps} steps of spec {self.spec} "
+            f"({self.adapter_calls} watched calls); checker: {self.check.summary()}"
+        )
+
+
+def exercise_ranks(
+    factory: AdapterFactory | None,
+    ranks: int,
+    *,
+    spec: LifecycleSpec = LIFECYCLE,
+    steps: int = 4,
+    timeout_s: float = 60.0,
+    **check_kwargs: Any,
+) -> RanksResult:
+    """Drive ``ranks`` sets of *your* adapters (one factory call per rank) as thread ranks meeting at a barrier
+    through a short run of ``spec`` (a save, a validation, the last step), auditing each rank's calls for the
+    handoff rules, then prove every interleaving of ``ranks`` ranks of the spec with the exhaustive checker.
+
+    A factory that raises, an adapter that fails, or a handoff violation raises AssertionError naming the rank.
+    With ``factory=None`` only the spec is checked, and the result says so (``adapters_exercised=False``).
+    """
+    from colo_fsm.guards.barrier import ThreadBarrier
+    from colo_fsm.testing.checker import check
+
+    result = check(ranks, spec=spec, **check_kwargs)
+    if factory is None:
+        return RanksResult(ranks, spec.name, 0, 0, result, adapters_exercised=False)
+    shared = threading.Barrier(ranks)
+    errors: dict[int, BaseException] = {}
+    calls = [0] * ranks
+    decided = {f for a in spec.actions for f in a.decides}
+
+    def run_rank(rank: int) -> None:
+        runner = LoopRunner()
+        try:
+            handle = KitHandle(spec)
+            try:
+                ad = as_adapters(_call_factory(factory, handle))
+            except Exception as exc:
+                raise AssertionError(f"rank {rank}: the adapter factory raised {type(exc).__name__}: {exc}") from exc
+            conditions = Conditions()
+            holder: list[Lifecycle] = []
+            log = EventLog(lambda: holder[0].state.value if holder else spec.initial.value, conditions)
+            faults = FaultSwitch()
+            collector = WatchedCollector(ad.collector, log, faults, runner) if ad.collector is not None else None
+            lc = Lifecycle(
+                WatchedEngine(ad.engine, log, faults, runner),
+                WatchedTrainer(ad.trainer, log, faults, runner),
+                collector,
+                config=LifecycleConfig(
+                    num_steps=steps,
+                    rank=rank,
+                    world_size=ranks,
+                    val_at_start=Fact.VALIDATE_AT_START in decided,
+                    val_at_end=True,
+                ),
+                drain=DeviceDrain(rank, synchronize=watched_synchronize(log, faults)),
+                barrier=WatchedBarrier(ThreadBarrier(shared, rank, timeout_s=timeout_s), log, faults, rank=rank),
+                checkpoint=CheckpointDecision(2),
+                validation=ValidationDecision(2),
+                validator=lambda _s, _w: {"accuracy": 1.0},
+                early_stop=LatchedDecision("early_stop", lambda _s: False) if Fact.STOP_EARLY in decided else None,
+                spec=spec,
+            )
+            holder.append(lc)
+            handle.lifecycle = lc
+            audit = HandoffAudit(spec, rank)
+            lc.start()
+            i = 0
+            while not lc.finished:
+                if ad.rollout is not None:
+                    ad.rollout()
+                lc.step([i])
+                if spec.state(lc.state).validates:
+                    lc.end_validation()
+                i += 1
+            lc.stop()
+            bad = audit.feed(log.events)
+            if bad:
+                raise AssertionError(f"rank {rank}: " + "; ".join(bad[:3]))
+            calls[rank] = len(log)
+            if ad.close is not None:
+                ad.close()
+        except BaseException as exc:  # reported below, per rank
+            errors[rank] = exc
+            shared.abort()
+        finally:
+            runner.close()
+
+    threads = [threading.Thread(target=run_rank, args=(r,), name=f"colo-fsm-rank-{r}") for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s * 4)
+    if errors:
+        first = min(errors)
+        raise AssertionError(
+            f"{len(errors)} of {ranks} ranks failed with your adapters; rank {first}: {errors[first]}"
+        ) from errors[first]
+    return RanksResult(ranks, spec.name, steps, sum(calls), result)
+
+
 def stats_snapshot() -> dict[str, int]:
     """A copy of :data:`STATS`."""
     with _STATS_LOCK:
@@ -1232,12 +1357,14 @@ __all__ = [
     "AdapterFactory",
     "Adapters",
     "KitHandle",
+    "RanksResult",
     "LifecycleMachine",
     "RunConfig",
     "StepRecord",
     "as_adapters",
     "callable_targets",
     "check_lifecycle",
+    "exercise_ranks",
     "lifecycle_machine",
     "lifecycle_test_case",
     "recording_fakes",
