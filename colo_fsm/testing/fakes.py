@@ -148,10 +148,10 @@ class RecordingEngine(_Faulty):
     def decode_step(self, *, force: bool = False) -> int:
         """One decode step over the running requests (a no-op unless awake, or ``force``d); returns tokens made."""
         if self.condition != "awake":
-            if not force or not (self.parked or self.queued):
+            work = self.parked or self.queued
+            if not force or not work:
                 return 0
             self.decode_while_parked += 1  # the bug this fake lets a test show: decode during a handoff
-            work = self.parked
         else:
             work = self.running
         if not work:

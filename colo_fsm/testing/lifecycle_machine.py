@@ -1228,24 +1228,33 @@ class RanksResult:
     spec: str
     steps: int
     adapter_calls: int
-    check: Any  # the checker's CheckResult for the same spec and N
+    checks: list[Any]  # the checker's CheckResults for the same spec and N, one per scenario of the spec
     adapters_exercised: bool = True
 
     @property
+    def check(self) -> Any:
+        """The first failing CheckResult (else the first)."""
+        return next((c for c in self.checks if not c.ok), self.checks[0])
+
+    @property
     def ok(self) -> bool:
-        """True when the adapters ran the whole short run on every rank and the checker found nothing."""
-        return bool(self.adapters_exercised and self.check.ok)
+        """True when the checker found nothing (and, if exercised, every rank's adapters ran the short run)."""
+        return all(c.ok for c in self.checks)
 
     def report(self) -> str:
-        """The summary plus the checker's report."""
-        return self.summary() + ("" if self.check.ok else "\n" + self.check.report())
+        """The summary plus the checker's report of a failing scenario."""
+        return self.summary() + ("" if self.ok else "\n" + self.check.report())
 
     def summary(self) -> str:
-        """One line."""
-        return (
+        """One line; it says plainly when only the spec was checked."""
+        who = (
             f"{self.ranks} ranks of your adapters ran {self.steps} steps of spec {self.spec} "
-            f"({self.adapter_calls} watched calls); checker: {self.check.summary()}"
+            f"({self.adapter_calls} watched calls)"
+            if self.adapters_exercised
+            else f"spec {self.spec} only: no adapters were exercised"
         )
+        verdict = "ok" if self.ok else f"VIOLATION: {self.check.violation}"
+        return f"{who}; checker over {len(self.checks)} scenario(s) of N={self.ranks}: {verdict}"
 
 
 def exercise_ranks(
@@ -1265,9 +1274,9 @@ def exercise_ranks(
     With ``factory=None`` only the spec is checked, and the result says so (``adapters_exercised=False``).
     """
     from colo_fsm.guards.barrier import ThreadBarrier
-    from colo_fsm.testing.checker import check
+    from colo_fsm.testing.checker import check_all
 
-    result = check(ranks, spec=spec, **check_kwargs)
+    result = check_all([ranks], spec=spec, **check_kwargs)
     if factory is None:
         return RanksResult(ranks, spec.name, 0, 0, result, adapters_exercised=False)
     shared = threading.Barrier(ranks)
