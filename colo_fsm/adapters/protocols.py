@@ -92,9 +92,7 @@ def takes_weight_version(resume: Callable[..., Any]) -> bool:
         params = inspect.signature(resume).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any(
-        p.name == "weight_version" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params
-    )
+    return any(p.name == "weight_version" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
 
 
 @dataclass(frozen=True)
@@ -121,4 +119,12 @@ class TextGenerator(Protocol):
         """Generate one completion per prompt."""
 
 
-__all__ = ["Collector", "Completion", "GenerationEngine", "StepResult", "TextGenerator", "Trainer", "takes_weight_version"]
+__all__ = [
+    "Collector",
+    "Completion",
+    "GenerationEngine",
+    "StepResult",
+    "TextGenerator",
+    "Trainer",
+    "takes_weight_version",
+]

@@ -42,7 +42,6 @@ from colo_fsm.states.spec import (
     EngineCondition,
     Fact,
     LifecycleSpec,
-    RequestCondition,
     Role,
     State,
     TransitionSpec,

@@ -1,5 +1,6 @@
 """The declarative lifecycle: states, actions and transitions as data."""
 
+from colo_fsm.states.presets import NEMO_RL, PRESETS, resolve_spec
 from colo_fsm.states.spec import (
     ACTIONS,
     LIFECYCLE,
@@ -17,11 +18,12 @@ from colo_fsm.states.spec import (
     StateSpec,
     TransitionSpec,
 )
-from colo_fsm.states.presets import NEMO_RL, PRESETS, resolve_spec
 
 __all__ = [
     "ACTIONS",
     "LIFECYCLE",
+    "NEMO_RL",
+    "PRESETS",
     "STATES",
     "TRANSITIONS",
     "ActionSpec",
@@ -30,8 +32,6 @@ __all__ = [
     "EngineCondition",
     "Fact",
     "LifecycleSpec",
-    "NEMO_RL",
-    "PRESETS",
     "RequestCondition",
     "Role",
     "State",

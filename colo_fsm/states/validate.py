@@ -75,15 +75,17 @@ def validate_spec(spec: LifecycleSpec) -> None:
                 f"(expected {_REQUESTS_FOR_ENGINE[s.engine].value})",
             )
         if s.serves_requests and not (s.resting and s.engine is EngineCondition.AWAKE):
-            raise SpecError(f"state {s.state.value}", "requests are served only in resting states with the engine awake")
-    written = {f for a in spec.actions for f in a.writes()}
+            raise SpecError(
+                f"state {s.state.value}", "requests are served only in resting states with the engine awake"
+            )
+    written = {f for act in spec.actions for f in act.writes()}
     for t in spec.transitions:
         where = f"{t.trigger}: {t.source.value} -> {t.dest.value}"
         if t.source not in declared or t.dest not in declared:
             raise SpecError(where, "source and destination are declared states")
-        for a in t.actions:
-            if a not in names:
-                raise SpecError(where, f"action {a!r} is declared in spec.actions")
+        for name in t.actions:
+            if name not in names:
+                raise SpecError(where, f"action {name!r} is declared in spec.actions")
         if t.dest == spec.initial:
             raise SpecError(where, f"no transition re-enters {spec.initial.value} (the engine is built once)")
         roles = {spec.action(a).role: a for a in t.actions}
@@ -95,7 +97,9 @@ def validate_spec(spec: LifecycleSpec) -> None:
         _check_conditions(spec, t, where)
         for f in (*t.when, *t.unless):
             if f not in written:
-                raise SpecError(where, f"the guard reads {f.value}, which no action sets (declare it in an action's sets)")
+                raise SpecError(
+                    where, f"the guard reads {f.value}, which no action sets (declare it in an action's sets)"
+                )
     _check_reachable(spec)
     _check_deterministic(spec)
     _check_paths(spec)

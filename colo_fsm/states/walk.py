@@ -12,7 +12,9 @@ from colo_fsm.errors import ConfigError
 from colo_fsm.states.spec import Fact, LifecycleSpec, Role, State, TransitionSpec
 
 
-def apply_effects(spec: LifecycleSpec, t: TransitionSpec, facts: dict[Fact, bool], decisions: Mapping[Fact, bool]) -> None:
+def apply_effects(
+    spec: LifecycleSpec, t: TransitionSpec, facts: dict[Fact, bool], decisions: Mapping[Fact, bool]
+) -> None:
     """Apply the declared fact effects of ``t``'s actions to ``facts`` (latches read ``decisions``)."""
     for name in t.actions:
         a = spec.action(name)

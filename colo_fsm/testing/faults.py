@@ -708,7 +708,8 @@ def check_outcome(run: FaultRun) -> list[str]:
             and r == run.victim
             and o.state is S.FAILED
             and run.fault.action is not None
-            and (_role(run.fault.action), run.kind) in ((Role.BUMP, FaultKind.RAISE), (Role.TRAIN, FaultKind.RAISE_AFTER))
+            and (_role(run.fault.action), run.kind)
+            in ((Role.BUMP, FaultKind.RAISE), (Role.TRAIN, FaultKind.RAISE_AFTER))
         )
         # a failure between the optimizer step and the bump leaves the version one behind (the run is Failed)
         if o.weight_version != o.trained and not (between and o.weight_version == o.trained - 1):

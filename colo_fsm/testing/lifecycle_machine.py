@@ -47,7 +47,6 @@ from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.machine.aio import AsyncLifecycle
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.states.presets import PRESETS
-from colo_fsm.states.walk import walk_step
 from colo_fsm.states.spec import (
     LIFECYCLE,
     CollectorCondition,
@@ -58,6 +57,7 @@ from colo_fsm.states.spec import (
     Role,
     State,
 )
+from colo_fsm.states.walk import walk_step
 from colo_fsm.testing.fakes import (
     FakeClock,
     FakeReplayBuffer,
@@ -251,7 +251,9 @@ def _last_step_may_validate(spec: LifecycleSpec) -> bool:
     )
 
 
-def _watched_drain(inner: Callable[[], object], local_rank: int, log: EventLog, faults: FaultSwitch) -> Callable[[], object]:
+def _watched_drain(
+    inner: Callable[[], object], local_rank: int, log: EventLog, faults: FaultSwitch
+) -> Callable[[], object]:
     """Your drain, journaled as a ``device.synchronize`` of the device it names (``target_device()``, else
     ``local_rank``)."""
     target = getattr(inner, "target_device", None)
@@ -549,7 +551,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         spec = self.lc.spec
         first = self.lc.step_index
         ahead = range(first, cfg.num_steps if cfg.num_steps is not None else first + 60)
-        stops_early = cfg.early_stop_at is not None and any(f is Fact.STOP_EARLY for a in spec.actions for f in a.decides)
+        stops_early = cfg.early_stop_at is not None and any(
+            f is Fact.STOP_EARLY for a in spec.actions for f in a.decides
+        )
         if (
             cfg.must_save_by_s is None
             and not stops_early
@@ -1366,8 +1370,8 @@ __all__ = [
     "AdapterFactory",
     "Adapters",
     "KitHandle",
-    "RanksResult",
     "LifecycleMachine",
+    "RanksResult",
     "RunConfig",
     "StepRecord",
     "as_adapters",

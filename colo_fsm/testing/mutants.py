@@ -35,6 +35,7 @@ from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision
 from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+from colo_fsm.states.presets import NEMO_RL
 from colo_fsm.states.spec import (
     LIFECYCLE,
     CollectorCondition,
@@ -45,7 +46,6 @@ from colo_fsm.states.spec import (
     State,
     TransitionSpec,
 )
-from colo_fsm.states.presets import NEMO_RL
 from colo_fsm.states.validate import SpecError, validate_spec
 from colo_fsm.testing.checker import StepPlan, check, scenarios_for
 from colo_fsm.testing.fakes import FakeClock, recording_adapters
@@ -221,7 +221,11 @@ def _last_step_wakes() -> LifecycleSpec:
             actions=(*_actions(spec, "conclude", source, S.DONE), "resume_engine", "resume_collector"),
         )
     spec = edit_state(
-        spec, S.DONE, engine=EngineCondition.AWAKE, collector=CollectorCondition.RUNNING, requests=RequestCondition.RUNNING
+        spec,
+        S.DONE,
+        engine=EngineCondition.AWAKE,
+        collector=CollectorCondition.RUNNING,
+        requests=RequestCondition.RUNNING,
     )
     return edit_transitions(
         spec,
@@ -231,9 +235,7 @@ def _last_step_wakes() -> LifecycleSpec:
 
 
 def _nemo_wake_before_finalize() -> LifecycleSpec:
-    spec = edit_transitions(
-        NEMO_RL, _edge("conclude", S.CHECKPOINTING, S.WAKING), actions=("drain_device", "barrier")
-    )
+    spec = edit_transitions(NEMO_RL, _edge("conclude", S.CHECKPOINTING, S.WAKING), actions=("drain_device", "barrier"))
     return edit_transitions(spec, _edge("resume", S.WAKING, S.GENERATING), unless=())
 
 
@@ -264,9 +266,7 @@ def _nemo_validation_after_save() -> LifecycleSpec:
     spec = dataclasses.replace(spec, transitions=(*spec.transitions, after_save))
     spec = edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.CHECKPOINTING), when=(F.STOP_EARLY,))
     spec = edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.DONE), unless=(F.STOP_EARLY,))
-    return edit_transitions(
-        spec, _edge("conclude", S.CONCLUDING, S.GENERATING), unless=(F.STOP_EARLY, F.LAST_STEP)
-    )
+    return edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.GENERATING), unless=(F.STOP_EARLY, F.LAST_STEP))
 
 
 def _nemo_early_stop_without_save() -> LifecycleSpec:

@@ -19,8 +19,8 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from colo_fsm.errors import BarrierTimeout
 from colo_fsm.adapters.protocols import takes_weight_version
+from colo_fsm.errors import BarrierTimeout
 from colo_fsm.states.spec import LIFECYCLE, Collective, CollectorCondition, EngineCondition, Fact, LifecycleSpec, Role
 
 ADAPTER_CALLS: Mapping[tuple[str, str], str] = LIFECYCLE.adapter_calls()
