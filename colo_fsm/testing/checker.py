@@ -52,6 +52,7 @@ from colo_fsm.states.spec import (
     State,
     TransitionSpec,
 )
+from colo_fsm.testing.scenarios import EXTRA_SCENARIOS, SCENARIOS, VAL_AT_START_SCENARIOS, StepPlan, scenarios_for
 
 
 class DrainTarget(Protocol):
@@ -67,51 +68,6 @@ DrainFactory = Callable[[int], DrainTarget]
 def real_drain(local_rank: int) -> DrainTarget:
     """The shipped :class:`DeviceDrain` of ``local_rank`` (with a no-op synchronize)."""
     return DeviceDrain(local_rank, synchronize=lambda _device: None)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """The latched decisions of one step (``early_stop``: the early-stop latch after validation says stop)."""
-
-    save: bool = False
-    validate: bool = False
-    early_stop: bool = False
-
-    def label(self) -> str:
-        parts = (("save", self.save), ("validate", self.validate), ("early-stop", self.early_stop))
-        return "+".join(k for k, v in parts if v) or "plain"
-
-
-SCENARIOS: dict[str, tuple[StepPlan, ...]] = {
-    # plain, checkpoint, validate, checkpoint+validate, then a plain last step
-    "all-step-kinds": (StepPlan(), StepPlan(save=True), StepPlan(validate=True), StepPlan(True, True), StepPlan()),
-    "last-step-saves": (StepPlan(), StepPlan(save=True, validate=True)),
-    "last-step-validates": (StepPlan(validate=True),),
-}
-"""Runs every rank executes; the last step of each is the run's last."""
-
-EXTRA_SCENARIOS: dict[Fact, dict[str, tuple[StepPlan, ...]]] = {
-    Fact.VALIDATE_AT_START: {
-        "val-at-start": (StepPlan(), StepPlan(save=True, validate=True), StepPlan(validate=True)),
-    },
-    Fact.STOP_EARLY: {
-        "early-stop": (StepPlan(validate=True), StepPlan(validate=True, early_stop=True), StepPlan(), StepPlan()),
-        "early-stop-saving": (StepPlan(save=True, validate=True, early_stop=True), StepPlan()),
-    },
-}
-"""Scenarios added for a spec whose latches decide these facts (validation at start, early stop)."""
-
-VAL_AT_START_SCENARIOS = frozenset({"val-at-start"})
-
-
-def scenarios_for(spec: LifecycleSpec) -> dict[str, tuple[StepPlan, ...]]:
-    """:data:`SCENARIOS` plus the :data:`EXTRA_SCENARIOS` of every fact ``spec``'s latches decide."""
-    decided = {f for a in spec.actions for f in a.decides}
-    out = dict(SCENARIOS)
-    for fact, extra in EXTRA_SCENARIOS.items():
-        if fact in decided:
-            out.update(extra)
-    return out
 
 
 @dataclass(frozen=True)
@@ -620,10 +576,11 @@ def _parse_ranks(text: str) -> list[int]:
     return values
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m colo_fsm.testing.checker --ranks 2..8 [--scenario NAME] [--mutant NAME] [--json PATH]``.
+def main(argv: Sequence[str] | None = None, **check_kwargs: Any) -> int:
+    """``python -m colo_fsm.testing.checker --ranks 2..8 [--scenario NAME] [--json PATH]``.
 
     Exit status 0 when every check passes, 1 when one finds a violation (its shortest trace is printed).
+    ``check_kwargs`` go to every :func:`check` (a caller checking a modified spec or drain passes them).
     """
     ap = argparse.ArgumentParser(prog="colo-fsm check", description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument(
@@ -641,28 +598,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="lifecycle",
         help="the lifecycle to check: lifecycle (default), nemo_rl, or your own as module:attribute",
     )
-    ap.add_argument("--mutant", help="check a mutated lifecycle from colo_fsm.testing.mutants instead")
     ap.add_argument("--json", type=Path, help="also write the results as JSON to this path")
     args = ap.parse_args(argv)
     from colo_fsm.states.presets import resolve_spec
 
     try:
-        spec = resolve_spec(args.spec)
+        spec = resolve_spec(check_kwargs.pop("spec", None) or args.spec)
     except ConfigError as exc:
         ap.error(f"argument --spec: {exc}")
-    kwargs: dict[str, Any] = {"spec": spec}
     if args.scenario:
         unknown = [n for n in args.scenario if n not in scenarios_for(spec)]
         if unknown:
             ap.error(f"argument --scenario: {', '.join(unknown)} not a scenario of spec {args.spec!r}")
-    if args.mutant:
-        from colo_fsm.testing.mutants import MUTANTS
-
-        by_name = {m.name: m for m in MUTANTS}
-        if args.mutant not in by_name:
-            ap.error(f"unknown mutant {args.mutant!r}; known: {', '.join(by_name)}")
-        kwargs = by_name[args.mutant].checker_kwargs()
-    results = check_all(args.ranks, scenarios=args.scenario, **kwargs)
+    results = check_all(args.ranks, scenarios=args.scenario, spec=spec, **check_kwargs)
     total_states = sum(r.states for r in results)
     for r in results:
         print(r.report() if not r.ok else r.summary())

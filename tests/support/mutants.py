@@ -13,7 +13,7 @@ catch it:
   violation;
 * ``hypothesis``: the property-based lifecycle machine (:mod:`colo_fsm.testing.lifecycle_machine`) finds a
   failing program;
-* ``properties``: the component properties of :mod:`colo_fsm.testing.properties` (latch, in-flight cap,
+* ``properties``: the component properties of :mod:`tests.support.properties` (latch, in-flight cap,
   parallelism check, wall-clock metrics, dual-mode opt-in) find a counterexample.
 
 ``scripts/mutation_proof.py`` prints the table and fails if any mutant survives every killer.
@@ -36,6 +36,7 @@ from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.states.presets import NEMO_RL
+from colo_fsm.states.rules import LifecycleRule
 from colo_fsm.states.spec import (
     LIFECYCLE,
     CollectorCondition,
@@ -47,8 +48,9 @@ from colo_fsm.states.spec import (
     TransitionSpec,
 )
 from colo_fsm.states.validate import SpecError, validate_spec
-from colo_fsm.testing.checker import StepPlan, check, scenarios_for
+from colo_fsm.testing.checker import check
 from colo_fsm.testing.fakes import FakeClock, recording_adapters
+from colo_fsm.testing.scenarios import StepPlan, scenarios_for
 
 KILLERS = ("validator", "runtime", "checker", "hypothesis", "properties")
 S = State
@@ -162,6 +164,57 @@ def step_axis_metrics_logger() -> type[Any]:
             return float(self._records // 2)  # t0 at construction, one "second" per logged step
 
     return StepAxisMetricsLogger
+
+
+def _no_boundary_suspend_batcher() -> type[Any]:
+    """MUTANT: suspend suspends the backend at once from the caller's thread; the engine loop keeps stepping."""
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    class NoBoundarySuspendBatcher(ContinuousBatcher):
+        def suspend(self) -> None:
+            assert self.backend is not None
+            self.timings.append(("suspend", float(self.backend.suspend() or 0.0)))
+
+        def resume(self) -> None:
+            assert self.backend is not None
+            self.timings.append(("resume", float(self.backend.resume() or 0.0)))
+
+    return NoBoundarySuspendBatcher
+
+
+def _dropping_resume_batcher() -> type[Any]:
+    """MUTANT: on resume the parked requests are dropped from the engine (their callers wait forever)."""
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    class DroppingResumeBatcher(ContinuousBatcher):
+        def _execute(self, cmd: Any, backend: Any) -> bool:
+            parked = not self._awake
+            going = super()._execute(cmd, backend)
+            if cmd.kind == "resume" and parked:
+                with self._cond:
+                    dropped = list(self._active)
+                    self._active.clear()
+                for rid in dropped:
+                    backend.abort(rid)
+            return going
+
+    return DroppingResumeBatcher
+
+
+def _double_resume_batcher() -> type[Any]:
+    """MUTANT: on resume every parked request is added to the engine again (it then runs twice)."""
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    class DoubleResumeBatcher(ContinuousBatcher):
+        def _execute(self, cmd: Any, backend: Any) -> bool:
+            parked = not self._awake
+            going = super()._execute(cmd, backend)
+            if cmd.kind == "resume" and parked:
+                for req in list(self._active.values()):
+                    backend.add(req.backend)
+            return going
+
+    return DoubleResumeBatcher
 
 
 # ---------------------------------------------------------------------------------------------- spec edits
@@ -301,6 +354,7 @@ class Mutant:
     trainable_check: Callable[..., None] | None = None
     metrics_logger: Callable[[], type[Any]] | None = None
     buffer_class: Callable[[], type[Any]] | None = None  # a replay buffer class (built lazily: imports collector)
+    batcher_class: Callable[[], type[Any]] | None = None  # an engine loop (ContinuousBatcher) class, built lazily
     expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
 
     def checker_kwargs(self, scenario: str = "all-step-kinds") -> dict[str, Any]:
@@ -490,6 +544,27 @@ MUTANTS: tuple[Mutant, ...] = (
         expected=frozenset({"properties"}),
     ),
     Mutant(
+        "suspend-not-at-step-boundary",
+        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, suspend at a decode-step boundary",
+        "suspend suspends the engine at once and the engine loop keeps decoding through the handoff",
+        batcher_class=_no_boundary_suspend_batcher,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "parked-request-dropped-on-resume",
+        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, each parked request resumes",
+        "the resume forgets the parked requests: they never complete",
+        batcher_class=_dropping_resume_batcher,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "parked-request-resumed-twice",
+        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, each parked request resumes once",
+        "the resume adds every parked request to the engine again: its tokens are generated twice",
+        batcher_class=_double_resume_batcher,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
         "inference-optimized-training-without-opt-in",
         "9: dual-mode training stays opt-in",
         "a dual-mode (inference_optimized) model is trained without allow_inference_optimized_training",
@@ -498,28 +573,28 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "nemo-wake-before-finalize",
-        "3: every checkpoint collective done before any wake",
+        f"{LifecycleRule.CHECKPOINT_SUSPENDS.number}: every checkpoint collective done before any wake",
         "the NeMo-RL preset wakes after an async save without its finalize (the save still runs in the background)",
         spec=_nemo_wake_before_finalize(),
         expected=_ALL,
     ),
     Mutant(
         "nemo-validation-after-save",
-        "13: the step order is the spec's (NeMo-RL validates before the save)",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: the step order is the spec's (NeMo-RL validates before the save)",
         "the NeMo-RL preset saves first and validates after, so the step's validation metric misses the checkpoint",
         spec=_nemo_validation_after_save(),
         expected=_NOT_VALIDATOR,
     ),
     Mutant(
         "nemo-early-stop-without-save",
-        "13: an early stop upgrades its step to save-and-stop",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: an early stop upgrades its step to save-and-stop",
         "the NeMo-RL preset's early stop ends the run without saving",
         spec=_nemo_early_stop_without_save(),
         expected=frozenset({"validator", "checker", "hypothesis"}),
     ),
     Mutant(
         "nemo-val-at-end-resumes-collection",
-        "13: the last step's validation wake never resumes collection",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: the last step's validation wake never resumes collection",
         "the NeMo-RL preset resumes the collector after validating on the last step",
         spec=_nemo_val_at_end_resumes_collection(),
         expected=frozenset({"checker", "hypothesis"}),
@@ -628,8 +703,8 @@ def kill_by_hypothesis(m: Mutant, max_examples: int = 300) -> str | None:
 
 
 def kill_by_properties(m: Mutant) -> str | None:
-    """The first component property (:mod:`colo_fsm.testing.properties`) the mutant's components break, or None."""
-    from colo_fsm.testing import properties as p
+    """The first component property (:mod:`tests.support.properties`) the mutant's components break, or None."""
+    from tests.support import properties as p
 
     checks: list[tuple[str, Callable[[], None]]] = [
         ("latch", lambda: p.check_latch_property(m.checkpoint_class)),
@@ -641,6 +716,7 @@ def kill_by_properties(m: Mutant) -> str | None:
         ),
         ("dual-mode opt-in", lambda: p.check_trainable_property(m.trainable_check)),
         ("replay buffer", lambda: p.check_replay_buffer_property(m.buffer_class() if m.buffer_class else None)),
+        ("parking", lambda: p.check_parking_property(m.batcher_class() if m.batcher_class else None)),
     ]
     for name, run in checks:
         try:
@@ -709,6 +785,21 @@ def table(results: Sequence[MutantResult]) -> str:
     return "\n".join(lines)
 
 
+def checker_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.support.mutants NAME [--ranks 2..3 --scenario S --json PATH]``: the exhaustive checker
+    (:func:`colo_fsm.testing.checker.main`) on one mutant; exit status 1 when it finds the violation."""
+    import sys
+
+    from colo_fsm.testing.checker import main as check_main
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    by_name = {m.name: m for m in MUTANTS}
+    if not args or args[0] not in by_name:
+        known = ", ".join(by_name)
+        raise SystemExit(f"usage: python -m tests.support.mutants NAME [checker options]; NAME is one of {known}")
+    return check_main(args[1:], **by_name[args[0]].checker_kwargs())
+
+
 __all__ = [
     "KILLERS",
     "MUTANTS",
@@ -718,6 +809,7 @@ __all__ = [
     "MutantResult",
     "RequeryingLifecycle",
     "UnlatchedCheckpointDecision",
+    "checker_main",
     "current_device",
     "edit_state",
     "edit_transitions",
@@ -730,3 +822,7 @@ __all__ = [
     "set_current_device",
     "table",
 ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(checker_main())
