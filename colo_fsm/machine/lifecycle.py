@@ -664,7 +664,7 @@ class Lifecycle:
             logging.INFO,
             "step %d decisions: %s",
             self.step_index,
-            " ".join(f"{f.value.removesuffix('_this_step')}={v}" for f, v in decided.items()),
+            " ".join(f"{f.value.removesuffix('_this_step').removesuffix('_step')}={v}" for f, v in decided.items()),
         )
 
     def _role_latch_stop(self, a: ActionSpec) -> None:
