@@ -80,7 +80,9 @@ class Collector(Protocol):
     """
 
     def pause(self) -> None:
-        """Stop issuing new rollouts and return at once; rollouts in flight stay parked in the engine."""
+        """Stop issuing new rollouts and return at once (park, the default): rollouts already submitted stay
+        parked in the engine through the handoff and finish after it, under the new weights. A collector set
+        to drain (strictly on-policy) returns only when no rollout request of it is being served."""
 
     def resume(self) -> None:
         """Start issuing rollouts again."""
