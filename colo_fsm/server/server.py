@@ -142,11 +142,11 @@ class OpenAIServer:
 
 
 def serving_state(state: Any, spec: LifecycleSpec = LIFECYCLE) -> bool:
-    """Whether requests may be admitted in ``state``: the spec declares the engine AWAKE there and the machine
-    rests there (waits for the training loop), so no action of a handoff is running. Read from the spec, not
-    from a list of state names: in the shipped lifecycle that is Generating and Validating."""
+    """Whether requests may be admitted in ``state``: the spec declares ``serves_requests`` there (the static
+    validator holds that to resting states with the engine AWAKE, so no action of a handoff is running). Read
+    from the spec, not from a list of state names: in the shipped lifecycle that is Generating and Validating."""
     st = spec.state(state)
-    return st.resting and st.engine is EngineCondition.AWAKE
+    return st.serves_requests and st.resting and st.engine is EngineCondition.AWAKE
 
 
 def admit_while_serving(lifecycle: Any, spec: LifecycleSpec | None = None) -> Callable[[], bool]:

@@ -41,6 +41,7 @@ from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+from colo_fsm.states.presets import NEMO_RL
 from colo_fsm.states.rules import LifecycleRule
 from colo_fsm.states.spec import (
     LIFECYCLE,
@@ -48,6 +49,7 @@ from colo_fsm.states.spec import (
     EngineCondition,
     Fact,
     LifecycleSpec,
+    RequestCondition,
     State,
     TransitionSpec,
 )
@@ -61,7 +63,7 @@ from colo_fsm.testing.fakes import (
     RecordingTrainer,
     recording_adapters,
 )
-from colo_fsm.testing.scenarios import SCENARIOS, StepPlan
+from colo_fsm.testing.scenarios import StepPlan, scenarios_for
 
 KILLERS = ("validator", "runtime", "checker", "hypothesis", "properties", "ranks")
 S = State
@@ -296,7 +298,7 @@ def _wake_before_save_consistent() -> LifecycleSpec:
         _edge("conclude", S.TRAINING, S.CHECKPOINTING),
         actions=("offload_training_buffers", "drain_device", "barrier", "resume_engine", "save_checkpoint"),
     )
-    spec = edit_state(spec, S.CHECKPOINTING, engine=EngineCondition.AWAKE)
+    spec = edit_state(spec, S.CHECKPOINTING, engine=EngineCondition.AWAKE, requests=RequestCondition.RUNNING)
     for dest in (S.DONE, S.WAKING):
         spec = edit_transitions(
             spec, _edge("conclude", S.CHECKPOINTING, dest), actions=("suspend_engine", "drain_device", "barrier")
@@ -312,12 +314,67 @@ def _last_step_wakes() -> LifecycleSpec:
             _edge("conclude", source, S.DONE),
             actions=(*_actions(spec, "conclude", source, S.DONE), "resume_engine", "resume_collector"),
         )
-    spec = edit_state(spec, S.DONE, engine=EngineCondition.AWAKE, collector=CollectorCondition.RUNNING)
+    spec = edit_state(
+        spec,
+        S.DONE,
+        engine=EngineCondition.AWAKE,
+        collector=CollectorCondition.RUNNING,
+        requests=RequestCondition.RUNNING,
+    )
     return edit_transitions(
         spec,
         _edge("stop", S.DONE, S.STOPPED),
         actions=("pause_collector", "suspend_engine", "drain_device", "barrier", "shutdown_engine"),
     )
+
+
+def _nemo_wake_before_finalize() -> LifecycleSpec:
+    spec = edit_transitions(NEMO_RL, _edge("conclude", S.CHECKPOINTING, S.WAKING), actions=("drain_device", "barrier"))
+    return edit_transitions(spec, _edge("resume", S.WAKING, S.GENERATING), unless=())
+
+
+def _nemo_validation_after_save() -> LifecycleSpec:
+    F = Fact
+    spec = edit_transitions(
+        NEMO_RL,
+        _edge("conclude", S.TRAINING, S.VALIDATING),
+        when=(F.STEP_TRAINED, F.VALIDATE_THIS_STEP),
+        unless=(F.SAVE_THIS_STEP,),
+    )
+    spec = edit_transitions(
+        spec, _edge("conclude", S.TRAINING, S.CHECKPOINTING), when=(F.STEP_TRAINED, F.SAVE_THIS_STEP), unless=()
+    )
+    spec = edit_transitions(spec, _edge("conclude", S.CHECKPOINTING, S.DONE), unless=(F.VALIDATE_THIS_STEP,))
+    spec = edit_transitions(
+        spec, _edge("conclude", S.CHECKPOINTING, S.WAKING), unless=(F.LAST_STEP, F.VALIDATE_THIS_STEP)
+    )
+    after_save = TransitionSpec(
+        "conclude",
+        S.CHECKPOINTING,
+        S.VALIDATING,
+        ("finalize_checkpoint", "drain_device", "barrier", "resume_engine"),
+        when=(F.VALIDATE_THIS_STEP,),
+        automatic=True,
+        description="MUTANT: validate after the save",
+    )
+    spec = dataclasses.replace(spec, transitions=(*spec.transitions, after_save))
+    spec = edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.CHECKPOINTING), when=(F.STOP_EARLY,))
+    spec = edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.DONE), unless=(F.STOP_EARLY,))
+    return edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.GENERATING), unless=(F.STOP_EARLY, F.LAST_STEP))
+
+
+def _nemo_early_stop_without_save() -> LifecycleSpec:
+    acts = tuple(
+        dataclasses.replace(a, upgrades=(Fact.LAST_STEP,)) if a.name == "latch_early_stop" else a
+        for a in NEMO_RL.actions
+    )
+    return dataclasses.replace(NEMO_RL, actions=acts)
+
+
+def _nemo_val_at_end_resumes_collection() -> LifecycleSpec:
+    spec = edit_transitions(NEMO_RL, _edge("conclude", S.CONCLUDING, S.GENERATING), unless=(Fact.SAVE_THIS_STEP,))
+    ts = tuple(t for t in spec.transitions if not _edge("conclude", S.CONCLUDING, S.DONE)(t))
+    return dataclasses.replace(spec, transitions=ts)
 
 
 # ---------------------------------------------------------------------------------------------- mutants
@@ -378,7 +435,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "2: drain + barrier before the resume signal",
         "the wake path resumes the engine first, then drains and meets the barrier",
         spec=_resume_before_barrier(),
-        expected=_NOT_VALIDATOR,
+        expected=_ALL,  # the validator's path rule: decode after train work with no drain + barrier between
     ),
     Mutant(
         "resume-between-drain-and-barrier",
@@ -444,9 +501,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "wake-between-train-and-save-declared",
         "3: checkpoints suspend everything",
-        "as above, with Checkpointing re-declared 'engine awake' so the static validator has nothing to object to",
+        "as above, with Checkpointing re-declared 'engine awake' so the conditions agree (the path rule still objects)",
         spec=_wake_before_save_consistent(),
-        expected=_NOT_VALIDATOR,
+        expected=_ALL,
     ),
     Mutant(
         "teardown-at-validation",
@@ -577,6 +634,34 @@ MUTANTS: tuple[Mutant, ...] = (
         engine_factory=one_rank_resets_mode,
         expected=frozenset({"ranks"}),
     ),
+    Mutant(
+        "nemo-wake-before-finalize",
+        f"{LifecycleRule.CHECKPOINT_SUSPENDS.number}: every checkpoint collective done before any wake",
+        "the NeMo-RL preset wakes after an async save without its finalize (the save still runs in the background)",
+        spec=_nemo_wake_before_finalize(),
+        expected=_ALL,
+    ),
+    Mutant(
+        "nemo-validation-after-save",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: the step order is the spec's (NeMo-RL validates before the save)",
+        "the NeMo-RL preset saves first and validates after, so the step's validation metric misses the checkpoint",
+        spec=_nemo_validation_after_save(),
+        expected=_NOT_VALIDATOR,
+    ),
+    Mutant(
+        "nemo-early-stop-without-save",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: an early stop upgrades its step to save-and-stop",
+        "the NeMo-RL preset's early stop ends the run without saving",
+        spec=_nemo_early_stop_without_save(),
+        expected=frozenset({"validator", "checker", "hypothesis"}),
+    ),
+    Mutant(
+        "nemo-val-at-end-resumes-collection",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: the last step's validation wake never resumes collection",
+        "the NeMo-RL preset resumes the collector after validating on the last step",
+        spec=_nemo_val_at_end_resumes_collection(),
+        expected=frozenset({"checker", "hypothesis"}),
+    ),
 )
 """Every mutant the proof runs."""
 
@@ -599,11 +684,20 @@ def kill_by_runtime(m: Mutant) -> str | None:
     """
     _j, engine, trainer, collector, _ = recording_adapters()
     clock = FakeClock()
+    decided = {f for a in m.spec.actions for f in a.decides}
+    nemo = Fact.STOP_EARLY in decided or Fact.VALIDATE_AT_START in decided
     lc = m.lifecycle_class(
         engine,
         trainer,
         collector,
-        config=LifecycleConfig(num_steps=6, rank=0, world_size=1),
+        config=LifecycleConfig(
+            num_steps=6,
+            rank=0,
+            world_size=1,
+            val_at_start=Fact.VALIDATE_AT_START in decided,
+            val_at_end=nemo,
+        ),
+        early_stop=LatchedDecision("early_stop", lambda step: False) if Fact.STOP_EARLY in decided else None,
         drain=m.drain_class(3, synchronize=lambda _d: None),
         checkpoint=m.checkpoint_class(2, must_save_by_s=25.0, clock=clock, deadline_stop=False),
         validation=LatchedDecision("validation", lambda step: step in (2, 3)),
@@ -632,7 +726,7 @@ def kill_by_runtime(m: Mutant) -> str | None:
 def kill_by_checker(m: Mutant, ranks: Sequence[int] = (2, 3)) -> str | None:
     """The first violation the exhaustive checker finds (with the shortest counterexample's length), or None."""
     for n in ranks:
-        for scenario in SCENARIOS:
+        for scenario in scenarios_for(m.spec):
             kwargs = m.checker_kwargs(scenario)
             if "rank0_steps" in kwargs and scenario != "all-step-kinds":
                 continue
