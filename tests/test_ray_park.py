@@ -262,3 +262,37 @@ def test_a_training_call_is_refused_while_the_engine_is_awake(worker) -> None:
     assert ray.get(worker.health.remote())["gate"] == "open"
     with pytest.raises(LifecycleError, match="not suspended"):
         ray.get(worker.train_step.remote(TRAIN_BATCH))
+
+
+def test_drain_option_waits_for_the_rollouts_before_suspending(ray_session) -> None:
+    w = make_worker_class().remote(
+        1, ColocatedFactory(build_model, MakeEngine("park"), make_trainer), inflight="drain"
+    )  # the worker's own option wins over the engine's park
+    try:
+        ray.get(w.bring_up.remote(), timeout=300)
+        refs = [w.generate.remote([p], 6, 1.0, 7 + i) for i, p in enumerate(PROMPTS[:3])]
+        wait_for(w, lambda h: h["requests"] == 3, "every rollout handed to the engine")
+        h = ray.get(w.health.remote())
+        assert h["inflight"] == "drain" and h["in_flight"] == 3  # each rollout holds the gate until answered
+        ray.get(w.__ray_call__.remote(pace, "grant", 2))
+        wait_for(w, lambda h: h["engine_steps"] == 2, "two decode steps")
+        suspended = w.suspend.remote()
+        ready, _ = ray.wait([suspended], timeout=1.0)
+        assert not ready  # drain: the suspend waits for the rollouts in flight
+        ray.get(w.__ray_call__.remote(pace, "free"))
+        ray.get(suspended)
+        h = ray.get(w.health.remote())
+        assert h["parked"] == 0 and h["answered"] == 3 and h["steps_while_suspended"] == 0
+        outs = [c for r in ray.get(refs, timeout=60) for c in r]
+        assert len(outs) == 3 and all(set(c.weight_versions) == {0} for c in outs)  # strictly on-policy
+        steps = h["engine_steps"]
+        ray.get(w.drain.remote())
+        ray.get(w.restore_buffers.remote())
+        ray.get(w.train_step.remote(TRAIN_BATCH))
+        ray.get(w.offload_buffers.remote())
+        ray.get(w.resume.remote())
+        after = ray.get(w.generate.remote(["12>"], 3, 0.0, None), timeout=60)[0]
+        assert set(after.weight_versions) == {1} and ray.get(w.health.remote())["engine_steps"] > steps
+    finally:
+        ray.get(w.shutdown.remote())
+        ray.kill(w)
