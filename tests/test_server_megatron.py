@@ -220,6 +220,16 @@ def test_top_logprobs_over_the_real_engine_with_the_openai_client(model):
             assert list(got) == [name[t] for t, _ in top] and next(iter(got)) == name[tok]  # greedy: the likeliest
             assert list(got.values()) == pytest.approx([v for _, v in top], abs=1e-6)
         assert lp.token_logprobs == pytest.approx(list(want.logprobs), abs=1e-6)
+        chunks = client.completions.create(
+            model="m", prompt="123>", max_tokens=4, temperature=0, logprobs=3, stream=True
+        )
+        streamed_tops = [
+            d
+            for ch in chunks
+            if ch.choices and ch.choices[0].logprobs
+            for d in ch.choices[0].logprobs.top_logprobs or []
+        ]
+        assert streamed_tops == lp.top_logprobs  # the same alternatives, token by token
 
         chat = client.chat.completions.create(
             model="m",
