@@ -165,6 +165,18 @@ class EngineRebuild(LifecycleError):
     """The colocated engine was asked to come up a second time; it is built exactly once."""
 
 
+class EngineStopped(LifecycleError):
+    """A request or control call reached the engine after it was shut down."""
+
+
+class RequestTooLarge(ConfigError):
+    """A generation request asks for more than the engine can hold; names the value and the limit."""
+
+    def __init__(self, field: str, value: int, limit: int, detail: str = "") -> None:
+        self.limit = limit
+        super().__init__(field, value, f"at most {limit}" + (f" ({detail})" if detail else ""))
+
+
 class UnsupportedEngine(ColoFsmError):
     """The engine cannot run colocated asynchronous training (e.g. it must refit weights across worlds)."""
 
@@ -218,10 +230,12 @@ __all__ = [
     "ConfigError",
     "DrainError",
     "EngineRebuild",
+    "EngineStopped",
     "GuardRejected",
     "InvalidTransition",
     "LifecycleError",
     "ParallelismMismatch",
+    "RequestTooLarge",
     "RolloutDeferred",
     "RolloutFailed",
     "ServerUnavailable",

@@ -48,10 +48,11 @@ def test_built_once_and_inference_mode_follows_suspend_resume(model):
         eng.bring_up()
     eng.suspend()
     assert not InferenceMode.is_active()
-    with pytest.raises(LifecycleError, match="suspended"):
-        eng.generate(["12>"], max_tokens=2)
+    waiting = eng.submit(TOK.tokenize("12>"), max_tokens=2)  # accepted while suspended: queued, not decoded
+    assert eng.request_counts().queued == 1 and not waiting.done() and eng.steps == 0
     eng.resume()
     assert InferenceMode.is_active()
+    assert len(waiting.result(timeout=60).token_ids) == 2
     assert len(eng.generate(["12>"], max_tokens=2)) == 1
     eng.shutdown()
     with pytest.raises(LifecycleError):
@@ -141,6 +142,56 @@ def test_dynamic_engine_suspend_resume_on_gpu(mode):
     eng.shutdown()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["persist", "offload", "recompute"])
+def test_dynamic_engine_parks_requests_across_a_train_step_on_gpu(mode):
+    """Requests in flight at a suspend are kept (in every KV mode) and finish with their exact lengths."""
+    import threading
+
+    from colo_fsm.adapters.megatron.dynamic import dynamic_engine_available
+
+    ok, why = dynamic_engine_available()
+    if not ok:
+        pytest.skip(f"megatron-core's dynamic engine cannot run here: {why}")
+    from colo_fsm.adapters.megatron.parallel import init_distributed
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout
+
+    init_distributed(1, device="cuda")
+    model = tiny(TOK, device="cuda", max_sequence_length=128, hidden_size=128, num_attention_heads=2)
+    version = {"v": 0}
+    eng = MegatronEngine(
+        model, TOK, GenerationConfig(kv_cache_mode=mode, buffer_size_gb=0.5), weight_version=lambda: version["v"]
+    )
+    eng.bring_up()
+    started = threading.Event()
+    lengths = [8, 16, 32, 48, 64, 96]
+    handles = [
+        eng.submit(
+            TOK.tokenize("123>"),
+            max_tokens=n,
+            temperature=1.0,
+            top_k=5,
+            stop_token_ids=(),
+            on_token=(lambda t, lp, v: started.set()) if i == 0 else None,
+        )
+        for i, n in enumerate(lengths)
+    ]
+    assert started.wait(120)
+    eng.suspend()
+    parked = eng.request_counts().parked
+    steps = eng.steps
+    MegatronTrainer(model).train_step([Rollout((1, 2), (3, 4), 1.0, 0), Rollout((1, 2), (4, 3), 0.0, 0)])
+    version["v"] = 1
+    assert eng.steps == steps and not eng.decode_in_flight
+    eng.resume()
+    outs = [h.result(timeout=300) for h in handles]
+    for c, n in zip(outs, lengths):
+        assert c.finish_reason in ("length", "stop") and (c.finish_reason == "stop" or len(c.token_ids) == n)
+        assert len(c.logprobs) == len(c.token_ids)
+    assert parked > 0 and any(c.version_span == 1 for c in outs)
+    eng.shutdown()
+
+
 def test_dynamic_engine_head_dim_check():
     from types import SimpleNamespace
 
@@ -194,37 +245,50 @@ def test_device_context_index_from_the_device_else_local_rank(cuda_device_record
 
 
 def test_engine_entry_points_run_on_the_ranks_own_device_from_any_thread(model, cuda_device_recorder):
-    """Rank 1's engine is called from a thread whose current device is cuda:0: every entry point (and the work
-    inside it) must run with cuda:1 current."""
+    """Rank 1's engine is called from a thread whose current device is cuda:0: every backend call (made on the
+    engine thread) and every entry point must run with cuda:1 current."""
     import threading
 
-    from colo_fsm.adapters.megatron.cpu_loop import Generated
+    from colo_fsm.adapters.batching import StepOutput
 
-    eng = MegatronEngine(model, TOK)
-    eng.bring_up()
-    eng.device = torch.device("cuda", 1)  # as on rank 1 of a 2-GPU run
+    seen: list[tuple[str, list[int]]] = []
 
     class Backend:  # the one piece faked: records which device was current when the engine called it
-        seen: list[tuple[str, list[int]]] = []
+        name = "recording"
 
-        def generate(self, prompts, **kw):
-            self.seen.append(("generate", list(cuda_device_recorder.active)))
-            return [Generated(tuple(p), (1,), (0.0,), "length") for p in prompts]
+        def __init__(self):
+            seen.append(("build", list(cuda_device_recorder.active)))
+            self.rows = []
+
+        def add(self, req):
+            seen.append(("add", list(cuda_device_recorder.active)))
+            self.rows.append(req.request_id)
+
+        def step(self):
+            seen.append(("step", list(cuda_device_recorder.active)))
+            rows, self.rows = self.rows, []
+            return [StepOutput(r, (1,), (0.0,), "length") for r in rows]
+
+        def abort(self, rid):
+            pass
 
         def suspend(self):
-            self.seen.append(("suspend", list(cuda_device_recorder.active)))
+            seen.append(("suspend", list(cuda_device_recorder.active)))
             return 0.0
 
         def resume(self):
-            self.seen.append(("resume", list(cuda_device_recorder.active)))
+            seen.append(("resume", list(cuda_device_recorder.active)))
             return 0.0
 
         def shutdown(self):
-            self.seen.append(("shutdown", list(cuda_device_recorder.active)))
+            seen.append(("shutdown", list(cuda_device_recorder.active)))
 
-    eng._backend = Backend()
+    eng = MegatronEngine(model, TOK)
+    eng.device = torch.device("cuda", 1)  # as on rank 1 of a 2-GPU run
+    eng._make_backend = Backend
 
     def calls():
+        eng.bring_up()
         eng.generate_ids([[1, 2]], max_tokens=1)
         eng.generate(["12>"], max_tokens=1)
         eng.suspend()
@@ -234,8 +298,9 @@ def test_engine_entry_points_run_on_the_ranks_own_device_from_any_thread(model, 
     t = threading.Thread(target=calls)
     t.start()
     t.join()
-    assert [name for name, _ in Backend.seen] == ["generate", "generate", "suspend", "resume", "shutdown"]
-    assert all(active and set(active) == {1} for _, active in Backend.seen), Backend.seen
+    names = [name for name, _ in seen]
+    assert names == ["build", "add", "step", "add", "step", "suspend", "resume", "shutdown"], names
+    assert all(active and active[-1] == 1 for _, active in seen), seen
     assert cuda_device_recorder.active == []
 
 
@@ -275,3 +340,111 @@ def test_dual_mode_build_registers_the_export_types(dist1, monkeypatch):  # noqa
     calls.clear()
     build_model(ModelConfig(vocab_size=TOK.vocab_size, hidden_size=32, max_sequence_length=16))
     assert calls == []  # a plain local model does not touch megatron-bridge
+
+
+# -------------------------------------------------------------------------- the dynamic backend, in pieces
+def _record(rid, *chunks, status="ACTIVE_AND_GENERATING_TOKENS"):
+    """A stand-in ``DynamicInferenceRequestRecord``: one request per (tokens, logprobs) chunk (a recompute
+    checkpoint starts a new request in the record)."""
+    from types import SimpleNamespace
+
+    reqs = [
+        SimpleNamespace(generated_tokens=list(t), generated_log_probs=list(lp), status=SimpleNamespace(name=status))
+        for t, lp in chunks
+    ]
+
+    class Rec(SimpleNamespace):
+        def __getitem__(self, i):
+            return self.requests[i]
+
+    return Rec(request_id=rid, requests=reqs)
+
+
+def test_dynamic_records_become_per_step_outputs_across_a_recompute_checkpoint():
+    import math
+
+    from colo_fsm.adapters.megatron.dynamic import outputs_from_records, record_tokens
+
+    eod = TOK.eod
+    tracked = {1: 0, 2: 0, 3: 0}
+    live = {1: _record(1, ([5], [-0.5])), 2: _record(2, ([6], [-0.25])), 3: _record(3, ([7, 8], [-1.0]))}
+    out = outputs_from_records(tracked, live, [], eod)
+    assert [(o.request_id, o.token_ids, o.finished) for o in out] == [
+        (1, (5,), None),
+        (2, (6,), None),
+        (3, (7, 8), None),
+    ]
+    assert math.isnan(out[2].logprobs[1])  # a missing log-prob is nan, never invented
+    # request 1 was checkpointed (recompute resume): a second request in its record continues the tokens
+    live = {1: _record(1, ([5], [-0.5]), ([4], [-0.1])), 3: live[3]}
+    finished = [_record(2, ([6, eod], [-0.25, -0.3]), status="COMPLETED")]
+    out = outputs_from_records(tracked, live, finished, eod)
+    assert [(o.request_id, o.token_ids, o.logprobs, o.finished) for o in out] == [
+        (1, (4,), (-0.1,), None),
+        (2, (eod,), (-0.3,), "stop"),
+    ]
+    assert tracked == {1: 2, 3: 2}  # the finished one left; 3 had nothing new and reported nothing
+    failed = [_record(3, ([7, 8], [-1.0, -1.0]), status="FAILED")]
+    assert [(o.request_id, o.finished) for o in outputs_from_records(tracked, {}, failed, eod)] == [(3, "abort")]
+    assert record_tokens(_record(9, ([1, 2], [-1.0, -2.0]), ([3], [-3.0]))) == ([1, 2, 3], [-1.0, -2.0, -3.0])
+    untracked = outputs_from_records({}, live, finished, eod)
+    assert untracked == []  # an aborted request's late tokens are ignored
+
+
+def test_dynamic_sampling_params_per_request():
+    from colo_fsm.adapters.batching import BackendRequest
+    from colo_fsm.adapters.megatron.dynamic import sampling_params
+
+    g = sampling_params(BackendRequest(0, (1, 2), 7), eod=3)
+    assert (g.top_k, g.temperature, g.top_p, g.num_tokens_to_generate, g.termination_id) == (1, 1.0, 0.0, 7, 3)
+    assert g.return_log_probs and g.skip_prompt_log_probs
+    s = sampling_params(BackendRequest(0, (1,), 5, temperature=0.7, top_p=0.9, top_k=4), eod=3)
+    assert (s.temperature, s.top_p, s.top_k) == (0.7, 0.9, 4)
+    assert sampling_params(BackendRequest(0, (1,), 5, temperature=1.0), eod=3).top_p == 0.0  # 1.0 means off
+
+
+def test_dynamic_abort_dequeues_a_waiting_request_and_finishes_an_active_one():
+    from collections import deque
+    from types import SimpleNamespace
+
+    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend
+
+    class Fut:
+        def __init__(self):
+            self.cancelled = False
+
+        def done(self):
+            return self.cancelled
+
+        def cancel(self):
+            self.cancelled = True
+
+    be = object.__new__(DynamicStepBackend)  # the engine is the one piece stood in for (it needs a GPU)
+    be.device = torch.device("cpu")
+    waiting_future = Fut()
+    be.engine = SimpleNamespace(
+        waiting_request_ids=deque([2]),
+        requests={1: SimpleNamespace(future=Fut()), 2: SimpleNamespace(future=waiting_future)},
+        stop_word_finished_request_ids=set(),
+        resume_request_ids=None,
+        context=SimpleNamespace(),
+    )
+    be._tracked = {1: 3, 2: 0}
+    be.abort(2)
+    assert 2 not in be.engine.requests and not be.engine.waiting_request_ids and waiting_future.cancelled
+    be.abort(1)
+    assert be.engine.stop_word_finished_request_ids == {1} and 1 in be.engine.requests  # finished next step
+    be.abort(1)  # unknown now: a no-op
+    assert be._tracked == {}
+
+
+def test_cuda_graph_model_option():
+    from colo_fsm.adapters.megatron.model import ModelConfig, transformer_config
+
+    cfg = transformer_config(ModelConfig(vocab_size=16, device="cuda", cuda_graphs=True))
+    assert cfg.cuda_graph_impl == "local" and cfg.inference_rng_tracker is True
+    assert transformer_config(ModelConfig(vocab_size=16)).cuda_graph_impl == "none"
+    with pytest.raises(ConfigError) as exc:
+        ModelConfig(vocab_size=16, cuda_graphs=True)  # on the CPU
+    assert exc.value.field == "cuda_graphs"
+    assert GenerationConfig(num_cuda_graphs=16).num_cuda_graphs == 16

@@ -76,12 +76,23 @@ class Collector(Protocol):
 
 @dataclass(frozen=True)
 class Completion:
-    """One generated continuation: the text, its token ids and the weight version that produced it."""
+    """One generated continuation: the text, its token ids and the weight version(s) that produced it.
+
+    ``weight_version`` is the oldest version that produced a token (a trajectory's age counts from it);
+    ``weight_versions`` and ``logprobs`` are per token when the engine records them (empty otherwise).
+    """
 
     text: str
     token_ids: tuple[int, ...]
     weight_version: int
     finish_reason: str = "length"
+    weight_versions: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+
+    @property
+    def version_span(self) -> int:
+        """Newest minus oldest version among the tokens (0 when unknown or a single version)."""
+        return max(self.weight_versions) - min(self.weight_versions) if self.weight_versions else 0
 
 
 @runtime_checkable

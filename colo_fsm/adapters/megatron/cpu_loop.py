@@ -1,20 +1,25 @@
-"""The CPU generation path: a batched greedy/sampling loop over the *same* megatron-core model object.
+"""The CPU generation path: a token-step loop over the *same* megatron-core model object.
 
 megatron-core's dynamic engine needs flash-attention (a GPU), and its static engine allocates on
-``torch.cuda.current_device()``; on a machine without a GPU the engine adapter runs this loop instead. It
-recomputes the whole (short) sequence each step, with no KV cache, so suspend/resume has nothing to keep.
+``torch.cuda.current_device()``; on a machine without a GPU the engine adapter runs this loop instead.
+:class:`CpuStepLoop` is a :class:`~colo_fsm.adapters.batching.StepBackend`: every step runs one forward over all
+active requests (left-padded into one batch) and samples one token for each; requests join and leave between
+steps. It recomputes the whole (short) sequence each step, with no KV cache, so a suspended request keeps only
+its tokens and continues under whatever weights the model has at the resume.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from colo_fsm.errors import ConfigError
+from colo_fsm.adapters.batching import BackendRequest, StepOutput
+from colo_fsm.errors import ConfigError, LifecycleError
 
 
 @dataclass(frozen=True)
@@ -119,4 +124,142 @@ def generate_tokens(
     ]
 
 
-__all__ = ["Generated", "attention_inputs", "forward_logits", "generate_tokens"]
+def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
+    """``logits`` (1-D) with everything outside the top-k and the top-p nucleus set to ``-inf``."""
+    out = logits
+    if top_k and top_k < out.numel():
+        kth = torch.topk(out, top_k).values[-1]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(out, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the smallest prefix reaching top_p
+        out = out.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return out
+
+
+def sample_token(logits: torch.Tensor, request: BackendRequest, generator: torch.Generator | None) -> int:
+    """The next token for one request: argmax at temperature 0, else a draw from the filtered, tempered softmax."""
+    if request.temperature == 0:
+        return int(logits.argmax())
+    filtered = filter_logits(logits, top_k=request.top_k, top_p=request.top_p)
+    probs = torch.softmax(filtered / float(request.temperature), dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@dataclass(eq=False)
+class _Row:
+    request: BackendRequest
+    tokens: list[int]
+    generator: torch.Generator | None
+    generated: int = 0
+
+
+class CpuStepLoop:
+    """A :class:`~colo_fsm.adapters.batching.StepBackend` on the model object itself (no KV cache).
+
+    Log-probs are of the model's untempered distribution (what the trainer's importance ratio compares
+    against). A request with a ``seed`` samples from its own generator, so its tokens do not depend on which
+    other requests share its steps. ``InferenceMode`` is set while awake and cleared while suspended.
+    """
+
+    name = "cpu"
+
+    def __init__(self, model: Any, *, eod: int, pad: int, max_sequence_length: int, device: Any = "cpu") -> None:
+        self.model = model
+        self.eod = int(eod)
+        self.pad = int(pad)
+        self.max_sequence_length = int(max_sequence_length)
+        self.device = torch.device(device)
+        self.rows: list[_Row] = []
+        self.suspended = False
+        self.steps = 0
+        self._set_inference_mode(True)
+
+    @staticmethod
+    def _set_inference_mode(active: bool) -> None:
+        from megatron.core.inference.utils import InferenceMode
+
+        InferenceMode.set_active() if active else InferenceMode.unset_active()
+
+    def add(self, request: BackendRequest) -> None:
+        """Admit ``request``: it gets its first token at the next step."""
+        if len(request.prompt_ids) + request.max_tokens > self.max_sequence_length:
+            raise ConfigError(
+                "max_tokens", request.max_tokens, f"at most {self.max_sequence_length - len(request.prompt_ids)}"
+            )
+        gen = None
+        if request.seed is not None and request.temperature > 0:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(int(request.seed))
+        self.rows.append(_Row(request, list(request.prompt_ids), gen))
+
+    @torch.no_grad()
+    def step(self) -> list[StepOutput]:
+        """One forward over every active request, one new token each; finished requests leave the batch."""
+        if self.suspended:
+            raise LifecycleError("decode step on a suspended engine (a handoff must stop at a step boundary)")
+        if not self.rows:
+            return []
+        self.steps += 1
+        longest = max(len(r.tokens) for r in self.rows)
+        b = len(self.rows)
+        tokens = torch.full((b, longest), self.pad, dtype=torch.long, device=self.device)
+        valid = torch.zeros((b, longest), dtype=torch.bool, device=self.device)
+        for i, r in enumerate(self.rows):
+            tokens[i, longest - len(r.tokens) :] = torch.as_tensor(r.tokens, dtype=torch.long, device=self.device)
+            valid[i, longest - len(r.tokens) :] = True
+        logits = forward_logits(self.model, tokens, valid)[:, -1, :]
+        logp = torch.log_softmax(logits, dim=-1)
+        outs: list[StepOutput] = []
+        keep: list[_Row] = []
+        for i, r in enumerate(self.rows):
+            tok = sample_token(logits[i], r.request, r.generator)
+            r.tokens.append(tok)
+            r.generated += 1
+            finished = "stop" if tok == self.eod else ("length" if r.generated >= r.request.max_tokens else None)
+            outs.append(StepOutput(r.request.request_id, (tok,), (float(logp[i, tok]),), finished))
+            if finished is None:
+                keep.append(r)
+        self.rows = keep
+        return outs
+
+    def abort(self, request_id: int) -> None:
+        """Drop the request's row (a no-op if it is not here)."""
+        self.rows = [r for r in self.rows if r.request.request_id != request_id]
+
+    def active_ids(self) -> list[int]:
+        """Request ids with a row in the batch (a request appears once unless it was added twice)."""
+        return [r.request.request_id for r in self.rows]
+
+    def suspend(self) -> float:
+        """Keep every row (the tokens are all there is to keep); clear ``InferenceMode``."""
+        t = time.perf_counter()
+        self.suspended = True
+        self._set_inference_mode(False)
+        return time.perf_counter() - t
+
+    def resume(self) -> float:
+        """Model back in eval mode, ``InferenceMode`` set; the kept rows continue at the next step."""
+        t = time.perf_counter()
+        self.model.eval()
+        self._set_inference_mode(True)
+        self.suspended = False
+        return time.perf_counter() - t
+
+    def shutdown(self) -> None:
+        """Drop every row and clear ``InferenceMode``."""
+        self.rows = []
+        self.suspended = True
+        self._set_inference_mode(False)
+
+
+__all__ = [
+    "CpuStepLoop",
+    "Generated",
+    "attention_inputs",
+    "filter_logits",
+    "forward_logits",
+    "generate_tokens",
+    "sample_token",
+]

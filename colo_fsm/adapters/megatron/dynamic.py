@@ -5,6 +5,18 @@ controller, ``DynamicInferenceEngine``); in this direct mode its own ``suspend()
 refused, so suspend and resume go to the underlying ``DynamicInferenceEngine``. That engine clears the
 process-wide ``InferenceMode`` flag on ``suspend()`` and sets it again on ``resume()``.
 
+:class:`DynamicStepBackend` drives that engine request by request (a
+:class:`~colo_fsm.adapters.batching.StepBackend`): ``add_request(id, token_ids, SamplingParams)`` per admitted
+request, one ``step_modern()`` per decode step, and after each step the new tokens and log-probs of every
+request are read off its ``DynamicInferenceRequestRecord`` (a record holds more than one request after a
+recompute-mode resume or an eviction checkpointed it: the generated tokens of all of them, in order, are the
+request's tokens). megatron-core has no abort call; a running request is finished through the engine's
+stop-word hook (its id goes into ``stop_word_finished_request_ids``: the controller marks it finished at the
+next bookkeeping and its KV blocks are released), and a waiting one is taken off the waiting queue.
+A request is *kept* across ``suspend()``/``resume()`` in every mode: persist leaves the KV buffer in place,
+offload copies it to host memory and back, recompute checkpoints each active request (prompt += generated)
+and re-adds it on resume, where it is re-prefilled.
+
 KV-cache modes (``InferenceConfig.kv_cache_management_mode``) and CUDA graphs:
 
 * ``persist``: the KV buffer stays on the GPU at the same address; suspend/resume cost about a millisecond
@@ -21,15 +33,16 @@ CUDA graphs are only captured when the model's ``TransformerConfig`` asks for th
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from colo_fsm.adapters.megatron.cpu_loop import Generated
+from colo_fsm.adapters.batching import BackendRequest, StepOutput
 from colo_fsm.adapters.megatron.parallel import on_own_device
-from colo_fsm.errors import ConfigError
+from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.log import get_logger
 
 log = get_logger("colo_fsm.megatron")
@@ -63,8 +76,91 @@ def check_head_dim(config: Any) -> None:
         )
 
 
-class DynamicBackend:
-    """Generation on ``DynamicInferenceEngine`` (built through ``MegatronLLM(use_coordinator=False)``)."""
+def _as_list(x: Any) -> list[Any]:
+    if x is None:
+        return []
+    if torch.is_tensor(x):
+        return list(x.tolist())
+    return list(x)
+
+
+def record_tokens(record: Any) -> tuple[list[int], list[float]]:
+    """Every generated token and log-prob of a ``DynamicInferenceRequestRecord`` (all its requests, in order).
+
+    A request without log-probs for some tokens gets ``nan`` there (never a made-up probability).
+    """
+    toks: list[int] = []
+    lps: list[float] = []
+    for r in getattr(record, "requests", [record]):
+        t = [int(x) for x in _as_list(r.generated_tokens)]
+        lp = [float(x) for x in _as_list(getattr(r, "generated_log_probs", None))]
+        toks.extend(t)
+        lps.extend((lp + [math.nan] * len(t))[: len(t)])
+    return toks, lps
+
+
+def record_status(record: Any) -> str:
+    """The status name of a record's latest request ("COMPLETED", "FAILED", ...; "" if unknown)."""
+    reqs = getattr(record, "requests", None) or [record]
+    status = getattr(reqs[-1], "status", None)
+    return str(getattr(status, "name", status or ""))
+
+
+def outputs_from_records(
+    tracked: dict[int, int], live: dict[int, Any], finished: Sequence[Any], eod: int
+) -> list[StepOutput]:
+    """New tokens per tracked request since the last step (``tracked``: request id -> tokens reported so far).
+
+    ``live`` maps request ids to records still in the engine, ``finished`` are the records the step returned.
+    ``tracked`` is updated in place; finished requests leave it. Requests not tracked are ignored (aborted).
+    """
+    out: list[StepOutput] = []
+    done = {int(r.request_id): r for r in finished}
+    for rid in list(tracked):
+        record = done.get(rid, live.get(rid))
+        if record is None:
+            continue
+        toks, lps = record_tokens(record)
+        new_t, new_lp = toks[tracked[rid] :], lps[tracked[rid] :]
+        reason: str | None = None
+        if rid in done:
+            status = record_status(record)
+            if status == "FAILED":
+                log.warning("dynamic engine failed request %d: %s", rid, getattr(record[-1], "events", ""))
+                reason = "abort"
+            else:
+                reason = "stop" if toks and toks[-1] == eod else "length"
+            del tracked[rid]
+        else:
+            tracked[rid] = len(toks)
+        if new_t or reason is not None:
+            out.append(StepOutput(rid, tuple(new_t), tuple(new_lp), reason))
+    return out
+
+
+def sampling_params(request: BackendRequest, eod: int) -> Any:
+    """megatron-core ``SamplingParams`` of one request (greedy as top-k 1; top-p 1.0 as megatron's "off" 0.0)."""
+    from megatron.core.inference.sampling_params import SamplingParams
+
+    greedy = request.temperature == 0
+    return SamplingParams(
+        temperature=1.0 if greedy else float(request.temperature),
+        top_k=1 if greedy else int(request.top_k),
+        top_p=0.0 if greedy or request.top_p >= 1.0 else float(request.top_p),
+        num_tokens_to_generate=int(request.max_tokens),
+        termination_id=int(eod),
+        return_log_probs=True,
+        skip_prompt_log_probs=True,
+    )
+
+
+class DynamicStepBackend:
+    """``DynamicInferenceEngine`` as a step backend (built through ``MegatronLLM(use_coordinator=False)``).
+
+    Build it on the thread that will step it (the batcher's engine thread): the engine's asyncio loop and the
+    requests' CUDA tensors belong there. Per-request seeds are not isolated here: a seeded request re-seeds the
+    device generator when it is admitted.
+    """
 
     name = "dynamic"
 
@@ -78,13 +174,16 @@ class DynamicBackend:
         buffer_size_gb: float,
         max_requests: int | None,
         block_size_tokens: int,
+        num_cuda_graphs: int | None = None,
     ) -> None:
         from megatron.core.inference.apis.llm import MegatronLLM
         from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
 
         check_head_dim(model.config)
-        self.device = next(model.parameters()).device  # entry points run with this rank's GPU current
+        self.device = next(model.parameters()).device
+        self.model = model
         self.tokenizer = tokenizer
+        self.eod = int(tokenizer.eod)
         self.inference_config = InferenceConfig(
             block_size_tokens=block_size_tokens,
             buffer_size_gb=buffer_size_gb,  # type: ignore[arg-type]  # megatron multiplies it by 1024**3
@@ -92,73 +191,97 @@ class DynamicBackend:
             max_sequence_length=max_sequence_length,
             kv_cache_management_mode=KVCacheManagementMode(kv_cache_mode),
             materialize_only_last_token_logits=True,
+            num_cuda_graphs=num_cuda_graphs,
         )
         model.eval()
         self.llm = MegatronLLM(
             model=model, tokenizer=tokenizer, inference_config=self.inference_config, use_coordinator=False
         )
-        self.engine = self.llm.engine
-        self.timings: list[tuple[str, float]] = []
+        self.engine: Any = self.llm.engine
+        self._tracked: dict[int, int] = {}  # request id -> generated tokens reported so far
 
     @on_own_device
-    def generate(
-        self, prompts: Sequence[Sequence[int]], *, max_tokens: int, temperature: float, seed: int | None
-    ) -> list[Generated]:
-        from megatron.core.inference.sampling_params import SamplingParams
+    def add(self, request: BackendRequest) -> None:
+        """``add_request`` with the request's own sampling parameters; prefilled at the next step."""
+        if request.seed is not None and request.temperature > 0:
+            torch.cuda.manual_seed(int(request.seed))
+        rid = int(request.request_id)
+        fut = self.engine.add_request(rid, [int(t) for t in request.prompt_ids], sampling_params(request, self.eod))
+        if fut.done():  # refused at once (too long for the context, more blocks than the buffer has, ...)
+            if rid in self.engine.failed_request_ids:
+                self.engine.failed_request_ids.remove(rid)
+            entry = self.engine.requests.pop(rid, None)
+            events = [str(e) for e in getattr(entry.record[-1], "events", [])] if entry is not None else []
+            raise LifecycleError(f"the dynamic engine refused request {rid}: {'; '.join(events) or 'no reason given'}")
+        self._tracked[rid] = 0
 
-        greedy = temperature == 0
-        sp = SamplingParams(
-            temperature=1.0 if greedy else float(temperature),
-            top_k=1 if greedy else 0,
-            num_tokens_to_generate=max_tokens,
-            termination_id=self.tokenizer.eod,
-            return_log_probs=True,
-            skip_prompt_log_probs=True,
-        )
-        if seed is not None:
-            torch.cuda.manual_seed(seed)
-        records = self.llm.generate([list(map(int, p)) for p in prompts], sp)
-        out = []
-        for p, r in zip(prompts, records):
-            toks = [
-                int(t)
-                for t in (
-                    r.generated_tokens.tolist() if torch.is_tensor(r.generated_tokens) else (r.generated_tokens or [])
-                )
-            ]
-            lps_raw = r.generated_log_probs
-            lps = [float(x) for x in (lps_raw.tolist() if torch.is_tensor(lps_raw) else (lps_raw or []))]
-            if len(lps) != len(toks):
-                lps = (lps + [0.0] * len(toks))[: len(toks)]
-            finish = "stop" if toks and toks[-1] == self.tokenizer.eod else "length"
-            out.append(Generated(tuple(int(x) for x in p), tuple(toks), tuple(lps), finish))
-        return out
+    @on_own_device
+    def step(self) -> list[StepOutput]:
+        """One ``step_modern()`` (prefill of newly added requests and/or one decode token for the others)."""
+        if not self.engine.has_unfinished_requests():
+            return outputs_from_records(self._tracked, {}, [], self.eod)
+        result = self.engine.step_modern()
+        live = {rid: entry.record for rid, entry in self.engine.requests.items()}
+        return outputs_from_records(self._tracked, live, result["finished_request_records"], self.eod)
+
+    @on_own_device
+    def abort(self, request_id: int) -> None:
+        """Finish one request early (waiting: dequeued; active: through the stop-word hook); others untouched."""
+        rid = int(request_id)
+        if self._tracked.pop(rid, None) is None:
+            return
+        eng = self.engine
+        if rid in eng.waiting_request_ids:
+            eng.waiting_request_ids.remove(rid)
+            entry = eng.requests.pop(rid, None)
+            if entry is not None and not entry.future.done():
+                entry.future.cancel()
+        elif eng.resume_request_ids and rid in eng.resume_request_ids and rid not in self._in_context():
+            eng.resume_request_ids.remove(rid)  # suspended in recompute mode: it will not be re-added
+            entry = eng.requests.pop(rid, None)
+            if entry is not None and not entry.future.done():
+                entry.future.cancel()
+        elif rid in eng.requests:
+            eng.stop_word_finished_request_ids.add(rid)  # finished at the next step's bookkeeping
+
+    def _in_context(self) -> set[int]:
+        ctx = self.engine.context
+        try:
+            ids = ctx.request_ids[: ctx.total_request_count].tolist()
+        except Exception:  # buffers freed (recompute mode while suspended)
+            return set()
+        return {int(i) for i in ids}
 
     @on_own_device
     def suspend(self) -> float:
-        """Suspend the engine (KV per mode, ``InferenceMode`` cleared); returns seconds taken."""
+        """Suspend the engine with its requests kept (KV per mode, ``InferenceMode`` cleared); seconds taken."""
         t = time.perf_counter()
         self.engine.suspend()
-        dt = time.perf_counter() - t
-        self.timings.append(("suspend", dt))
-        return dt
+        return time.perf_counter() - t
 
     @on_own_device
     def resume(self) -> float:
-        """Resume the engine (KV restored per mode, ``InferenceMode`` set); returns seconds taken."""
+        """Model in eval mode, engine resumed (KV restored or requests re-prefilled per mode); seconds taken."""
         t = time.perf_counter()
+        self.model.eval()
         self.engine.resume()
-        dt = time.perf_counter() - t
-        self.timings.append(("resume", dt))
-        return dt
+        return time.perf_counter() - t
 
     @on_own_device
     def shutdown(self) -> None:
         """Drop the engine and free its buffers."""
         self.engine.suspend()
+        self._tracked.clear()
         self.llm = None  # type: ignore[assignment]
         self.engine = None
         torch.cuda.empty_cache()
 
 
-__all__ = ["DynamicBackend", "dynamic_engine_available"]
+__all__ = [
+    "DynamicStepBackend",
+    "check_head_dim",
+    "dynamic_engine_available",
+    "outputs_from_records",
+    "record_tokens",
+    "sampling_params",
+]

@@ -4,6 +4,12 @@ Built once (:meth:`MegatronEngine.bring_up`), suspended for every training step 
 only on the way to Stopped. Generation reads the trainer's parameters in place (``reads_weights_in_place``),
 so after a training step the next generation uses the new weights with no copy.
 
+Requests are continuous-batched (:class:`~colo_fsm.adapters.batching.ContinuousBatcher`): each
+:meth:`MegatronEngine.submit` adds one request to the running engine and returns a handle with its own future;
+one engine thread steps every active request together. A suspend parks the requests at a decode-step boundary
+(``inflight="park"``, the default) or waits for the admitted ones (``inflight="drain"``); after the resume
+they continue under the new weights, each token stamped with the weight version it was generated under.
+
 Backends, chosen automatically and reported at start-up (one log line on ``colo_fsm.megatron``):
 
 * ``dynamic``: megatron-core's ``DynamicInferenceEngine`` on a GPU with flash-attention
@@ -19,18 +25,24 @@ and the trainer clears it again before any training forward.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import torch
-
-from colo_fsm.adapters.megatron.cpu_loop import Generated, generate_tokens
-from colo_fsm.adapters.megatron.parallel import on_own_device
+from colo_fsm.adapters.batching import (
+    ContinuousBatcher,
+    InflightPolicy,
+    OnToken,
+    Priority,
+    RequestCounts,
+    RequestHandle,
+    TokenCompletion,
+    parse_inflight,
+)
+from colo_fsm.adapters.megatron.parallel import device_context, on_own_device
 from colo_fsm.adapters.protocols import Completion
-from colo_fsm.errors import ConfigError, EngineRebuild, LifecycleError
+from colo_fsm.errors import ConfigError, EngineRebuild, EngineStopped, LifecycleError, RequestTooLarge
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.log import get_logger
 
@@ -62,6 +74,11 @@ class GenerationConfig:
 
     Parallel sizes left at None inherit the training model's; set ones must match it (TP/PP/EP/ETP raise
     :class:`~colo_fsm.errors.ParallelismMismatch`, CP warns) because a colocated engine cannot reshard.
+    ``inflight`` is what a suspend does with admitted requests ("park": kept, continued after the resume;
+    "drain": waited for); ``max_active_requests`` bounds the requests decoded together;
+    ``max_request_tokens`` (None: no bound) bounds prompts x max_tokens of one ``generate``/``generate_ids``
+    call; ``num_cuda_graphs`` is passed to megatron-core's ``InferenceConfig.num_cuda_graphs`` (the batch shapes
+    the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``).
     """
 
     kv_cache_mode: str = "persist"
@@ -74,9 +91,24 @@ class GenerationConfig:
     expert_model_parallel_size: int | None = None
     expert_tensor_parallel_size: int | None = None
     context_parallel_size: int | None = None
+    inflight: str = "park"
+    max_active_requests: int = 64
+    max_request_tokens: int | None = None
+    num_cuda_graphs: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_mode", parse_kv_cache_mode(self.kv_cache_mode).value)
+        object.__setattr__(self, "inflight", parse_inflight(self.inflight).value)
+        for name, what in (
+            ("max_active_requests", "a positive integer"),
+            ("max_request_tokens", "a positive integer, or None (no bound)"),
+            ("num_cuda_graphs", "a positive integer, or None (no pre-captured CUDA graphs)"),
+        ):
+            v = getattr(self, name)
+            if (v is not None or name == "max_active_requests") and (
+                isinstance(v, bool) or not isinstance(v, int) or v < 1
+            ):
+                raise ConfigError(name, v, what)
         if self.backend not in _BACKENDS:
             raise ConfigError("backend", self.backend, f"one of {_BACKENDS}")
         if (
@@ -107,71 +139,23 @@ class GenerationConfig:
                 raise ConfigError(name, v, "a positive integer, or None (inherit the training model's)")
 
 
-@dataclass(frozen=True)
-class TokenCompletion:
-    """A generated continuation with its token log-probs and the weight version that produced it."""
-
-    prompt_ids: tuple[int, ...]
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    text: str
-    weight_version: int
-    finish_reason: str
-
-
-class _CpuBackend:
-    name = "cpu"
-
-    def __init__(self, model: Any, tokenizer: Any, max_sequence_length: int) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.max_sequence_length = max_sequence_length
-        self.device = next(model.parameters()).device
-
-    def generate(
-        self, prompts: Sequence[Sequence[int]], *, max_tokens: int, temperature: float, seed: int | None
-    ) -> list[Generated]:
-        gen = None
-        if seed is not None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(int(seed))
-        return generate_tokens(
-            self.model,
-            prompts,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            eod=self.tokenizer.eod,
-            pad=self.tokenizer.pad,
-            max_sequence_length=self.max_sequence_length,
-            generator=gen,
-            device=self.device,
-        )
-
-    def suspend(self) -> float:
-        from megatron.core.inference.utils import InferenceMode
-
-        InferenceMode.unset_active()
-        return 0.0
-
-    def resume(self) -> float:
-        from megatron.core.inference.utils import InferenceMode
-
-        InferenceMode.set_active()
-        return 0.0
-
-    def shutdown(self) -> None:
-        self.suspend()
+def request_seed(seed: int | None, index: int) -> int | None:
+    """The seed of the ``index``-th request of a call seeded ``seed``: distinct per request and per call seed."""
+    if seed is None:
+        return None
+    return (int(seed) * 0x9E3779B1 + (index + 1) * 0x85EBCA77) % (2**63)
 
 
 class MegatronEngine:
     """Colocated generation on the training model object (``GenerationEngine`` and ``TextGenerator``).
 
-    ``weight_version`` (a callable, e.g. ``lambda: lifecycle.weight_version``) stamps every completion.
-    Every entry point runs with this rank's GPU (the model's device, else ``LOCAL_RANK``) as the current
-    CUDA device, whatever thread calls it (see :func:`~colo_fsm.adapters.megatron.parallel.device_context`).
+    ``weight_version`` (a callable, e.g. ``lambda: lifecycle.weight_version``) stamps every generated token.
+    Every entry point, and the engine thread, runs with this rank's GPU (the model's device, else
+    ``LOCAL_RANK``) as the current CUDA device (see :func:`~colo_fsm.adapters.megatron.parallel.device_context`).
     """
 
     reads_weights_in_place = True
+    batcher_class: Callable[..., ContinuousBatcher] = ContinuousBatcher  # the engine loop (tests swap mutants in)
 
     def __init__(
         self,
@@ -188,6 +172,7 @@ class MegatronEngine:
         self.tokenizer = tokenizer
         self.config = config or GenerationConfig()
         self.kv_cache_mode = KVCacheMode(self.config.kv_cache_mode)
+        self.inflight = InflightPolicy(self.config.inflight)
         self.training_config = training_config if training_config is not None else getattr(model, "config", None)
         # A colocated engine inherits the training model's parallelism: refuse a generation setting it can't use.
         self.parallelism = check_parallelism(self.training_config, self.config)
@@ -198,12 +183,9 @@ class MegatronEngine:
         self._weight_version = weight_version or (lambda: 0)
         self._urls = list(server_urls)
         self.backend_name, self.backend_reason = self._choose_backend()
-        self._backend: Any = None
-        self._lock = threading.Lock()  # one generate at a time; suspend waits for an in-flight generate
-        self.awake = False
+        self._batcher: ContinuousBatcher | None = None
         self.built = False
         self.torn_down = False
-        self.timings: list[tuple[str, float]] = []  # ("suspend"|"resume", seconds)
         self.generate_calls = 0
 
     # ------------------------------------------------------------------ GenerationEngine
@@ -223,16 +205,12 @@ class MegatronEngine:
             return "dynamic", why
         return "cpu", why if not ok else "model is on the CPU"
 
-    @on_own_device
-    def bring_up(self) -> None:
-        """Build the engine once and leave it awake (``InferenceMode`` set)."""
-        if self.built:
-            raise EngineRebuild("MegatronEngine.bring_up called twice: the colocated engine is built once per run")
-        self.model.eval()
+    def _make_backend(self) -> Any:
+        """Build the step backend (runs on the engine thread)."""
         if self.backend_name == "dynamic":
-            from colo_fsm.adapters.megatron.dynamic import DynamicBackend
+            from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend
 
-            self._backend = DynamicBackend(
+            return DynamicStepBackend(
                 self.model,
                 self.tokenizer,
                 kv_cache_mode=self.kv_cache_mode.value,
@@ -240,53 +218,68 @@ class MegatronEngine:
                 buffer_size_gb=self.config.buffer_size_gb,
                 max_requests=self.config.max_requests,
                 block_size_tokens=self.config.block_size_tokens,
+                num_cuda_graphs=self.config.num_cuda_graphs,
             )
-        else:
-            self._backend = _CpuBackend(self.model, self.tokenizer, self.max_sequence_length)
-            self._backend.resume()  # same flag semantics as the dynamic engine: set while awake
+        from colo_fsm.adapters.megatron.cpu_loop import CpuStepLoop
+
+        return CpuStepLoop(
+            self.model,
+            eod=self.tokenizer.eod,
+            pad=self.tokenizer.pad,
+            max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+
+    @on_own_device
+    def bring_up(self) -> None:
+        """Build the engine once, start its engine thread and leave it awake (``InferenceMode`` set)."""
+        if self.built:
+            raise EngineRebuild("MegatronEngine.bring_up called twice: the colocated engine is built once per run")
+        self.model.eval()
+        batcher = self.batcher_class(
+            self._make_backend,
+            weight_version=self._weight_version,
+            max_active_requests=self.config.max_active_requests,
+            inflight=self.inflight,
+            max_sequence_length=self.max_sequence_length,
+            detokenize=self.tokenizer.detokenize,
+            device_context=lambda: device_context(self.device),
+            name=f"colo-fsm-engine-{self.backend_name}",
+        )
+        batcher.start()
+        self._batcher = batcher
         self.built = True
-        self.awake = True
         note = "" if self.backend_name == "dynamic" else " (no KV cache on this path: kv_cache_mode has no effect)"
         log.info(
-            "colocated engine up: backend=%s (%s), kv_cache_mode=%s%s, same model object as the trainer",
+            "colocated engine up: backend=%s (%s), kv_cache_mode=%s%s, inflight=%s, max_active_requests=%d, "
+            "same model object as the trainer",
             self.backend_name,
             self.backend_reason,
             self.kv_cache_mode.value,
             note,
+            self.inflight.value,
+            self.config.max_active_requests,
         )
 
     @on_own_device
     def suspend(self) -> None:
-        """Stop decoding: waits for an in-flight generate, then suspends (KV per mode; ``InferenceMode`` cleared)."""
-        self._require_built("suspend")
-        with self._lock:
-            if not self.awake:
-                return
-            dt = self._backend.suspend()
-            self.awake = False
-            self.timings.append(("suspend", dt))
+        """Stop decoding at a step boundary (park) or after the admitted requests (drain), then suspend.
+
+        Parked requests stay in the engine; on return no decode step is in flight and ``InferenceMode`` is clear.
+        """
+        self._live("suspend").suspend()
 
     @on_own_device
     def resume(self) -> None:
-        """Resume decoding (KV restored per mode; model in eval mode; ``InferenceMode`` set)."""
-        self._require_built("resume")
-        with self._lock:
-            if self.awake:
-                return
-            self.model.eval()
-            dt = self._backend.resume()
-            self.awake = True
-            self.timings.append(("resume", dt))
+        """Resume decoding (KV restored per mode; model in eval mode; ``InferenceMode`` set); parked requests go on."""
+        self._live("resume").resume()
 
     @on_own_device
     def shutdown(self) -> None:
-        """Tear the engine down (only on the way to Stopped)."""
-        with self._lock:
-            if self._backend is not None and not self.torn_down:
-                self._backend.shutdown()
-            self._backend = None
-            self.awake = False
-            self.torn_down = True
+        """Abort every request left (futures resolve "abort") and tear the engine down (only on the way to Stopped)."""
+        if self._batcher is not None and not self.torn_down:
+            self._batcher.shutdown()
+        self.torn_down = True
 
     def server_base_urls(self) -> Sequence[str]:
         """Base URLs of OpenAI-compatible servers over this engine (none unless given)."""
@@ -296,42 +289,143 @@ class MegatronEngine:
         """Record the URLs of servers started over this engine (published by the lifecycle at start)."""
         self._urls = list(urls)
 
-    # ------------------------------------------------------------------ generation
-    def _require_built(self, what: str) -> None:
-        if not self.built or self.torn_down:
-            raise LifecycleError(f"engine {what} before bring_up or after shutdown")
+    # ------------------------------------------------------------------ state
+    @property
+    def awake(self) -> bool:
+        """True while the engine decodes (built, not suspended, not shut down)."""
+        return self._batcher is not None and self._batcher.awake
 
-    @on_own_device
+    @property
+    def decode_in_flight(self) -> bool:
+        """True only while a decode step runs."""
+        return self._batcher is not None and self._batcher.decode_in_flight
+
+    @property
+    def steps(self) -> int:
+        """Decode steps run so far."""
+        return self._batcher.steps if self._batcher is not None else 0
+
+    @property
+    def timings(self) -> list[tuple[str, float]]:
+        """("suspend"|"resume", seconds the backend took), in order."""
+        return list(self._batcher.timings) if self._batcher is not None else []
+
+    def request_counts(self) -> RequestCounts:
+        """Requests queued for admission, running, and parked in a suspended engine."""
+        return self._batcher.counts() if self._batcher is not None else RequestCounts(0, 0, 0)
+
+    def _live(self, what: str) -> ContinuousBatcher:
+        if self._batcher is None or not self.built:
+            raise LifecycleError(f"engine {what} before bring_up")
+        if self.torn_down:
+            raise EngineStopped(f"engine {what} after shutdown")
+        return self._batcher
+
+    # ------------------------------------------------------------------ generation
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] = (),
+        priority: Priority | int = Priority.TRAINING,
+        on_token: OnToken | None = None,
+    ) -> RequestHandle:
+        """Add one request to the running engine; returns its handle (future, cancel).
+
+        ``on_token(token_id, logprob, weight_version)`` runs on the engine thread after each new token;
+        returning False ends the request with finish "stop". May be called while suspended: the request waits
+        queued and starts after the resume. Raises :class:`~colo_fsm.errors.EngineStopped` after shutdown,
+        :class:`~colo_fsm.errors.RequestTooLarge` when prompt + ``max_tokens`` > ``max_sequence_length``.
+        """
+        return self._live("submit").submit(
+            prompt_ids,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+            priority=priority,
+            on_token=on_token,
+        )
+
     def generate_ids(
-        self, prompts: Sequence[Sequence[int]], *, max_tokens: int, temperature: float = 0.0, seed: int | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_token_ids: Sequence[int] = (),
+        priority: Priority | int = Priority.TRAINING,
     ) -> list[TokenCompletion]:
-        """Generate from token-id prompts; each result carries token log-probs and the weight version."""
-        with self._lock:
-            if not self.awake:
-                raise LifecycleError(
-                    "generate while the colocated engine is suspended (the caller must wait for resume)",
-                    weight_version=self._weight_version(),
-                )
-            version = self._weight_version()
-            self.generate_calls += 1
-            outs = self._backend.generate(prompts, max_tokens=max_tokens, temperature=temperature, seed=seed)
-        return [
-            TokenCompletion(
-                o.prompt_ids, o.token_ids, o.logprobs, self.tokenizer.detokenize(o.token_ids), version, o.finish_reason
+        """Submit every prompt and wait for all; each result carries per-token log-probs and weight versions.
+
+        Nothing is locked: other callers' requests decode in the same steps, and a suspend in between parks
+        these requests (they finish after the resume). A seeded call gives each request its own derived seed.
+        """
+        batcher = self._live("generate")
+        limit = self.config.max_request_tokens
+        if limit is not None and isinstance(max_tokens, int) and len(prompts) * max_tokens > limit:
+            raise RequestTooLarge(
+                "prompts*max_tokens",
+                len(prompts) * max_tokens,
+                limit,
+                f"max_request_tokens; {len(prompts)} prompt(s) x max_tokens={max_tokens}",
             )
-            for o in outs
-        ]
+        self.generate_calls += 1
+        handles: list[RequestHandle] = []
+        try:
+            for i, p in enumerate(prompts):
+                handles.append(
+                    batcher.submit(
+                        p,
+                        max_tokens=max_tokens,
+                        temperature=temperature,
+                        top_p=top_p,
+                        top_k=top_k,
+                        seed=request_seed(seed, i),
+                        stop_token_ids=stop_token_ids,
+                        priority=priority,
+                    )
+                )
+        except BaseException:
+            for h in handles:  # a bad prompt in the list: the ones already submitted are withdrawn
+                h.cancel()
+            raise
+        return [h.result() for h in handles]
 
     def generate(
-        self, prompts: Sequence[str], *, max_tokens: int, temperature: float = 0.0, seed: int | None = None
+        self,
+        prompts: Sequence[str],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        priority: Priority | int = Priority.TRAINING,
     ) -> list[Completion]:
-        """Text in, text out (the ``TextGenerator`` protocol)."""
+        """Text in, text out (the ``TextGenerator`` protocol); completions carry per-token versions and log-probs."""
         ids = [self.tokenizer.tokenize(p) for p in prompts]
         return [
-            Completion(
-                text=c.text, token_ids=c.token_ids, weight_version=c.weight_version, finish_reason=c.finish_reason
+            to_completion(c)
+            for c in self.generate_ids(
+                ids,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=seed,
+                top_p=top_p,
+                top_k=top_k,
+                priority=priority,
             )
-            for c in self.generate_ids(ids, max_tokens=max_tokens, temperature=temperature, seed=seed)
         ]
 
     def timing_summary(self) -> dict[str, float]:
@@ -344,4 +438,28 @@ class MegatronEngine:
         return out
 
 
-__all__ = ["GenerationConfig", "KVCacheMode", "MegatronEngine", "TokenCompletion", "parse_kv_cache_mode"]
+def to_completion(c: TokenCompletion) -> Completion:
+    """The text-protocol :class:`~colo_fsm.adapters.protocols.Completion` of a :class:`TokenCompletion`."""
+    return Completion(
+        text=c.text,
+        token_ids=c.token_ids,
+        weight_version=c.weight_version,
+        finish_reason=c.finish_reason,
+        weight_versions=c.weight_versions,
+        logprobs=c.logprobs,
+    )
+
+
+__all__ = [
+    "GenerationConfig",
+    "InflightPolicy",
+    "KVCacheMode",
+    "MegatronEngine",
+    "Priority",
+    "RequestCounts",
+    "RequestHandle",
+    "TokenCompletion",
+    "parse_kv_cache_mode",
+    "request_seed",
+    "to_completion",
+]

@@ -36,6 +36,10 @@ class ModelConfig:
     ``transformer_impl="inference_optimized"`` builds megatron-core's dual-mode layers (fast decode under
     inference mode, trainable Transformer Engine path otherwise); it needs Transformer Engine, and training
     on it is refused unless the trainer sets ``allow_inference_optimized_training``.
+    ``cuda_graphs=True`` (CUDA only) builds the layers with ``cuda_graph_impl="local"`` and megatron-core's
+    inference RNG tracker (``inference_rng_tracker=True``, seeded with ``model_parallel_cuda_manual_seed(...,
+    inference_rng_tracker=True)``), so the dynamic engine can capture CUDA graphs for decode; pair it with
+    ``GenerationConfig.num_cuda_graphs`` (without pre-captured shapes, lazily captured graphs are slower than eager).
     """
 
     vocab_size: int = 64
@@ -52,6 +56,7 @@ class ModelConfig:
     position_embedding_type: str = "learned_absolute"
     transformer_impl: str = "local"
     seed: int = 1234
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -93,6 +98,10 @@ class ModelConfig:
             raise ConfigError("transformer_impl", self.transformer_impl, f"one of {_IMPLS}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError("seed", self.seed, "a non-negative integer")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ConfigError("cuda_graphs", self.cuda_graphs, "True or False")
+        if self.cuda_graphs and self.device != "cuda":
+            raise ConfigError("cuda_graphs", self.cuda_graphs, "False on the CPU (CUDA graphs need device='cuda')")
         if self.bf16 is not None and not isinstance(self.bf16, bool):
             raise ConfigError("bf16", self.bf16, "True, False or None (bf16 on CUDA, fp32 on CPU)")
 
@@ -119,6 +128,8 @@ def transformer_config(cfg: ModelConfig) -> Any:
     if cfg.transformer_impl == "inference_optimized":
         # megatron-core requires these for the inference-optimized layers
         kwargs.update(normalization="RMSNorm", add_bias_linear=False, add_qkv_bias=False)
+    if cfg.cuda_graphs:  # decode CUDA graphs: the local graph implementation needs the inference RNG tracker
+        kwargs.update(cuda_graph_impl="local", inference_rng_tracker=True)
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -182,7 +193,10 @@ def build_model(cfg: ModelConfig) -> Any:
     if cfg.device == "cuda":
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-        model_parallel_cuda_manual_seed(cfg.seed)
+        if cfg.cuda_graphs:  # a tracker built without inference_rng_tracker refuses graphs: rebuild it
+            model_parallel_cuda_manual_seed(cfg.seed, inference_rng_tracker=True, force_reset_rng=True)
+        else:
+            model_parallel_cuda_manual_seed(cfg.seed)
     tcfg = transformer_config(cfg)
     model = GPTModel(
         config=tcfg,

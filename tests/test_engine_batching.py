@@ -1,0 +1,340 @@
+"""Continuous batching on the real CPU megatron model: concurrent requests, park/drain handoffs, priority, cancel.
+
+Every test drives :class:`~colo_fsm.adapters.megatron.engine.MegatronEngine` (its ContinuousBatcher over the
+CPU step loop) on a tiny real GPT; assertions are on counts, orders and tokens, never on wall-clock figures.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from _megatron_util import dist1, tiny  # noqa: F401
+
+from colo_fsm.adapters.batching import Priority, TokenCompletion
+from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine
+from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+from colo_fsm.errors import ConfigError, EngineStopped, RequestTooLarge
+
+TOK = CharTokenizer("0123456789>")
+PROMPTS = ["123>", "905>", "44>", "7>", "3141>", "2718>", "60>", "8>"]
+WAIT = 120  # seconds a test may wait for a future before it counts as lost (never compared with anything)
+
+
+@pytest.fixture(scope="module")
+def model(dist1):  # noqa: F811
+    torch.manual_seed(1234)
+    return tiny(TOK)
+
+
+@pytest.fixture
+def version():
+    return {"v": 0}
+
+
+def _engine(model, version=None, **cfg):
+    eng = MegatronEngine(
+        model, TOK, GenerationConfig(**cfg), weight_version=(lambda: version["v"]) if version else None
+    )
+    eng.bring_up()
+    return eng
+
+
+def _solo(eng, prompt, n):
+    """The request run alone (greedy): what any batched run of it must reproduce."""
+    return eng.generate_ids([TOK.tokenize(prompt)], max_tokens=n)[0]
+
+
+def _after_tokens(n):
+    """An on_token callback and an event set once ``n`` tokens were generated."""
+    ev = threading.Event()
+    seen = []
+
+    def on_token(tok, lp, v):
+        seen.append(tok)
+        if len(seen) >= n:
+            ev.set()
+
+    return on_token, ev
+
+
+def _check_length(c: TokenCompletion, n: int) -> None:
+    assert c.finish_reason in ("length", "stop"), c
+    if c.finish_reason == "length":
+        assert len(c.token_ids) == n, c
+    else:
+        assert c.token_ids[-1] == TOK.eod and len(c.token_ids) <= n, c
+    assert len(c.logprobs) == len(c.weight_versions) == len(c.token_ids)
+
+
+# ---------------------------------------------------------------------------------------------- batching
+def test_concurrent_requests_of_different_lengths_batch_together_and_match_solo_runs(model):
+    eng = _engine(model, max_active_requests=4)
+    lengths = [3, 17, 1, 9, 12, 5, 20, 2]
+    solo = [_solo(eng, p, n) for p, n in zip(PROMPTS, lengths)]
+    steps_solo = eng.steps
+    out: dict[int, TokenCompletion] = {}
+
+    def caller(i):
+        out[i] = eng.submit(TOK.tokenize(PROMPTS[i]), max_tokens=lengths[i]).result(timeout=WAIT)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, n in enumerate(lengths):
+        _check_length(out[i], n)
+        assert out[i].token_ids == solo[i].token_ids, (i, out[i], solo[i])  # batched = solo, token for token
+        assert out[i].logprobs == pytest.approx(solo[i].logprobs, abs=1e-4)
+    tokens = sum(len(c.token_ids) for c in out.values())
+    assert eng.steps - steps_solo < tokens  # requests shared decode steps (a solo loop needs one step per token)
+    assert eng.request_counts() == (0, 0, 0)
+    eng.shutdown()
+
+
+def test_seeded_sampling_does_not_depend_on_the_other_requests_in_the_batch(model):
+    eng = _engine(model)
+    alone = eng.submit(TOK.tokenize("123>"), max_tokens=8, temperature=1.0, seed=5).result(timeout=WAIT)
+    crowd = [eng.submit(TOK.tokenize(p), max_tokens=8, temperature=1.0) for p in PROMPTS]
+    again = eng.submit(TOK.tokenize("123>"), max_tokens=8, temperature=1.0, seed=5).result(timeout=WAIT)
+    [h.result(timeout=WAIT) for h in crowd]
+    assert again.token_ids == alone.token_ids
+    group = eng.generate_ids([TOK.tokenize("123>")] * 4, max_tokens=8, temperature=1.0, seed=3)
+    assert len({c.token_ids for c in group}) > 1  # a seeded call gives each request its own seed
+    eng.shutdown()
+
+
+def test_stop_tokens_and_on_token_end_one_request(model):
+    eng = _engine(model)
+    ref = _solo(eng, "905>", 10)
+    first = ref.token_ids[0]
+    c = eng.submit(TOK.tokenize("905>"), max_tokens=10, stop_token_ids=[first]).result(timeout=WAIT)
+    assert c.token_ids == (first,) and c.finish_reason == "stop"
+    seen = []
+    c = eng.submit(
+        TOK.tokenize("905>"), max_tokens=10, on_token=lambda t, lp, v: seen.append((t, v)) or len(seen) < 3
+    ).result(timeout=WAIT)
+    assert c.finish_reason == "stop" and c.token_ids == ref.token_ids[:3] and [t for t, _ in seen] == list(c.token_ids)
+    eng.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- handoffs
+def _rollouts(completions):
+    from colo_fsm.adapters.megatron.trainer import Rollout
+
+    return [
+        Rollout(c.prompt_ids, c.token_ids, float(i % 2), 0, c.logprobs, c.weight_version)
+        for i, c in enumerate(completions)
+        if c.token_ids
+    ]
+
+
+def handoff_run(model, engine_class=MegatronEngine, *, n_tokens=16, trainer_lr=5e-2):
+    """Park requests mid-generation, train one real step on the same model, resume; what happened.
+
+    Returns (reference, completions, record): the uninterrupted greedy runs, the parked requests' completions,
+    and counts observed during the handoff.
+    """
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
+
+    version = {"v": 0}
+    eng = engine_class(model, TOK, GenerationConfig(max_active_requests=8), weight_version=lambda: version["v"])
+    eng.bring_up()
+    prompts = PROMPTS[:6]
+    reference = eng.generate_ids([TOK.tokenize(p) for p in prompts], max_tokens=n_tokens)
+    trainer = MegatronTrainer(model, TrainerConfig(lr=trainer_lr))
+    on_token, started = _after_tokens(3)
+    handles = [
+        eng.submit(TOK.tokenize(p), max_tokens=n_tokens, on_token=on_token if i == 0 else None)
+        for i, p in enumerate(prompts)
+    ]
+    assert started.wait(WAIT)
+    eng.suspend()
+    record = {
+        "in_flight_at_return": eng.decode_in_flight,
+        "counts": eng.request_counts(),
+        "steps": eng.steps,
+        "done_at_suspend": sum(h.done() for h in handles),
+    }
+    trainer.train_step(_rollouts(reference))  # a real optimizer step on the very model the engine decodes with
+    version["v"] += 1
+    record["steps_after_train"] = eng.steps
+    record["in_flight_after_train"] = eng.decode_in_flight
+    eng.resume()
+    completions = [h.result(timeout=WAIT) for h in handles]
+    record["counts_after"] = eng.request_counts()
+    record["completed"] = eng._batcher.completed
+    record["steps_while_suspended"] = eng._batcher.steps_while_suspended
+    eng.shutdown()
+    return reference, completions, record
+
+
+def handoff_violations(reference, completions, record, n_tokens=16):
+    """Every way the park-don't-drain handoff went wrong (empty: it held)."""
+    bad = []
+    if record["in_flight_at_return"] or record["in_flight_after_train"]:
+        bad.append("a decode step was in flight during the handoff")
+    if record["steps_after_train"] != record["steps"] or record["steps_while_suspended"]:
+        bad.append(f"decode steps ran while suspended ({record['steps']} -> {record['steps_after_train']})")
+    if record["counts"].running or not record["counts"].parked:
+        bad.append(f"requests not parked at the suspend: {record['counts']}")
+    for ref, c in zip(reference, completions):
+        if c.finish_reason not in ("length", "stop"):
+            bad.append(f"request {c.request_id} ended {c.finish_reason!r}")
+        elif c.finish_reason == "length" and len(c.token_ids) != n_tokens:
+            bad.append(f"request {c.request_id}: {len(c.token_ids)} tokens, asked {n_tokens}")
+        old = [t for t, v in zip(c.token_ids, c.weight_versions) if v == 0]
+        if tuple(old) != ref.token_ids[: len(old)]:
+            bad.append(f"request {c.request_id}: tokens before the handoff differ from an uninterrupted run")
+        if list(c.weight_versions) != sorted(c.weight_versions):
+            bad.append(f"request {c.request_id}: versions not monotone {c.weight_versions}")
+    if record["completed"] != len(reference) * 2:  # the reference runs and the parked ones, each exactly once
+        bad.append(f"{record['completed']} completions for {len(reference) * 2} requests")
+    return bad
+
+
+def test_suspend_parks_requests_train_step_then_they_finish_under_the_new_version(dist1):  # noqa: F811
+    torch.manual_seed(99)
+    model = tiny(TOK)
+    reference, completions, record = handoff_run(model)
+    assert handoff_violations(reference, completions, record) == []
+    assert record["done_at_suspend"] < len(completions)  # suspend returned without waiting for requests
+    spanning = [c for c in completions if c.version_span > 0]
+    assert spanning, [c.weight_versions for c in completions]
+    for c in spanning:
+        assert c.first_weight_version == 0 and c.last_weight_version == 1 and c.weight_version == 0
+    assert record["counts_after"] == (0, 0, 0)
+
+
+def test_drain_mode_suspend_waits_for_admitted_requests_and_keeps_the_queue(model):
+    eng = _engine(model, max_active_requests=2, inflight="drain")
+    n = 14
+    ok = [p for p in PROMPTS if _solo(eng, p, n).finish_reason == "length"]  # no early eod: slots stay busy
+    assert len(ok) >= 2
+    on_token, started = _after_tokens(2)
+    first = [
+        eng.submit(TOK.tokenize(ok[0]), max_tokens=n, on_token=on_token),
+        eng.submit(TOK.tokenize(ok[1]), max_tokens=n),
+    ]
+    queued = [eng.submit(TOK.tokenize(p), max_tokens=3) for p in PROMPTS[:2]]
+    assert started.wait(WAIT)
+    eng.suspend()
+    assert all(h.done() and h.result().finish_reason == "length" for h in first)  # drained to the end
+    assert not any(h.done() for h in queued) and eng.request_counts() == (2, 0, 0)  # admission closed
+    steps = eng.steps
+    eng.resume()
+    assert all(len(h.result(timeout=WAIT).token_ids) <= 3 for h in queued)
+    assert eng.steps > steps
+    eng.shutdown()
+
+
+def test_training_requests_are_admitted_before_server_requests(model):
+    eng = _engine(model, max_active_requests=1)
+    eng.suspend()
+    server_a = eng.submit(TOK.tokenize("12>"), max_tokens=2, priority=Priority.SERVER)
+    training = eng.submit(TOK.tokenize("34>"), max_tokens=2, priority=Priority.TRAINING)
+    server_b = eng.submit(TOK.tokenize("56>"), max_tokens=2, priority=Priority.SERVER)
+    assert eng.request_counts() == (3, 0, 0)
+    eng.resume()
+    for h in (server_a, training, server_b):
+        h.result(timeout=WAIT)
+    assert training.admitted_step < server_a.admitted_step < server_b.admitted_step
+    eng.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- cancel, bad input
+def test_cancel_aborts_one_request_and_disturbs_nothing_else(model):
+    eng = _engine(model, max_active_requests=8)
+    solo = [_solo(eng, p, 10) for p in PROMPTS[:4]]
+    on_token, started = _after_tokens(2)
+    hs = [
+        eng.submit(TOK.tokenize(p), max_tokens=10, on_token=on_token if i == 1 else None)
+        for i, p in enumerate(PROMPTS[:4])
+    ]
+    assert started.wait(WAIT)
+    assert hs[1].cancel() is True
+    gone = hs[1].result(timeout=WAIT)
+    assert gone.finish_reason == "abort" and 2 <= len(gone.token_ids) < 10
+    assert hs[1].cancel() is False  # already done
+    future_cancelled = eng.submit(TOK.tokenize("99>"), max_tokens=10)
+    future_cancelled.future.cancel()  # the caller's future cancelled: aborted in the engine too
+    assert future_cancelled.result().finish_reason == "abort"
+    for i in (0, 2, 3):
+        assert hs[i].result(timeout=WAIT).token_ids == solo[i].token_ids
+    assert eng.request_counts() == (0, 0, 0)
+    eng.shutdown()
+
+
+def test_bad_input_is_refused_with_typed_errors_and_nothing_else_is_disturbed(model):
+    eng = _engine(model, max_request_tokens=40)
+    ref = _solo(eng, "123>", 12)
+    busy = eng.submit(TOK.tokenize("123>"), max_tokens=12)
+    with pytest.raises(RequestTooLarge) as exc:
+        eng.submit(TOK.tokenize("1234>"), max_tokens=30)  # 5 + 30 > max_sequence_length 32
+    assert exc.value.value == 35 and exc.value.limit == 32
+    assert "5 tokens" in str(exc.value) and "max_tokens=30" in str(exc.value) and "32" in str(exc.value)
+    with pytest.raises(RequestTooLarge) as exc:
+        eng.generate_ids([TOK.tokenize("1>")] * 6, max_tokens=8)  # 48 > max_request_tokens 40
+    assert exc.value.value == 48 and exc.value.limit == 40 and exc.value.field == "prompts*max_tokens"
+    for kw, field in (
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"seed": -1}, "seed"),
+    ):
+        with pytest.raises(ConfigError) as cexc:
+            eng.submit(TOK.tokenize("1>"), **{"max_tokens": 2, **kw})
+        assert cexc.value.field == field
+    with pytest.raises(ConfigError):
+        eng.submit([], max_tokens=2)
+    assert busy.result(timeout=WAIT).token_ids == ref.token_ids  # the request in flight never noticed
+    eng.shutdown()
+    with pytest.raises(EngineStopped):
+        eng.submit(TOK.tokenize("1>"), max_tokens=2)
+    with pytest.raises(EngineStopped):
+        eng.generate(["1>"], max_tokens=2)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("inflight", "wait"),
+        ("inflight", None),
+        ("max_active_requests", 0),
+        ("max_request_tokens", -5),
+        ("num_cuda_graphs", 0),
+    ],
+)
+def test_generation_config_refuses_bad_values(field, value):
+    with pytest.raises(ConfigError) as exc:
+        GenerationConfig(**{field: value})
+    assert exc.value.field == field and exc.value.value == value
+
+
+def test_inflight_modes_parse():
+    assert GenerationConfig().inflight == "park"
+    assert GenerationConfig(inflight="DRAIN").inflight == "drain"
+
+
+def test_shutdown_aborts_queued_running_and_parked_requests(model):
+    eng = _engine(model, max_active_requests=1)
+    on_token, started = _after_tokens(1)
+    parked = eng.submit(TOK.tokenize("123>"), max_tokens=20, on_token=on_token)
+    queued = eng.submit(TOK.tokenize("45>"), max_tokens=20)
+    assert started.wait(WAIT)
+    eng.suspend()
+    assert eng.request_counts() == (1, 0, 1)
+    eng.shutdown()
+    assert parked.result(timeout=WAIT).finish_reason == "abort" and len(parked.result().token_ids) >= 1
+    assert queued.result(timeout=WAIT).finish_reason == "abort" and queued.result().token_ids == ()
+    assert not eng.awake
+
+
+def test_completion_versions_oldest_first_last_span():
+    c = TokenCompletion(0, (1,), (2, 3, 4), (-1.0, -1.0, -1.0), (3, 3, 4), "", "length", admitted_version=3)
+    assert (c.first_weight_version, c.last_weight_version, c.weight_version, c.version_span) == (3, 4, 3, 1)
+    empty = TokenCompletion(1, (1,), (), (), (), "", "abort", admitted_version=7)
+    assert (empty.weight_version, empty.version_span) == (7, 0)
