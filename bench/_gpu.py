@@ -117,7 +117,7 @@ def build_gpt(
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from colo_fsm.adapters.megatron.model import ModelConfig, layer_spec
+    from colo_fsm.adapters.megatron.model import ModelConfig, layer_spec, paged_attention_kwargs
 
     mcfg = ModelConfig(
         vocab_size=shape.vocab,
@@ -146,14 +146,8 @@ def build_gpt(
         pipeline_dtype=dtype,
         bf16=mcfg.use_bf16,
     )
-    if device == "cuda" and fa4_single_split:
-        # flash-attn-4 on SM 9.0 (H100/H200) asserts "SplitKV not supported on SM 9.0" when its split
-        # heuristic (megatron passes num_splits=0) picks >1 split: decode of a small batch over a long
-        # max_seqlen_k, e.g. every CUDA-graph capture with max_sequence_length > 4 KV tiles. megatron-core's
-        # only knob for num_splits=1 is batch_invariant_mode (it needs the flash backend pinned to FA4).
-        from megatron.core.transformer.enums import AttnBackend
-
-        kwargs.update(batch_invariant_mode=True, attention_backend=AttnBackend.flash, flash_attention_version=4)
+    if fa4_single_split:  # flash-attn-4 on SM 9.0 refuses split-KV: see paged_attention_kwargs
+        kwargs.update(paged_attention_kwargs(device))
     if graphs:
         kwargs.update(cuda_graph_impl="local", inference_rng_tracker=True, inference_cuda_graph_scope=scope)
     tcfg = TransformerConfig(**kwargs)
@@ -185,7 +179,7 @@ def prompts(batch: int, length: int, vocab_lo: int = 3, vocab_hi: int = 56, seed
     return [[rng.randrange(vocab_lo, vocab_hi) for _ in range(length)] for _ in range(batch)]
 
 
-def rollouts(n: int, lengths: Sequence[int], prompt_len: int = 32, seed: int = 0) -> list[Any]:
+def rollouts(n: int, lengths: Sequence[int], prompt_len: int = 32, seed: int = 0, vocab_hi: int = 56) -> list[Any]:
     """``n`` training rollouts (completion lengths cycled from ``lengths``), 4 per group, random rewards."""
     import random
 
@@ -197,8 +191,8 @@ def rollouts(n: int, lengths: Sequence[int], prompt_len: int = 32, seed: int = 0
         comp = lengths[i % len(lengths)]
         out.append(
             Rollout(
-                prompt_ids=tuple(rng.randrange(3, 56) for _ in range(prompt_len)),
-                completion_ids=tuple(rng.randrange(3, 56) for _ in range(comp)),
+                prompt_ids=tuple(rng.randrange(3, vocab_hi) for _ in range(prompt_len)),
+                completion_ids=tuple(rng.randrange(3, vocab_hi) for _ in range(comp)),
                 reward=rng.random(),
                 group=i // 4,
             )
@@ -345,9 +339,7 @@ class BenchEngine:
         except BaseException:
             # a failed capture leaves graph runners bound to this context: the next engine would replay them
             if opts.num_cuda_graphs is not None:
-                from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
-
-                delete_cuda_graphs()
+                release_cuda_graphs(model)
             raise
         torch.cuda.synchronize()
         t3 = time.perf_counter()
@@ -442,14 +434,32 @@ class BenchEngine:
 
         self.engine.suspend()
         if graphs:
-            from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
-
-            delete_cuda_graphs()
+            release_cuda_graphs(self.model)
         self.engine = None
         self.controller = None
         self.context = None
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def release_cuda_graphs(model: Any) -> None:
+    """Delete the captured graphs and drop the model's graph runners.
+
+    ``delete_cuda_graphs()`` alone is not enough for an engine built again on the same model: every runner
+    keeps the argument metadata of its first capture, the old inference context included, so a recapture with a
+    new context fails at replay ("CUDA graph argument mismatch ... inference_context") and the old context
+    (its KV buffer) stays referenced. megatron-core 0.19.2 has no public call for this; the benchmark clears
+    each ``CudaGraphManager``'s runner list and lookup table, which is what a rebuild costs on top.
+    """
+    from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
+
+    delete_cuda_graphs()
+    for m in model.modules():
+        mgr = getattr(m, "cudagraph_manager", None)
+        if mgr is not None:
+            mgr.cudagraph_runners = []
+            mgr.custom_cudagraphs_lookup_table.clear()
+    gc.collect()
 
 
 def graph_runner_counts(model: Any) -> dict[str, int]:
@@ -510,6 +520,7 @@ __all__ = [
     "n_params",
     "prompts",
     "quiet_logs",
+    "release_cuda_graphs",
     "rollouts",
     "setup",
     "sync",

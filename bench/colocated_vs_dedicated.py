@@ -164,9 +164,110 @@ def run_role(args: argparse.Namespace) -> dict[str, Any]:
     return res.data
 
 
+def run_inprocess(args: argparse.Namespace) -> dict[str, Any]:
+    """Both instances in one process, measured in alternating rounds (the decode step is CPU-bound, so
+    machine noise between two processes is larger than the effect); a train step on the colocated model
+    between rounds. Use ``inference_cuda_graph_scope="block"`` here: with per-layer graphs, megatron-core
+    feeds a layer's graph from the previous layer's output buffer found in a process-wide record, which two
+    graph models in one process would share."""
+    import statistics
+
+    g.quiet_logs()
+    shape = g.GPTShape()
+    g.setup("cuda")
+    from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
+
+    tok = CharTokenizer()
+    graphs = args.graphs == "on"
+    opts = g.EngineOptions(
+        buffer_gb=args.buffer_gb,
+        max_requests=args.max_requests,
+        max_sequence_length=shape.seq,
+        num_cuda_graphs=args.num_cuda_graphs if graphs else None,
+    )
+    res = g.Results(
+        args.out,
+        bench="colocated_vs_dedicated",
+        role="inprocess",
+        scope=args.scope,
+        graphs=graphs,
+        command=" ".join(["python", "bench/colocated_vs_dedicated.py", "--role", "inprocess", "--scope", args.scope]),
+        machine=g.machine_info("cuda"),
+    )
+    colo = g.build_gpt(shape, "cuda", graphs=graphs, scope=args.scope)
+    trainer = MegatronTrainer(colo, TrainerConfig(lr=1e-5))
+    batch = g.rollouts(TRAIN_BATCH, [TRAIN_COMPLETION])
+    for _ in range(2):
+        trainer.train_step(batch)
+    trainer.offload_buffers()
+    ded = g.build_gpt(shape, "cuda", graphs=graphs, scope=args.scope, reset_rng=False)
+    missing, unexpected = ded.load_state_dict(colo.state_dict(), strict=False)
+    ded.requires_grad_(False)
+    ded.eval()
+    res.put("load_state_dict", {"missing": list(missing), "unexpected": list(unexpected)})
+    engines = {}
+    with res.section("engines") as sec:
+        for name, m in (("colocated", colo), ("dedicated", ded)):
+            engines[name] = g.BenchEngine(m, tok, opts)
+            engines[name].suspend()
+            sec[name] = engines[name].build
+    with res.section("greedy") as sec:
+        eq_prompts = g.prompts(16, 32, seed=7)
+        outs = {}
+        for name, e in engines.items():
+            e.resume()
+            outs[name] = [t for t, _ in e.generate(eq_prompts, 64)]
+            e.suspend()
+        sec["identical"] = outs["colocated"] == outs["dedicated"]
+    rounds: dict[str, dict[int, list[float]]] = {n: {b: [] for b in args.batch_list} for n in engines}
+    with res.section("rounds") as sec:
+        log = []
+        for r in range(args.rounds):
+            order = ["colocated", "dedicated"] if r % 2 == 0 else ["dedicated", "colocated"]
+            for name in order:
+                e = engines[name]
+                e.resume()
+                for b in args.batch_list:
+                    d = e.decode_rate(b, steps=args.steps)
+                    rounds[name][b].append(d["decode_tokens_per_s"])
+                    log.append({"round": r, "instance": name, **d})
+                e.suspend()
+            trainer.restore_buffers()
+            trainer.train_step(batch)  # the colocated model trains between rounds, as in the loop
+            trainer.offload_buffers()
+        sec["log"] = log
+    med = {n: {b: statistics.median(v) for b, v in per.items() if v} for n, per in rounds.items()}
+    ratios = {
+        b: med["colocated"][b] / med["dedicated"][b]
+        for b in args.batch_list
+        if med["colocated"].get(b) and med["dedicated"].get(b)
+    }
+    res.put("median_tokens_per_s", med)
+    res.put("ratios", ratios)
+    res.data["ratios"] = ratios
+    res.data["greedy_identical_before_training_between_rounds"] = (
+        res.data["sections"].get("greedy", {}).get("identical")
+    )
+    res.flush()
+    rows = [
+        {
+            "batch": b,
+            "colocated tok/s": med["colocated"].get(b),
+            "dedicated tok/s": med["dedicated"].get(b),
+            "ratio": ratios.get(b),
+        }
+        for b in args.batch_list
+    ]
+    print(g.table(rows, ["batch", "colocated tok/s", "dedicated tok/s", "ratio"]))
+    print("greedy identical:", res.data["greedy_identical_before_training_between_rounds"])
+    return res.data
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--role", default="both", choices=("both", "colocated", "dedicated"))
+    ap.add_argument("--role", default="both", choices=("both", "colocated", "dedicated", "inprocess"))
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (--role inprocess)")
     ap.add_argument("--out", default="bench/results/colocated_vs_dedicated.json")
     ap.add_argument("--weights", default=None, help="weights file (written by colocated, read by dedicated)")
     ap.add_argument("--graphs", default="on", choices=("on", "off"))
@@ -184,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         print("colocated_vs_dedicated: needs a GPU (megatron-core's dynamic engine); nothing measured here")
+        return 0
+    if args.role == "inprocess":
+        run_inprocess(args)
         return 0
     if args.role != "both":
         run_role(args)
