@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # tests.support (the saturation harness) lives in the repository, not the package
+    sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "ray_control_latency.json"
 
 
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from colo_fsm.ray import init_ray, make_worker_class
     from colo_fsm.ray.fakes import HoldingWorkerFactory
-    from colo_fsm.ray.saturation import measure_control_latency, measure_suspend, measure_training_step
+    from tests.support.saturation import measure_control_latency, measure_suspend, measure_training_step
 
     t_start = time.monotonic()
     init_ray(num_cpus=2)

@@ -13,7 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from colo_fsm.testing.mutants import KILLERS, MUTANTS, evaluate, table
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # tests.support (the proof kit) lives in the repository, not the package
+    sys.path.insert(0, str(ROOT))
+
+from tests.support.mutants import KILLERS, MUTANTS, evaluate, table  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

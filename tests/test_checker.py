@@ -10,8 +10,8 @@ import pytest
 from colo_fsm.states.spec import LIFECYCLE
 from colo_fsm.testing import checker
 from colo_fsm.testing.checker import SCENARIOS, StepPlan, check, check_all, main, plan_program
-from colo_fsm.testing.mutants import MUTANTS, CallingThreadDrain, set_current_device
-from colo_fsm.testing.report import record_stats
+from tests.support.mutants import MUTANTS, CallingThreadDrain, checker_main, set_current_device
+from tests.support.report import record_stats
 
 BY_NAME = {m.name: m for m in MUTANTS}
 
@@ -133,7 +133,7 @@ def test_cli_ok_and_violation(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "N=3 all-step-kinds" in out and "violation" in out
     assert (tmp_path / "r.json").exists()
-    assert main(["--ranks", "2", "--mutant", "drain-calling-thread-device", "--scenario", "all-step-kinds"]) == 1
+    assert checker_main(["drain-calling-thread-device", "--ranks", "2", "--scenario", "all-step-kinds"]) == 1
     assert "VIOLATION" in capsys.readouterr().out
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from colo_fsm.errors import ActionFailed, BarrierTimeout
 from colo_fsm.states.spec import LIFECYCLE, State
-from colo_fsm.testing import faults
-from colo_fsm.testing.faults import FaultKind, FaultPoint, check_outcome, fault_points, rest_points, run_all
-from colo_fsm.testing.report import record_stats
+from tests.support import faults
+from tests.support.faults import FaultKind, FaultPoint, check_outcome, fault_points, rest_points, run_all
+from tests.support.report import record_stats
 
 pytestmark = pytest.mark.timeout(180)
 

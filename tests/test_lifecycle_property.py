@@ -20,8 +20,8 @@ from colo_fsm.testing.lifecycle_machine import (
     stats_snapshot,
 )
 from colo_fsm.testing.profiles import CI_PROFILE, DEEP_PROFILE, DEV_PROFILE, active_profile, lifecycle_settings
-from colo_fsm.testing.report import record_stats
 from colo_fsm.testing.watch import FAULT_TARGETS
+from tests.support.report import record_stats
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from colo_fsm.states.spec import LIFECYCLE
-from colo_fsm.testing.mutants import (
+from tests.support.mutants import (
     KILLERS,
     MUTANTS,
     Mutant,
@@ -21,7 +21,7 @@ from colo_fsm.testing.mutants import (
     kill_by_validator,
     table,
 )
-from colo_fsm.testing.report import record_stats
+from tests.support.report import record_stats
 
 _RESULTS: dict[str, list[str]] = {}
 

@@ -35,7 +35,7 @@ from colo_fsm.ray import (  # noqa: E402
 )
 from colo_fsm.ray.actors import rank_local  # noqa: E402
 from colo_fsm.ray.fakes import HoldingWorkerFactory, numbered_prompts, text_length_reward  # noqa: E402
-from colo_fsm.ray.saturation import (  # noqa: E402
+from tests.support.saturation import (  # noqa: E402
     measure_control_latency,
     measure_suspend,
     measure_training_step,

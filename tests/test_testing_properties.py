@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from colo_fsm.testing import properties as p
+from tests.support import properties as p
 
 
 def test_latch_property_holds():
@@ -26,6 +26,6 @@ def test_trainable_property_holds():
 
 
 def test_replay_buffer_property_holds():
-    from colo_fsm.testing.properties import check_replay_buffer_property
+    from tests.support.properties import check_replay_buffer_property
 
     check_replay_buffer_property()

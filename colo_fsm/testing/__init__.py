@@ -1,4 +1,4 @@
-"""Test *your* adapters against the colocation lifecycle, and prove ours.
+"""Test *your* adapters against the colocation lifecycle.
 
 * :mod:`~colo_fsm.testing.fakes`: recording fakes of engine, trainer and collector, a fake clock, request
   source and replay buffer;
@@ -6,10 +6,12 @@
   adapters and checks every lifecycle fact after every step (:func:`lifecycle_test_case`, :func:`check_lifecycle`);
 * :mod:`~colo_fsm.testing.checker`: an exhaustive checker of every interleaving of N ranks
   (``python -m colo_fsm.testing.checker --ranks 2..8``);
-* :mod:`~colo_fsm.testing.mutants`: the mutation proof (each bug the design warns about, caught);
-* :mod:`~colo_fsm.testing.faults`: fault injection at every action, on thread ranks and real gloo processes;
+* :mod:`~colo_fsm.testing.scenarios`: the step plans (latched save/validate decisions) the checker runs;
 * :mod:`~colo_fsm.testing.pytest_plugin`: fixtures (``colo_fsm_adapters``, ``colo_fsm_check_lifecycle``, ...)
   and the ``colo-fsm-ci`` / ``colo-fsm-deep`` hypothesis profiles.
+
+How colo-fsm proves itself (mutants, fault injection, component properties) is not installed: it lives in the
+repository's ``tests/support/``.
 """
 
 from colo_fsm.testing.checker import CheckResult, StepPlan, check, check_all

@@ -50,6 +50,7 @@ from colo_fsm.states.spec import (
     State,
     TransitionSpec,
 )
+from colo_fsm.testing.scenarios import SCENARIOS, StepPlan
 
 
 class DrainTarget(Protocol):
@@ -65,26 +66,6 @@ DrainFactory = Callable[[int], DrainTarget]
 def real_drain(local_rank: int) -> DrainTarget:
     """The shipped :class:`DeviceDrain` of ``local_rank`` (with a no-op synchronize)."""
     return DeviceDrain(local_rank, synchronize=lambda _device: None)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """The latched decisions of one step."""
-
-    save: bool = False
-    validate: bool = False
-
-    def label(self) -> str:
-        return "+".join(k for k, v in (("save", self.save), ("validate", self.validate)) if v) or "plain"
-
-
-SCENARIOS: dict[str, tuple[StepPlan, ...]] = {
-    # plain, checkpoint, validate, checkpoint+validate, then a plain last step
-    "all-step-kinds": (StepPlan(), StepPlan(save=True), StepPlan(validate=True), StepPlan(True, True), StepPlan()),
-    "last-step-saves": (StepPlan(), StepPlan(save=True, validate=True)),
-    "last-step-validates": (StepPlan(validate=True),),
-}
-"""Runs every rank executes; the last step of each is the run's last."""
 
 
 @dataclass(frozen=True)
@@ -505,10 +486,11 @@ def _parse_ranks(text: str) -> list[int]:
     return values
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m colo_fsm.testing.checker --ranks 2..8 [--scenario NAME] [--mutant NAME] [--json PATH]``.
+def main(argv: Sequence[str] | None = None, **check_kwargs: Any) -> int:
+    """``python -m colo_fsm.testing.checker --ranks 2..8 [--scenario NAME] [--json PATH]``.
 
     Exit status 0 when every check passes, 1 when one finds a violation (its shortest trace is printed).
+    ``check_kwargs`` go to every :func:`check` (a caller checking a modified spec or drain passes them).
     """
     ap = argparse.ArgumentParser(prog="colo-fsm check", description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument(
@@ -520,18 +502,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=sorted(SCENARIOS),
         help="run only these scenarios (repeatable; default: all)",
     )
-    ap.add_argument("--mutant", help="check a mutated lifecycle from colo_fsm.testing.mutants instead")
     ap.add_argument("--json", type=Path, help="also write the results as JSON to this path")
     args = ap.parse_args(argv)
-    kwargs: dict[str, Any] = {}
-    if args.mutant:
-        from colo_fsm.testing.mutants import MUTANTS
-
-        by_name = {m.name: m for m in MUTANTS}
-        if args.mutant not in by_name:
-            ap.error(f"unknown mutant {args.mutant!r}; known: {', '.join(by_name)}")
-        kwargs = by_name[args.mutant].checker_kwargs()
-    results = check_all(args.ranks, scenarios=args.scenario, **kwargs)
+    results = check_all(args.ranks, scenarios=args.scenario, **check_kwargs)
     total_states = sum(r.states for r in results)
     for r in results:
         print(r.report() if not r.ok else r.summary())

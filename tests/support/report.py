@@ -1,8 +1,8 @@
-"""Numbers the testing tools report (programs run, states explored, mutants killed, faults injected).
+"""Numbers colo-fsm's own tests report (programs run, states explored, mutants killed, faults injected).
 
-:func:`record_stats` merges one key into a JSON file: ``$COLO_FSM_STATS_PATH`` if set, else
-``bench/results/testing_stats.json`` when the working directory has a ``bench/`` folder (the colo-fsm
-repository), else nowhere.
+:func:`record_stats` merges one key into the JSON file named by ``$COLO_FSM_STATS_PATH``, and writes nothing when
+it is unset (so a test run writes nowhere but pytest's tmp paths unless asked), e.g.
+``COLO_FSM_STATS_PATH=bench/results/testing_stats.json make test``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,8 @@ STATS_ENV = "COLO_FSM_STATS_PATH"
 
 def stats_path() -> Path | None:
     """Where :func:`record_stats` writes, or None."""
-    if os.environ.get(STATS_ENV):
-        return Path(os.environ[STATS_ENV])
-    if Path("bench").is_dir():
-        return Path("bench") / "results" / "testing_stats.json"
-    return None
+    value = os.environ.get(STATS_ENV)
+    return Path(value) if value else None
 
 
 def record_stats(key: str, value: Any, path: Path | None = None) -> None:

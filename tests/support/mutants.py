@@ -13,7 +13,7 @@ catch it:
   violation;
 * ``hypothesis``: the property-based lifecycle machine (:mod:`colo_fsm.testing.lifecycle_machine`) finds a
   failing program;
-* ``properties``: the component properties of :mod:`colo_fsm.testing.properties` (latch, in-flight cap,
+* ``properties``: the component properties of :mod:`tests.support.properties` (latch, in-flight cap,
   parallelism check, wall-clock metrics, dual-mode opt-in) find a counterexample.
 
 ``scripts/mutation_proof.py`` prints the table and fails if any mutant survives every killer.
@@ -45,8 +45,9 @@ from colo_fsm.states.spec import (
     TransitionSpec,
 )
 from colo_fsm.states.validate import SpecError, validate_spec
-from colo_fsm.testing.checker import SCENARIOS, StepPlan, check
+from colo_fsm.testing.checker import check
 from colo_fsm.testing.fakes import FakeClock, recording_adapters
+from colo_fsm.testing.scenarios import SCENARIOS, StepPlan
 
 KILLERS = ("validator", "runtime", "checker", "hypothesis", "properties")
 S = State
@@ -534,8 +535,8 @@ def kill_by_hypothesis(m: Mutant, max_examples: int = 300) -> str | None:
 
 
 def kill_by_properties(m: Mutant) -> str | None:
-    """The first component property (:mod:`colo_fsm.testing.properties`) the mutant's components break, or None."""
-    from colo_fsm.testing import properties as p
+    """The first component property (:mod:`tests.support.properties`) the mutant's components break, or None."""
+    from tests.support import properties as p
 
     checks: list[tuple[str, Callable[[], None]]] = [
         ("latch", lambda: p.check_latch_property(m.checkpoint_class)),
@@ -615,6 +616,21 @@ def table(results: Sequence[MutantResult]) -> str:
     return "\n".join(lines)
 
 
+def checker_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.support.mutants NAME [--ranks 2..3 --scenario S --json PATH]``: the exhaustive checker
+    (:func:`colo_fsm.testing.checker.main`) on one mutant; exit status 1 when it finds the violation."""
+    import sys
+
+    from colo_fsm.testing.checker import main as check_main
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    by_name = {m.name: m for m in MUTANTS}
+    if not args or args[0] not in by_name:
+        known = ", ".join(by_name)
+        raise SystemExit(f"usage: python -m tests.support.mutants NAME [checker options]; NAME is one of {known}")
+    return check_main(args[1:], **by_name[args[0]].checker_kwargs())
+
+
 __all__ = [
     "KILLERS",
     "MUTANTS",
@@ -624,6 +640,7 @@ __all__ = [
     "MutantResult",
     "RequeryingLifecycle",
     "UnlatchedCheckpointDecision",
+    "checker_main",
     "current_device",
     "edit_state",
     "edit_transitions",
@@ -636,3 +653,7 @@ __all__ = [
     "set_current_device",
     "table",
 ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(checker_main())

@@ -34,8 +34,8 @@ from colo_fsm.guards.barrier import ThreadBarrier
 from colo_fsm.guards.decision import LatchedDecision
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.states.spec import LIFECYCLE, LifecycleSpec, State
-from colo_fsm.testing.checker import StepPlan
 from colo_fsm.testing.fakes import Journal, RecordingCollector, RecordingEngine, RecordingTrainer
+from colo_fsm.testing.scenarios import StepPlan
 from colo_fsm.testing.watch import InjectedFault
 
 S = State
