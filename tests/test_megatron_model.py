@@ -60,6 +60,28 @@ def test_sdpa_matches_reference_causal_attention():
     assert torch.allclose(core(q, k, v, mask), ref, atol=1e-5)
 
 
+def test_sdpa_never_uses_cudnn_attention(monkeypatch):
+    """cuDNN attention builds a plan per new sequence length (seconds in a train step): SDPAttention excludes it."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a, **k):
+        b = torch.backends.cuda
+        seen.append((b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled()))
+        return real(*a, **k)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    core = SDPAttention.__new__(SDPAttention)
+    torch.nn.Module.__init__(core)
+    core.dropout_p, core.softmax_scale, core.attn_mask_type = 0.0, None, AttnMaskType.causal
+    q = torch.randn(3, 1, 2, 4)
+    core(q, q, q, None)
+    assert seen == [(False, True, True, True)]
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the call
+
+
 @pytest.mark.parametrize(
     ("field", "kwargs"),
     [
