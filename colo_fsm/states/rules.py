@@ -33,9 +33,9 @@ class LifecycleRule(StrEnum):
         return list(LifecycleRule).index(self) + 1
 
     @property
-    def title(self) -> str:
+    def heading(self) -> str:
         """A few words naming the rule."""
-        return _TITLES[self]
+        return _HEADINGS[self]
 
     @property
     def statement(self) -> str:
@@ -43,7 +43,7 @@ class LifecycleRule(StrEnum):
         return _STATEMENTS[self]
 
 
-_TITLES: dict[LifecycleRule, str] = {
+_HEADINGS: dict[LifecycleRule, str] = {
     LifecycleRule.BUILD_ONCE: "Build once",
     LifecycleRule.ONE_COMMUNICATOR: "One communicator, never interleaved",
     LifecycleRule.CHECKPOINT_SUSPENDS: "Checkpoints suspend everything",
