@@ -109,6 +109,16 @@ class GenerationConfig:
                 isinstance(v, bool) or not isinstance(v, int) or v < 1
             ):
                 raise ConfigError(name, v, what)
+        if self.kv_cache_mode == "offload" and self.num_cuda_graphs is not None and self.inflight == "park":
+            # megatron-core 0.19.2 recaptures the graphs at an offload resume: it adds dummy requests to the
+            # context (RequestOverflowError with requests parked there, seen on one H200) and resets the
+            # context after every capture, which would drop the parked requests' state.
+            raise ConfigError(
+                "kv_cache_mode",
+                self.kv_cache_mode,
+                "'persist' (graphs stay valid) or 'recompute' (parked requests are re-added after the recapture) "
+                "with num_cuda_graphs and inflight='park'; or inflight='drain' for offload with graphs",
+            )
         if self.backend not in _BACKENDS:
             raise ConfigError("backend", self.backend, f"one of {_BACKENDS}")
         if (
