@@ -122,6 +122,17 @@ def _silently_dropping_buffer() -> type[Any]:
     return SilentlyDroppingReplayBuffer
 
 
+def _newest_version_buffer() -> type[Any]:
+    """MUTANT: a replay buffer that counts a group's age from its newest weight version, not its oldest."""
+    from colo_fsm.collector.buffer import ReplayBuffer
+
+    class NewestVersionReplayBuffer(ReplayBuffer):
+        def staleness_version(self, group: Any) -> int:
+            return int(group.newest_version)
+
+    return NewestVersionReplayBuffer
+
+
 class AgeOnlyInFlightCap(InFlightCap):
     """MUTANT: the in-flight cap ignores the receiving actor's capacity."""
 
@@ -456,6 +467,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "5: a stale trajectory is counted, not silently dropped",
         "the replay buffer evicts stale groups without counting them",
         buffer_class=lambda: _silently_dropping_buffer(),
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "staleness-from-newest-version",
+        "5: a trajectory's age is counted from the oldest weight version it was generated under",
+        "the replay buffer counts the age of a group that spans versions (parked through a step) from its newest",
+        buffer_class=lambda: _newest_version_buffer(),
         expected=frozenset({"properties"}),
     ),
     Mutant(
