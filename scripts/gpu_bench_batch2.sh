@@ -27,10 +27,11 @@ only=${ONLY:-"inflight pytest barrier park rebuild colo memory"}
 for s in $only; do
   case $s in
     inflight) step inflight_handoff "${INFLIGHT_T:-330}" 120 python3 bench/inflight_handoff.py --device cuda --model gpt200m \
-        ${INFLIGHT_ARGS:---quick --cuda-graphs 16 --buffer-gb 8} --out "$out/inflight_handoff.json" ;;
+        ${INFLIGHT_ARGS:---quick --steps 10 --rounds 2 --cuda-graphs 16 --buffer-gb 4} --out "$out/inflight_handoff.json" ;;
     pytest) step pytest_gpu 150 60 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/test_megatron_engine.py tests/test_megatron_model.py ;;
-    barrier) step fingerprint_barrier 60 30 python3 bench/fingerprint_barrier.py --backend nccl ${BARRIER_ARGS:-} --out "$out/fingerprint_barrier.json" ;;
+    barrier) step fingerprint_barrier 90 30 python3 bench/fingerprint_barrier.py --backend nccl --ranks 1 ${BARRIER_ARGS:-} --json "$out/fingerprint_barrier.json" ;;
     park) step park_probe 200 90 python3 bench/park_probe.py --out "$out/park_probe.json" ;;
+    park_offload_eager) step park_probe_offload_eager 90 40 python3 bench/park_probe.py --graphs off --modes offload --skip-decode --out "$out/park_probe_offload_eager.json" ;;
     rebuild) step resident_vs_rebuild 150 70 python3 bench/resident_vs_rebuild.py --graphs on --scope block --graph-cycles 3 --graph-rebuilds 2 --out "$out/resident_vs_rebuild_graphs.json" ;;
     colo) step colocated_inprocess 100 50 python3 bench/colocated_vs_dedicated.py --role inprocess --scope block --out "$out/colocated_inprocess.json" ;;
     memory) step memory_peak_graphs 70 40 python3 bench/memory_peak.py --graphs on --scope block --buffer-gb 8 --out "$out/memory_peak_graphs.json" ;;
