@@ -472,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"draining {sum(r['draining_s']):.2f} of {r['measured_s']:.2f} s, run {r['run_s']:.1f} s",
                     flush=True,
                 )
+                # what is measured so far, in case the run is cut short (a time-limited GPU call)
+                partial = Path(str(args.out) + ".partial")
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                done = {m: summarize(rs) for m, rs in runs.items() if rs}
+                partial.write_text(json.dumps({"rounds_done": k + 1, "modes": done}, indent=1), encoding="utf-8")
     finally:
         shutdown_distributed()
     results = {m: summarize(rs) for m, rs in runs.items()}
