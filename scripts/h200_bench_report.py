@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory", action="append", default=[], help="memory_peak / colocated JSON (repeatable)")
     ap.add_argument("--park-probe")
     ap.add_argument("--extra", action="append", default=[], help="NAME=PATH of another JSON to embed")
+    ap.add_argument("--notes", default=None, help="JSON file: {figure: note} (what limits or qualifies each figure)")
     ap.add_argument("--date", default="2026-12-01")
     ap.add_argument("--commit", default=None)
     args = ap.parse_args(argv)
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {k: f"{op} {t}" for k, (op, t) in TARGETS.items()},
         "met": {k: met(k, v) for k, v in figures.items()},
         "missing": missing,
+        "notes": (load(args.notes) or {}) if args.notes else {},
         "detail": detail,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
