@@ -97,7 +97,8 @@ class RayEngineProxy:
         self._urls = [u for urls in self._all("bring_up") for u in urls]
 
     def suspend(self) -> None:
-        """Suspend every worker (each lets its in-flight rollouts finish first)."""
+        """Suspend every worker: each parks its rollouts' requests in its engine at a decode-step boundary
+        (``inflight="park"``, answered after the resume) or lets them finish first (``"drain"``)."""
         self.suspend_seconds.append(self._all("suspend"))
 
     def resume(self) -> None:
