@@ -456,6 +456,17 @@ def test_cuda_graph_model_option():
     assert GenerationConfig(num_cuda_graphs=16).num_cuda_graphs == 16
 
 
+def test_offload_with_cuda_graphs_refuses_parking():
+    """An offload resume recaptures the graphs over a reset context: parked requests would be lost."""
+    with pytest.raises(ConfigError) as exc:
+        GenerationConfig(kv_cache_mode="offload", num_cuda_graphs=16)  # inflight defaults to "park"
+    assert exc.value.field == "kv_cache_mode" and "persist" in exc.value.expected
+    assert GenerationConfig(kv_cache_mode="offload", num_cuda_graphs=16, inflight="drain").inflight == "drain"
+    for mode in ("persist", "recompute"):
+        assert GenerationConfig(kv_cache_mode=mode, num_cuda_graphs=16).num_cuda_graphs == 16
+    assert GenerationConfig(kv_cache_mode="offload").kv_cache_mode == "offload"  # eager offload parks fine
+
+
 # -------------------------------------------------------------------------- top log-probs
 def test_top_logprobs_per_token_on_the_cpu_engine(model):
     import math
