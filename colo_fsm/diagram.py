@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from colo_fsm.errors import ColoFsmError, ConfigError
+from colo_fsm.states.rules import rules_table
 from colo_fsm.states.spec import LIFECYCLE, LifecycleSpec, State, StateSpec, TransitionSpec
 
 log = logging.getLogger("colo_fsm.diagram")
@@ -399,9 +400,11 @@ def actions_table(spec: LifecycleSpec = LIFECYCLE) -> str:
 
 
 def docs_sections(spec: LifecycleSpec = LIFECYCLE) -> dict[str, str]:
-    """The generated blocks of the docs, by marker name: ``mermaid``, ``states``, ``transitions``, ``actions``."""
+    """The generated blocks of the docs, by marker name: ``rules``, ``mermaid``, ``states``, ``transitions``,
+    ``actions`` (``rules`` is :data:`~colo_fsm.states.rules.RULES`, the same for every spec)."""
     spec = _check_spec(spec)
     return {
+        "rules": rules_table(),
         "mermaid": "```mermaid\n" + to_mermaid(spec) + "```\n",
         "states": states_table(spec),
         "transitions": transitions_table(spec),

@@ -1,7 +1,7 @@
 """docs/lifecycle.md embeds the generated diagram and tables; fail when the docs and the spec drift apart.
 
-Fix a failure with ``colo-fsm diagram --update-docs docs/lifecycle.md`` (and, if a fact or state was added,
-explain it in the page's prose).
+Fix a failure with ``colo-fsm diagram --update-docs docs/lifecycle.md`` (and, if a fact, state or lifecycle rule
+was added, explain it in the page's prose).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from colo_fsm import diagram
 from colo_fsm.states.spec import LIFECYCLE, Fact
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "lifecycle.md"
-REQUIRED = ("mermaid", "states", "transitions", "actions")
+REQUIRED = ("rules", "mermaid", "states", "transitions", "actions")
 
 
 def test_generated_blocks_match_the_spec() -> None:

@@ -10,7 +10,8 @@ drain synchronizes comes from the real drain implementation's :meth:`~colo_fsm.g
 target_device`, so a drain of the calling thread's device is caught. (Work finishing on its own earlier can only
 remove work from flight, so keeping it in flight until the drain is the worst case for every property below.)
 
-Properties, checked in every reachable state:
+Properties, checked in every reachable state (a violation is marked with the
+:class:`~colo_fsm.states.rules.LifecycleRule` it breaks, :attr:`CheckResult.rule`):
 
 * **one communicator, never interleaved**: no two kinds of collective work in flight at once on any ranks
   (in particular no decode on one rank while another has training or checkpoint work in flight);
@@ -40,6 +41,7 @@ from typing import Any, Protocol
 
 from colo_fsm.errors import ConfigError
 from colo_fsm.guards.drain import DeviceDrain
+from colo_fsm.states.rules import LifecycleRule, rule_in
 from colo_fsm.states.spec import (
     LIFECYCLE,
     Collective,
@@ -51,6 +53,8 @@ from colo_fsm.states.spec import (
     TransitionSpec,
 )
 from colo_fsm.testing.scenarios import SCENARIOS, StepPlan
+
+R = LifecycleRule
 
 
 class DrainTarget(Protocol):
@@ -139,10 +143,14 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan]) -> Program:
             if name == "build_engine":
                 builds += 1
                 if builds > 1:
-                    problems.append(f"{where}: the engine is built a second time (build once)")
+                    problems.append(R.BUILD_ONCE.tag(f"{where}: the engine is built a second time (build once)"))
                 facts[Fact.ENGINE_BUILT] = True
             elif name == "shutdown_engine" and not spec.state(t.dest).terminal:
-                problems.append(f"{where}: engine torn down on the way to {t.dest.value} (teardown only at Stopped)")
+                problems.append(
+                    R.BUILD_ONCE.tag(
+                        f"{where}: engine torn down on the way to {t.dest.value} (teardown only at Stopped)"
+                    )
+                )
             elif name == "bump_weight_version":
                 bumps += 1
                 facts[Fact.STEP_TRAINED] = True
@@ -154,16 +162,21 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan]) -> Program:
                 if act.issues in (Collective.TRAIN, Collective.CHECKPOINT) and (
                     engine is EngineCondition.AWAKE or collector is CollectorCondition.RUNNING
                 ):
+                    rule = R.CHECKPOINT_SUSPENDS if act.issues is Collective.CHECKPOINT else R.ONE_COMMUNICATOR
                     problems.append(
-                        f"{where}: {act.issues.value} work starts with the engine {engine.value} and "
-                        f"the collector {collector.value} (both must be down)"
+                        rule.tag(
+                            f"{where}: {act.issues.value} work starts with the engine {engine.value} and "
+                            f"the collector {collector.value} (both must be down)"
+                        )
                     )
                 if act.issues is Collective.DECODE and last_latched:
                     problems.append(
-                        f"{where}: decode resumed after the last step latched (the last step never wakes the engine)"
+                        R.CHECKPOINT_SUSPENDS.tag(
+                            f"{where}: decode resumed after the last step latched (the last step never wakes the engine)"
+                        )
                     )
                 if act.issues is Collective.DECODE and engine is not EngineCondition.AWAKE and name != "resume_engine":
-                    problems.append(f"{where}: decode work with the engine {engine.value}")
+                    problems.append(R.PARK_NOT_DRAIN.tag(f"{where}: decode work with the engine {engine.value}"))
                 drained = False
                 facts[Fact.HANDOFF_COMPLETE] = False
             engine = act.engine or engine
@@ -198,7 +211,9 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan]) -> Program:
             break
         ok = fire("begin_step") and fire("train")
         if ok and bumps != 1:
-            problems.append(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
+            problems.append(
+                R.WEIGHT_VERSIONS.tag(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
+            )
         if ok and state is State.VALIDATING:
             ok = fire("end_validation")
     if ok and not spec.state(state).terminal:
@@ -235,6 +250,11 @@ class CheckResult:
     symmetry_reduction: bool
     violation: str | None = None
     counterexample: list[str] = field(default_factory=list)
+
+    @property
+    def rule(self) -> LifecycleRule | None:
+        """The lifecycle rule the violation breaks (None when ok, or for a deadlock or a stuck run)."""
+        return rule_in(self.violation)
 
     def summary(self) -> str:
         """One line."""
@@ -280,7 +300,7 @@ class _Search:
             if op.action == "barrier":
                 own = s[r][2]
                 if own:
-                    violation = (
+                    violation = R.ONE_COMMUNICATOR.tag(
                         f"rank {r} arrives at a barrier with {', '.join(_kinds(own))} work still in "
                         f"flight on its own device {r} (drain own device before the barrier)"
                     )
@@ -319,11 +339,11 @@ class _Search:
         heavy = [r for r, ks in by_rank.items() if {"train", "checkpoint"} & set(ks)]
         detail = "; ".join(f"rank {r}: {', '.join(ks)}" for r, ks in by_rank.items())
         if decode and heavy:
-            return (
+            return R.ONE_COMMUNICATOR.tag(
                 f"decode in flight on rank(s) {decode} while training/checkpoint collectives are in flight on "
                 f"rank(s) {heavy} ({detail})"
             )
-        return f"collectives of different phases in flight on one communicator ({detail})"
+        return R.ONE_COMMUNICATOR.tag(f"collectives of different phases in flight on one communicator ({detail})")
 
     def done(self, s: tuple[RankState, ...]) -> bool:
         return all(p >= len(self.ops[r]) for r, (p, _a, _m) in enumerate(s))

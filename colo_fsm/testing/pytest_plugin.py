@@ -11,7 +11,7 @@ In your ``conftest.py``, say which adapters to test::
 and in a test module::
 
     def test_my_adapters_follow_the_lifecycle(colo_fsm_check_lifecycle):
-        colo_fsm_check_lifecycle()          # hundreds of programs, every DESIGN fact checked after every step
+        colo_fsm_check_lifecycle()          # hundreds of programs, every lifecycle rule checked after every step
 
 Fixtures: ``colo_fsm_adapters`` (override it; default: the recording fakes), ``colo_fsm_settings`` (the active
 hypothesis profile), ``colo_fsm_machine`` (the :class:`~colo_fsm.testing.lifecycle_machine.LifecycleMachine`
