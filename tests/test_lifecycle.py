@@ -437,17 +437,23 @@ def test_trace_subscribers_see_every_transition_and_cannot_break_the_machine():
     assert seen == [r.dest for r in lc.trace.records]
 
 
-def test_public_api_importable_from_colo_fsm_and_lazy():
+def test_public_api_is_the_core_and_imports_nothing_heavy():
     import subprocess
     import sys
+    from importlib.metadata import version
 
     import colo_fsm
 
-    assert set(colo_fsm._LAZY) <= set(colo_fsm.__all__)
     for name in colo_fsm.__all__:
         assert getattr(colo_fsm, name) is not None, name
-    # embedding the machine does not drag in torch, FastAPI or Ray
-    code = "import sys, colo_fsm; print(sorted(m for m in ('torch', 'fastapi', 'ray') if m in sys.modules))"
+    assert not hasattr(colo_fsm, "__getattr__"), "no lazy names at the top: heavy parts live in their subpackages"
+    assert colo_fsm.__version__ == version("colo-fsm")
+    # embedding the machine does not drag in torch, FastAPI, Ray, hypothesis or matplotlib (a core-only install:
+    # tests/test_core_install.py)
+    code = (
+        "import sys, colo_fsm; "
+        "print(sorted(m for m in ('torch', 'fastapi', 'ray', 'hypothesis', 'matplotlib') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

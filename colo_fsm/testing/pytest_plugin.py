@@ -18,6 +18,9 @@ hypothesis profile), ``colo_fsm_machine`` (the :class:`~colo_fsm.testing.lifecyc
 subclass for your adapters), ``colo_fsm_check_lifecycle`` (run it now), ``colo_fsm_check_ranks`` (the exhaustive
 multi-rank checker). Option ``--colo-fsm-profile`` picks ``colo-fsm-ci`` (default), ``colo-fsm-deep`` or
 ``colo-fsm-dev`` (also ``COLO_FSM_HYPOTHESIS_PROFILE``).
+
+Without hypothesis (a core-only install) the plugin still loads: the profiles are not registered and the
+fixtures that need hypothesis fail with the command that installs it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,14 @@ from typing import Any
 
 import pytest
 
-from colo_fsm.testing.profiles import PROFILE_ENV, PROFILES, register_profiles
+from colo_fsm.testing.profiles import PROFILE_ENV, PROFILES, hypothesis_available, register_profiles
+
+_NEEDS = "needs hypothesis: pip install 'colo-fsm[testing]'"
+
+
+def _require_hypothesis(fixture: str) -> None:
+    if not hypothesis_available():
+        pytest.fail(f"{fixture} {_NEEDS}", pytrace=False)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,7 +53,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    register_profiles()
+    if hypothesis_available():
+        register_profiles()
     profile = config.getoption("--colo-fsm-profile", default=None)
     if profile:
         if profile not in PROFILES:
@@ -54,6 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def colo_fsm_adapters() -> Callable[[], Any]:
     """A zero-argument factory of ``(engine, trainer, collector)`` or ``Adapters``; override it in conftest."""
+    _require_hypothesis("colo_fsm_adapters")
     from colo_fsm.testing.lifecycle_machine import recording_fakes
 
     return recording_fakes
@@ -62,6 +74,7 @@ def colo_fsm_adapters() -> Callable[[], Any]:
 @pytest.fixture
 def colo_fsm_settings() -> Any:
     """The hypothesis settings of the active colo-fsm profile."""
+    _require_hypothesis("colo_fsm_settings")
     from colo_fsm.testing.profiles import lifecycle_settings
 
     return lifecycle_settings()
@@ -70,6 +83,7 @@ def colo_fsm_settings() -> Any:
 @pytest.fixture
 def colo_fsm_machine(colo_fsm_adapters: Callable[[], Any]) -> type[Any]:
     """A :class:`~colo_fsm.testing.lifecycle_machine.LifecycleMachine` subclass driving your adapters."""
+    _require_hypothesis("colo_fsm_machine")
     from colo_fsm.testing.lifecycle_machine import lifecycle_machine
 
     return lifecycle_machine(colo_fsm_adapters)
@@ -79,6 +93,7 @@ def colo_fsm_machine(colo_fsm_adapters: Callable[[], Any]) -> type[Any]:
 def colo_fsm_check_lifecycle(colo_fsm_adapters: Callable[[], Any], colo_fsm_settings: Any) -> Callable[..., None]:
     """Call to run the lifecycle machine on your adapters now; keyword arguments override machine settings
     (``async_training=False``, ``inject_faults=False``, ``use_async_lifecycle=True``, ``settings=...``)."""
+    _require_hypothesis("colo_fsm_check_lifecycle")
     from colo_fsm.testing.lifecycle_machine import check_lifecycle
 
     def run(settings: Any = None, **attrs: Any) -> None:
