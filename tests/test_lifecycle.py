@@ -242,7 +242,7 @@ def test_trace_written_as_json_lines(tmp_path):
 
 def test_every_lifecycle_log_line_names_rank_state_and_weight_version(caplog):
     lc, *_ = make(num_steps=2)
-    with caplog.at_level(logging.INFO, logger="colo_fsm.lifecycle"):
+    with caplog.at_level(logging.INFO, logger="colo_fsm"):
         run_all(lc)
     assert caplog.records
     for rec in caplog.records:
@@ -476,7 +476,7 @@ def test_long_actions_report_progress(caplog, monkeypatch):
     monkeypatch.setattr(heartbeat, "tick_s", 0.05)  # restored after the test
     lc.start()
     t.hang_on("train_step", 0.7)
-    with caplog.at_level(logging.INFO, logger="colo_fsm.lifecycle"):
+    with caplog.at_level(logging.INFO, logger="colo_fsm"):
         lc.step([1])
     lines = [r.getMessage() for r in caplog.records if "still in train_step" in r.getMessage()]
     assert lines and "state=Training" in lines[0] and "rank=0" in lines[0]

@@ -22,11 +22,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from colo_fsm.adapters.protocols import Completion, TextGenerator
-from colo_fsm.errors import ColoFsmError, ConfigError, ServerUnavailable
+from colo_fsm.errors import BadRequest, ConfigError, ServerUnavailable
 from colo_fsm.log import get_logger
 from colo_fsm.server.gate import SuspendGate
 
-log = get_logger("colo_fsm.server")
+log = get_logger(__name__)
 
 MAX_N = 64
 MAX_TOKENS_LIMIT = 1 << 16
@@ -70,14 +70,6 @@ def default_chat_template(messages: Sequence[Mapping[str, str]]) -> str:
     """``"<role>: <content>"`` lines followed by ``"assistant:"``; pass your tokenizer's template instead."""
     lines = [f"{m['role']}: {m['content']}" for m in messages]
     return "\n".join([*lines, "assistant:"])
-
-
-class BadRequest(ColoFsmError):
-    """A request the server refuses with a 400 naming the field."""
-
-    def __init__(self, param: str, message: str) -> None:
-        self.param = param
-        super().__init__(f"{param}: {message}")
 
 
 def _error(

@@ -23,7 +23,7 @@ from colo_fsm.server.app import create_app, default_chat_template
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.states.spec import LIFECYCLE, EngineCondition, LifecycleSpec
 
-log = get_logger("colo_fsm.server")
+log = get_logger(__name__)
 
 LOOPBACK = "127.0.0.1"
 

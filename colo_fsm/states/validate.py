@@ -9,15 +9,8 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from colo_fsm.errors import ConfigError
+from colo_fsm.errors import SpecError
 from colo_fsm.states.spec import CollectorCondition, EngineCondition, Fact, LifecycleSpec, State
-
-
-class SpecError(ConfigError):
-    """The lifecycle spec breaks a structural rule; the message names the transition and the rule."""
-
-    def __init__(self, where: str, rule: str) -> None:
-        super().__init__(where, "(spec)", rule)
 
 
 def _fact_assignments() -> list[dict[Fact, bool]]:

@@ -46,7 +46,7 @@ from colo_fsm.errors import ConfigError, EngineRebuild, EngineStopped, Lifecycle
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.megatron")
+log = get_logger(__name__)
 
 
 class KVCacheMode(StrEnum):
