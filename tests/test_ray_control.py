@@ -3,8 +3,9 @@ control of one shared queue), suspend under saturation, the engine proxy reporti
 ``reads_weights_in_place``, and a single-controller lifecycle over colocated worker actors (engine and
 trainer of each rank in the worker's process) and the collector actor.
 
-Latency assertions are relative to the negative control (the same calls on an actor with one shared queue),
-never absolute, so they fail when control calls queue behind rollouts but not when the machine is loaded.
+No assertion compares two wall-clock figures (a loaded machine slows both sides differently): each says what
+ran before what, as counts the actor reports when a control call runs (rollouts started and finished), against
+the negative control of the same calls on an actor with one shared queue.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def test_negative_control_same_calls_in_the_default_group_queue_behind(negative_
     # every control call ran only after the 200 rollouts queued before it had taken freed slots, i.e. after
     # at least 200 rollouts had finished (a count, not a time: load cannot make this pass or fail)
     assert len(r.completed_seen) == 20 and min(r.completed_seen) >= ROLLOUTS - MAX_CONCURRENCY, r.completed_seen
+    # and only after every rollout submitted before it had been started (Ray runs one group in order)
+    assert r.calls_seen == [ROLLOUTS] * 20, r.calls_seen
 
 
 def test_control_calls_complete_promptly_under_saturation(grouped, negative_control) -> None:
@@ -108,8 +111,13 @@ def test_control_calls_complete_promptly_under_saturation(grouped, negative_cont
     )
     assert r.active_at_start == MAX_CONCURRENCY  # saturated: 1000 running, 200 queued
     assert r.completed_rollouts == ROLLOUTS
-    # milliseconds in practice; relative to the same calls queued behind the rollouts (about HOLD_S)
-    assert r.p99 < 0.25 * negative_control.p50, (r.summary(), negative_control.summary())
+    # order, not time: control calls ran while rollouts submitted before them were still queued (not started),
+    # which the negative control's calls never do (they run after every earlier rollout started)
+    assert len(r.calls_seen) == 20 and min(r.calls_seen) < ROLLOUTS, (r.calls_seen, r.summary())
+    assert min(r.completed_seen) < min(negative_control.completed_seen), (
+        r.completed_seen,
+        negative_control.completed_seen,
+    )
 
 
 def test_headroom_keeps_a_one_queue_actor_responsive(one_queue, negative_control) -> None:
@@ -125,20 +133,26 @@ def test_headroom_keeps_a_one_queue_actor_responsive(one_queue, negative_control
         max_concurrency=MAX_CONCURRENCY,
         hold_s=HOLD_S,
         control_calls=8,
+        control_method="health",
         settle_s=0.8,
     )
     assert r.completed_rollouts == cap.value
-    # queued behind the rollouts it would take as long as the negative control's calls
-    assert r.p50 < 0.5 * negative_control.p50, (r.summary(), negative_control.summary())
+    # a free slot: some control call ran before any rollout had finished, and none had to wait for the
+    # rollouts to finish as the negative control's (queued behind 1200 rollouts) all did
+    assert min(r.completed_seen) == 0, r.completed_seen
+    assert min(negative_control.completed_seen) >= ROLLOUTS - MAX_CONCURRENCY
 
 
 def test_suspend_under_saturation_stops_all_rollouts_and_loses_none(grouped) -> None:
     s = measure_suspend(grouped, label="group", rollout_calls=ROLLOUTS, hold_s=HOLD_S)
     assert s.active_after_suspend == 0  # nothing runs while suspended
     assert s.rollouts_failed == 0 and s.rollouts_ok == ROLLOUTS  # none ran mid-handoff, none lost
-    # the suspend waited only for the rollouts already running: the ones queued behind them did not run
-    # before it (in one shared queue they would have, since they were submitted first)
-    assert s.completed_at_suspend <= MAX_CONCURRENCY < ROLLOUTS, s
+    # counts, not times: every rollout the actor had started either finished before the gate closed or waits at
+    # it (none still running, none lost) ...
+    assert s.completed_at_suspend + s.waiting_at_gate == s.calls_at_suspend, s
+    # ... and the suspend did not wait for every rollout submitted before it (in one shared queue it would
+    # have: it gets a slot only after all of them, and they pass the still open gate)
+    assert s.completed_at_suspend < ROLLOUTS and s.waiting_at_gate > 0, s
 
 
 def test_training_step_under_saturation_runs_at_once(grouped, one_queue) -> None:
@@ -150,8 +164,8 @@ def test_training_step_under_saturation_runs_at_once(grouped, one_queue) -> None
     assert g.parked_at_start == MAX_CONCURRENCY  # every default-group slot held by a parked rollout
     assert g.rollouts_failed == 0 and g.rollouts_ok == ROLLOUTS  # all ran after the resume
     neg = measure_training_step(one_queue, batch, label="one queue", rollout_calls=ROLLOUTS)
-    assert neg.rollouts_failed > 0  # the parked rollouts had to time out before training could start
-    assert g.step_s < 0.25 * neg.latencies_s["restore_buffers"], (g.summary(), neg.summary())
+    # the one queue's step waited for the parked rollouts to time out; the grouped one did not (none failed)
+    assert neg.rollouts_failed > 0
     assert ray.get(grouped.health.remote())["train_steps"] >= 1
 
 

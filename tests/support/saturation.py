@@ -33,6 +33,10 @@ class SaturationResult:
     """With ``control_method="health"``: how many of the submitted rollout calls had returned when each
     control call ran (0 for a call that did not queue behind them and ran before the first finished;
     at least ``rollout_calls - max_concurrency`` for one that waited in the same queue)."""
+    calls_seen: list[int] = field(default_factory=list)
+    """With ``control_method="health"``: how many of the submitted rollout calls the actor had started when each
+    control call ran (all of them for a call queued behind them in one queue: Ray runs an actor's calls of one
+    group in submission order)."""
 
     def percentile(self, q: float) -> float:
         """The ``q``-th percentile (0-100) of the latencies (nearest rank)."""
@@ -110,7 +114,8 @@ def measure_control_latency(
     """
     res = SaturationResult(label, rollout_calls, max_concurrency, hold_s)
     ray.get(getattr(worker, control_method).remote())  # warm the control path
-    completed_before = ray.get(worker.health.remote())["completed"]
+    before = ray.get(worker.health.remote())
+    completed_before, calls_before = before["completed"], before["calls"]
     t0 = time.monotonic()
     rollouts = [worker.generate.remote([f"p{i}"], 4, 0.0, None) for i in range(rollout_calls)]
     res.submit_s = time.monotonic() - t0
@@ -124,6 +129,7 @@ def measure_control_latency(
     res.completed_seen = [
         out["completed"] - completed_before for _, out in timed if isinstance(out, dict) and "completed" in out
     ]
+    res.calls_seen = [out["calls"] - calls_before for _, out in timed if isinstance(out, dict) and "calls" in out]
     done, _ = ray.wait(rollouts, num_returns=len(rollouts), timeout=timeout_s)
     res.completed_rollouts = len(done)
     return res
@@ -155,6 +161,9 @@ class SuspendResult:
     completed_at_suspend: int = 0
     """Rollout calls that had returned when the engine was suspended (at most ``max_concurrency`` when the
     suspend did not queue behind the rollouts submitted before it)."""
+    calls_at_suspend: int = 0
+    """Rollout calls the actor had started (taken a slot for) when the suspend returned: each one either finished
+    before the gate closed or waits at it."""
 
 
 def measure_suspend(
@@ -173,7 +182,8 @@ def measure_suspend(
     remaining hold); queued rollouts wait at the gate and run after ``resume``. In one shared queue, the
     suspend call itself first waits for a free slot behind the queued rollouts.
     """
-    completed_before = ray.get(worker.health.remote())["completed"]
+    before = ray.get(worker.health.remote())
+    completed_before, calls_before = before["completed"], before["calls"]
     rollouts = [worker.generate.remote([f"s{i}"], 4, 0.0, None) for i in range(rollout_calls)]
     time.sleep(settle_s)
     t0 = time.monotonic()
@@ -193,6 +203,7 @@ def measure_suspend(
         ok,
         failed,
         completed_at_suspend=health["completed"] - completed_before,
+        calls_at_suspend=health["calls"] - calls_before,
     )
 
 
