@@ -279,11 +279,20 @@ class SpecError(ConfigError):
         super().__init__(where, "(spec)", rule)
 
 
+class ServerStopping(ColoFsmError):
+    """The engine was shut down under a request (HTTP 503 without Retry-After)."""
+
+
+class ClientGone(ColoFsmError):
+    """The client disconnected; its request was cancelled in the engine."""
+
+
 __all__ = [
     "GRAPHVIZ_INSTALL_HINT",
     "ActionFailed",
     "BadRequest",
     "BarrierTimeout",
+    "ClientGone",
     "ColoFsmError",
     "ConfigError",
     "DrainError",
@@ -298,6 +307,7 @@ __all__ = [
     "RequestTooLarge",
     "RolloutDeferred",
     "RolloutFailed",
+    "ServerStopping",
     "ServerUnavailable",
     "SpecError",
     "TraceFileError",

@@ -6,7 +6,9 @@ CPU step loop) on a tiny real GPT; assertions are on counts, orders and tokens, 
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
+import time
 
 import pytest
 import torch
@@ -76,8 +78,11 @@ def test_concurrent_requests_of_different_lengths_batch_together_and_match_solo_
     steps_solo = eng.steps
     out: dict[int, TokenCompletion] = {}
 
+    running: list[int] = []
+
     def caller(i):
-        out[i] = eng.submit(TOK.tokenize(PROMPTS[i]), max_tokens=lengths[i]).result(timeout=WAIT)
+        on_token = lambda t, lp, v: running.append(eng.request_counts().running)  # noqa: E731
+        out[i] = eng.submit(TOK.tokenize(PROMPTS[i]), max_tokens=lengths[i], on_token=on_token).result(timeout=WAIT)
 
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(PROMPTS))]
     for t in threads:
@@ -90,6 +95,7 @@ def test_concurrent_requests_of_different_lengths_batch_together_and_match_solo_
         assert out[i].logprobs == pytest.approx(solo[i].logprobs, abs=1e-4)
     tokens = sum(len(c.token_ids) for c in out.values())
     assert eng.steps - steps_solo < tokens  # requests shared decode steps (a solo loop needs one step per token)
+    assert max(running) == 4  # bounded by max_active_requests, and the bound was reached
     assert eng.request_counts() == (0, 0, 0)
     eng.shutdown()
 
@@ -134,8 +140,8 @@ def _rollouts(completions):
 def handoff_run(model, engine_class=MegatronEngine, *, n_tokens=16, trainer_lr=5e-2):
     """Park requests mid-generation, train one real step on the same model, resume; what happened.
 
-    Returns (reference, completions, record): the uninterrupted greedy runs, the parked requests' completions,
-    and counts observed during the handoff.
+    Returns (reference, completions, record): the uninterrupted greedy runs, the parked requests' completions
+    (an exception where a request failed, None where it never completed), and what was observed on the way.
     """
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
 
@@ -163,10 +169,32 @@ def handoff_run(model, engine_class=MegatronEngine, *, n_tokens=16, trainer_lr=5
     record["steps_after_train"] = eng.steps
     record["in_flight_after_train"] = eng.decode_in_flight
     eng.resume()
-    completions = [h.result(timeout=WAIT) for h in handles]
+    for _ in range(60_000):  # until the engine is idle (bounded, never an assertion on time)
+        if eng.request_counts() == (0, 0, 0) and not eng.decode_in_flight:
+            break
+        time.sleep(0.002)
+    concurrent.futures.wait([h.future for h in handles], timeout=3)  # idle already: resolved at once unless lost
+    completions = []
+    for h in handles:
+        if not h.future.done():
+            completions.append(None)
+            continue
+        try:
+            completions.append(h.result(timeout=0))
+        except Exception as exc:  # the request failed in the engine
+            completions.append(exc)
+    record["steps_end"] = eng.steps
     record["counts_after"] = eng.request_counts()
     record["completed"] = eng._batcher.completed
     record["steps_while_suspended"] = eng._batcher.steps_while_suspended
+    # what the request must be: its pre-handoff tokens, then the greedy continuation under the new weights
+    record["continuations"] = {}
+    for i, c in enumerate(completions):
+        if isinstance(c, TokenCompletion):
+            old = [t for t, v in zip(c.token_ids, c.weight_versions) if v == 0]
+            if 0 < len(old) < n_tokens and (not old or old[-1] != TOK.eod):
+                cont = eng.generate_ids([TOK.tokenize(prompts[i]) + old], max_tokens=n_tokens - len(old))[0]
+                record["continuations"][i] = tuple(old) + cont.token_ids
     eng.shutdown()
     return reference, completions, record
 
@@ -180,17 +208,30 @@ def handoff_violations(reference, completions, record, n_tokens=16):
         bad.append(f"decode steps ran while suspended ({record['steps']} -> {record['steps_after_train']})")
     if record["counts"].running or not record["counts"].parked:
         bad.append(f"requests not parked at the suspend: {record['counts']}")
-    for ref, c in zip(reference, completions):
+    after = record["steps_end"] - record["steps_after_train"]  # decode steps since the resume
+    for i, (ref, c) in enumerate(zip(reference, completions)):
+        if c is None:
+            bad.append(f"request {i} never completed (lost)")
+            continue
+        if isinstance(c, Exception):
+            bad.append(f"request {i} failed: {c!r}")
+            continue
         if c.finish_reason not in ("length", "stop"):
-            bad.append(f"request {c.request_id} ended {c.finish_reason!r}")
+            bad.append(f"request {i} ended {c.finish_reason!r}")
         elif c.finish_reason == "length" and len(c.token_ids) != n_tokens:
-            bad.append(f"request {c.request_id}: {len(c.token_ids)} tokens, asked {n_tokens}")
+            bad.append(f"request {i}: {len(c.token_ids)} tokens, asked {n_tokens}")
         old = [t for t, v in zip(c.token_ids, c.weight_versions) if v == 0]
         if tuple(old) != ref.token_ids[: len(old)]:
-            bad.append(f"request {c.request_id}: tokens before the handoff differ from an uninterrupted run")
+            bad.append(f"request {i}: tokens before the handoff differ from an uninterrupted run")
         if list(c.weight_versions) != sorted(c.weight_versions):
-            bad.append(f"request {c.request_id}: versions not monotone {c.weight_versions}")
-    if record["completed"] != len(reference) * 2:  # the reference runs and the parked ones, each exactly once
+            bad.append(f"request {i}: versions not monotone {c.weight_versions}")
+        new = sum(v == 1 for v in c.weight_versions)
+        if new > after:
+            bad.append(f"request {i}: {new} tokens after the resume in {after} decode steps (generated twice)")
+        want = record["continuations"].get(i)
+        if want is not None and c.token_ids != want:
+            bad.append(f"request {i}: {c.token_ids} is not its prefix + the new weights' continuation {want}")
+    if record["completed"] < len(reference) * 2:  # the reference runs and the parked ones, each exactly once
         bad.append(f"{record['completed']} completions for {len(reference) * 2} requests")
     return bad
 
@@ -206,6 +247,19 @@ def test_suspend_parks_requests_train_step_then_they_finish_under_the_new_versio
     for c in spanning:
         assert c.first_weight_version == 0 and c.last_weight_version == 1 and c.weight_version == 0
     assert record["counts_after"] == (0, 0, 0)
+    # behaviour log-probs were recorded when each token was generated: the pre-handoff ones are the old
+    # weights' (the uninterrupted run's), the post-handoff ones the new weights' -- what the GRPO ratio needs
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout
+
+    with torch.no_grad():
+        now, t = MegatronTrainer(model).token_logprobs([Rollout(c.prompt_ids, c.token_ids, 0.0, 0) for c in spanning])
+    model.eval()
+    for i, c in enumerate(spanning):
+        k = c.weight_versions.index(1)
+        assert c.logprobs[:k] == pytest.approx(reference[completions.index(c)].logprobs[:k], abs=1e-4)
+        current = now[i][t["comp"][i]].tolist()
+        assert c.logprobs[k:] == pytest.approx(current[k:], abs=1e-4)
+        assert c.logprobs[:k] != pytest.approx(current[:k], abs=1e-4)  # the step did change them
 
 
 def test_drain_mode_suspend_waits_for_admitted_requests_and_keeps_the_queue(model):
@@ -250,20 +304,21 @@ def test_cancel_aborts_one_request_and_disturbs_nothing_else(model):
     solo = [_solo(eng, p, 10) for p in PROMPTS[:4]]
     on_token, started = _after_tokens(2)
     hs = [
-        eng.submit(TOK.tokenize(p), max_tokens=10, on_token=on_token if i == 1 else None)
+        eng.submit(TOK.tokenize(p), max_tokens=25 if i == 1 else 10, on_token=on_token if i == 1 else None)
         for i, p in enumerate(PROMPTS[:4])
     ]
     assert started.wait(WAIT)
     assert hs[1].cancel() is True
     gone = hs[1].result(timeout=WAIT)
-    assert gone.finish_reason == "abort" and 2 <= len(gone.token_ids) < 10
+    assert gone.finish_reason == "abort" and 2 <= len(gone.token_ids) < 25
     assert hs[1].cancel() is False  # already done
-    future_cancelled = eng.submit(TOK.tokenize("99>"), max_tokens=10)
+    future_cancelled = eng.submit(TOK.tokenize("99>"), max_tokens=25)
     future_cancelled.future.cancel()  # the caller's future cancelled: aborted in the engine too
     assert future_cancelled.result().finish_reason == "abort"
     for i in (0, 2, 3):
         assert hs[i].result(timeout=WAIT).token_ids == solo[i].token_ids
     assert eng.request_counts() == (0, 0, 0)
+    assert eng._batcher.backend.active_ids() == []  # the aborted rows left the backend's batch too
     eng.shutdown()
 
 
@@ -338,3 +393,108 @@ def test_completion_versions_oldest_first_last_span():
     assert (c.first_weight_version, c.last_weight_version, c.weight_version, c.version_span) == (3, 4, 3, 1)
     empty = TokenCompletion(1, (1,), (), (), (), "", "abort", admitted_version=7)
     assert (empty.weight_version, empty.version_span) == (7, 0)
+
+
+# ---------------------------------------------------------------------------------------------- mutants
+_ENGINE_MUTANTS = ("suspend-not-at-step-boundary", "parked-request-dropped-on-resume", "parked-request-resumed-twice")
+
+
+@pytest.mark.parametrize("name", _ENGINE_MUTANTS)
+def test_engine_mutant_is_caught_by_the_handoff_checks(dist1, name):  # noqa: F811
+    """Each engine-loop mutant of tests/support/mutants.py, run on the real model, breaks the handoff checks."""
+    from tests.support.mutants import MUTANTS
+
+    mutant = next(m for m in MUTANTS if m.name == name)
+    assert mutant.batcher_class is not None
+
+    class MutantEngine(MegatronEngine):
+        batcher_class = mutant.batcher_class()
+
+    torch.manual_seed(99)
+    reference, completions, record = handoff_run(tiny(TOK), MutantEngine)
+    assert handoff_violations(reference, completions, record), f"{name} survived the handoff checks"
+
+
+def test_cancelling_the_awaiting_task_aborts_the_request_in_the_engine(model):
+    """The server's disconnect path: the asyncio task awaiting handle.wait() is cancelled."""
+    import asyncio
+
+    eng = _engine(model)
+    ref = _solo(eng, "44>", 12)
+    on_token, started = _after_tokens(2)
+
+    async def main():
+        gone = eng.submit(TOK.tokenize("123>"), max_tokens=20, on_token=on_token)
+        other = eng.submit(TOK.tokenize("44>"), max_tokens=12)
+        task = asyncio.create_task(gone.wait())
+        await asyncio.to_thread(started.wait, WAIT)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return gone, await other.wait()
+
+    gone, other = asyncio.run(main())
+    assert gone.future.cancelled() and gone.result().finish_reason == "abort" and len(gone.result().token_ids) < 20
+    assert other.token_ids == ref.token_ids
+    assert eng.request_counts() == (0, 0, 0)
+    eng.shutdown()
+
+
+def test_a_failing_on_token_callback_aborts_only_its_request(model):
+    eng = _engine(model)
+    ref = _solo(eng, "44>", 6)
+
+    def boom(tok, lp, v):
+        raise RuntimeError("callback bug")
+
+    bad = eng.submit(TOK.tokenize("123>"), max_tokens=6, on_token=boom)
+    good = eng.submit(TOK.tokenize("44>"), max_tokens=6)
+    assert bad.result(timeout=WAIT).finish_reason == "abort"
+    assert good.result(timeout=WAIT).token_ids == ref.token_ids
+    eng.shutdown()
+
+
+def test_control_calls_from_the_engine_thread_are_refused_not_deadlocked(model):
+    eng = _engine(model)
+    errors = []
+
+    def suspend_from_callback(tok, lp, v):
+        try:
+            eng.suspend()
+        except Exception as exc:
+            errors.append(exc)
+            return False
+
+    c = eng.submit(TOK.tokenize("12>"), max_tokens=5, on_token=suspend_from_callback).result(timeout=WAIT)
+    assert c.finish_reason == "stop" and len(c.token_ids) == 1
+    assert errors and "engine thread" in str(errors[0])
+    assert eng.awake and len(eng.generate(["12>"], max_tokens=2)[0].token_ids) >= 1
+    eng.shutdown()
+
+
+def test_a_backend_that_dies_fails_its_requests_and_stops_the_engine(model):
+    from colo_fsm.adapters.megatron.cpu_loop import CpuStepLoop
+
+    class Dying(CpuStepLoop):
+        def step(self):
+            if self.steps >= 2:
+                raise RuntimeError("device lost")
+            return super().step()
+
+    eng = MegatronEngine(model, TOK)
+    eng._make_backend = lambda: Dying(model, eod=TOK.eod, pad=TOK.pad, max_sequence_length=32)
+    eng.bring_up()
+    hs = [eng.submit(TOK.tokenize(p), max_tokens=10) for p in PROMPTS[:3]]
+    for h in hs:
+        with pytest.raises(RuntimeError, match="device lost"):
+            h.result(timeout=WAIT)
+    with pytest.raises(EngineStopped):
+        eng.submit(TOK.tokenize("1>"), max_tokens=2)
+    eng.shutdown()
+
+
+def test_the_shipped_batcher_satisfies_the_parking_property():
+    """No false alarm: the property that kills the engine mutants holds for ContinuousBatcher itself."""
+    from tests.support.properties import check_parking_property
+
+    check_parking_property()

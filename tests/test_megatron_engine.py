@@ -177,18 +177,23 @@ def test_dynamic_engine_parks_requests_across_a_train_step_on_gpu(mode):
         for i, n in enumerate(lengths)
     ]
     assert started.wait(120)
+    doomed = eng.submit(TOK.tokenize("45>"), max_tokens=100)  # aborted while parked (stop-word hook / dequeue)
     eng.suspend()
     parked = eng.request_counts().parked
     steps = eng.steps
     MegatronTrainer(model).train_step([Rollout((1, 2), (3, 4), 1.0, 0), Rollout((1, 2), (4, 3), 0.0, 0)])
     version["v"] = 1
     assert eng.steps == steps and not eng.decode_in_flight
+    assert doomed.cancel()
     eng.resume()
     outs = [h.result(timeout=300) for h in handles]
     for c, n in zip(outs, lengths):
         assert c.finish_reason in ("length", "stop") and (c.finish_reason == "stop" or len(c.token_ids) == n)
-        assert len(c.logprobs) == len(c.token_ids)
+        assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)  # none missing (nan)
     assert parked > 0 and any(c.version_span == 1 for c in outs)
+    assert doomed.result().finish_reason == "abort"
+    eng.generate(["12>"], max_tokens=2)  # one more step lets the engine's bookkeeping release the aborted one
+    assert eng.request_counts() == (0, 0, 0) and not eng._batcher.backend.engine.requests
     eng.shutdown()
 
 

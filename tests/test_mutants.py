@@ -58,7 +58,7 @@ def test_the_required_bugs_are_all_there():
     assert all(m.expected and m.expected <= set(KILLERS) for m in MUTANTS)
     assert all(isinstance(m.breaks, LifecycleRule) for m in MUTANTS)
     broken = {m.breaks for m in MUTANTS}
-    required = set(RULES[: RULES.index(LifecycleRule.DUAL_MODE_OPT_IN) + 1])
+    required = set(RULES[: RULES.index(LifecycleRule.PARK_NOT_DRAIN) + 1])
     assert required <= broken, f"no mutant breaks {sorted(required - broken)}"
 
 

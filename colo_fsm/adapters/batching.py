@@ -207,13 +207,18 @@ class RequestHandle:
             return self._batcher._completion_of(self._request, "abort")
 
     async def wait(self) -> TokenCompletion:
-        """Await the completion from asyncio code (same semantics as :meth:`result`)."""
+        """Await the completion from asyncio code (same semantics as :meth:`result`).
+
+        Cancelling the awaiting task (e.g. an HTTP client disconnected) cancels the future, which aborts the
+        request in the engine; the task's cancellation is then re-raised as usual.
+        """
         try:
             return await asyncio.wrap_future(self.future)
         except asyncio.CancelledError:
-            if self.future.cancelled():
-                return self._batcher._completion_of(self._request, "abort")
-            raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being cancelled: the request was aborted through the future
+            return self._batcher._completion_of(self._request, "abort")  # someone else cancelled the future
 
 
 @dataclass
@@ -426,6 +431,10 @@ class ContinuousBatcher:
     def _command(self, kind: str, *, drain: bool = False) -> None:
         if self._thread is None:
             raise LifecycleError(f"engine {kind} before start")
+        if threading.current_thread() is self._thread:
+            raise LifecycleError(
+                f"engine {kind} called from the engine thread (e.g. inside on_token): it would deadlock"
+            )
         if self._stopped:
             if kind == "shutdown":
                 return
@@ -455,6 +464,8 @@ class ContinuousBatcher:
             except BaseException as exc:  # never leave callers waiting forever on a dead loop
                 log.exception("engine loop died")
                 self._fail_everything(exc)
+                with contextlib.suppress(Exception):
+                    self.backend.shutdown()
 
     def _ready_command_locked(self) -> _Command | None:
         if not self._commands:
@@ -534,6 +545,8 @@ class ContinuousBatcher:
                 if out.finished is None:
                     backend.abort(req.request_id)  # we ended it (stop token, on_token, length): free its slot
                 with self._cond:
+                    if req.state != "running":
+                        continue  # a caller aborted it meanwhile: it is already resolved, and only once
                     self._active.pop(req.request_id, None)
                     self._mark_done_locked(req, reason)
                 finished.append(req)

@@ -41,6 +41,7 @@ class DemoResult:
     consumed_samples: int
     elapsed_s: float
     backend: str
+    stopped_by_signal: int | None = None  # SIGTERM / SIGINT asked the run to stop; it stopped cleanly
 
 
 def default_run_dir(base: str | Path = "runs") -> Path:
@@ -102,6 +103,40 @@ def _to_rollouts(groups: Sequence[Any]) -> list[Any]:
         for s, r, lp in zip(g.samples, g.rewards, lps):
             out.append(Rollout(prompt_ids, tuple(s.token_ids), float(r), g.prompt_id, tuple(lp), g.weight_version))
     return out
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT ask the run to stop: the main loop finishes the step in progress, then the lifecycle
+    stops (the server answers waiting requests 503 at once), trace and metrics are closed. A second signal
+    while stopping is left to the default action. Installed only on the main thread; restored on exit."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        import signal
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        import signal
+
+        if self.signum is not None:  # asked twice: stop now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        log.warning("%s: stopping after the step in progress", signal.Signals(signum).name)
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def run_rank(
@@ -247,9 +282,11 @@ def run_rank(
 
     served: Any = engine
     if cfg.serve:
-        from colo_fsm.server import GatedEngine
+        from colo_fsm.server import GatedEngine, OnPolicy, ServerSettings
+        from colo_fsm.server.templates import resolve_chat_template
 
-        # one OpenAI-compatible server per rank, brought up once with the engine (bring_up), on 127.0.0.1
+        # one OpenAI-compatible server per rank, brought up once with the engine (bring_up), on 127.0.0.1;
+        # requests it admitted are parked in the engine through a handoff and answered after it
         served = GatedEngine(
             engine,
             engine,
@@ -257,6 +294,9 @@ def run_rank(
             host="127.0.0.1",
             model_name="colo-fsm-demo",
             count_tokens=lambda text: len(tok.tokenize(text)),
+            tokenizer=tok,
+            chat_template=resolve_chat_template(cfg.chat_template),
+            settings=ServerSettings(on_policy=OnPolicy(cfg.temperature, 1.0) if cfg.on_policy_guard else None),
         )
     lc = Lifecycle(
         served,
@@ -305,6 +345,7 @@ def run_rank(
     val_acc: float | None = None
     steps_this_run = 0
     t_loop = time.monotonic()
+    signals = _StopSignals().__enter__()
     try:
         lc.start()
         if cfg.serve and show:
@@ -312,8 +353,10 @@ def run_rank(
             print(f"dp_openai_server_base_urls={json.dumps(lc.dp_openai_server_base_urls)}", flush=True)
             if display is not None:
                 display.event(f"OpenAI-compatible servers (127.0.0.1 only): {lc.dp_openai_server_base_urls}")
-        while not lc.finished:
+        while not lc.finished and signals.signum is None:
             groups = buffer.sample(lc.weight_version, timeout=cfg.sample_timeout_s)
+            if signals.signum is not None:
+                break
             visited.clear()
             result = lc.step(_to_rollouts(groups))
             steps_this_run += 1
@@ -355,6 +398,8 @@ def run_rank(
                 if display is not None:
                     display.event(f"stopping early after {steps_this_run} steps (--stop-after)")
                 break
+        if signals.signum is not None and display is not None:
+            display.event(f"stopping: signal {signals.signum} (after step {lc.step_index})")
     finally:
         try:
             lc.stop()
@@ -364,6 +409,8 @@ def run_rank(
                 display.close()
             if metrics is not None:
                 metrics.close()
+            lc.trace.close()
+            signals.__exit__()
     if world > 1:
         import torch.distributed as dist
 
@@ -383,6 +430,7 @@ def run_rank(
             consumed_samples=consumed,
             elapsed_s=time.monotonic() - t_start,
             backend=engine.backend_name,
+            stopped_by_signal=signals.signum,
         )
         (run_dir / "result.json").write_text(json.dumps(result_out.__dict__, indent=1), encoding="utf-8")
     shutdown_distributed()

@@ -41,7 +41,7 @@ class LifecycleRule(StrEnum):
     @property
     def heading(self) -> str:
         """A few words naming the rule."""
-        return _TITLES[self]
+        return _HEADINGS[self]
 
     @property
     def statement(self) -> str:
@@ -73,7 +73,7 @@ class LifecycleRule(StrEnum):
         raise ConfigError("rule", ref, f"a LifecycleRule, its value, its name or its number 1..{len(RULES)}")
 
 
-_TITLES: dict[LifecycleRule, str] = {
+_HEADINGS: dict[LifecycleRule, str] = {
     LifecycleRule.BUILD_ONCE: "Build once",
     LifecycleRule.ONE_COMMUNICATOR: "One communicator, never interleaved",
     LifecycleRule.CHECKPOINT_SUSPENDS: "Checkpoints suspend everything",

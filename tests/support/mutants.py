@@ -165,6 +165,57 @@ def step_axis_metrics_logger() -> type[Any]:
     return StepAxisMetricsLogger
 
 
+def _no_boundary_suspend_batcher() -> type[Any]:
+    """MUTANT: suspend suspends the backend at once from the caller's thread; the engine loop keeps stepping."""
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    class NoBoundarySuspendBatcher(ContinuousBatcher):
+        def suspend(self) -> None:
+            assert self.backend is not None
+            self.timings.append(("suspend", float(self.backend.suspend() or 0.0)))
+
+        def resume(self) -> None:
+            assert self.backend is not None
+            self.timings.append(("resume", float(self.backend.resume() or 0.0)))
+
+    return NoBoundarySuspendBatcher
+
+
+def _dropping_resume_batcher() -> type[Any]:
+    """MUTANT: on resume the parked requests are dropped from the engine (their callers wait forever)."""
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    class DroppingResumeBatcher(ContinuousBatcher):
+        def _execute(self, cmd: Any, backend: Any) -> bool:
+            parked = not self._awake
+            going = super()._execute(cmd, backend)
+            if cmd.kind == "resume" and parked:
+                with self._cond:
+                    dropped = list(self._active)
+                    self._active.clear()
+                for rid in dropped:
+                    backend.abort(rid)
+            return going
+
+    return DroppingResumeBatcher
+
+
+def _double_resume_batcher() -> type[Any]:
+    """MUTANT: on resume every parked request is added to the engine again (it then runs twice)."""
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    class DoubleResumeBatcher(ContinuousBatcher):
+        def _execute(self, cmd: Any, backend: Any) -> bool:
+            parked = not self._awake
+            going = super()._execute(cmd, backend)
+            if cmd.kind == "resume" and parked:
+                for req in list(self._active.values()):
+                    backend.add(req.backend)
+            return going
+
+    return DoubleResumeBatcher
+
+
 # ---------------------------------------------------------------------------------------------- spec edits
 def edit_transitions(spec: LifecycleSpec, match: Callable[[TransitionSpec], bool], **changes: Any) -> LifecycleSpec:
     """A copy of ``spec`` with ``changes`` applied (``dataclasses.replace``) to every transition ``match`` selects."""
@@ -247,6 +298,7 @@ class Mutant:
     trainable_check: Callable[..., None] | None = None
     metrics_logger: Callable[[], type[Any]] | None = None
     buffer_class: Callable[[], type[Any]] | None = None  # a replay buffer class (built lazily: imports collector)
+    batcher_class: Callable[[], type[Any]] | None = None  # an engine loop (ContinuousBatcher) class, built lazily
     expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
 
     def __post_init__(self) -> None:
@@ -440,6 +492,27 @@ MUTANTS: tuple[Mutant, ...] = (
         expected=frozenset({"properties"}),
     ),
     Mutant(
+        "suspend-not-at-step-boundary",
+        R.PARK_NOT_DRAIN,
+        "suspend suspends the engine at once and the engine loop keeps decoding through the handoff",
+        batcher_class=_no_boundary_suspend_batcher,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "parked-request-dropped-on-resume",
+        R.PARK_NOT_DRAIN,
+        "the resume forgets the parked requests: they never complete",
+        batcher_class=_dropping_resume_batcher,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "parked-request-resumed-twice",
+        R.PARK_NOT_DRAIN,
+        "the resume adds every parked request to the engine again: its tokens are generated twice",
+        batcher_class=_double_resume_batcher,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
         "inference-optimized-training-without-opt-in",
         R.DUAL_MODE_OPT_IN,
         "a dual-mode (inference_optimized) model is trained without allow_inference_optimized_training",
@@ -554,6 +627,7 @@ def kill_by_properties(m: Mutant) -> str | None:
         ),
         ("dual-mode opt-in", lambda: p.check_trainable_property(m.trainable_check)),
         ("replay buffer", lambda: p.check_replay_buffer_property(m.buffer_class() if m.buffer_class else None)),
+        ("parking", lambda: p.check_parking_property(m.batcher_class() if m.batcher_class else None)),
     ]
     for name, run in checks:
         try:

@@ -15,6 +15,8 @@ passed in) and raises ``AssertionError`` with a counterexample, marked with the 
 * :func:`check_replay_buffer_property` (``WEIGHT_VERSIONS``): no stale group sampled, none silently dropped;
 * :func:`check_trainable_property` (``DUAL_MODE_OPT_IN``): training a dual-mode (inference_optimized) model is
   opt-in (needs megatron-core).
+* :func:`check_parking_property` (``PARK_NOT_DRAIN``): the engine loop suspends at a decode-step boundary with
+  its requests parked, and each parked request resumes exactly once.
 """
 
 from __future__ import annotations
@@ -233,10 +235,174 @@ def check_trainable_property(check: Callable[..., None] | None = None) -> None:
     raise AssertionError("an inference_optimized model was accepted for training without the opt-in")
 
 
+class ScriptedStepBackend:
+    """A deterministic :class:`~colo_fsm.adapters.batching.StepBackend` for the batcher's own properties.
+
+    Request ``r``'s ``i``-th token is ``(r.prompt_ids[0] + i) % 50``, so every completion is known in advance.
+    Steps run only as far as :meth:`grant` allows (or freely after :meth:`run_free`), which lets a check put a
+    decode step in flight exactly when it calls suspend. It records what a real engine must never see: a step
+    while suspended, a suspend or resume while a step runs.
+    """
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.rows: list[list[Any]] = []  # [request, tokens generated]
+        self.suspended = False
+        self.in_step = False
+        self.steps = 0
+        self.violations: list[str] = []
+        self._gate = threading.Condition()
+        self._budget = 0
+        self._free = False
+
+    def grant(self, n: int) -> None:
+        """Let ``n`` more steps run."""
+        with self._gate:
+            self._budget += n
+            self._gate.notify_all()
+
+    def run_free(self) -> None:
+        """Let every further step run without a grant."""
+        with self._gate:
+            self._free = True
+            self._gate.notify_all()
+
+    def wait_steps(self, n: int, done: Callable[[], bool]) -> None:
+        """Wait until ``n`` steps ran or ``done()`` says there is nothing left to step."""
+        with self._gate:
+            for _ in range(10_000):
+                if self.steps >= n or done():
+                    return
+                self._gate.wait(0.001)
+
+    def add(self, request: Any) -> None:
+        self.rows.append([request, 0])
+
+    def step(self) -> list[Any]:
+        from colo_fsm.adapters.batching import StepOutput
+
+        with self._gate:
+            while not self._free and self._budget <= 0:
+                self._gate.wait()
+            if not self._free:
+                self._budget -= 1
+        if self.suspended:
+            self.violations.append(f"decode step {self.steps} ran while suspended")
+        self.in_step = True
+        out = []
+        for row in self.rows:
+            req, i = row
+            row[1] = i + 1
+            done = "length" if i + 1 >= req.max_tokens else None
+            out.append(StepOutput(req.request_id, ((req.prompt_ids[0] + i) % 50,), (-1.0,), done))
+        self.rows = [r for r in self.rows if r[1] < r[0].max_tokens]
+        self.in_step = False
+        with self._gate:
+            self.steps += 1
+            self._gate.notify_all()
+        return out
+
+    def abort(self, request_id: int) -> None:
+        self.rows = [r for r in self.rows if r[0].request_id != request_id]
+
+    def suspend(self) -> float:
+        if self.in_step:
+            self.violations.append("suspend while a decode step was in flight")
+        self.suspended = True
+        return 0.0
+
+    def resume(self) -> float:
+        if self.in_step:
+            self.violations.append("resume while a decode step was in flight")
+        self.suspended = False
+        return 0.0
+
+    def shutdown(self) -> None:
+        self.rows = []
+
+
+@checks(R.PARK_NOT_DRAIN)
+def check_parking_property(batcher_class: Callable[..., Any] | None = None, max_examples: int = 15) -> None:
+    """Suspend returns with no decode step in flight and none runs until the
+    resume; requests admitted before it are parked (not waited for); after the resume each parked request
+    continues exactly once, under the new weight version, and completes with exactly its own tokens."""
+    import threading
+    import time
+
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    cls = batcher_class or ContinuousBatcher
+
+    @_settings(max_examples)
+    @given(
+        lengths=st.lists(st.integers(1, 30), min_size=1, max_size=6),
+        suspend_after=st.integers(0, 6),
+        max_active=st.integers(1, 6),
+    )
+    def prop(lengths: list[int], suspend_after: int, max_active: int) -> None:
+        backend = ScriptedStepBackend()
+        version = [0]
+        b = cls(lambda: backend, weight_version=lambda: version[0], max_active_requests=max_active)
+        b.start()
+        try:
+            handles = [b.submit([10 + i], max_tokens=n) for i, n in enumerate(lengths)]
+            backend.grant(suspend_after)
+            backend.wait_steps(suspend_after, lambda: all(h.done() for h in handles))
+            parked_before = {h.request_id for h in handles if not h.done()}
+            suspender = threading.Thread(target=b.suspend)
+            suspender.start()
+            backend.grant(1)  # the decode step in flight when suspend is called
+            suspender.join()
+            assert not b.decode_in_flight, "suspend returned with a decode step in flight"
+            steps = backend.steps
+            backend.run_free()  # "the training step": an engine loop that kept going would step now
+            with backend._gate:
+                backend._gate.wait(0.02)
+            version[0] = 1
+            assert backend.steps == steps, f"{backend.steps - steps} decode step(s) ran during the handoff"
+            assert not backend.violations, backend.violations
+            b.resume()
+            for _ in range(30_000):  # until the engine is idle (bounded: a hung loop fails, never hangs the check)
+                if b.counts() == (0, 0, 0) and not b.decode_in_flight:
+                    break
+                time.sleep(0.001)
+            else:
+                raise AssertionError(f"requests never finished: {b.counts()}")
+            lost = [h.request_id for h in handles if not h.future.done()]
+            assert not lost, f"parked request(s) {lost} were dropped on resume (never completed)"
+            for i, (h, n) in enumerate(zip(handles, lengths)):
+                c = h.result(timeout=0)
+                want = tuple((10 + i + k) % 50 for k in range(n))
+                assert c.token_ids == want and c.finish_reason == "length", (
+                    f"request {i}: tokens {c.token_ids}, expected {want} (duplicated or lost tokens)"
+                )
+                assert list(c.weight_versions) == sorted(c.weight_versions), c.weight_versions
+                if h.request_id in parked_before and len(c.token_ids) > suspend_after + 1:
+                    assert c.weight_versions[-1] == 1, f"request {i} did not continue under the new version"
+            assert b.completed == len(lengths), f"{b.completed} completions for {len(lengths)} requests"
+            assert not backend.violations, backend.violations
+        finally:
+            backend.run_free()
+            b.shutdown()
+
+    try:
+        prop()
+    except BaseExceptionGroup as group:  # a thread race may fail a replay at another assertion: one verdict
+        first = group.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise AssertionError(f"parking property broken: {first}") from group
+
+
 __all__ = [
+    "ScriptedStepBackend",
     "check_in_flight_cap_property",
     "check_latch_property",
     "check_parallelism_property",
+    "check_parking_property",
     "check_trainable_property",
     "check_wall_clock_metrics_property",
 ]

@@ -400,7 +400,12 @@ class MegatronEngine:
             for h in handles:  # a bad prompt in the list: the ones already submitted are withdrawn
                 h.cancel()
             raise
-        return [h.result() for h in handles]
+        try:
+            return [h.result() for h in handles]
+        except BaseException:
+            for h in handles:  # one request failed (or the wait was interrupted): free the others' slots
+                h.cancel()
+            raise
 
     def generate(
         self,
