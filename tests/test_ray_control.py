@@ -37,6 +37,8 @@ from colo_fsm.ray import (  # noqa: E402
 from colo_fsm.ray.actors import rank_local  # noqa: E402
 from colo_fsm.ray.fakes import HoldingWorkerFactory, numbered_prompts, text_length_reward  # noqa: E402
 from tests.support.saturation import (  # noqa: E402
+    HeldWorkerFactory,
+    Release,
     measure_control_latency,
     measure_suspend,
     measure_training_step,
@@ -55,35 +57,41 @@ def ray_session():
 
 
 @pytest.fixture(scope="module")
-def grouped(ray_session):
-    w = make_worker_class().remote(0, HoldingWorkerFactory(HOLD_S))
+def release(ray_session):
+    """What the rollouts of both workers wait for: sent by the test, so "before" and "after" are orders."""
+    return Release.remote()
+
+
+@pytest.fixture(scope="module")
+def grouped(ray_session, release):
+    w = make_worker_class().remote(0, HeldWorkerFactory(release))
     ray.get(w.bring_up.remote())
     return w
 
 
 @pytest.fixture(scope="module")
-def one_queue(ray_session):
+def one_queue(ray_session, release):
     # a rollout waiting at the closed gate gives up after HOLD_S (instead of the default 300 s), so a control
     # call queued behind rollouts parked at the gate completes, late, instead of hanging the negative control
-    w = make_worker_class(separate_control_group=False).remote(
-        1, HoldingWorkerFactory(HOLD_S), request_timeout_s=HOLD_S
-    )
+    w = make_worker_class(separate_control_group=False).remote(1, HeldWorkerFactory(release), request_timeout_s=HOLD_S)
     ray.get(w.bring_up.remote())
     return w
 
 
 @pytest.fixture(scope="module")
-def negative_control(one_queue):
-    """Control-call latency on the one-queue actor under the same saturation: the reference the grouped
-    actor's latency is compared with."""
+def negative_control(one_queue, release):
+    """The same control calls on the one-queue actor while its rollouts are held: the reference the grouped
+    actor is compared with."""
     r = measure_control_latency(
         one_queue,
         label="one queue",
         rollout_calls=ROLLOUTS,
         max_concurrency=MAX_CONCURRENCY,
-        hold_s=HOLD_S,
+        hold_s=0.0,
         control_calls=20,
         control_method="health",
+        release=release,
+        wait_before_release_s=1.0,
     )
     assert r.completed_rollouts == ROLLOUTS
     return r
@@ -91,39 +99,35 @@ def negative_control(one_queue):
 
 def test_negative_control_same_calls_in_the_default_group_queue_behind(negative_control) -> None:
     r = negative_control
-    # every control call ran only after the 200 rollouts queued before it had taken freed slots, i.e. after
-    # at least 200 rollouts had finished (a count, not a time: load cannot make this pass or fail)
+    # none returned while the rollouts were held: they queued behind them ...
+    assert r.returned_before_release == 0
+    # ... and ran only after the 200 rollouts queued before them had taken freed slots (counts, not times)
     assert len(r.completed_seen) == 20 and min(r.completed_seen) >= ROLLOUTS - MAX_CONCURRENCY, r.completed_seen
-    # and only after every rollout submitted before it had been started (Ray runs one group in order)
-    assert r.calls_seen == [ROLLOUTS] * 20, r.calls_seen
 
 
-def test_control_calls_complete_promptly_under_saturation(grouped, negative_control) -> None:
+def test_control_calls_complete_promptly_under_saturation(grouped, negative_control, release) -> None:
     r = measure_control_latency(
         grouped,
         label="group",
         rollout_calls=ROLLOUTS,
         max_concurrency=MAX_CONCURRENCY,
-        hold_s=HOLD_S,
+        hold_s=0.0,
         control_calls=20,
         control_method="health",
         probe_active=True,
+        release=release,
     )
-    assert r.active_at_start == MAX_CONCURRENCY  # saturated: 1000 running, 200 queued
+    assert r.active_at_start == MAX_CONCURRENCY  # saturated: 1000 running (held), 200 queued
     assert r.completed_rollouts == ROLLOUTS
-    # order, not time: control calls ran while rollouts submitted before them were still queued (not started),
-    # which the negative control's calls never do (they run after every earlier rollout started)
-    assert len(r.calls_seen) == 20 and min(r.calls_seen) < ROLLOUTS, (r.calls_seen, r.summary())
-    assert min(r.completed_seen) < min(negative_control.completed_seen), (
-        r.completed_seen,
-        negative_control.completed_seen,
-    )
+    # every control call returned while all rollouts were held, none finished, the queued 200 not started:
+    # the calls did not queue behind them (the negative control's returned none)
+    assert r.returned_before_release == 20 > negative_control.returned_before_release
+    assert r.completed_seen == [0] * 20 and r.calls_seen == [MAX_CONCURRENCY] * 20, (r.completed_seen, r.calls_seen)
 
 
-def test_headroom_keeps_a_one_queue_actor_responsive(one_queue, negative_control) -> None:
+def test_headroom_keeps_a_one_queue_actor_responsive(one_queue, negative_control, release) -> None:
     """For an actor that cannot have a control group: the in-flight cap's headroom keeps rollouts below
-    max_concurrency, so control calls find a free slot instead of queueing for a whole rollout. (They still
-    share the default group's event loop with the rollouts, so they are slower than in their own group.)"""
+    max_concurrency, so control calls find a free slot instead of queueing for a whole rollout."""
     cap = InFlightCap(1000, 1, samples_per_group=1, actor_max_concurrency=MAX_CONCURRENCY, control_headroom=8)
     assert cap.value == 992
     r = measure_control_latency(
@@ -131,34 +135,34 @@ def test_headroom_keeps_a_one_queue_actor_responsive(one_queue, negative_control
         label="headroom",
         rollout_calls=cap.value,
         max_concurrency=MAX_CONCURRENCY,
-        hold_s=HOLD_S,
+        hold_s=0.0,
         control_calls=8,
         control_method="health",
         settle_s=0.8,
+        release=release,
     )
     assert r.completed_rollouts == cap.value
-    # a free slot: some control call ran before any rollout had finished, and none had to wait for the
-    # rollouts to finish as the negative control's (queued behind 1200 rollouts) all did
-    assert min(r.completed_seen) == 0, r.completed_seen
-    assert min(negative_control.completed_seen) >= ROLLOUTS - MAX_CONCURRENCY
+    # every control call returned while all 992 rollouts were held (none had finished), unlike the
+    # negative control's, which waited for rollouts to finish
+    assert r.returned_before_release == 8 and r.completed_seen == [0] * 8, r.completed_seen
+    assert negative_control.returned_before_release == 0
 
 
-def test_suspend_under_saturation_stops_all_rollouts_and_loses_none(grouped) -> None:
-    s = measure_suspend(grouped, label="group", rollout_calls=ROLLOUTS, hold_s=HOLD_S)
+def test_suspend_under_saturation_stops_all_rollouts_and_loses_none(grouped, release) -> None:
+    s = measure_suspend(grouped, label="group", rollout_calls=ROLLOUTS, hold_s=0.0, release=release)
     assert s.active_after_suspend == 0  # nothing runs while suspended
     assert s.rollouts_failed == 0 and s.rollouts_ok == ROLLOUTS  # none ran mid-handoff, none lost
-    # counts, not times: every rollout the actor had started either finished before the gate closed or waits at
-    # it (none still running, none lost) ...
-    assert s.completed_at_suspend + s.waiting_at_gate == s.calls_at_suspend, s
-    # ... and the suspend did not wait for every rollout submitted before it (in one shared queue it would
-    # have: it gets a slot only after all of them, and they pass the still open gate)
-    assert s.completed_at_suspend < ROLLOUTS and s.waiting_at_gate > 0, s
+    # the suspend closed the gate while 1000 rollouts ran (held) and 200 queued; it waited for exactly the
+    # running ones: none of the queued 200 ran before it (in one shared queue they would have, being first)
+    assert s.completed_at_suspend == MAX_CONCURRENCY, s
+    assert s.completed_at_suspend + s.waiting_at_gate == s.calls_at_suspend, s  # the rest wait at the gate
 
 
-def test_training_step_under_saturation_runs_at_once(grouped, one_queue) -> None:
+def test_training_step_under_saturation_runs_at_once(grouped, one_queue, release) -> None:
     """A training step is a control call: with >1000 rollout calls waiting for the suspended engine (all
     max_concurrency slots taken), it still runs at once. In one shared queue it waits for those slots, i.e.
     until the parked rollouts give up at the gate."""
+    ray.get(release.send.remote())  # rollouts here wait at the gate, not for the release
     batch = [f"sample{i}" for i in range(4)]
     g = measure_training_step(grouped, batch, label="group", rollout_calls=ROLLOUTS, probe_parked=MAX_CONCURRENCY)
     assert g.parked_at_start == MAX_CONCURRENCY  # every default-group slot held by a parked rollout

@@ -107,15 +107,18 @@ _OUTSIDE = re.compile(
     )
 )
 _SCANNED = ("colo_fsm", "tests", "docs", "scripts", "bench", "examples")
+_TOP_FILES = ("README.md", "CHANGELOG.md", "Makefile", "pyproject.toml")
 
 
 def test_no_file_refers_to_a_document_outside_the_repository() -> None:
     hits = []
-    for top in _SCANNED:
-        for path in sorted((ROOT / top).rglob("*")):
-            if path.suffix not in {".py", ".md", ".sh", ".toml", ".txt"} or "gpu-runs" in path.parts:
-                continue
-            for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-                if _OUTSIDE.search(line):
-                    hits.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
+    paths = [ROOT / name for name in _TOP_FILES] + [p for top in _SCANNED for p in sorted((ROOT / top).rglob("*"))]
+    for path in paths:
+        if path.name not in _TOP_FILES and (
+            path.suffix not in {".py", ".md", ".sh", ".toml", ".txt"} or "gpu-runs" in path.parts
+        ):
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if _OUTSIDE.search(line):
+                hits.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
     assert not hits, "refer to colo_fsm.states.rules.LifecycleRule instead:\n" + "\n".join(hits)
