@@ -52,12 +52,18 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------------------------------------- diagram
 def _cmd_diagram(args: argparse.Namespace) -> int:
     from colo_fsm import diagram
+    from colo_fsm.states.presets import resolve_spec
+
+    try:
+        spec = resolve_spec(args.spec)
+    except ConfigError as exc:
+        raise UsageError(f"argument --spec: {exc}") from None
 
     if args.update_docs or args.check_docs:
         if args.output:
             raise UsageError("argument --output: not allowed with --update-docs/--check-docs")
         path = args.check_docs or args.update_docs
-        result = diagram.update_docs(path, check=bool(args.check_docs))
+        result = diagram.update_docs(path, spec, check=bool(args.check_docs))
         if args.check_docs:
             if result.stale:
                 print(
@@ -85,7 +91,7 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
                 f"--format dot or leave --format out (got --format {fmt})"
             )
         options["rankdir"] = args.direction
-        diagram.render(output, **options)
+        diagram.render(output, spec, **options)
         print(f"wrote {output}")
         return EXIT_OK
     if fmt is None:
@@ -94,7 +100,7 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
         options["direction"] = args.direction
     elif fmt == "dot":
         options["rankdir"] = args.direction
-    text = diagram.diagram_text(fmt, **options)
+    text = diagram.diagram_text(fmt, spec, **options)
     if output is None:
         sys.stdout.write(text)
     else:
@@ -383,6 +389,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         help="write to FILE: .mmd, .dot, .md, or a picture .png/.svg/.pdf (pictures need Graphviz's dot)",
     )
     d.add_argument("--direction", choices=("TB", "LR"), default="TB", help="layout direction (default TB)")
+    d.add_argument(
+        "--spec",
+        default="lifecycle",
+        help="the lifecycle to draw: lifecycle (default), nemo_rl, or your own as module:attribute",
+    )
     d.add_argument(
         "--failure",
         choices=("note", "edges"),

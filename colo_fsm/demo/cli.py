@@ -121,6 +121,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"checkpoint every N steps (default {d.checkpoint_every})",
     )
     p.add_argument("--kv-cache-mode", default=d.kv_cache_mode, help="persist | offload | recompute (GPU engine)")
+    p.add_argument(
+        "--inflight",
+        choices=("park", "drain"),
+        default=d.inflight,
+        help="what a handoff does with the rollouts in flight: park them in the engine, finished after the step "
+        "under the new weights (default), or drain (wait for them: strictly on-policy, slower)",
+    )
     p.add_argument("--seed", type=_nonneg_int, default=d.seed)
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads per rank")
     p.add_argument("--no-tensorboard", action="store_false", dest="tensorboard", help="skip TensorBoard event files")

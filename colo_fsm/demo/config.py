@@ -36,6 +36,7 @@ class DemoConfig:
     checkpoint_every: int = 100
     val_prompts: int = 32
     kv_cache_mode: str = "persist"
+    inflight: str = "park"  # a handoff parks the rollouts in flight ("drain": waits for them, strictly on-policy)
     seed: int = 0
     threads: int | None = None
     tensorboard: bool = True
@@ -87,6 +88,9 @@ class DemoConfig:
         from colo_fsm.adapters.megatron.engine import parse_kv_cache_mode
 
         object.__setattr__(self, "kv_cache_mode", parse_kv_cache_mode(self.kv_cache_mode).value)
+        from colo_fsm.collector.collector import parse_inflight
+
+        object.__setattr__(self, "inflight", parse_inflight(self.inflight))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able settings (written to the run folder as config.json)."""

@@ -36,7 +36,7 @@ from colo_fsm.collector.buffer import ReplayBuffer, TrajectoryGroup
 from colo_fsm.collector.collector import AsyncCollector, Prompt
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.guards.capacity import RAY_ASYNC_ACTOR_DEFAULT_MAX_CONCURRENCY, InFlightCap
-from colo_fsm.guards.drain import DeviceDrain, local_rank_from_env
+from colo_fsm.guards.drain import default_drain, local_rank_from_env
 from colo_fsm.log import get_logger
 from colo_fsm.server.server import GatedEngine
 
@@ -181,7 +181,9 @@ class RolloutWorkerBody:
             raise ConfigError("rank", rank, "a non-negative integer")
         if not callable(adapters_factory):
             raise ConfigError("adapters_factory", adapters_factory, "a callable rank -> WorkerAdapters")
-        self._drain = DeviceDrain(local_rank if local_rank is not None else local_rank_from_env())
+        self._local_rank = local_rank if local_rank is not None else local_rank_from_env()
+        # the worker's own GPU (cuda:local_rank); an explicit no-op drain on a worker that sees no CUDA device
+        self._drain = default_drain(self._local_rank)
         adapters = _resolve_adapters(adapters_factory(rank))
         generator = adapters.generator
         assert generator is not None  # _resolve_adapters fills it in
@@ -324,7 +326,7 @@ class RolloutWorkerBody:
         """Rank, local rank, process id, ``reads_weights_in_place`` of the engine, and whether it has a trainer."""
         return {
             "rank": self.rank,
-            "local_rank": self._drain.local_rank,
+            "local_rank": self._local_rank,
             "pid": os.getpid(),
             "engine": type(self.gated.inner).__name__,
             "reads_weights_in_place": bool(getattr(self.gated.inner, "reads_weights_in_place", False)),
@@ -387,6 +389,7 @@ class CollectorBody:
         cap: InFlightCap | int | None = None,
         weight_version: int = 0,
         pause_timeout_s: float = 600.0,
+        inflight: str = "park",
     ) -> None:
         self._version = weight_version
         self.buffer = ReplayBuffer(num_prompts_per_step, max_trajectory_age_steps, weight_version=weight_version)
@@ -399,10 +402,12 @@ class CollectorBody:
             cap=cap,
             pause_timeout_s=pause_timeout_s,
             name="ray-collector",
+            inflight=inflight,
         )
 
     async def pause(self) -> None:
-        """Stop starting rollouts; returns when none is in flight."""
+        """Stop starting rollouts; returns at once (``inflight="park"``: rollouts in flight stay parked in the
+        engine and finish after the step) or when none is in flight (``inflight="drain"``)."""
         await asyncio.to_thread(self.collector.pause)
 
     async def resume(self, weight_version: int) -> None:
@@ -419,8 +424,10 @@ class CollectorBody:
         return {**self.buffer.stats().as_metrics(), **self.collector.stats().as_metrics()}
 
     async def state_dict(self) -> dict[str, Any]:
-        """JSON-able state for the driver's checkpoint_extra: the buffer and the collector's deferred prompts."""
-        return {"buffer": self.buffer.state_dict(), "collector": self.collector.state_dict()}
+        """JSON-able state for the driver's checkpoint_extra: the buffer and the collector's deferred and parked
+        prompts, taken in one snapshot (a rollout finishing meanwhile is in exactly one of them)."""
+        state = self.collector.state_dict()
+        return {"buffer": state.pop("replay_buffer"), "collector": state}
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the buffer and the deferred prompts (a buffer-only state from older checkpoints loads too)."""

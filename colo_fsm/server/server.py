@@ -142,11 +142,11 @@ class OpenAIServer:
 
 
 def serving_state(state: Any, spec: LifecycleSpec = LIFECYCLE) -> bool:
-    """Whether requests may be admitted in ``state``: the spec declares the engine AWAKE there and the machine
-    rests there (waits for the training loop), so no action of a handoff is running. Read from the spec, not
-    from a list of state names: in the shipped lifecycle that is Generating and Validating."""
+    """Whether requests may be admitted in ``state``: the spec declares ``serves_requests`` there (the static
+    validator holds that to resting states with the engine AWAKE, so no action of a handoff is running). Read
+    from the spec, not from a list of state names: in the shipped lifecycle that is Generating and Validating."""
     st = spec.state(state)
-    return st.resting and st.engine is EngineCondition.AWAKE
+    return st.serves_requests and st.resting and st.engine is EngineCondition.AWAKE
 
 
 def admit_while_serving(lifecycle: Any, spec: LifecycleSpec | None = None) -> Callable[[], bool]:
@@ -327,6 +327,12 @@ class GatedEngine:
             time.sleep(0.02)
         if self.server is not None:
             self.server.stop()
+
+    def model_mode(self) -> Any:
+        """The inner engine's report of the shared model's mode (None when it reports none)."""
+        from colo_fsm.guards.mode import report_of
+
+        return report_of(self.inner)
 
     def server_base_urls(self) -> Sequence[str]:
         """Every data-parallel rank's server base URL (empty without ``serve``)."""

@@ -14,7 +14,11 @@ catch it:
 * ``hypothesis``: the property-based lifecycle machine (:mod:`colo_fsm.testing.lifecycle_machine`) finds a
   failing program;
 * ``properties``: the component properties of :mod:`tests.support.properties` (latch, in-flight cap,
-  parallelism check, wall-clock metrics, dual-mode opt-in) find a counterexample.
+  parallelism check, wall-clock metrics, dual-mode opt-in) find a counterexample;
+* ``ranks``: two ranks (threads) running the runtime machine over a fingerprint-exchanging
+  :class:`~colo_fsm.guards.barrier.ThreadBarrier` with mode-reporting engines: a healthy program must pass,
+  and one rank whose engine leaves the model in decode mode must make every rank raise
+  :class:`~colo_fsm.errors.HandoffDivergence` at the barrier.
 
 ``scripts/mutation_proof.py`` prints the table and fails if any mutant survives every killer.
 """
@@ -29,12 +33,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from colo_fsm.errors import LifecycleError
+from colo_fsm.errors import HandoffDivergence, LifecycleError
+from colo_fsm.guards.barrier import ThreadBarrier
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision
 from colo_fsm.guards.drain import DeviceDrain
+from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+from colo_fsm.states.presets import NEMO_RL
 from colo_fsm.states.rules import LifecycleRule
 from colo_fsm.states.spec import (
     LIFECYCLE,
@@ -42,15 +49,23 @@ from colo_fsm.states.spec import (
     EngineCondition,
     Fact,
     LifecycleSpec,
+    RequestCondition,
     State,
     TransitionSpec,
 )
 from colo_fsm.states.validate import SpecError, validate_spec
 from colo_fsm.testing.checker import check
-from colo_fsm.testing.fakes import FakeClock, recording_adapters
-from colo_fsm.testing.scenarios import SCENARIOS, StepPlan
+from colo_fsm.testing.fakes import (
+    FakeClock,
+    Journal,
+    ModalEngine,
+    RecordingCollector,
+    RecordingTrainer,
+    recording_adapters,
+)
+from colo_fsm.testing.scenarios import StepPlan, scenarios_for
 
-KILLERS = ("validator", "runtime", "checker", "hypothesis", "properties")
+KILLERS = ("validator", "runtime", "checker", "hypothesis", "properties", "ranks")
 S = State
 R = LifecycleRule
 
@@ -90,6 +105,23 @@ class RequeryingLifecycle(Lifecycle):
         return ask_again
 
 
+class DigestlessLifecycle(Lifecycle):
+    """MUTANT: the handoff fingerprint leaves out the model-mode digest (ranks in different modes agree)."""
+
+    def _fingerprint(self) -> HandoffFingerprint:
+        return dataclasses.replace(super()._fingerprint(), mode_digest=0, mode=None)
+
+
+def resetting_engine(rank: int) -> Any:
+    """The shipped behaviour: an engine whose suspend resets the model mode on every rank."""
+    return ModalEngine()
+
+
+def one_rank_resets_mode(rank: int) -> Any:
+    """MUTANT: an engine whose suspend resets the model mode on rank 0 only (rank-local reset)."""
+    return ModalEngine(reset_on_suspend=rank == 0)
+
+
 class UnlatchedCheckpointDecision(CheckpointDecision):
     """MUTANT: no latch; every query evaluates the rules again (the one-shot time rule then says False)."""
 
@@ -121,6 +153,17 @@ def _silently_dropping_buffer() -> type[Any]:
             return None
 
     return SilentlyDroppingReplayBuffer
+
+
+def _newest_version_buffer() -> type[Any]:
+    """MUTANT: a replay buffer that counts a group's age from its newest weight version, not its oldest."""
+    from colo_fsm.collector.buffer import ReplayBuffer
+
+    class NewestVersionReplayBuffer(ReplayBuffer):
+        def staleness_version(self, group: Any) -> int:
+            return int(group.newest_version)
+
+    return NewestVersionReplayBuffer
 
 
 class AgeOnlyInFlightCap(InFlightCap):
@@ -256,7 +299,7 @@ def _wake_before_save_consistent() -> LifecycleSpec:
         _edge("conclude", S.TRAINING, S.CHECKPOINTING),
         actions=("offload_training_buffers", "drain_device", "barrier", "resume_engine", "save_checkpoint"),
     )
-    spec = edit_state(spec, S.CHECKPOINTING, engine=EngineCondition.AWAKE)
+    spec = edit_state(spec, S.CHECKPOINTING, engine=EngineCondition.AWAKE, requests=RequestCondition.RUNNING)
     for dest in (S.DONE, S.WAKING):
         spec = edit_transitions(
             spec, _edge("conclude", S.CHECKPOINTING, dest), actions=("suspend_engine", "drain_device", "barrier")
@@ -272,12 +315,67 @@ def _last_step_wakes() -> LifecycleSpec:
             _edge("conclude", source, S.DONE),
             actions=(*_actions(spec, "conclude", source, S.DONE), "resume_engine", "resume_collector"),
         )
-    spec = edit_state(spec, S.DONE, engine=EngineCondition.AWAKE, collector=CollectorCondition.RUNNING)
+    spec = edit_state(
+        spec,
+        S.DONE,
+        engine=EngineCondition.AWAKE,
+        collector=CollectorCondition.RUNNING,
+        requests=RequestCondition.RUNNING,
+    )
     return edit_transitions(
         spec,
         _edge("stop", S.DONE, S.STOPPED),
         actions=("pause_collector", "suspend_engine", "drain_device", "barrier", "shutdown_engine"),
     )
+
+
+def _nemo_wake_before_finalize() -> LifecycleSpec:
+    spec = edit_transitions(NEMO_RL, _edge("conclude", S.CHECKPOINTING, S.WAKING), actions=("drain_device", "barrier"))
+    return edit_transitions(spec, _edge("resume", S.WAKING, S.GENERATING), unless=())
+
+
+def _nemo_validation_after_save() -> LifecycleSpec:
+    F = Fact
+    spec = edit_transitions(
+        NEMO_RL,
+        _edge("conclude", S.TRAINING, S.VALIDATING),
+        when=(F.STEP_TRAINED, F.VALIDATE_THIS_STEP),
+        unless=(F.SAVE_THIS_STEP,),
+    )
+    spec = edit_transitions(
+        spec, _edge("conclude", S.TRAINING, S.CHECKPOINTING), when=(F.STEP_TRAINED, F.SAVE_THIS_STEP), unless=()
+    )
+    spec = edit_transitions(spec, _edge("conclude", S.CHECKPOINTING, S.DONE), unless=(F.VALIDATE_THIS_STEP,))
+    spec = edit_transitions(
+        spec, _edge("conclude", S.CHECKPOINTING, S.WAKING), unless=(F.LAST_STEP, F.VALIDATE_THIS_STEP)
+    )
+    after_save = TransitionSpec(
+        "conclude",
+        S.CHECKPOINTING,
+        S.VALIDATING,
+        ("finalize_checkpoint", "drain_device", "barrier", "resume_engine"),
+        when=(F.VALIDATE_THIS_STEP,),
+        automatic=True,
+        description="MUTANT: validate after the save",
+    )
+    spec = dataclasses.replace(spec, transitions=(*spec.transitions, after_save))
+    spec = edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.CHECKPOINTING), when=(F.STOP_EARLY,))
+    spec = edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.DONE), unless=(F.STOP_EARLY,))
+    return edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.GENERATING), unless=(F.STOP_EARLY, F.LAST_STEP))
+
+
+def _nemo_early_stop_without_save() -> LifecycleSpec:
+    acts = tuple(
+        dataclasses.replace(a, upgrades=(Fact.LAST_STEP,)) if a.name == "latch_early_stop" else a
+        for a in NEMO_RL.actions
+    )
+    return dataclasses.replace(NEMO_RL, actions=acts)
+
+
+def _nemo_val_at_end_resumes_collection() -> LifecycleSpec:
+    spec = edit_transitions(NEMO_RL, _edge("conclude", S.CONCLUDING, S.GENERATING), unless=(Fact.SAVE_THIS_STEP,))
+    ts = tuple(t for t in spec.transitions if not _edge("conclude", S.CONCLUDING, S.DONE)(t))
+    return dataclasses.replace(spec, transitions=ts)
 
 
 # ---------------------------------------------------------------------------------------------- mutants
@@ -299,10 +397,13 @@ class Mutant:
     metrics_logger: Callable[[], type[Any]] | None = None
     buffer_class: Callable[[], type[Any]] | None = None  # a replay buffer class (built lazily: imports collector)
     batcher_class: Callable[[], type[Any]] | None = None  # an engine loop (ContinuousBatcher) class, built lazily
+    engine_factory: Callable[[int], Any] = resetting_engine  # rank -> engine, for the ranks killer
     expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
 
     def __post_init__(self) -> None:
-        if self.breaks is not None:
+        if self.breaks in (None, "-"):  # an unmutated control breaks nothing
+            object.__setattr__(self, "breaks", None)
+        else:
             object.__setattr__(self, "breaks", LifecycleRule.of(self.breaks))
 
     def checker_kwargs(self, scenario: str = "all-step-kinds") -> dict[str, Any]:
@@ -341,7 +442,7 @@ MUTANTS: tuple[Mutant, ...] = (
         R.ONE_COMMUNICATOR,
         "the wake path resumes the engine first, then drains and meets the barrier",
         spec=_resume_before_barrier(),
-        expected=_NOT_VALIDATOR,
+        expected=_ALL,  # the validator's path rule: decode after train work with no drain + barrier between
     ),
     Mutant(
         "resume-between-drain-and-barrier",
@@ -407,9 +508,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "wake-between-train-and-save-declared",
         R.CHECKPOINT_SUSPENDS,
-        "as above, with Checkpointing re-declared 'engine awake' so the static validator has nothing to object to",
+        "as above, with Checkpointing re-declared 'engine awake' so the conditions agree (the path rule still objects)",
         spec=_wake_before_save_consistent(),
-        expected=_NOT_VALIDATOR,
+        expected=_ALL,
     ),
     Mutant(
         "teardown-at-validation",
@@ -461,6 +562,13 @@ MUTANTS: tuple[Mutant, ...] = (
         R.WEIGHT_VERSIONS,
         "the replay buffer evicts stale groups without counting them",
         buffer_class=lambda: _silently_dropping_buffer(),
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
+        "staleness-from-newest-version",
+        R.WEIGHT_VERSIONS,
+        "the replay buffer counts the age of a group that spans versions (parked through a step) from its newest",
+        buffer_class=lambda: _newest_version_buffer(),
         expected=frozenset({"properties"}),
     ),
     Mutant(
@@ -519,6 +627,48 @@ MUTANTS: tuple[Mutant, ...] = (
         trainable_check=trainable_without_opt_in,
         expected=frozenset({"properties"}),
     ),
+    Mutant(
+        "fingerprint-omits-mode-digest",
+        f"{LifecycleRule.UNIFORM_MODEL_MODE.number}: {LifecycleRule.UNIFORM_MODEL_MODE.value}, the fingerprint has it",
+        "the handoff barrier's fingerprint leaves out the model-mode digest, so ranks in different modes pass it",
+        lifecycle_class=DigestlessLifecycle,
+        expected=frozenset({"ranks"}),
+    ),
+    Mutant(
+        "mode-reset-on-one-rank",
+        f"{LifecycleRule.UNIFORM_MODEL_MODE.number}: {LifecycleRule.UNIFORM_MODEL_MODE.value}, reset on every rank",
+        "the engine's suspend resets the model mode on one rank only; the others keep their decode-time padding",
+        engine_factory=one_rank_resets_mode,
+        expected=frozenset({"ranks"}),
+    ),
+    Mutant(
+        "nemo-wake-before-finalize",
+        f"{LifecycleRule.CHECKPOINT_SUSPENDS.number}: every checkpoint collective done before any wake",
+        "the NeMo-RL preset wakes after an async save without its finalize (the save still runs in the background)",
+        spec=_nemo_wake_before_finalize(),
+        expected=_ALL,
+    ),
+    Mutant(
+        "nemo-validation-after-save",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: the step order is the spec's (NeMo-RL validates before the save)",
+        "the NeMo-RL preset saves first and validates after, so the step's validation metric misses the checkpoint",
+        spec=_nemo_validation_after_save(),
+        expected=_NOT_VALIDATOR,
+    ),
+    Mutant(
+        "nemo-early-stop-without-save",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: an early stop upgrades its step to save-and-stop",
+        "the NeMo-RL preset's early stop ends the run without saving",
+        spec=_nemo_early_stop_without_save(),
+        expected=frozenset({"validator", "checker", "hypothesis"}),
+    ),
+    Mutant(
+        "nemo-val-at-end-resumes-collection",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: the last step's validation wake never resumes collection",
+        "the NeMo-RL preset resumes the collector after validating on the last step",
+        spec=_nemo_val_at_end_resumes_collection(),
+        expected=frozenset({"checker", "hypothesis"}),
+    ),
 )
 """Every mutant the proof runs."""
 
@@ -541,11 +691,20 @@ def kill_by_runtime(m: Mutant) -> str | None:
     """
     _j, engine, trainer, collector, _ = recording_adapters()
     clock = FakeClock()
+    decided = {f for a in m.spec.actions for f in a.decides}
+    nemo = Fact.STOP_EARLY in decided or Fact.VALIDATE_AT_START in decided
     lc = m.lifecycle_class(
         engine,
         trainer,
         collector,
-        config=LifecycleConfig(num_steps=6, rank=0, world_size=1),
+        config=LifecycleConfig(
+            num_steps=6,
+            rank=0,
+            world_size=1,
+            val_at_start=Fact.VALIDATE_AT_START in decided,
+            val_at_end=nemo,
+        ),
+        early_stop=LatchedDecision("early_stop", lambda step: False) if Fact.STOP_EARLY in decided else None,
         drain=m.drain_class(3, synchronize=lambda _d: None),
         checkpoint=m.checkpoint_class(2, must_save_by_s=25.0, clock=clock, deadline_stop=False),
         validation=LatchedDecision("validation", lambda step: step in (2, 3)),
@@ -574,7 +733,7 @@ def kill_by_runtime(m: Mutant) -> str | None:
 def kill_by_checker(m: Mutant, ranks: Sequence[int] = (2, 3)) -> str | None:
     """The first violation the exhaustive checker finds (with the shortest counterexample's length), or None."""
     for n in ranks:
-        for scenario in SCENARIOS:
+        for scenario in scenarios_for(m.spec):
             kwargs = m.checker_kwargs(scenario)
             if "rank0_steps" in kwargs and scenario != "all-step-kinds":
                 continue
@@ -638,12 +797,70 @@ def kill_by_properties(m: Mutant) -> str | None:
     return None
 
 
+def _run_ranks(m: Mutant, world: int, planted: bool) -> dict[int, BaseException | None]:
+    """Each rank (a thread) runs two steps on the mutant's machine; ``planted``: rank 1's engine never resets."""
+    shared = threading.Barrier(world)
+    outcome: dict[int, BaseException | None] = {}
+
+    def run(rank: int) -> None:
+        j = Journal()
+        engine = ModalEngine(j, reset_on_suspend=False) if planted and rank == 1 else m.engine_factory(rank)
+        lc = m.lifecycle_class(
+            engine,
+            RecordingTrainer(j),
+            RecordingCollector(j),
+            config=LifecycleConfig(num_steps=2, rank=rank, world_size=world),
+            drain=m.drain_class(rank, synchronize=lambda _d: None),
+            barrier=ThreadBarrier(shared, rank, timeout_s=2.0),
+            checkpoint=m.checkpoint_class(2),
+            spec=m.spec,
+            check_spec=False,
+        )
+        try:
+            lc.start()
+            while not lc.finished:
+                engine.decode_step(padding=rank == world - 1)  # rank-local padding, per decode step
+                lc.step([rank])
+                if lc.state is S.VALIDATING:
+                    lc.end_validation()
+            lc.stop()
+            outcome[rank] = None
+        except Exception as exc:
+            outcome[rank] = exc  # a peer waiting for this rank at a later barrier times out (2 s)
+        finally:
+            lc.close()
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30.0)
+    return outcome
+
+
+def kill_by_ranks(m: Mutant, world: int = 2) -> str | None:
+    """Two ranks over a fingerprint barrier: a healthy program must pass; a planted mode divergence must make
+    every rank raise HandoffDivergence. The first broken expectation, or None."""
+    healthy = _run_ranks(m, world, planted=False)
+    failed = {r: e for r, e in healthy.items() if e is not None}
+    if failed or len(healthy) < world:
+        r, e = next(iter(failed.items())) if failed else (-1, None)
+        return f"healthy {world}-rank run failed on rank {r}: {type(e).__name__}: {e}"
+    planted = _run_ranks(m, world, planted=True)
+    missed = {r: e for r, e in planted.items() if not isinstance(e, HandoffDivergence)}
+    if missed or len(planted) < world:
+        got = ", ".join(f"rank {r}: {type(e).__name__ if e else 'no error'}" for r, e in sorted(missed.items()))
+        return f"rank 1 left in decode mode, yet not every rank raised HandoffDivergence at the barrier ({got})"
+    return None
+
+
 _KILL: dict[str, Callable[[Mutant], str | None]] = {
     "validator": kill_by_validator,
     "runtime": kill_by_runtime,
     "checker": kill_by_checker,
     "hypothesis": kill_by_hypothesis,
     "properties": kill_by_properties,
+    "ranks": kill_by_ranks,
 }
 
 
@@ -716,6 +933,7 @@ __all__ = [
     "MUTANTS",
     "AgeOnlyInFlightCap",
     "CallingThreadDrain",
+    "DigestlessLifecycle",
     "Mutant",
     "MutantResult",
     "RequeryingLifecycle",
@@ -728,8 +946,10 @@ __all__ = [
     "kill_by_checker",
     "kill_by_hypothesis",
     "kill_by_properties",
+    "kill_by_ranks",
     "kill_by_runtime",
     "kill_by_validator",
+    "one_rank_resets_mode",
     "set_current_device",
     "table",
 ]

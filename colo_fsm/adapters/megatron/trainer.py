@@ -24,10 +24,12 @@ import torch
 
 from colo_fsm.adapters.megatron.checkpoint import FORMATS, CheckpointInfo, load_checkpoint, save_checkpoint
 from colo_fsm.adapters.megatron.cpu_loop import forward_logits
+from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.model import check_trainable
 from colo_fsm.adapters.megatron.parallel import on_own_device
 from colo_fsm.adapters.protocols import StepResult
 from colo_fsm.errors import ConfigError, LifecycleError
+from colo_fsm.guards.mode import check_training_mode
 from colo_fsm.log import get_logger
 
 log = get_logger(__name__)
@@ -132,6 +134,7 @@ class MegatronTrainer:
         self.offloaded = False
         self.steps = 0
         self.max_sequence_length = int(getattr(model, "max_sequence_length", 0) or 0)
+        self.mode = mode_control(model)  # the shared model's inference-only switches (guards)
 
     # ------------------------------------------------------------------ helpers
     def _dp(self) -> tuple[Any, int]:
@@ -204,6 +207,27 @@ class MegatronTrainer:
         logp = torch.nn.functional.pad(logp, (1, 0))  # align: position j holds log p(token_j | < j)
         return logp * t["comp"], t
 
+    @staticmethod
+    def _ratio(logp: torch.Tensor, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``exp(logp_now - logp_behaviour)`` per completion token (1 elsewhere): the one ratio the loss uses."""
+        return torch.exp((logp - t["old"]) * t["comp"])
+
+    @on_own_device
+    def importance_ratios(self, rollouts: Sequence[Rollout]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token importance ratios ``pi_now / pi_behaviour`` (``[batch, seq]``, 1 off the completion) and the
+        completion mask, exactly as :meth:`train_step` computes them.
+
+        Each token's behaviour log-prob is the one recorded when it was generated (``Rollout.logprobs``), so a
+        trajectory parked through a step -- first tokens from one weight version, the rest from the next -- gets
+        each token's ratio against the weights that produced it, not against one version recomputed for all.
+        Raises ``ConfigError`` unless every rollout has one log-prob per completion token.
+        """
+        with torch.no_grad():
+            logp, t = self.token_logprobs(rollouts)
+        if not bool(t["has_old"]):
+            raise ConfigError("logprobs", "missing", "one behaviour log-prob per completion token in every rollout")
+        return self._ratio(logp, t), t["comp"]
+
     def _clip_grad_norm(self) -> float:
         """Clip by the global gradient norm of the (tensor-parallel) model and return it.
 
@@ -247,6 +271,7 @@ class MegatronTrainer:
         rollouts = list(batch or [])
         if not rollouts or not all(isinstance(r, Rollout) for r in rollouts):
             raise ConfigError("batch", type(batch).__name__, "a non-empty sequence of Rollout")
+        check_training_mode(self.mode.report())  # refuse a model some switch still holds in inference mode
         self.enter_training_mode()
         adv = torch.tensor(group_advantages(rollouts), dtype=torch.float32, device=self.device)
         self.optimizer.zero_grad(set_to_none=True)
@@ -255,7 +280,7 @@ class MegatronTrainer:
         ntok = comp.sum(dim=1).clamp(min=1.0)
         a = adv.unsqueeze(1)
         if bool(t["has_old"]):
-            ratio = torch.exp((logp - t["old"]) * comp)
+            ratio = self._ratio(logp, t)
             clipped = ratio.clamp(1 - self.config.clip_eps, 1 + self.config.clip_eps)
             per_tok = -torch.minimum(ratio * a, clipped * a)
             clip_frac = float((((ratio - clipped).abs() > 1e-6).float() * comp).sum() / comp.sum().clamp(min=1))
