@@ -32,7 +32,7 @@ def test_engine_implements_the_protocols(model):
 def test_cpu_backend_chosen_and_reported_at_start_up(model, caplog):
     eng = MegatronEngine(model, TOK)
     assert eng.backend_name == "cpu"
-    with caplog.at_level(logging.INFO, logger="colo_fsm.megatron"):
+    with caplog.at_level(logging.INFO, logger="colo_fsm"):
         eng.bring_up()
     line = next(r.getMessage() for r in caplog.records if "colocated engine up" in r.getMessage())
     assert "backend=cpu" in line and "no CUDA device" in line

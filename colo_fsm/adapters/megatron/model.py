@@ -17,7 +17,7 @@ from typing import Any
 from colo_fsm.errors import ConfigError
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.megatron")
+log = get_logger(__name__)
 
 _IMPLS = ("local", "inference_optimized")
 _POS = ("learned_absolute", "rope")
