@@ -24,9 +24,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from colo_fsm.errors import ActionFailed, ColoFsmError, ConfigError
+from colo_fsm.errors import ActionFailed, ColoFsmError, ConfigError, GraphvizNotFound, UsageError
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.cli")
+log = get_logger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -39,10 +40,6 @@ _TEXT_SUFFIXES = {
     ".markdown": "markdown",
 }
 _IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
-
-
-class UsageError(Exception):
-    """A command-line mistake; printed as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -499,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ColoFsmError as exc:
-        if type(exc).__name__ == "GraphvizNotFound":
+        if isinstance(exc, GraphvizNotFound):
             print(f"{prog}: error: argument --output: {exc}", file=sys.stderr)
             return EXIT_USAGE
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -16,7 +16,6 @@ itself) are marked ``(auto)`` and drawn dashed where the format can; the machine
 
 from __future__ import annotations
 
-import logging
 import re
 import shutil
 import subprocess
@@ -25,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from colo_fsm.errors import ColoFsmError, ConfigError
+from colo_fsm.errors import GRAPHVIZ_INSTALL_HINT, ConfigError, GraphvizNotFound, RenderError
+from colo_fsm.log import get_logger
+from colo_fsm.states.rules import rules_table
 from colo_fsm.states.spec import FACT_DESCRIPTIONS, LIFECYCLE, LifecycleSpec, State, StateSpec, TransitionSpec
 
-log = logging.getLogger("colo_fsm.diagram")
+log = get_logger(__name__)
 
 FORMATS: tuple[str, ...] = ("mermaid", "dot", "markdown")
 """Text formats :func:`diagram_text` produces."""
@@ -40,25 +41,6 @@ AUTO_MARK = "(auto)"
 """Prefix of the label of an automatic transition."""
 
 FailureStyle = Literal["note", "edges"]
-
-GRAPHVIZ_INSTALL_HINT = (
-    "install Graphviz: `apt-get install graphviz` (Debian/Ubuntu), `brew install graphviz` (macOS) or "
-    "`conda install -c conda-forge graphviz`; or write the DOT source (.dot) or Mermaid (.mmd) instead"
-)
-
-
-class GraphvizNotFound(ColoFsmError, RuntimeError):
-    """Rendering a picture needs Graphviz's ``dot`` binary, and it is not installed."""
-
-    def __init__(self, binary: str = "dot") -> None:
-        self.binary = binary
-        super().__init__(
-            f"rendering a picture needs Graphviz's {binary!r} binary, not found on PATH; {GRAPHVIZ_INSTALL_HINT}"
-        )
-
-
-class RenderError(ColoFsmError, RuntimeError):
-    """Graphviz ran but could not render the diagram."""
 
 
 # ---------------------------------------------------------------------------------------------- labels
@@ -110,7 +92,7 @@ def _check_spec(spec: object) -> LifecycleSpec:
 def _check_failure(failure: object) -> FailureStyle:
     if failure not in ("note", "edges"):
         raise ConfigError("failure", failure, "'note' or 'edges'")
-    return failure  # type: ignore[return-value]
+    return failure
 
 
 # ---------------------------------------------------------------------------------------------- mermaid
@@ -435,9 +417,11 @@ def facts_table(spec: LifecycleSpec = LIFECYCLE) -> str:
 
 
 def docs_sections(spec: LifecycleSpec = LIFECYCLE) -> dict[str, str]:
-    """The generated blocks of the docs, by marker name: ``mermaid``, ``states``, ``transitions``, ``actions``."""
+    """The generated blocks of the docs, by marker name: ``rules``, ``mermaid``, ``states``, ``transitions``,
+    ``actions`` (``rules`` is :data:`~colo_fsm.states.rules.RULES`, the same for every spec)."""
     spec = _check_spec(spec)
     return {
+        "rules": rules_table(),
         "mermaid": "```mermaid\n" + to_mermaid(spec) + "```\n",
         "states": states_table(spec),
         "transitions": transitions_table(spec),

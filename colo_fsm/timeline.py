@@ -18,12 +18,12 @@ markers above the row otherwise, so no state is invisible and none is drawn wide
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from colo_fsm.errors import ConfigError
+from colo_fsm.log import get_logger
 from colo_fsm.machine.trace import TraceFileError, TraceRecord, read_trace_file
 from colo_fsm.states.spec import LIFECYCLE, LifecycleSpec
 
@@ -33,7 +33,7 @@ STEP_TRIGGER = "begin_step"
 BUMP_TRIGGER = "train"
 """The trigger whose record carries the weight version a training step produced."""
 
-log = logging.getLogger("colo_fsm.timeline")
+log = get_logger(__name__)
 
 TIMELINE_FORMATS: tuple[str, ...] = ("png", "svg", "pdf")
 """Picture formats :func:`render_timeline` writes."""

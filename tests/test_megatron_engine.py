@@ -32,7 +32,7 @@ def test_engine_implements_the_protocols(model):
 def test_cpu_backend_chosen_and_reported_at_start_up(model, caplog):
     eng = MegatronEngine(model, TOK)
     assert eng.backend_name == "cpu"
-    with caplog.at_level(logging.INFO, logger="colo_fsm.megatron"):
+    with caplog.at_level(logging.INFO, logger="colo_fsm"):
         eng.bring_up()
     line = next(r.getMessage() for r in caplog.records if "colocated engine up" in r.getMessage())
     assert "backend=cpu" in line and "no CUDA device" in line
@@ -454,6 +454,17 @@ def test_cuda_graph_model_option():
         ModelConfig(vocab_size=16, cuda_graphs=True)  # on the CPU
     assert exc.value.field == "cuda_graphs"
     assert GenerationConfig(num_cuda_graphs=16).num_cuda_graphs == 16
+
+
+def test_offload_with_cuda_graphs_refuses_parking():
+    """An offload resume recaptures the graphs over a reset context: parked requests would be lost."""
+    with pytest.raises(ConfigError) as exc:
+        GenerationConfig(kv_cache_mode="offload", num_cuda_graphs=16)  # inflight defaults to "park"
+    assert exc.value.field == "kv_cache_mode" and "persist" in exc.value.expected
+    assert GenerationConfig(kv_cache_mode="offload", num_cuda_graphs=16, inflight="drain").inflight == "drain"
+    for mode in ("persist", "recompute"):
+        assert GenerationConfig(kv_cache_mode=mode, num_cuda_graphs=16).num_cuda_graphs == 16
+    assert GenerationConfig(kv_cache_mode="offload").kv_cache_mode == "offload"  # eager offload parks fine
 
 
 # -------------------------------------------------------------------------- top log-probs

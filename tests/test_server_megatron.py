@@ -176,7 +176,7 @@ def test_real_engine_parks_http_requests_and_never_gets_one_while_asleep(model):
 
 
 def test_admission_is_read_from_the_spec():
-    serving = {s for s in State if serving_state(s)}
+    serving = {s.state for s in LIFECYCLE.states if serving_state(s.state)}
     assert (
         serving
         == {s.state for s in LIFECYCLE.states if s.resting and s.engine is EngineCondition.AWAKE}
@@ -194,6 +194,12 @@ def test_admission_is_read_from_the_spec():
     assert admit() is True
     lc.state = State.STARTING  # engine awake but a handoff is still running: not resting
     assert admit() is False
+
+    from colo_fsm.states import NEMO_RL
+
+    nemo_serving = {s.state for s in NEMO_RL.states if serving_state(s.state, NEMO_RL)}
+    assert nemo_serving == {s.state for s in NEMO_RL.states if s.serves_requests}
+    assert State.CONCLUDING not in nemo_serving
 
 
 def test_top_logprobs_over_the_real_engine_with_the_openai_client(model):

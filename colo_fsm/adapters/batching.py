@@ -33,7 +33,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 from colo_fsm.errors import ConfigError, EngineStopped, LifecycleError, RequestTooLarge
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.batching")
+log = get_logger(__name__)
 
 
 class Priority(IntEnum):

@@ -35,7 +35,7 @@ from colo_fsm.guards.drain import default_drain
 from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.handoff import HandoffLedger
 from colo_fsm.guards.mode import check_training_mode, mode_digest, report_of
-from colo_fsm.log import format_prefix, heartbeat
+from colo_fsm.log import get_logger, heartbeat
 from colo_fsm.log import set_context as _log_context
 from colo_fsm.machine.trace import Trace, TraceRecord
 from colo_fsm.states.spec import (
@@ -52,7 +52,7 @@ from colo_fsm.states.spec import (
 )
 from colo_fsm.states.validate import validate_spec
 
-log = logging.getLogger("colo_fsm.lifecycle")
+log = get_logger(__name__)
 _STATE_BY_NAME = {s.value: s for s in State}
 
 
@@ -483,7 +483,7 @@ class Lifecycle:
         """Every lifecycle line names rank, state and weight version (also as ``extra`` fields)."""
         if log.isEnabledFor(level):
             extra = self._log_extra()
-            log.log(level, format_prefix(**extra) + msg, *args, extra=extra, exc_info=exc_info)
+            log.log(level, msg, *args, extra=extra, exc_info=exc_info)
 
     def _report_progress(self, now: float) -> None:
         """Called by the heartbeat thread: a line while one action runs longer than ``progress_interval_s``."""

@@ -30,7 +30,6 @@ import collections
 import concurrent.futures
 import contextlib
 import inspect
-import logging
 import os
 import threading
 import time
@@ -47,9 +46,10 @@ from colo_fsm.collector.collector import AsyncCollector, Prompt
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.guards.capacity import RAY_ASYNC_ACTOR_DEFAULT_MAX_CONCURRENCY, InFlightCap
 from colo_fsm.guards.drain import default_drain, local_rank_from_env
+from colo_fsm.log import get_logger
 from colo_fsm.server.server import GatedEngine
 
-log = logging.getLogger("colo_fsm.ray")
+log = get_logger(__name__)
 
 CONTROL_GROUP = "control"
 """Name of the concurrency group lifecycle control calls run in."""

@@ -23,8 +23,9 @@ from colo_fsm.adapters.protocols import Completion, StepResult
 from colo_fsm.collector.buffer import TrajectoryGroup
 from colo_fsm.collector.collector import Prompt
 from colo_fsm.errors import ConfigError, WaitTimeout
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.ray")
+log = get_logger(__name__)
 
 
 def init_ray(address: str | None = None, **kwargs: Any) -> dict[str, Any]:

@@ -53,7 +53,7 @@ from colo_fsm.server.runner import (
     check_request_size,
 )
 
-log = get_logger("colo_fsm.server")
+log = get_logger(__name__)
 
 DEFAULT_MAX_REQUEST_TOKENS = 1 << 15
 ChatTemplate = Callable[[Sequence[Mapping[str, str]]], str]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from colo_fsm.errors import ColoFsmError
+from colo_fsm.errors import BadRequest
 
 MAX_N = 64
 MAX_TOKENS_LIMIT = 1 << 16
@@ -29,14 +29,6 @@ def short(value: Any, limit: int = _SHORT) -> str:
     """``repr(value)`` cut to ``limit`` characters (a 5 MB prompt never comes back in an error)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
-
-
-class BadRequest(ColoFsmError):
-    """A request the server refuses with a 400 naming the field (``param``)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        self.param = param
-        super().__init__(f"{param}: {message}")
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from colo_fsm.errors import ColoFsmError
+from colo_fsm.errors import ClientGone, ServerStopping
 from colo_fsm.log import get_logger
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.server.params import BadRequest, Sampling
 
-log = get_logger("colo_fsm.server")
+log = get_logger(__name__)
 
 try:  # the engine's request-level API
     from colo_fsm.adapters.batching import Priority
@@ -36,14 +36,6 @@ class TokenEngine(Protocol):
 
     def submit(self, prompt_ids: Sequence[int], **kwargs: Any) -> Any:
         """Queue one request; returns a handle with ``future``, ``cancel()`` and ``done()``."""
-
-
-class ServerStopping(ColoFsmError):
-    """The engine was shut down under a request (HTTP 503 without Retry-After)."""
-
-
-class ClientGone(ColoFsmError):
-    """The client disconnected; its request was cancelled in the engine."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from colo_fsm.server.app import ChatTemplate, ServerSettings, create_app, defaul
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.states.spec import LIFECYCLE, EngineCondition, LifecycleSpec
 
-log = get_logger("colo_fsm.server")
+log = get_logger(__name__)
 
 LOOPBACK = "127.0.0.1"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from colo_fsm.errors import ConfigError
+from colo_fsm.errors import SpecError
 from colo_fsm.states.rules import LifecycleRule
 from colo_fsm.states.spec import (
     Collective,
@@ -29,13 +29,6 @@ _REQUESTS_FOR_ENGINE = {
     EngineCondition.SUSPENDED: RequestCondition.PARKED,
     EngineCondition.UNKNOWN: RequestCondition.UNKNOWN,
 }
-
-
-class SpecError(ConfigError):
-    """The lifecycle spec breaks a structural rule; the message names the transition and the rule."""
-
-    def __init__(self, where: str, rule: str) -> None:
-        super().__init__(where, "(spec)", rule)
 
 
 def _fact_assignments() -> list[dict[Fact, bool]]:

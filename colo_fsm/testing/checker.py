@@ -10,7 +10,8 @@ drain synchronizes comes from the real drain implementation's :meth:`~colo_fsm.g
 target_device`, so a drain of the calling thread's device is caught. (Work finishing on its own earlier can only
 remove work from flight, so keeping it in flight until the drain is the worst case for every property below.)
 
-Properties, checked in every reachable state:
+Properties, checked in every reachable state (a violation is marked with the
+:class:`~colo_fsm.states.rules.LifecycleRule` it breaks, :attr:`CheckResult.rule`):
 
 * **one communicator, never interleaved**: no two kinds of collective work in flight at once on any ranks
   (in particular no decode on one rank while another has training or checkpoint work in flight);
@@ -40,6 +41,7 @@ from typing import Any, Protocol
 
 from colo_fsm.errors import ConfigError
 from colo_fsm.guards.drain import DeviceDrain
+from colo_fsm.states.rules import LifecycleRule, rule_in
 from colo_fsm.states.spec import (
     LIFECYCLE,
     Collective,
@@ -53,6 +55,8 @@ from colo_fsm.states.spec import (
     TransitionSpec,
 )
 from colo_fsm.testing.scenarios import EXTRA_SCENARIOS, SCENARIOS, VAL_AT_START_SCENARIOS, StepPlan, scenarios_for
+
+R = LifecycleRule
 
 
 class DrainTarget(Protocol):
@@ -164,22 +168,29 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start
                 if act.issues in (Collective.TRAIN, Collective.CHECKPOINT) and (
                     engine is EngineCondition.AWAKE or collector is CollectorCondition.RUNNING
                 ):
+                    rule = R.CHECKPOINT_SUSPENDS if act.issues is Collective.CHECKPOINT else R.ONE_COMMUNICATOR
                     problems.append(
-                        f"{where}: {act.issues.value} work starts with the engine {engine.value} and "
-                        f"the collector {collector.value} (both must be down)"
+                        rule.tag(
+                            f"{where}: {act.issues.value} work starts with the engine {engine.value} and "
+                            f"the collector {collector.value} (both must be down)"
+                        )
                     )
                 if act.issues is Collective.DECODE:
                     if last_latched and (role is not Role.RESUME or not spec.state(t.dest).validates):
                         problems.append(
-                            f"{where}: decode resumed after the last step latched (the last step never resumes "
-                            "collection; only a validation-only wake)"
+                            R.CHECKPOINT_SUSPENDS.tag(
+                                f"{where}: decode resumed after the last step latched (the last step never resumes "
+                                "collection; only a validation-only wake)"
+                            )
                         )
                     if facts[Fact.SAVE_PENDING]:
-                        problems.append(f"{where}: the engine wakes before the async save was finalized")
+                        problems.append(
+                            R.CHECKPOINT_SUSPENDS.tag(f"{where}: the engine wakes before the async save was finalized")
+                        )
                     if role is not Role.RESUME and engine is not EngineCondition.AWAKE:
-                        problems.append(f"{where}: decode work with the engine {engine.value}")
+                        problems.append(R.PARK_NOT_DRAIN.tag(f"{where}: decode work with the engine {engine.value}"))
                     if role is not Role.RESUME and requests is RequestCondition.PARKED:
-                        problems.append(f"{where}: a decode step while requests are parked")
+                        problems.append(R.PARK_NOT_DRAIN.tag(f"{where}: a decode step while requests are parked"))
                 drained = False
                 facts[Fact.HANDOFF_COMPLETE] = False
             if role is Role.RESUME and requests is not RequestCondition.PARKED:
@@ -187,9 +198,13 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start
             if role is Role.BUILD:
                 builds += 1
                 if builds > 1:
-                    problems.append(f"{where}: the engine is built a second time (build once)")
+                    problems.append(R.BUILD_ONCE.tag(f"{where}: the engine is built a second time (build once)"))
             elif role is Role.TEARDOWN and not spec.state(t.dest).terminal:
-                problems.append(f"{where}: engine torn down on the way to {t.dest.value} (teardown only at Stopped)")
+                problems.append(
+                    R.BUILD_ONCE.tag(
+                        f"{where}: engine torn down on the way to {t.dest.value} (teardown only at Stopped)"
+                    )
+                )
             elif role is Role.BUMP:
                 bumps += 1
             elif role is Role.DRAIN:
@@ -251,7 +266,9 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start
         ran += 1
         ok = fire("begin_step") and fire("train")
         if ok and bumps != 1:
-            problems.append(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
+            problems.append(
+                R.WEIGHT_VERSIONS.tag(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
+            )
         ok = ok and end_validations()
     if ok:
         for i in range(ran):
@@ -314,6 +331,11 @@ class CheckResult:
     violation: str | None = None
     counterexample: list[str] = field(default_factory=list)
 
+    @property
+    def rule(self) -> LifecycleRule | None:
+        """The lifecycle rule the violation breaks (None when ok, or for a deadlock or a stuck run)."""
+        return rule_in(self.violation)
+
     def summary(self) -> str:
         """One line."""
         verdict = "ok" if self.ok else f"VIOLATION: {self.violation}"
@@ -358,7 +380,7 @@ class _Search:
             if op.role is Role.BARRIER:
                 own = s[r][2] & _DEVICE_BITS
                 if own:
-                    violation = (
+                    violation = R.ONE_COMMUNICATOR.tag(
                         f"rank {r} arrives at a barrier with {', '.join(_kinds(own))} work still in "
                         f"flight on its own device {r} (drain own device before the barrier)"
                     )
@@ -405,11 +427,11 @@ class _Search:
         heavy = [r for r, ks in by_rank.items() if {"train", "checkpoint"} & set(ks)]
         detail = "; ".join(f"rank {r}: {', '.join(_label(m))}" for r, (_p, _a, m) in enumerate(s) if m)
         if decode and heavy:
-            return (
+            return R.ONE_COMMUNICATOR.tag(
                 f"decode in flight on rank(s) {decode} while training/checkpoint collectives are in flight on "
                 f"rank(s) {heavy} ({detail})"
             )
-        return f"collectives of different phases in flight on one communicator ({detail})"
+        return R.ONE_COMMUNICATOR.tag(f"collectives of different phases in flight on one communicator ({detail})")
 
     def done(self, s: tuple[RankState, ...]) -> bool:
         return all(p >= len(self.ops[r]) for r, (p, _a, _m) in enumerate(s))

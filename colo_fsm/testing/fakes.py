@@ -192,9 +192,13 @@ class ModalEngine(RecordingEngine):
         super().bring_up()
         self.mode = dataclasses.replace(self.mode, inference_mode=True)
 
-    def decode_step(self, *, padding: bool) -> None:
-        """One decode step that toggles expert padding from this rank's own state."""
-        self.mode = dataclasses.replace(self.mode, expert_padding=padding)
+    def decode_step(self, *, force: bool = False, padding: bool | None = None) -> int:
+        """One decode step (as :meth:`RecordingEngine.decode_step`) that also sets expert padding from this rank's
+        own state when ``padding`` is given, as a real decode step does; returns tokens made."""
+        made = super().decode_step(force=force)
+        if padding is not None:
+            self.mode = dataclasses.replace(self.mode, expert_padding=padding)
+        return made
 
     def suspend(self) -> None:
         super().suspend()

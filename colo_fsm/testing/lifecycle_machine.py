@@ -3,9 +3,11 @@
 :class:`LifecycleMachine` runs arbitrary interleavings of the events an async RL loop sees (steps ready,
 validation due, a checkpoint due by period or by a "must save by" deadline on a fake clock, requests arriving at
 the server, rollouts admitted and finished, a fault in any adapter call, triggers fired from the wrong state,
-stop) against *your* adapters, and checks every lifecycle fact of DESIGN.md section 2 as an ``@invariant``
-after every step. It reads the adapters only through recording proxies (:mod:`colo_fsm.testing.watch`), so the
-checks are independent of the machine's own bookkeeping.
+stop) against *your* adapters, and checks the lifecycle rules (:class:`~colo_fsm.states.rules.LifecycleRule`)
+with an ``@invariant`` each after every step; an invariant names the rule it checks
+(:func:`~colo_fsm.states.rules.rule_of`) and its failure starts with the rule. It reads the adapters only
+through recording proxies (:mod:`colo_fsm.testing.watch`), so the checks are independent of the machine's own
+bookkeeping.
 
 Use it with your adapters::
 
@@ -47,6 +49,7 @@ from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.machine.aio import AsyncLifecycle
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.states.presets import PRESETS
+from colo_fsm.states.rules import LifecycleRule, checks
 from colo_fsm.states.spec import (
     LIFECYCLE,
     CollectorCondition,
@@ -355,7 +358,7 @@ def _cond(value: Any) -> str | None:
 
 # ---------------------------------------------------------------------------------------------- machine
 class LifecycleMachine(RuleBasedStateMachine):
-    """Drives one :class:`Lifecycle` over your adapters and checks DESIGN section 2 after every step.
+    """Drives one :class:`Lifecycle` over your adapters and checks the lifecycle rules after every step.
 
     Configure by subclassing (or through :func:`lifecycle_test_case`):
 
@@ -960,13 +963,15 @@ class LifecycleMachine(RuleBasedStateMachine):
             )
 
     @invariant()
+    @checks(LifecycleRule.BUILD_ONCE)
     def build_once(self) -> None:
-        """Fact 1: the engine comes up exactly once, before collection."""
+        """The engine comes up exactly once, before collection."""
         self._assert_fact("build_once")
 
     @invariant()
+    @checks(LifecycleRule.BUILD_ONCE)
     def server_urls_published(self) -> None:
-        """Fact 1: the per-rank server base URLs the engine reports are published as dp_openai_server_base_urls."""
+        """The per-rank server base URLs the engine reports are published as dp_openai_server_base_urls."""
         lc = self.lc
         if lc is None or self.engine.published is None:
             return
@@ -975,36 +980,43 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    @checks(LifecycleRule.BUILD_ONCE)
     def teardown_only_at_stop(self) -> None:
-        """Fact 1: teardown only at Stopped (never at a validation boundary)."""
+        """Teardown only at Stopped (never at a validation boundary)."""
         self._assert_fact("teardown")
 
     @invariant()
+    @checks(LifecycleRule.ONE_COMMUNICATOR)
     def drain_own_device_then_barrier(self) -> None:
-        """Fact 2: drain the LOCAL_RANK device before every barrier; drain + barrier before every phase signal."""
+        """Drain the LOCAL_RANK device before every barrier; drain + barrier before every phase signal."""
         self._assert_fact("handoff")
 
     @invariant()
+    @checks(LifecycleRule.ONE_COMMUNICATOR)
     def no_decode_during_training(self) -> None:
-        """Fact 2: no decode in flight (engine awake / collector running) while a training step runs."""
+        """No decode in flight (engine awake / collector running) while a training step runs."""
         self._assert_fact("no_decode_during_train")
 
     @invariant()
+    @checks(LifecycleRule.CHECKPOINT_SUSPENDS)
     def checkpoint_suspends_everything(self) -> None:
-        """Fact 3: during every save the engine is suspended and the collector paused."""
+        """During every save the engine is suspended and the collector paused."""
         self._assert_fact("checkpoint_suspends")
 
     @invariant()
+    @checks(LifecycleRule.CHECKPOINT_SUSPENDS)
     def last_step_never_wakes(self) -> None:
-        """Fact 3: nothing resumes after the last step latched."""
+        """Nothing resumes after the last step latched."""
         self._assert_fact("last_step")
 
     @invariant()
+    @checks(LifecycleRule.CHECKPOINT_SUSPENDS)
     def validation_runs_awake_collector_paused(self) -> None:
-        """Fact 3: a validation-only wake: the engine awake, the collector still paused."""
+        """A validation-only wake: the engine awake, the collector still paused."""
         self._assert_fact("validation_wake")
 
     @invariant()
+    @checks(LifecycleRule.PARK_NOT_DRAIN)
     def no_decode_while_parked(self) -> None:
         """Park, don't drain: no decode step runs while the state declares the requests parked, and the engine
         holds them as declared (parked in a handoff, none left parked after a resume)."""
@@ -1029,6 +1041,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 assert parked == 0, f"in {lc.state.value}: {parked} request(s) still parked after the resume"
 
     @invariant()
+    @checks(LifecycleRule.STEP_ORDER_IS_DATA)
     def adapter_conditions_match_spec(self) -> None:
         """The adapters' real conditions are the ones the current state declares (Failed: documented below)."""
         lc = self.lc
@@ -1068,8 +1081,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert self.faults.fired, "Failed although no fault was injected"
 
     @invariant()
+    @checks(LifecycleRule.DECIDE_ONCE)
     def save_decision_reused(self) -> None:
-        """Fact 4: a second site asking the latched checkpoint decision gets the same answer."""
+        """A second site asking the latched checkpoint decision gets the same answer."""
         lc = self.lc
         if lc is None or not self.steps:
             return
@@ -1081,8 +1095,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    @checks(LifecycleRule.WEIGHT_VERSIONS)
     def weight_version_once_per_step(self) -> None:
-        """Fact 5: each trained step bumps the weight version exactly once."""
+        """Each trained step bumps the weight version exactly once."""
         lc = self.lc
         if lc is None:
             return
@@ -1092,8 +1107,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    @checks(LifecycleRule.WEIGHT_VERSIONS)
     def trajectories_accounted(self) -> None:
-        """Fact 5: no trajectory lost; none older than max_trajectory_age_steps trained on (stale ones counted)."""
+        """No trajectory lost; none older than max_trajectory_age_steps trained on (stale ones counted)."""
         if self.lc is None:
             return
         b = self.buffer
@@ -1103,8 +1119,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert b.max_trained_age <= b.max_age_steps, f"trained on a trajectory {b.max_trained_age} versions old"
 
     @invariant()
+    @checks(LifecycleRule.BOUNDED_INFLIGHT)
     def in_flight_within_actor_capacity(self) -> None:
-        """Fact 6: in-flight groups within the age bound and the actor's capacity, headroom kept for control."""
+        """In-flight groups within the age bound and the actor's capacity, headroom kept for control."""
         if self.lc is None:
             return
         cfg, n = self.cfg, len(self.in_flight)
@@ -1119,6 +1136,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    @checks(LifecycleRule.PARK_NOT_DRAIN)
     def requests_served_only_while_awake(self) -> None:
         """No request is decoded while the engine is suspended; a waiting request is served once it is awake."""
         if self.lc is None:

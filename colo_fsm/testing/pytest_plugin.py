@@ -11,7 +11,7 @@ In your ``conftest.py``, say which adapters to test::
 and in a test module::
 
     def test_my_adapters_follow_the_lifecycle(colo_fsm_check_lifecycle):
-        colo_fsm_check_lifecycle()          # hundreds of programs, every DESIGN fact checked after every step
+        colo_fsm_check_lifecycle()          # hundreds of programs, every lifecycle rule checked after every step
 
 Fixtures: ``colo_fsm_adapters`` (override it; default: the recording fakes), ``colo_fsm_settings`` (the active
 hypothesis profile), ``colo_fsm_machine`` (the :class:`~colo_fsm.testing.lifecycle_machine.LifecycleMachine`
@@ -19,6 +19,9 @@ subclass for your adapters), ``colo_fsm_check_lifecycle`` (run it now), ``colo_f
 then the exhaustive multi-rank checker of the spec), ``colo_fsm_spec`` (the spec; default the shipped
 lifecycle). Option ``--colo-fsm-profile`` picks ``colo-fsm-ci`` (default), ``colo-fsm-deep`` or
 ``colo-fsm-dev`` (also ``COLO_FSM_HYPOTHESIS_PROFILE``).
+
+Without hypothesis (a core-only install) the plugin still loads: the profiles are not registered and the
+fixtures that need hypothesis fail with the command that installs it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ from typing import Any
 
 import pytest
 
-from colo_fsm.testing.profiles import PROFILE_ENV, PROFILES, register_profiles
+from colo_fsm.testing.profiles import PROFILE_ENV, PROFILES, hypothesis_available, register_profiles
+
+_NEEDS = "needs hypothesis: pip install 'colo-fsm[testing]'"
+
+
+def _require_hypothesis(fixture: str) -> None:
+    if not hypothesis_available():
+        pytest.fail(f"{fixture} {_NEEDS}", pytrace=False)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,7 +54,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    register_profiles()
+    if hypothesis_available():
+        register_profiles()
     profile = config.getoption("--colo-fsm-profile", default=None)
     if profile:
         if profile not in PROFILES:
@@ -55,6 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def colo_fsm_adapters() -> Callable[[], Any]:
     """A zero-argument factory of ``(engine, trainer, collector)`` or ``Adapters``; override it in conftest."""
+    _require_hypothesis("colo_fsm_adapters")
     from colo_fsm.testing.lifecycle_machine import recording_fakes
 
     return recording_fakes
@@ -63,6 +75,7 @@ def colo_fsm_adapters() -> Callable[[], Any]:
 @pytest.fixture
 def colo_fsm_settings() -> Any:
     """The hypothesis settings of the active colo-fsm profile."""
+    _require_hypothesis("colo_fsm_settings")
     from colo_fsm.testing.profiles import lifecycle_settings
 
     return lifecycle_settings()
@@ -71,6 +84,7 @@ def colo_fsm_settings() -> Any:
 @pytest.fixture
 def colo_fsm_machine(colo_fsm_adapters: Callable[[], Any]) -> type[Any]:
     """A :class:`~colo_fsm.testing.lifecycle_machine.LifecycleMachine` subclass driving your adapters."""
+    _require_hypothesis("colo_fsm_machine")
     from colo_fsm.testing.lifecycle_machine import lifecycle_machine
 
     return lifecycle_machine(colo_fsm_adapters)
@@ -82,6 +96,7 @@ def colo_fsm_check_lifecycle(
 ) -> Callable[..., None]:
     """Call to run the lifecycle machine on your adapters now; keyword arguments override machine settings
     (``async_training=False``, ``inject_faults=False``, ``use_async_lifecycle=True``, ``settings=...``)."""
+    _require_hypothesis("colo_fsm_check_lifecycle")
     from colo_fsm.testing.lifecycle_machine import check_lifecycle
 
     def run(settings: Any = None, **attrs: Any) -> None:

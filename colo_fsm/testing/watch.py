@@ -343,7 +343,7 @@ def watched_synchronize(log: EventLog, faults: FaultSwitch) -> Callable[[int], N
 # ---------------------------------------------------------------------------------------------- audits
 @dataclass
 class HandoffAudit:
-    """Replays the event log against DESIGN fact 2, independently of the machine's own ledger.
+    """Replays the event log against ``LifecycleRule.ONE_COMMUNICATOR``, independently of the machine's own ledger.
 
     Work is *issued* by the calls whose spec action declares ``issues`` (build, train, save, resume); it stays
     on this rank's device until a ``device.synchronize`` of ``local_rank``. Violations: a barrier reached with

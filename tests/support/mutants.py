@@ -1,4 +1,4 @@
-"""Mutation proof: each lifecycle bug the design warns about, applied on purpose, must be caught.
+"""Mutation proof: each lifecycle bug, applied on purpose, must be caught (each names the rule it breaks).
 
 A :class:`Mutant` is the shipped lifecycle with one bug: a mutated :class:`~colo_fsm.states.spec.LifecycleSpec`
 (derived with ``dataclasses.replace``) or one swapped component (the drain, the checkpoint decision, the runtime
@@ -67,6 +67,7 @@ from colo_fsm.testing.scenarios import StepPlan, scenarios_for
 
 KILLERS = ("validator", "runtime", "checker", "hypothesis", "properties", "ranks")
 S = State
+R = LifecycleRule
 
 
 # ---------------------------------------------------------------------------------------------- swapped components
@@ -383,7 +384,7 @@ class Mutant:
     """The shipped lifecycle with one deliberate bug."""
 
     name: str
-    breaks: str  # the DESIGN section 2 fact it breaks
+    breaks: LifecycleRule | None  # the lifecycle rule it breaks (None: the unmutated control)
     description: str
     spec: LifecycleSpec = LIFECYCLE
     drain_class: Callable[..., Any] = DeviceDrain
@@ -398,6 +399,12 @@ class Mutant:
     batcher_class: Callable[[], type[Any]] | None = None  # an engine loop (ContinuousBatcher) class, built lazily
     engine_factory: Callable[[int], Any] = resetting_engine  # rank -> engine, for the ranks killer
     expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
+
+    def __post_init__(self) -> None:
+        if self.breaks in (None, "-"):  # an unmutated control breaks nothing
+            object.__setattr__(self, "breaks", None)
+        else:
+            object.__setattr__(self, "breaks", LifecycleRule.of(self.breaks))
 
     def checker_kwargs(self, scenario: str = "all-step-kinds") -> dict[str, Any]:
         """Keyword arguments for :func:`colo_fsm.testing.checker.check` that apply this mutant."""
@@ -432,14 +439,14 @@ _NOT_VALIDATOR = frozenset({"runtime", "checker", "hypothesis"})
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "resume-before-barrier",
-        "2: drain + barrier before the resume signal",
+        R.ONE_COMMUNICATOR,
         "the wake path resumes the engine first, then drains and meets the barrier",
         spec=_resume_before_barrier(),
         expected=_ALL,  # the validator's path rule: decode after train work with no drain + barrier between
     ),
     Mutant(
         "resume-between-drain-and-barrier",
-        "2: drain + barrier before the resume signal",
+        R.ONE_COMMUNICATOR,
         "the validation wake signals resume after the drain but before the barrier",
         spec=edit_transitions(
             LIFECYCLE,
@@ -450,7 +457,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "barrier-without-drain",
-        "2: each rank drains its own device, then the barrier",
+        R.ONE_COMMUNICATOR,
         "the handoff to training meets the barrier without draining the device first",
         spec=edit_transitions(
             LIFECYCLE,
@@ -461,35 +468,35 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "drain-calling-thread-device",
-        "2: drain the device named by LOCAL_RANK",
+        R.ONE_COMMUNICATOR,
         "the drain synchronizes the calling thread's current device (device 0 when set_device was never called)",
         drain_class=CallingThreadDrain,
         expected=frozenset({"checker", "hypothesis"}),
     ),
     Mutant(
         "checkpoint-decision-queried-twice",
-        "4: decide once (latch)",
+        R.DECIDE_ONCE,
         "the save guard asks the checkpoint rule again instead of reading the latched decision",
         lifecycle_class=RequeryingLifecycle,
         expected=frozenset({"hypothesis"}),
     ),
     Mutant(
         "checkpoint-decision-not-latched",
-        "4: decide once (latch)",
+        R.DECIDE_ONCE,
         "the checkpoint decision re-evaluates its rules on every query; a second site gets a different answer",
         checkpoint_class=UnlatchedCheckpointDecision,
         expected=frozenset({"hypothesis", "properties"}),
     ),
     Mutant(
         "checkpoint-decision-not-agreed",
-        "4: decide once, the same decision everywhere",
+        R.DECIDE_ONCE,
         "rank 0 latches a save its peers did not (no agree/broadcast across ranks)",
         rank0_steps=(StepPlan(save=True), StepPlan(), StepPlan(validate=True), StepPlan(True, True), StepPlan()),
         expected=frozenset({"checker"}),
     ),
     Mutant(
         "wake-between-train-and-save",
-        "3: checkpoints suspend everything",
+        R.CHECKPOINT_SUSPENDS,
         "the post-step wake happens before the save that follows the training step",
         spec=edit_transitions(
             LIFECYCLE,
@@ -500,14 +507,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "wake-between-train-and-save-declared",
-        "3: checkpoints suspend everything",
+        R.CHECKPOINT_SUSPENDS,
         "as above, with Checkpointing re-declared 'engine awake' so the conditions agree (the path rule still objects)",
         spec=_wake_before_save_consistent(),
         expected=_ALL,
     ),
     Mutant(
         "teardown-at-validation",
-        "1: build once, teardown only at Stopped",
+        R.BUILD_ONCE,
         "the engine is torn down and rebuilt at the validation boundary",
         spec=edit_transitions(
             LIFECYCLE,
@@ -518,14 +525,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "last-step-wakes",
-        "3: the last step never wakes the engine",
+        R.CHECKPOINT_SUSPENDS,
         "the last step resumes engine and collector (Done re-declared awake, so the validator agrees)",
         spec=_last_step_wakes(),
         expected=frozenset({"checker", "hypothesis"}),
     ),
     Mutant(
         "weight-version-bumped-twice",
-        "5: weight version +1 exactly once per step",
+        R.WEIGHT_VERSIONS,
         "the training transition bumps the weight version twice",
         spec=edit_transitions(
             LIFECYCLE,
@@ -536,7 +543,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "weight-version-not-bumped",
-        "5: weight version +1 exactly once per step",
+        R.WEIGHT_VERSIONS,
         "the training transition never bumps the weight version",
         spec=edit_transitions(
             LIFECYCLE, _edge("train", S.DRAINING, S.TRAINING), actions=("restore_training_buffers", "train_step")
@@ -545,77 +552,77 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "buffer-trains-on-stale",
-        "5: a trajectory older than max_trajectory_age_steps is not trained on",
+        R.WEIGHT_VERSIONS,
         "the replay buffer never evicts by age, so sample() can return stale groups",
         buffer_class=lambda: _stale_tolerant_buffer(),
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "buffer-drops-stale-silently",
-        "5: a stale trajectory is counted, not silently dropped",
+        R.WEIGHT_VERSIONS,
         "the replay buffer evicts stale groups without counting them",
         buffer_class=lambda: _silently_dropping_buffer(),
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "staleness-from-newest-version",
-        "5: a trajectory's age is counted from the oldest weight version it was generated under",
+        R.WEIGHT_VERSIONS,
         "the replay buffer counts the age of a group that spans versions (parked through a step) from its newest",
         buffer_class=lambda: _newest_version_buffer(),
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "in-flight-cap-ignores-actor",
-        "6: bounded in-flight work (actor capacity, control headroom)",
+        R.BOUNDED_INFLIGHT,
         "the in-flight cap is num_prompts_per_step * max_trajectory_age_steps only",
         cap_class=AgeOnlyInFlightCap,
         expected=frozenset({"hypothesis", "properties"}),
     ),
     Mutant(
         "parallelism-check-ignores-expert-parallel",
-        "7: parallelism must match (TP, PP, EP, ETP raise)",
+        R.PARALLELISM_MATCHES,
         "the generation-side parallelism check compares TP and PP only",
         parallelism_check=parallelism_check_tp_pp_only,
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "parallelism-cp-mismatch-silent",
-        "7: a different context_parallel_size warns",
+        R.PARALLELISM_MATCHES,
         "a generation-side context_parallel_size that cannot apply is ignored without a warning",
         parallelism_check=parallelism_check_cp_silent,
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "throughput-against-step",
-        "8: throughput against wall-clock, not the step",
+        R.WALL_CLOCK_THROUGHPUT,
         "metrics are written against the step count instead of elapsed wall-clock seconds",
         metrics_logger=step_axis_metrics_logger,
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "suspend-not-at-step-boundary",
-        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, suspend at a decode-step boundary",
+        R.PARK_NOT_DRAIN,
         "suspend suspends the engine at once and the engine loop keeps decoding through the handoff",
         batcher_class=_no_boundary_suspend_batcher,
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "parked-request-dropped-on-resume",
-        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, each parked request resumes",
+        R.PARK_NOT_DRAIN,
         "the resume forgets the parked requests: they never complete",
         batcher_class=_dropping_resume_batcher,
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "parked-request-resumed-twice",
-        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, each parked request resumes once",
+        R.PARK_NOT_DRAIN,
         "the resume adds every parked request to the engine again: its tokens are generated twice",
         batcher_class=_double_resume_batcher,
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "inference-optimized-training-without-opt-in",
-        "9: dual-mode training stays opt-in",
+        R.DUAL_MODE_OPT_IN,
         "a dual-mode (inference_optimized) model is trained without allow_inference_optimized_training",
         trainable_check=trainable_without_opt_in,
         expected=frozenset({"properties"}),
@@ -880,7 +887,7 @@ class MutantResult:
 
 def evaluate(m: Mutant, killers: Iterable[str] = KILLERS, *, hypothesis_examples: int = 300) -> MutantResult:
     """Run ``killers`` against ``m`` (the hypothesis killer with up to ``hypothesis_examples`` programs)."""
-    res = MutantResult(m.name, m.breaks, expected=sorted(m.expected))
+    res = MutantResult(m.name, m.breaks.value if m.breaks else "-", expected=sorted(m.expected))
     for k in killers:
         t0 = time.perf_counter()
         evidence = kill_by_hypothesis(m, hypothesis_examples) if k == "hypothesis" else _KILL[k](m)
@@ -893,7 +900,7 @@ def evaluate(m: Mutant, killers: Iterable[str] = KILLERS, *, hypothesis_examples
 
 
 def table(results: Sequence[MutantResult]) -> str:
-    """A text table: mutant, a mark per killer (x killed, . not, - not run), and the fact it breaks."""
+    """A text table: mutant, a mark per killer (x killed, . not, - not run), and the rule it breaks."""
     widths = [max(len(k), 7) for k in KILLERS]
     head = f"{'mutant':<44} " + " ".join(f"{k:>{w}}" for k, w in zip(KILLERS, widths)) + "  breaks"
     lines = [head, "-" * len(head)]

@@ -46,7 +46,7 @@ from colo_fsm.adapters.megatron.parallel import on_own_device
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.megatron")
+log = get_logger(__name__)
 
 
 def dynamic_engine_available() -> tuple[bool, str]:
@@ -260,7 +260,7 @@ class DynamicStepBackend:
         self.eod = int(tokenizer.eod)
         self.inference_config = InferenceConfig(
             block_size_tokens=block_size_tokens,
-            buffer_size_gb=buffer_size_gb,  # type: ignore[arg-type]  # megatron multiplies it by 1024**3
+            buffer_size_gb=buffer_size_gb,  # megatron multiplies it by 1024**3
             max_requests=max_requests if max_requests is not None else 128,  # bounded: see InferenceConfig
             max_sequence_length=max_sequence_length,
             kv_cache_management_mode=KVCacheManagementMode(kv_cache_mode),
@@ -367,7 +367,7 @@ class DynamicStepBackend:
         """Drop the engine and free its buffers."""
         self.engine.suspend()
         self._tracked.clear()
-        self.llm = None  # type: ignore[assignment]
+        self.llm = None
         self.engine = None
         torch.cuda.empty_cache()
 

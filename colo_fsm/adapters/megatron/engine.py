@@ -52,7 +52,7 @@ from colo_fsm.guards.mode import ModeReport
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.megatron")
+log = get_logger(__name__)
 
 
 class KVCacheMode(StrEnum):
@@ -117,6 +117,16 @@ class GenerationConfig:
                 isinstance(v, bool) or not isinstance(v, int) or v < 1
             ):
                 raise ConfigError(name, v, what)
+        if self.kv_cache_mode == "offload" and self.num_cuda_graphs is not None and self.inflight == "park":
+            # megatron-core 0.19.2 recaptures the graphs at an offload resume: it adds dummy requests to the
+            # context (RequestOverflowError with requests parked there, seen on one H200) and resets the
+            # context after every capture, which would drop the parked requests' state.
+            raise ConfigError(
+                "kv_cache_mode",
+                self.kv_cache_mode,
+                "'persist' (graphs stay valid) or 'recompute' (parked requests are re-added after the recapture) "
+                "with num_cuda_graphs and inflight='park'; or inflight='drain' for offload with graphs",
+            )
         m = self.max_top_logprobs
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise ConfigError("max_top_logprobs", m, "a non-negative integer (0: no alternatives)")
