@@ -241,6 +241,34 @@ def _fmt_range(r: tuple[float | None, float | None]) -> str:
     return ":".join("" if v is None else f"{v:g}" for v in r)
 
 
+def row_windows(
+    rows: dict[str, list[TraceRecord]], steps: tuple[float | None, float | None]
+) -> dict[str, tuple[float, float]]:
+    """Each row's own ``(start, end)`` of training steps A through B: from its ``begin_step`` of step A to its
+    ``begin_step`` of step B + 1 (or the row's end). Rows of separate runs have separate clocks, so a step
+    window is cut row by row; a row without step A in its trace is left out."""
+    first, last = steps
+    every = spans(rows)
+    out: dict[str, tuple[float, float]] = {}
+    marks = step_marks(rows)
+    for label in rows:
+        mine = [m for m in marks if m.row == label]
+        row_spans = [s for s in every if s.row == label]
+        lo = min(s.start for s in row_spans)
+        hi = max(s.end for s in row_spans)
+        if first is not None:
+            begins = [m.t_begin for m in mine if m.step >= first]
+            if not begins:
+                continue
+            lo = min(begins)
+        if last is not None:
+            ends = [m.t_begin for m in mine if m.step == last + 1]
+            hi = min(ends) if ends else hi
+        if lo < hi:
+            out[label] = (lo, hi)
+    return out
+
+
 def clip(all_spans: Sequence[Span], lo: float, hi: float) -> list[Span]:
     """The spans that overlap ``[lo, hi]``, cut to it (a span that only touches an edge is left out)."""
     out: list[Span] = []
@@ -320,8 +348,23 @@ def render_timeline(
     every = spans(rows)
     t0 = min(s.start for s in every)
     lo, hi = window(rows, steps=steps, time_range=time_range)
-    shown = clip(every, lo, hi)
-    marks = [m for m in step_marks(rows) if lo <= m.t_begin <= hi]
+    if steps is None:
+        shown = clip(every, lo, hi)
+    else:  # each row its own steps A..B (rows of separate runs have separate clocks)
+        own = row_windows(rows, steps)
+        shown = [
+            s
+            for label, (a, b) in own.items()
+            for s in clip([s for s in every if s.row == label], max(a, lo), min(b, hi))
+        ]
+        if shown:
+            lo, hi = min(s.start for s in shown), max(s.end for s in shown)
+    first, last = steps if steps is not None else (None, None)
+    marks = [
+        m
+        for m in step_marks(rows)
+        if lo <= m.t_begin <= hi and (first is None or m.step >= first) and (last is None or m.step <= last + 1)
+    ]
 
     import matplotlib
 
@@ -452,6 +495,7 @@ __all__ = [
     "parse_range",
     "read_trace_file",
     "render_timeline",
+    "row_windows",
     "spans",
     "step_marks",
     "window",

@@ -335,3 +335,21 @@ def test_cli_timeline_window(two_rank_traces: list[Path], tmp_path: Path) -> Non
     assert out.read_bytes()[:8] == PNG_MAGIC
     assert main(["timeline", *map(str, two_rank_traces), "-o", str(tmp_path / "b.png"), "--steps", "3:2"]) == 2
     assert not (tmp_path / "b.png").exists()
+
+
+def test_step_window_is_cut_row_by_row_for_separate_runs(two_rank_traces: list[Path], long_trace: Path) -> None:
+    from colo_fsm.timeline import row_windows
+
+    rows = load_rows([two_rank_traces[0], long_trace])  # two runs, two clocks
+    own = row_windows(rows, (2, 3))
+    assert set(own) == set(rows)
+    for label, (lo, hi) in own.items():
+        recs = rows[label]
+        begins = [r.t_start for r in recs if r.trigger == "begin_step"]
+        assert lo == begins[1] and hi == begins[3]  # its own step 2 .. its own step 4's begin
+        trained = [r.step for r in recs if r.trigger == "train" and lo <= r.t_enter <= hi]
+        assert trained == [2, 3], label
+    # a single run keeps the one window of window()
+    one = load_rows(two_rank_traces)
+    lo, hi = window(one, steps=(2, 3))
+    assert all(lo <= a < b <= hi for a, b in row_windows(one, (2, 3)).values())
