@@ -148,6 +148,79 @@ class DrainError(LifecycleError):
     """Draining the rank's own device failed or named an impossible device."""
 
 
+class ModelModeError(LifecycleError):
+    """A training step would run on a model still in an inference mode; names each field and its value.
+
+    ``fields`` is a list of ``(field, current value, value training needs)``.
+    """
+
+    def __init__(
+        self,
+        fields: list[tuple[str, Any, Any]],
+        *,
+        state: str | None = None,
+        rank: int | None = None,
+        weight_version: int | None = None,
+    ) -> None:
+        self.fields = list(fields)
+        what = "; ".join(f"{f}={cur!r} (training needs {want!r})" for f, cur, want in self.fields)
+        super().__init__(
+            f"refusing to train on a model still in inference mode: {what} "
+            "(the engine's suspend must restore every rank to the training mode)",
+            state=state,
+            rank=rank,
+            weight_version=weight_version,
+        )
+
+
+class HandoffDivergence(LifecycleError):
+    """The ranks met at a handoff barrier in different states; raised on every rank within that barrier.
+
+    ``fields`` maps each differing fingerprint field to ``{value: [ranks holding it]}``; ``mode`` (when the
+    mode digests differ and the ranks exchanged their mode records) maps each differing mode field likewise.
+    """
+
+    def __init__(
+        self,
+        fields: dict[str, dict[Any, list[int]]],
+        *,
+        mode: dict[str, dict[Any, list[int]]] | None = None,
+        state: str | None = None,
+        rank: int | None = None,
+        weight_version: int | None = None,
+    ) -> None:
+        self.fields = fields
+        self.mode = mode or {}
+
+        def fmt(table: dict[str, dict[Any, list[int]]]) -> str:
+            return "; ".join(
+                f"{name}: " + ", ".join(f"{value!r} on ranks {ranks}" for value, ranks in by_value.items())
+                for name, by_value in table.items()
+            )
+
+        detail = fmt(fields)
+        if self.mode:
+            detail += f"; model mode: {fmt(self.mode)}"
+        super().__init__(
+            f"ranks diverged at the handoff barrier: {detail}", state=state, rank=rank, weight_version=weight_version
+        )
+
+
+class MemoryBudgetExceeded(ColoFsmError):
+    """The KV buffer plus the training peak plus the margin do not fit the device; lists the numbers and options."""
+
+    def __init__(self, breakdown: dict[str, float], capacity_gib: float, options: list[str]) -> None:
+        self.breakdown = dict(breakdown)
+        self.capacity_gib = capacity_gib
+        self.options = list(options)
+        total = breakdown.get("total_gib", 0.0)
+        parts = ", ".join(f"{k}={v:.2f}" for k, v in breakdown.items() if k != "total_gib")
+        super().__init__(
+            f"memory budget: {total:.2f} GiB needed > {capacity_gib:.2f} GiB on the device ({parts}); "
+            f"options: {'; '.join(options)}"
+        )
+
+
 class ParallelismMismatch(ColoFsmError, ValueError):
     """A generation-side parallelism setting differs from the training model it must inherit."""
 
@@ -232,8 +305,11 @@ __all__ = [
     "EngineRebuild",
     "EngineStopped",
     "GuardRejected",
+    "HandoffDivergence",
     "InvalidTransition",
     "LifecycleError",
+    "MemoryBudgetExceeded",
+    "ModelModeError",
     "ParallelismMismatch",
     "RequestTooLarge",
     "RolloutDeferred",

@@ -17,6 +17,7 @@ from tests.support.mutants import (
     Mutant,
     evaluate,
     kill_by_checker,
+    kill_by_ranks,
     kill_by_runtime,
     kill_by_validator,
     table,
@@ -50,7 +51,7 @@ def test_the_required_bugs_are_all_there():
         assert required in names
     assert all(m.expected and m.expected <= set(KILLERS) for m in MUTANTS)
     facts = {m.breaks.split(":")[0] for m in MUTANTS}
-    assert facts == {str(i) for i in range(1, 11)}, facts
+    assert facts == {str(i) for i in range(1, 12)}, facts
 
 
 def test_the_shipped_lifecycle_survives_every_killer():
@@ -60,6 +61,7 @@ def test_the_shipped_lifecycle_survives_every_killer():
     assert kill_by_validator(control) is None
     assert kill_by_runtime(control) is None
     assert kill_by_checker(control) is None
+    assert kill_by_ranks(control) is None
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from colo_fsm.guards.mode import ReportsModelMode
+
 
 @runtime_checkable
 class GenerationEngine(Protocol):
@@ -18,6 +20,11 @@ class GenerationEngine(Protocol):
     ``reads_weights_in_place`` is True when generation reads the trainer's parameters directly (the same
     model object), so a weight sync is only an offload plus a version bump. Asynchronous colocated training
     is refused for an engine that must refit weights across worlds.
+
+    Optionally an engine also reports the shared model's mode (:class:`ReportsModelMode`: ``model_mode()``
+    returning a :class:`~colo_fsm.guards.mode.ModeReport`); the lifecycle then refuses a training step on a
+    model still in an inference mode and puts a digest of the report into every handoff barrier's fingerprint.
+    Engines that report nothing are not checked.
     """
 
     reads_weights_in_place: bool
@@ -109,4 +116,12 @@ class TextGenerator(Protocol):
         """Generate one completion per prompt."""
 
 
-__all__ = ["Collector", "Completion", "GenerationEngine", "StepResult", "TextGenerator", "Trainer"]
+__all__ = [
+    "Collector",
+    "Completion",
+    "GenerationEngine",
+    "ReportsModelMode",
+    "StepResult",
+    "TextGenerator",
+    "Trainer",
+]

@@ -120,6 +120,7 @@ def run_rank(
     from colo_fsm.demo.progress import ProgressDisplay, follow
     from colo_fsm.demo.task import ALPHABET, PromptStream, ReverseTask, validation_prompts
     from colo_fsm.guards import CheckpointDecision, InFlightCap, TorchBarrier, ValidationDecision
+    from colo_fsm.guards.drain import DeviceDrain, NoDeviceDrain
     from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
     from colo_fsm.metrics import MetricsLogger
     from colo_fsm.states.spec import State
@@ -270,6 +271,7 @@ def run_rank(
             trace_path=run_dir / f"trace.rank{rank}.jsonl",
         ),
         barrier=TorchBarrier(timeout_s=300) if world > 1 else None,
+        drain=NoDeviceDrain("demo on the CPU") if cfg.device != "cuda" else DeviceDrain(),
         checkpoint=CheckpointDecision(cfg.checkpoint_every),
         validation=ValidationDecision(cfg.validate_every),
         validator=validator,

@@ -9,7 +9,7 @@ from colo_fsm.guards.decision import (
     ValidationDecision,
     broadcast_from_rank0,
 )
-from colo_fsm.guards.drain import DeviceDrain, local_rank_from_env
+from colo_fsm.guards.drain import DeviceDrain, NoDeviceDrain, default_drain, local_rank_from_env
 from colo_fsm.guards.parallelism import ParallelismCheck, ParallelismWarning, check_parallelism
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "InFlightCap",
     "LatchedDecision",
     "MustSaveBy",
+    "NoDeviceDrain",
     "ParallelismCheck",
     "ParallelismWarning",
     "SoloBarrier",
@@ -28,5 +29,6 @@ __all__ = [
     "ValidationDecision",
     "broadcast_from_rank0",
     "check_parallelism",
+    "default_drain",
     "local_rank_from_env",
 ]

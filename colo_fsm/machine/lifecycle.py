@@ -23,14 +23,18 @@ from colo_fsm.errors import (
     ConfigError,
     EngineRebuild,
     GuardRejected,
+    HandoffDivergence,
     InvalidTransition,
     LifecycleError,
+    ModelModeError,
     UnsupportedEngine,
 )
 from colo_fsm.guards.barrier import Barrier, SoloBarrier
 from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision, ValidationDecision
-from colo_fsm.guards.drain import DeviceDrain
+from colo_fsm.guards.drain import default_drain
+from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.handoff import HandoffLedger
+from colo_fsm.guards.mode import check_training_mode, mode_digest, report_of
 from colo_fsm.log import format_prefix, heartbeat
 from colo_fsm.log import set_context as _log_context
 from colo_fsm.machine.trace import Trace, TraceRecord
@@ -195,7 +199,7 @@ class Lifecycle:
         self.trainer = trainer
         self.collector = collector
         self.rank = self.config.rank
-        self._drain = drain if drain is not None else DeviceDrain()
+        self._drain = drain if drain is not None else default_drain()
         self._barrier = barrier or SoloBarrier()
         self.checkpoint_decision = checkpoint or CheckpointDecision()
         self.validation_decision = validation or ValidationDecision()
@@ -464,7 +468,7 @@ class Lifecycle:
 
     def _fail(self, err: _ActionError) -> None:
         state = self.state
-        if isinstance(err.cause, GuardRejected):
+        if isinstance(err.cause, GuardRejected | HandoffDivergence | ModelModeError):
             self.failure = err.cause
         else:
             self.failure = ActionFailed(
@@ -589,9 +593,28 @@ class Lifecycle:
         self._drain()
         self.ledger.record_drain()
 
+    def _fingerprint(self) -> HandoffFingerprint:
+        """This rank's view at a handoff barrier: state, step, version, latched decisions, model mode."""
+        report = report_of(self.engine)
+        return HandoffFingerprint(
+            state=self.state.value,
+            step=self.step_index,
+            weight_version=self.weight_version,
+            save=self.facts[Fact.SAVE_THIS_STEP],
+            validate=self.facts[Fact.VALIDATE_THIS_STEP],
+            last=self.facts[Fact.LAST_STEP],
+            mode_digest=mode_digest(report),
+            mode=report,
+        )
+
     def _act_barrier(self) -> None:
         self.ledger.before_barrier()
-        self._barrier.wait(state=self.state.value, weight_version=self.weight_version)
+        if getattr(self._barrier, "exchanges_fingerprints", False):  # the fingerprint travels with the barrier
+            self._barrier.wait(  # type: ignore[call-arg]
+                state=self.state.value, weight_version=self.weight_version, fingerprint=self._fingerprint()
+            )
+        else:
+            self._barrier.wait(state=self.state.value, weight_version=self.weight_version)
         self.ledger.record_barrier()
         self.facts[Fact.HANDOFF_COMPLETE] = self.ledger.complete
 
@@ -606,6 +629,9 @@ class Lifecycle:
                 rank=self.rank,
                 weight_version=self.weight_version,
             )
+        check_training_mode(  # no training forward on a model some switch still holds in inference mode
+            report_of(self.engine), state=self.state.value, rank=self.rank, weight_version=self.weight_version
+        )
         self._issue("train_step")
         result = self.trainer.train_step(self._batch)
         self.last_result = result if isinstance(result, StepResult) else StepResult()

@@ -37,7 +37,7 @@ from colo_fsm.collector.buffer import ReplayBuffer, TrajectoryGroup
 from colo_fsm.collector.collector import AsyncCollector, Prompt
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.guards.capacity import RAY_ASYNC_ACTOR_DEFAULT_MAX_CONCURRENCY, InFlightCap
-from colo_fsm.guards.drain import DeviceDrain, local_rank_from_env
+from colo_fsm.guards.drain import default_drain, local_rank_from_env
 from colo_fsm.server.server import GatedEngine
 
 log = logging.getLogger("colo_fsm.ray")
@@ -181,7 +181,9 @@ class RolloutWorkerBody:
             raise ConfigError("rank", rank, "a non-negative integer")
         if not callable(adapters_factory):
             raise ConfigError("adapters_factory", adapters_factory, "a callable rank -> WorkerAdapters")
-        self._drain = DeviceDrain(local_rank if local_rank is not None else local_rank_from_env())
+        self._local_rank = local_rank if local_rank is not None else local_rank_from_env()
+        # the worker's own GPU (cuda:local_rank); an explicit no-op drain on a worker that sees no CUDA device
+        self._drain = default_drain(self._local_rank)
         adapters = _resolve_adapters(adapters_factory(rank))
         generator = adapters.generator
         assert generator is not None  # _resolve_adapters fills it in
@@ -324,7 +326,7 @@ class RolloutWorkerBody:
         """Rank, local rank, process id, ``reads_weights_in_place`` of the engine, and whether it has a trainer."""
         return {
             "rank": self.rank,
-            "local_rank": self._drain.local_rank,
+            "local_rank": self._local_rank,
             "pid": os.getpid(),
             "engine": type(self.gated.inner).__name__,
             "reads_weights_in_place": bool(getattr(self.gated.inner, "reads_weights_in_place", False)),

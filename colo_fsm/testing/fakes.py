@@ -6,6 +6,7 @@ lifecycle machine runs against. A fake can be told to raise or hang in any metho
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from colo_fsm.adapters.protocols import StepResult
+from colo_fsm.guards.mode import ModelMode, ModeReport
 
 
 @dataclass
@@ -94,6 +96,44 @@ class RecordingEngine(_Faulty):
 
     def server_base_urls(self) -> Sequence[str]:
         return list(self.urls)
+
+
+class ModalEngine(RecordingEngine):
+    """A recording engine that mutates a (simulated) shared model's mode the way a real one does.
+
+    Bring-up and resume set ``inference_mode``; :meth:`decode_step` sets the decode-time expert padding from
+    rank-local state (as megatron-core's controller does per step); suspend resets every switch to the
+    training mode, unless ``reset_on_suspend=False`` (the bug: padding stays as the last decode step left it).
+    """
+
+    def __init__(self, journal: Journal | None = None, *, reset_on_suspend: bool = True, **kwargs: Any) -> None:
+        super().__init__(journal, **kwargs)
+        self.training_mode = ModelMode(expert_padding=False, inference_dispatchers=0)
+        self.mode = self.training_mode
+        self.reset_on_suspend = reset_on_suspend
+
+    def bring_up(self) -> None:
+        super().bring_up()
+        self.mode = dataclasses.replace(self.mode, inference_mode=True)
+
+    def decode_step(self, *, padding: bool) -> None:
+        """One decode step that toggles expert padding from this rank's own state."""
+        self.mode = dataclasses.replace(self.mode, expert_padding=padding)
+
+    def suspend(self) -> None:
+        super().suspend()
+        if self.reset_on_suspend:
+            self.mode = self.training_mode
+        else:
+            self.mode = dataclasses.replace(self.mode, inference_mode=False)
+
+    def resume(self) -> None:
+        super().resume()
+        self.mode = dataclasses.replace(self.mode, inference_mode=True)
+
+    def model_mode(self) -> ModeReport:
+        """The simulated model's current mode and its training mode."""
+        return ModeReport(current=self.mode, training=self.training_mode)
 
 
 class RecordingTrainer(_Faulty):
@@ -277,6 +317,7 @@ __all__ = [
     "FakeReplayBuffer",
     "FakeRequestSource",
     "Journal",
+    "ModalEngine",
     "RecordingCollector",
     "RecordingDrain",
     "RecordingEngine",

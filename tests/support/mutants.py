@@ -14,7 +14,11 @@ catch it:
 * ``hypothesis``: the property-based lifecycle machine (:mod:`colo_fsm.testing.lifecycle_machine`) finds a
   failing program;
 * ``properties``: the component properties of :mod:`tests.support.properties` (latch, in-flight cap,
-  parallelism check, wall-clock metrics, dual-mode opt-in) find a counterexample.
+  parallelism check, wall-clock metrics, dual-mode opt-in) find a counterexample;
+* ``ranks``: two ranks (threads) running the runtime machine over a fingerprint-exchanging
+  :class:`~colo_fsm.guards.barrier.ThreadBarrier` with mode-reporting engines: a healthy program must pass,
+  and one rank whose engine leaves the model in decode mode must make every rank raise
+  :class:`~colo_fsm.errors.HandoffDivergence` at the barrier.
 
 ``scripts/mutation_proof.py`` prints the table and fails if any mutant survives every killer.
 """
@@ -29,10 +33,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from colo_fsm.errors import LifecycleError
+from colo_fsm.errors import HandoffDivergence, LifecycleError
+from colo_fsm.guards.barrier import ThreadBarrier
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision
 from colo_fsm.guards.drain import DeviceDrain
+from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.states.rules import LifecycleRule
@@ -47,10 +53,17 @@ from colo_fsm.states.spec import (
 )
 from colo_fsm.states.validate import SpecError, validate_spec
 from colo_fsm.testing.checker import check
-from colo_fsm.testing.fakes import FakeClock, recording_adapters
+from colo_fsm.testing.fakes import (
+    FakeClock,
+    Journal,
+    ModalEngine,
+    RecordingCollector,
+    RecordingTrainer,
+    recording_adapters,
+)
 from colo_fsm.testing.scenarios import SCENARIOS, StepPlan
 
-KILLERS = ("validator", "runtime", "checker", "hypothesis", "properties")
+KILLERS = ("validator", "runtime", "checker", "hypothesis", "properties", "ranks")
 S = State
 
 
@@ -87,6 +100,23 @@ class RequeryingLifecycle(Lifecycle):
             return bool(rule(self.step_index))
 
         return ask_again
+
+
+class DigestlessLifecycle(Lifecycle):
+    """MUTANT: the handoff fingerprint leaves out the model-mode digest (ranks in different modes agree)."""
+
+    def _fingerprint(self) -> HandoffFingerprint:
+        return dataclasses.replace(super()._fingerprint(), mode_digest=0, mode=None)
+
+
+def resetting_engine(rank: int) -> Any:
+    """The shipped behaviour: an engine whose suspend resets the model mode on every rank."""
+    return ModalEngine()
+
+
+def one_rank_resets_mode(rank: int) -> Any:
+    """MUTANT: an engine whose suspend resets the model mode on rank 0 only (rank-local reset)."""
+    return ModalEngine(reset_on_suspend=rank == 0)
 
 
 class UnlatchedCheckpointDecision(CheckpointDecision):
@@ -298,6 +328,7 @@ class Mutant:
     metrics_logger: Callable[[], type[Any]] | None = None
     buffer_class: Callable[[], type[Any]] | None = None  # a replay buffer class (built lazily: imports collector)
     batcher_class: Callable[[], type[Any]] | None = None  # an engine loop (ContinuousBatcher) class, built lazily
+    engine_factory: Callable[[int], Any] = resetting_engine  # rank -> engine, for the ranks killer
     expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
 
     def checker_kwargs(self, scenario: str = "all-step-kinds") -> dict[str, Any]:
@@ -514,6 +545,20 @@ MUTANTS: tuple[Mutant, ...] = (
         trainable_check=trainable_without_opt_in,
         expected=frozenset({"properties"}),
     ),
+    Mutant(
+        "fingerprint-omits-mode-digest",
+        "11: uniform model mode at every handoff",
+        "the handoff barrier's fingerprint leaves out the model-mode digest, so ranks in different modes pass it",
+        lifecycle_class=DigestlessLifecycle,
+        expected=frozenset({"ranks"}),
+    ),
+    Mutant(
+        "mode-reset-on-one-rank",
+        "11: uniform model mode at every handoff",
+        "the engine's suspend resets the model mode on one rank only; the others keep their decode-time padding",
+        engine_factory=one_rank_resets_mode,
+        expected=frozenset({"ranks"}),
+    ),
 )
 """Every mutant the proof runs."""
 
@@ -633,12 +678,70 @@ def kill_by_properties(m: Mutant) -> str | None:
     return None
 
 
+def _run_ranks(m: Mutant, world: int, planted: bool) -> dict[int, BaseException | None]:
+    """Each rank (a thread) runs two steps on the mutant's machine; ``planted``: rank 1's engine never resets."""
+    shared = threading.Barrier(world)
+    outcome: dict[int, BaseException | None] = {}
+
+    def run(rank: int) -> None:
+        j = Journal()
+        engine = ModalEngine(j, reset_on_suspend=False) if planted and rank == 1 else m.engine_factory(rank)
+        lc = m.lifecycle_class(
+            engine,
+            RecordingTrainer(j),
+            RecordingCollector(j),
+            config=LifecycleConfig(num_steps=2, rank=rank, world_size=world),
+            drain=m.drain_class(rank, synchronize=lambda _d: None),
+            barrier=ThreadBarrier(shared, rank, timeout_s=2.0),
+            checkpoint=m.checkpoint_class(2),
+            spec=m.spec,
+            check_spec=False,
+        )
+        try:
+            lc.start()
+            while not lc.finished:
+                engine.decode_step(padding=rank == world - 1)  # rank-local padding, per decode step
+                lc.step([rank])
+                if lc.state is S.VALIDATING:
+                    lc.end_validation()
+            lc.stop()
+            outcome[rank] = None
+        except Exception as exc:
+            outcome[rank] = exc  # a peer waiting for this rank at a later barrier times out (2 s)
+        finally:
+            lc.close()
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30.0)
+    return outcome
+
+
+def kill_by_ranks(m: Mutant, world: int = 2) -> str | None:
+    """Two ranks over a fingerprint barrier: a healthy program must pass; a planted mode divergence must make
+    every rank raise HandoffDivergence. The first broken expectation, or None."""
+    healthy = _run_ranks(m, world, planted=False)
+    failed = {r: e for r, e in healthy.items() if e is not None}
+    if failed or len(healthy) < world:
+        r, e = next(iter(failed.items())) if failed else (-1, None)
+        return f"healthy {world}-rank run failed on rank {r}: {type(e).__name__}: {e}"
+    planted = _run_ranks(m, world, planted=True)
+    missed = {r: e for r, e in planted.items() if not isinstance(e, HandoffDivergence)}
+    if missed or len(planted) < world:
+        got = ", ".join(f"rank {r}: {type(e).__name__ if e else 'no error'}" for r, e in sorted(missed.items()))
+        return f"rank 1 left in decode mode, yet not every rank raised HandoffDivergence at the barrier ({got})"
+    return None
+
+
 _KILL: dict[str, Callable[[Mutant], str | None]] = {
     "validator": kill_by_validator,
     "runtime": kill_by_runtime,
     "checker": kill_by_checker,
     "hypothesis": kill_by_hypothesis,
     "properties": kill_by_properties,
+    "ranks": kill_by_ranks,
 }
 
 
@@ -711,6 +814,7 @@ __all__ = [
     "MUTANTS",
     "AgeOnlyInFlightCap",
     "CallingThreadDrain",
+    "DigestlessLifecycle",
     "Mutant",
     "MutantResult",
     "RequeryingLifecycle",
@@ -723,8 +827,10 @@ __all__ = [
     "kill_by_checker",
     "kill_by_hypothesis",
     "kill_by_properties",
+    "kill_by_ranks",
     "kill_by_runtime",
     "kill_by_validator",
+    "one_rank_resets_mode",
     "set_current_device",
     "table",
 ]

@@ -40,9 +40,13 @@ from colo_fsm.adapters.batching import (
     TokenCompletion,
     parse_inflight,
 )
+from colo_fsm.adapters.megatron.memory import check_engine_budget
+from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import device_context, on_own_device
 from colo_fsm.adapters.protocols import Completion
 from colo_fsm.errors import ConfigError, EngineRebuild, EngineStopped, LifecycleError, RequestTooLarge
+from colo_fsm.guards.memory import MemoryBudget, MemoryEstimate
+from colo_fsm.guards.mode import ModeReport
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.log import get_logger
 
@@ -187,6 +191,9 @@ class MegatronEngine:
         self.built = False
         self.torn_down = False
         self.generate_calls = 0
+        self.mode = mode_control(model)  # guards: the shared model's inference-only switches (megatron/mode.py)
+        self.memory_budget: MemoryBudget | None = None  # guards: checked before bring_up builds (megatron/memory.py)
+        self.memory_estimate: MemoryEstimate | None = None  # guards: the last budget estimate (breakdown())
 
     # ------------------------------------------------------------------ GenerationEngine
     def _choose_backend(self) -> tuple[str, str]:
@@ -235,6 +242,7 @@ class MegatronEngine:
         """Build the engine once, start its engine thread and leave it awake (``InferenceMode`` set)."""
         if self.built:
             raise EngineRebuild("MegatronEngine.bring_up called twice: the colocated engine is built once per run")
+        self.memory_estimate = check_engine_budget(self)  # guards: refuse an over-budget build with the numbers
         self.model.eval()
         batcher = self.batcher_class(
             self._make_backend,
@@ -268,18 +276,28 @@ class MegatronEngine:
         Parked requests stay in the engine; on return no decode step is in flight and ``InferenceMode`` is clear.
         """
         self._live("suspend").suspend()
+        self.mode.to_training()  # guards: every rank back in the training mode, identically
 
     @on_own_device
     def resume(self) -> None:
         """Resume decoding (KV restored per mode; model in eval mode; ``InferenceMode`` set); parked requests go on."""
-        self._live("resume").resume()
+        batcher = self._live("resume")
+        if not batcher.awake:
+            self.model.eval()
+            self.mode.to_inference()  # guards: decode-side switches back on
+        batcher.resume()
 
     @on_own_device
     def shutdown(self) -> None:
         """Abort every request left (futures resolve "abort") and tear the engine down (only on the way to Stopped)."""
         if self._batcher is not None and not self.torn_down:
             self._batcher.shutdown()
+            self.mode.to_training()  # guards
         self.torn_down = True
+
+    def model_mode(self) -> ModeReport:
+        """The shared model's inference-only switches now, and their training values (guards)."""
+        return self.mode.report()
 
     def server_base_urls(self) -> Sequence[str]:
         """Base URLs of OpenAI-compatible servers over this engine (none unless given)."""

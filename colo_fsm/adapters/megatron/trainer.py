@@ -24,10 +24,12 @@ import torch
 
 from colo_fsm.adapters.megatron.checkpoint import FORMATS, CheckpointInfo, load_checkpoint, save_checkpoint
 from colo_fsm.adapters.megatron.cpu_loop import forward_logits
+from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.model import check_trainable
 from colo_fsm.adapters.megatron.parallel import on_own_device
 from colo_fsm.adapters.protocols import StepResult
 from colo_fsm.errors import ConfigError, LifecycleError
+from colo_fsm.guards.mode import check_training_mode
 from colo_fsm.log import get_logger
 
 log = get_logger("colo_fsm.megatron")
@@ -132,6 +134,7 @@ class MegatronTrainer:
         self.offloaded = False
         self.steps = 0
         self.max_sequence_length = int(getattr(model, "max_sequence_length", 0) or 0)
+        self.mode = mode_control(model)  # the shared model's inference-only switches (guards)
 
     # ------------------------------------------------------------------ helpers
     def _dp(self) -> tuple[Any, int]:
@@ -247,6 +250,7 @@ class MegatronTrainer:
         rollouts = list(batch or [])
         if not rollouts or not all(isinstance(r, Rollout) for r in rollouts):
             raise ConfigError("batch", type(batch).__name__, "a non-empty sequence of Rollout")
+        check_training_mode(self.mode.report())  # refuse a model some switch still holds in inference mode
         self.enter_training_mode()
         adv = torch.tensor(group_advantages(rollouts), dtype=torch.float32, device=self.device)
         self.optimizer.zero_grad(set_to_none=True)

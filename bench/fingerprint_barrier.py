@@ -1,0 +1,183 @@
+"""Cost of the fingerprint barrier against a plain barrier, per handoff, over 2 and 4 ranks (gloo or NCCL).
+
+Each rank is a real process in one ``torch.distributed`` group. Three ways to meet, interleaved in one run
+(the order rotates every round, so machine load hits all three alike):
+
+* ``plain``: :class:`~colo_fsm.guards.barrier.TorchBarrier` without a fingerprint, the handoff barrier as it
+  was (``monitored_barrier`` on gloo, a ``barrier`` work handle on NCCL);
+* ``dist.barrier``: torch's bare barrier, for reference;
+* ``fingerprint``: the same ``TorchBarrier`` exchanging a :class:`~colo_fsm.guards.fingerprint.HandoffFingerprint`
+  (one all_gather of 7 int64 per rank), *including* building the fingerprint from a mode report and its digest
+  and comparing the gathered rows, i.e. everything the lifecycle's barrier action adds.
+
+Reported: rank 0's median microseconds per handoff for each, and fingerprint / plain. Target: the fingerprint
+adds under 20% to a plain gloo barrier.
+
+Usage::
+
+    python bench/fingerprint_barrier.py                    # gloo, 2 and 4 ranks (~20 s on 2 busy cores)
+    python bench/fingerprint_barrier.py --quick
+    python bench/fingerprint_barrier.py --backend nccl --ranks 2 4 8   # one GPU per rank
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+KINDS = ("plain", "dist.barrier", "fingerprint")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: int, out) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from colo_fsm.guards.barrier import TorchBarrier
+    from colo_fsm.guards.fingerprint import HandoffFingerprint
+    from colo_fsm.guards.mode import ModelMode, ModeReport, mode_digest
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=120), **kwargs)
+    barrier = TorchBarrier(timeout_s=120)
+    report = ModeReport(ModelMode(expert_padding=False, inference_dispatchers=0), ModelMode(expert_padding=False))
+
+    def plain() -> None:
+        barrier.wait(state="Draining", weight_version=3)
+
+    def bare() -> None:
+        dist.barrier()
+        if backend == "nccl":
+            torch.cuda.synchronize(rank)
+
+    def fingerprint() -> None:
+        fp = HandoffFingerprint(
+            state="Draining", step=3, weight_version=3, save=False, validate=True, last=False,
+            mode_digest=mode_digest(report), mode=report,
+        )  # fmt: skip
+        barrier.wait(state="Draining", weight_version=3, fingerprint=fp)
+
+    fns = {"plain": plain, "dist.barrier": bare, "fingerprint": fingerprint}
+    for fn in fns.values():  # warm up every path (and NCCL's communicators)
+        for _ in range(max(5, iters // 10)):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in KINDS}
+    for r in range(rounds):
+        order = KINDS[r % 3 :] + KINDS[: r % 3]
+        for kind in order:
+            fn = fns[kind]
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            samples[kind].append((time.perf_counter() - t0) / iters * 1e6)
+    out.put((rank, samples))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run(world: int, backend: str, rounds: int, iters: int) -> dict[str, object]:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, backend, rounds, iters, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    per_rank = {}
+    for _ in range(world):
+        rank, samples = out.get(timeout=600)
+        per_rank[rank] = samples
+    for p in procs:
+        p.join(timeout=60)
+    s0 = per_rank[0]
+    med = {k: statistics.median(v) for k, v in s0.items()}
+    return {
+        "ranks": world,
+        "backend": backend,
+        "median_us": med,
+        "min_us": {k: min(v) for k, v in s0.items()},
+        "max_us": {k: max(v) for k, v in s0.items()},
+        "ratio_fingerprint_vs_plain": med["fingerprint"] / med["plain"],
+        "ratio_fingerprint_vs_dist_barrier": med["fingerprint"] / med["dist.barrier"],
+        "rounds": rounds,
+        "iters_per_round": iters,
+    }
+
+
+def table(rows: list[dict[str, object]]) -> str:
+    lines = [
+        "| backend | ranks | plain TorchBarrier us | dist.barrier us | fingerprint barrier us | fingerprint / plain |"
+        " fingerprint / dist.barrier |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        m = r["median_us"]
+        assert isinstance(m, dict)
+        lines.append(
+            f"| {r['backend']} | {r['ranks']} | {m['plain']:.0f} | {m['dist.barrier']:.0f} | {m['fingerprint']:.0f} "
+            f"| {r['ratio_fingerprint_vs_plain']:.2f} | {r['ratio_fingerprint_vs_dist_barrier']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--iters", type=int, default=200, help="handoffs per kind per round")
+    ap.add_argument("--quick", action="store_true", help="6 rounds of 50")
+    ap.add_argument("--json", type=Path, default=None, help="default bench/results/fingerprint_barrier[_nccl].json")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.rounds, args.iters = 6, 50
+    if args.backend == "nccl":
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < min(args.ranks):
+            print(f"--backend nccl needs a GPU per rank: {have} visible; nothing to measure here")
+            return 0
+        args.ranks = [n for n in args.ranks if n <= have]
+    rows = [run(n, args.backend, args.rounds, args.iters) for n in args.ranks]
+    print(table(rows))
+    path = (
+        args.json or ROOT / "bench" / "results" / f"fingerprint_barrier{'_nccl' if args.backend == 'nccl' else ''}.json"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    try:
+        meta["loadavg"] = os.getloadavg()[0]
+    except OSError:
+        pass
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

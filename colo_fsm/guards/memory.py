@@ -1,0 +1,214 @@
+"""A memory budget checked before the engine is built: KV buffer + training peak + margin against the device.
+
+In persist mode the KV buffer stays on the GPU through training; at scale it starves the training step (an
+OOM in the first log-prob forward, hours into a run). :func:`estimate` adds what one rank holds at its
+training peak (parameters, gradients, optimizer state unless offloaded, activations of the configured
+micro-batch, the logits of the loss) to the KV buffer that stays resident and a margin, and
+:func:`check_budget` refuses (:class:`~colo_fsm.errors.MemoryBudgetExceeded`) or warns, naming the numbers
+and the options: a smaller ``buffer_size_gb``, KV offload/recompute, activation recompute, optimizer offload
+(see :attr:`colo_fsm.states.rules.LifecycleRule.MEMORY_BUDGET`). :meth:`MemoryEstimate.breakdown` is a dict
+in GiB, to compare with a measured peak (``torch.cuda.max_memory_allocated``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from colo_fsm.errors import ConfigError, MemoryBudgetExceeded
+from colo_fsm.log import get_logger
+
+log = get_logger(__name__)
+GIB = float(1024**3)
+_KV_MODES = ("persist", "offload", "recompute")
+_ON_EXCEED = ("raise", "warn")
+
+
+def _num(name: str, value: object, *, minimum: float = 0.0, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < minimum:
+        raise ConfigError(name, value, f"a finite number >= {minimum:g}" + (" or None" if allow_none else ""))
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """How the budget is checked: the device capacity (None: ask CUDA), the margin, and what to do over budget.
+
+    ``micro_batch_size`` x ``sequence_length`` (None: the model's maximum) is the training forward the
+    activations are estimated for; ``activation_recompute`` estimates full-layer recomputation.
+    """
+
+    device_capacity_gib: float | None = None
+    margin_fraction: float = 0.08
+    margin_min_gib: float = 1.0  # CUDA context, allocator fragmentation, NCCL buffers
+    on_exceed: str = "raise"
+    micro_batch_size: int = 8
+    sequence_length: int | None = None
+    activation_recompute: bool = False
+    optimizer_offloaded: bool = False  # optimizer state is off the device during the training step
+
+    def __post_init__(self) -> None:
+        _num("device_capacity_gib", self.device_capacity_gib, minimum=1e-9, allow_none=True)
+        _num("margin_fraction", self.margin_fraction)
+        if self.margin_fraction >= 1:
+            raise ConfigError("margin_fraction", self.margin_fraction, "a fraction in [0, 1)")
+        _num("margin_min_gib", self.margin_min_gib)
+        if self.on_exceed not in _ON_EXCEED:
+            raise ConfigError("on_exceed", self.on_exceed, f"one of {_ON_EXCEED}")
+        for name in ("micro_batch_size", "sequence_length"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(name, v, "a positive integer" + (" or None" if name == "sequence_length" else ""))
+        for name in ("activation_recompute", "optimizer_offloaded"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "True or False")
+
+
+@dataclass(frozen=True)
+class TrainingShape:
+    """What one rank trains: its parameter count and bytes, and the transformer's shape (per rank: TP applied)."""
+
+    num_parameters: int
+    param_bytes: int  # 2 for bf16/fp16, 4 for fp32
+    grad_bytes: int  # gradient bytes per parameter (a param-dtype .grad; 4 for an fp32 main_grad)
+    optimizer_bytes_per_param: float  # torch AdamW: 2 moments in the param dtype; mixed-precision Adam: 12
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int
+    tensor_parallel: int = 1
+    flash_attention: bool = True  # attention scores are not materialized (SDPA flash / memory-efficient)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The budget's numbers, in GiB."""
+
+    params_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    logits_gib: float
+    kv_buffer_gib: float
+    kv_during_training_gib: float
+    margin_gib: float
+    capacity_gib: float
+    recompute_saves_gib: float
+
+    @property
+    def training_peak_gib(self) -> float:
+        """Parameters + gradients + optimizer state + activations + logits (one rank's training step)."""
+        return self.params_gib + self.grads_gib + self.optimizer_gib + self.activations_gib + self.logits_gib
+
+    @property
+    def total_gib(self) -> float:
+        """Training peak + the KV memory that stays resident through training + the margin."""
+        return self.training_peak_gib + self.kv_during_training_gib + self.margin_gib
+
+    @property
+    def fits(self) -> bool:
+        """Whether the total fits the device capacity."""
+        return self.total_gib <= self.capacity_gib
+
+    def breakdown(self) -> dict[str, float]:
+        """Every number by name (GiB), for logs and for comparing with a measured peak."""
+        return {
+            "params_gib": self.params_gib,
+            "grads_gib": self.grads_gib,
+            "optimizer_gib": self.optimizer_gib,
+            "activations_gib": self.activations_gib,
+            "logits_gib": self.logits_gib,
+            "training_peak_gib": self.training_peak_gib,
+            "kv_buffer_gib": self.kv_buffer_gib,
+            "kv_during_training_gib": self.kv_during_training_gib,
+            "margin_gib": self.margin_gib,
+            "total_gib": self.total_gib,
+            "capacity_gib": self.capacity_gib,
+        }
+
+    def options(self) -> list[str]:
+        """What would make it fit, with the numbers."""
+        over = self.total_gib - self.capacity_gib
+        out: list[str] = []
+        if self.kv_during_training_gib > 0:
+            room = self.kv_buffer_gib - over
+            if room > 0:
+                out.append(f"buffer_size_gb <= {math.floor(room * 100) / 100:.2f} (now {self.kv_buffer_gib:.2f})")
+            out.append(
+                f"kv_cache_mode='offload' or 'recompute' (the KV buffer leaves the GPU during training: "
+                f"-{self.kv_during_training_gib:.2f} GiB)"
+            )
+        if self.recompute_saves_gib > 0:
+            out.append(
+                f"activation recompute (recompute_granularity='full': about -{self.recompute_saves_gib:.2f} GiB)"
+            )
+        if self.optimizer_gib > 0:
+            out.append(f"optimizer state offloaded to the host (-{self.optimizer_gib:.2f} GiB)")
+        out.append("a smaller micro-batch or sequence length")
+        return out
+
+
+def activation_bytes(shape: TrainingShape, micro_batch: int, seq: int, *, recompute: bool) -> float:
+    """Activations kept for the backward of one micro-batch: per layer about ``s*b*h*34/t`` bytes for 16-bit
+    activations (plus ``5*a*s^2*b/t`` when attention scores are materialized); with full recompute only
+    each layer's input ``2*s*b*h`` plus one layer's full set."""
+    s, b, h, a, t = seq, micro_batch, shape.hidden_size, shape.num_attention_heads, shape.tensor_parallel
+    scale = shape.param_bytes / 2  # the coefficients are for 2-byte activations
+    per_layer = s * b * h * 34 / t + (0 if shape.flash_attention else 5 * a * s * s * b / t)
+    per_layer *= scale
+    if recompute:
+        return (2 * s * b * h * scale) * shape.num_layers + per_layer
+    return per_layer * shape.num_layers
+
+
+def estimate(
+    shape: TrainingShape,
+    budget: MemoryBudget,
+    *,
+    buffer_size_gb: float,
+    kv_cache_mode: str,
+    capacity_gib: float,
+) -> MemoryEstimate:
+    """The budget of one rank (see the module docstring)."""
+    if kv_cache_mode not in _KV_MODES:
+        raise ConfigError("kv_cache_mode", kv_cache_mode, f"one of {_KV_MODES}")
+    _num("buffer_size_gb", buffer_size_gb)
+    n = shape.num_parameters
+    seq = budget.sequence_length or 1
+    acts = activation_bytes(shape, budget.micro_batch_size, seq, recompute=budget.activation_recompute)
+    full = activation_bytes(shape, budget.micro_batch_size, seq, recompute=False)
+    recomputed = activation_bytes(shape, budget.micro_batch_size, seq, recompute=True)
+    # logits over the (TP-sharded) vocabulary, their log-softmax and its gradient
+    logits = 3 * seq * budget.micro_batch_size * shape.vocab_size / shape.tensor_parallel * shape.param_bytes
+    return MemoryEstimate(
+        params_gib=n * shape.param_bytes / GIB,
+        grads_gib=n * shape.grad_bytes / GIB,
+        optimizer_gib=0.0 if budget.optimizer_offloaded else n * shape.optimizer_bytes_per_param / GIB,
+        activations_gib=acts / GIB,
+        logits_gib=logits / GIB,
+        kv_buffer_gib=float(buffer_size_gb),
+        kv_during_training_gib=float(buffer_size_gb) if kv_cache_mode == "persist" else 0.0,
+        margin_gib=max(budget.margin_fraction * capacity_gib, budget.margin_min_gib),
+        capacity_gib=float(capacity_gib),
+        recompute_saves_gib=0.0 if budget.activation_recompute else (full - recomputed) / GIB,
+    )
+
+
+def check_budget(est: MemoryEstimate, budget: MemoryBudget) -> MemoryEstimate:
+    """Raise :class:`~colo_fsm.errors.MemoryBudgetExceeded` (or warn, ``on_exceed="warn"``) when it does not fit."""
+    if est.fits:
+        log.info("memory budget fits: %.2f of %.2f GiB (%s)", est.total_gib, est.capacity_gib, _fmt(est))
+        return est
+    err = MemoryBudgetExceeded(est.breakdown(), est.capacity_gib, est.options())
+    if budget.on_exceed == "raise":
+        raise err
+    log.warning("%s", err)
+    return est
+
+
+def _fmt(est: MemoryEstimate) -> str:
+    return ", ".join(f"{k}={v:.2f}" for k, v in est.breakdown().items())
+
+
+__all__ = ["MemoryBudget", "MemoryEstimate", "TrainingShape", "activation_bytes", "check_budget", "estimate"]

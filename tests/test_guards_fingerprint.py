@@ -1,0 +1,172 @@
+"""The fingerprint barrier on real gloo processes (2 and 4 ranks): one divergent rank makes every rank raise
+HandoffDivergence within that barrier, naming field, values and ranks; the same program over a plain barrier
+passes silently. Plus the in-process (thread) fingerprint barrier and the fingerprint's wire form."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import torch.multiprocessing as mp
+
+from colo_fsm.errors import HandoffDivergence
+from colo_fsm.guards.barrier import SoloBarrier, ThreadBarrier, TorchBarrier
+from colo_fsm.guards.decision import CheckpointDecision
+from colo_fsm.guards.drain import NoDeviceDrain
+from colo_fsm.guards.fingerprint import HandoffFingerprint, divergence
+from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+from colo_fsm.states.spec import State
+from colo_fsm.testing.fakes import Journal, ModalEngine, RecordingCollector, RecordingTrainer
+
+CASES = ("padding", "weight_version", "save")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _PlainBarrier:
+    """The same gloo barrier, without the fingerprint (what the handoff did before)."""
+
+    exchanges_fingerprints = False
+
+    def __init__(self, inner: TorchBarrier) -> None:
+        self.inner = inner
+
+    def wait(self, *, state=None, weight_version=None) -> None:
+        self.inner.wait(state=state, weight_version=weight_version)
+
+
+def _odd_rank(case: str, world: int) -> int:
+    return {"padding": world - 1, "weight_version": 0, "save": 1}[case]
+
+
+def _rank_lifecycle(case: str, rank: int, world: int, barrier) -> tuple[Lifecycle, ModalEngine]:
+    """One rank's program: start, one decode step, begin_step. Rank ``_odd_rank`` differs in one way."""
+    odd = rank == _odd_rank(case, world)
+    j = Journal()
+    engine = ModalEngine(j, reset_on_suspend=not (odd and case == "padding"))
+    lc = Lifecycle(
+        engine,
+        RecordingTrainer(j),
+        RecordingCollector(j),
+        config=LifecycleConfig(
+            num_steps=4, rank=rank, world_size=world, start_weight_version=1 if odd and case == "weight_version" else 0
+        ),
+        drain=NoDeviceDrain("gloo test"),
+        barrier=barrier,
+        checkpoint=CheckpointDecision(1 if odd and case == "save" else None),
+    )
+    return lc, engine
+
+
+def _worker(rank: int, world: int, port: int, out) -> None:
+    """One process of a world of ``world``; the program runs over the whole world and over ranks {0, 1}."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    try:
+        pair = dist.new_group([0, 1])  # every process takes part in creating it
+        for n, group in ((world, None), (2, pair)):
+            if rank >= n:
+                continue
+            torch_barrier = TorchBarrier(group, timeout_s=30)
+            for case in CASES:
+                for kind, barrier in (("fingerprint", torch_barrier), ("plain", _PlainBarrier(torch_barrier))):
+                    lc, engine = _rank_lifecycle(case, rank, n, barrier)
+                    try:
+                        lc.start()  # its barrier already compares step, weight version and mode
+                        engine.decode_step(padding=rank == n - 1)  # rank-local padding, as in a real decode step
+                        lc.begin_step()
+                        out.put((n, rank, case, kind, "passed", lc.state.value))
+                    except HandoffDivergence as exc:
+                        out.put((n, rank, case, kind, "divergence", (exc.fields, exc.mode, exc.rank, str(exc))))
+                    except Exception as exc:  # anything else is a failure of the test
+                        out.put((n, rank, case, kind, "error", f"{type(exc).__name__}: {exc}"))
+                    lc.close()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(world: int) -> dict[tuple[int, int, str, str], tuple[str, object]]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    for _ in range((world + 2) * len(CASES) * 2):
+        n, rank, case, kind, outcome, payload = out.get(timeout=120)
+        results[(n, rank, case, kind)] = (outcome, payload)
+    for p in procs:
+        p.join(timeout=60)
+        if p.is_alive():
+            p.kill()
+    return results
+
+
+def test_one_divergent_rank_makes_every_rank_raise_within_the_barrier():
+    """4 gloo processes: the program over all 4 ranks and over a 2-rank subgroup (one spawn for both)."""
+    results = _run(4)
+    for world in (4, 2):
+        for case in CASES:
+            odd = _odd_rank(case, world)
+            others = [r for r in range(world) if r != odd]
+            for rank in range(world):
+                outcome, payload = results[(world, rank, case, "plain")]
+                assert (outcome, payload) == ("passed", State.DRAINING.value), (world, case, rank, outcome, payload)
+                outcome, payload = results[(world, rank, case, "fingerprint")]
+                assert outcome == "divergence", (world, case, rank, outcome, payload)
+                fields, mode, err_rank, text = payload
+                assert err_rank == rank
+                if case == "padding":
+                    assert set(fields) == {"mode_digest"}, fields
+                    assert mode == {"expert_padding": {False: others, True: [odd]}}, mode
+                    assert "expert_padding" in text and f"True on ranks [{odd}]" in text
+                elif case == "weight_version":
+                    assert fields == {"weight_version": {1: [odd], 0: others}}, fields
+                    assert f"1 on ranks [{odd}]" in text
+                else:
+                    assert fields == {"save": {True: [odd], False: others}}, fields
+                    assert "save: " in text
+
+
+def test_thread_barrier_exchanges_fingerprints_and_names_the_mode_field():
+    world = 3
+    shared = threading.Barrier(world)
+    outcomes: dict[int, object] = {}
+
+    def run(rank: int) -> None:
+        lc, engine = _rank_lifecycle("padding", rank, world, ThreadBarrier(shared, rank, timeout_s=10))
+        try:
+            lc.start()
+            engine.decode_step(padding=rank == world - 1)
+            lc.begin_step()
+            outcomes[rank] = lc.state
+        except HandoffDivergence as exc:
+            outcomes[rank] = exc.mode
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert outcomes == {r: {"expert_padding": {False: [0, 1], True: [2]}} for r in range(world)}
+
+
+def test_agreeing_ranks_pass_and_the_wire_form_round_trips():
+    fp = HandoffFingerprint("Draining", 3, 3, save=True, validate=False, last=True, mode_digest=2**62 + 5)
+    assert HandoffFingerprint.from_ints(fp.to_ints()) == fp
+    assert divergence([fp, fp, fp], rank=1) is None
+    other = HandoffFingerprint("Draining", 3, 4, save=True, last=True, mode_digest=2**62 + 5)
+    err = divergence([fp, other], rank=0)
+    assert err is not None and err.fields == {"weight_version": {3: [0], 4: [1]}}
+    assert SoloBarrier().wait(state="Draining", fingerprint=fp) is None

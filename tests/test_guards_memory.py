@@ -1,0 +1,110 @@
+"""The memory budget before build: exact arithmetic of the estimate, and a real megatron engine on the CPU
+with a stated device capacity refusing an over-budget configuration (with numbers and options) before it
+builds anything, accepting a fitting one, and only warning when told to."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from colo_fsm.errors import ConfigError, MemoryBudgetExceeded
+from colo_fsm.guards.memory import GIB, MemoryBudget, TrainingShape, activation_bytes, check_budget, estimate
+from tests._megatron_util import dist1, tiny  # noqa: F401
+
+SHAPE = TrainingShape(
+    num_parameters=1024**3,  # 1 Gi parameters of 2 bytes: 2 GiB
+    param_bytes=2,
+    grad_bytes=2,
+    optimizer_bytes_per_param=4,
+    num_layers=16,
+    hidden_size=1024,
+    num_attention_heads=16,
+    vocab_size=32768,
+)
+
+
+def test_estimate_adds_training_peak_kv_and_margin():
+    budget = MemoryBudget(micro_batch_size=4, sequence_length=2048, margin_fraction=0.1, margin_min_gib=1.0)
+    est = estimate(SHAPE, budget, buffer_size_gb=40.0, kv_cache_mode="persist", capacity_gib=80.0)
+    b = est.breakdown()
+    assert (b["params_gib"], b["grads_gib"], b["optimizer_gib"]) == (2.0, 2.0, 4.0)
+    acts = 16 * 2048 * 4 * 1024 * 34
+    assert b["activations_gib"] == pytest.approx(acts / GIB)
+    assert b["logits_gib"] == pytest.approx(3 * 2048 * 4 * 32768 * 2 / GIB)
+    assert b["margin_gib"] == pytest.approx(8.0) and b["kv_during_training_gib"] == 40.0
+    assert b["total_gib"] == pytest.approx(b["training_peak_gib"] + 40.0 + 8.0)
+    # offload/recompute take the KV buffer off the GPU for training; recompute keeps only layer inputs
+    off = estimate(SHAPE, budget, buffer_size_gb=40.0, kv_cache_mode="offload", capacity_gib=80.0)
+    assert off.kv_during_training_gib == 0.0 and off.total_gib == pytest.approx(est.total_gib - 40.0)
+    rc = activation_bytes(SHAPE, 4, 2048, recompute=True)
+    assert rc == pytest.approx(16 * 2 * 2048 * 4 * 1024 + 2048 * 4 * 1024 * 34)
+    assert est.recompute_saves_gib == pytest.approx((acts - rc) / GIB)
+    assert (
+        estimate(
+            SHAPE,
+            MemoryBudget(optimizer_offloaded=True, sequence_length=8),
+            buffer_size_gb=1,
+            kv_cache_mode="persist",
+            capacity_gib=80,
+        ).optimizer_gib
+        == 0.0
+    )
+
+
+def test_over_budget_refuses_with_numbers_and_options():
+    budget = MemoryBudget(micro_batch_size=4, sequence_length=2048)
+    est = estimate(SHAPE, budget, buffer_size_gb=75.0, kv_cache_mode="persist", capacity_gib=80.0)
+    with pytest.raises(MemoryBudgetExceeded) as info:
+        check_budget(est, budget)
+    msg = str(info.value)
+    assert f"{est.total_gib:.2f} GiB needed > 80.00 GiB" in msg and "kv_buffer_gib=75.00" in msg
+    assert "buffer_size_gb <= " in msg and "kv_cache_mode='offload' or 'recompute'" in msg
+    assert "activation recompute" in msg and "optimizer state offloaded" in msg
+    room = float(msg.split("buffer_size_gb <= ")[1].split()[0])
+    smaller = estimate(SHAPE, budget, buffer_size_gb=room, kv_cache_mode="persist", capacity_gib=80.0)
+    assert smaller.fits and check_budget(smaller, budget) is smaller  # the suggested buffer does fit
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"on_exceed": "ignore"}, "on_exceed"),
+        ({"margin_fraction": 1.0}, "margin_fraction"),
+        ({"device_capacity_gib": 0}, "device_capacity_gib"),
+        ({"micro_batch_size": 0}, "micro_batch_size"),
+    ],
+)
+def test_bad_budget_settings(kwargs, field):
+    with pytest.raises(ConfigError) as info:
+        MemoryBudget(**kwargs)
+    assert info.value.field == field
+
+
+def test_megatron_engine_checks_the_budget_before_it_builds(dist1, caplog):  # noqa: F811
+    from colo_fsm.adapters.megatron import CharTokenizer, GenerationConfig, MegatronEngine
+
+    tok = CharTokenizer()
+    model = tiny(tok)
+    over = MegatronEngine(model, tok, GenerationConfig(buffer_size_gb=4.0))
+    over.memory_budget = MemoryBudget(device_capacity_gib=2.0, micro_batch_size=2)
+    with pytest.raises(MemoryBudgetExceeded, match="buffer_size_gb <= 0.9"):
+        over.bring_up()
+    assert not over.built
+    fits = MegatronEngine(model, tok, GenerationConfig(buffer_size_gb=0.5))
+    fits.memory_budget = MemoryBudget(device_capacity_gib=2.0, micro_batch_size=2)
+    fits.bring_up()
+    b = fits.memory_estimate.breakdown()
+    n = sum(p.numel() for p in model.parameters())
+    assert b["params_gib"] == pytest.approx(n * 4 / GIB) and b["kv_buffer_gib"] == 0.5 and b["capacity_gib"] == 2.0
+    fits.shutdown()
+    warned = MegatronEngine(model, tok, GenerationConfig(buffer_size_gb=4.0))
+    warned.memory_budget = MemoryBudget(device_capacity_gib=2.0, on_exceed="warn")
+    with caplog.at_level(logging.WARNING):
+        warned.bring_up()
+    assert warned.built and any("memory budget" in r.getMessage() for r in caplog.records)
+    warned.shutdown()
+    unstated = MegatronEngine(model, tok)  # a CPU model and no stated capacity: nothing to check against
+    unstated.bring_up()
+    assert unstated.memory_estimate is None
+    unstated.shutdown()
