@@ -82,7 +82,9 @@ class GenerationConfig:
     "drain": waited for); ``max_active_requests`` bounds the requests decoded together;
     ``max_request_tokens`` (None: no bound) bounds prompts x max_tokens of one ``generate``/``generate_ids``
     call; ``num_cuda_graphs`` is passed to megatron-core's ``InferenceConfig.num_cuda_graphs`` (the batch shapes
-    the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``).
+    the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``);
+    ``tp_lockstep`` (TP > 1) has the TP group's leader plan every decode step for the whole group
+    (:mod:`colo_fsm.adapters.lockstep`): off, TP peers drift by a step and the next handoff desyncs.
     """
 
     kv_cache_mode: str = "persist"
@@ -99,8 +101,11 @@ class GenerationConfig:
     max_active_requests: int = 64
     max_request_tokens: int | None = None
     num_cuda_graphs: int | None = None
+    tp_lockstep: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tp_lockstep, bool):
+            raise ConfigError("tp_lockstep", self.tp_lockstep, "True or False")
         object.__setattr__(self, "kv_cache_mode", parse_kv_cache_mode(self.kv_cache_mode).value)
         object.__setattr__(self, "inflight", parse_inflight(self.inflight).value)
         for name, what in (
@@ -244,6 +249,15 @@ class MegatronEngine:
             raise EngineRebuild("MegatronEngine.bring_up called twice: the colocated engine is built once per run")
         self.memory_estimate = check_engine_budget(self)  # guards: refuse an over-budget build with the numbers
         self.model.eval()
+        from colo_fsm.adapters.lockstep import tensor_parallel_lockstep
+
+        # TP > 1: the TP group's ranks decode one schedule, planned by its leader (colo_fsm/adapters/lockstep.py)
+        lockstep = (
+            tensor_parallel_lockstep(self.device, max_active_requests=self.config.max_active_requests)
+            if self.config.tp_lockstep
+            else None
+        )
+        extra: dict[str, Any] = {"lockstep": lockstep} if lockstep is not None else {}
         batcher = self.batcher_class(
             self._make_backend,
             weight_version=self._weight_version,
@@ -253,6 +267,7 @@ class MegatronEngine:
             detokenize=self.tokenizer.detokenize,
             device_context=lambda: device_context(self.device),
             name=f"colo-fsm-engine-{self.backend_name}",
+            **extra,
         )
         batcher.start()
         self._batcher = batcher
