@@ -97,8 +97,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seq", type=int, default=None, help="max sequence length (default: 48 cpu, 256 cuda)")
     ap.add_argument("--gen-ms", type=float, default=20.0, help="generation time between two handoffs (ms)")
     ap.add_argument("--barrier-bench", type=int, default=200, help="fingerprint vs plain barrier rounds (0: skip)")
-    ap.add_argument("--ckpt-dir", default=None, help="default: <out>.ckpt/")
-    ap.add_argument("--out", required=True, help="the merged JSON (rank files go next to it)")
+    ap.add_argument(
+        "--work-dir", default=None, help="rank files, stacks, checkpoints (default: /tmp/colo-fsm-soak/<out stem>)"
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="the merged JSON (default: docs/gpu-runs/<date>-<cpu-soak-gloo|h200-soak>-x<world><variant>.json)",
+    )
     ap.add_argument("--note", default="", help="free text stored in the JSON")
     args = ap.parse_args(argv)
     if args.backend is None:
@@ -107,6 +113,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--backend nccl needs --device cuda")
     if args.cycles < 1 or args.save_every < 0 or args.inflight < 0 or args.batch < 1:
         ap.error("--cycles >= 1, --save-every >= 0, --inflight >= 0, --batch >= 1")
+    if args.out is None:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        kind = f"cpu-soak-{args.backend}" if args.device == "cpu" else "h200-soak"
+        variant = f"-tp{args.tp}-dp{world // args.tp}" if args.tp != world else ""
+        variant += f"-{args.misorder}" if args.misorder != "none" else ""
+        variant += f"-diverge-r{args.diverge_mode_rank}" if args.diverge_mode_rank is not None else ""
+        variant += "-no-tp-lockstep" if args.no_tp_lockstep else ""
+        date = datetime.now(UTC).strftime("%Y-%m-%d")
+        args.out = str(ROOT / "docs" / "gpu-runs" / f"{date}-{kind}-x{world}{variant}.json")
     if args.cycle_limit_s is None:
         args.cycle_limit_s = 2.0 * args.nccl_timeout_s
     if args.misorder == "wrong-device-drain" and args.device != "cuda":
@@ -291,8 +306,14 @@ def run(args: argparse.Namespace) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rank_path = out.with_name(f"{out.stem}.rank{rank}.json")
-    stacks_path = out.with_name(f"{out.stem}.rank{rank}.stacks.txt")
+    work = work_dir(args, out)
+    work.mkdir(parents=True, exist_ok=True)
+    if rank == 0:  # peers cannot save before the process group exists, which needs rank 0
+        import shutil
+
+        shutil.rmtree(work / "ckpt", ignore_errors=True)
+    rank_path = work / f"rank{rank}.json"
+    stacks_path = work / f"rank{rank}.stacks.txt"
     rec: dict[str, Any] = {
         "rank": rank,
         "world_size": world,
@@ -309,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
     def on_hang(label: str, waited: float) -> None:
         with stacks_path.open("w") as f:
             faulthandler.dump_traceback(file=f, all_threads=True)
-        rec["hang"] = {"where": label, "waited_s": round(waited, 1), "stacks": stacks_path.name}
+        rec["hang"] = {"where": label, "waited_s": round(waited, 1), "stacks": str(stacks_path)}
         rec["status"] = "hang"
         save()
         os._exit(3)
@@ -363,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
         cuda_graphs=bool(args.cuda_graphs),
     )
     model = build_model(mcfg)
-    ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else out.with_name(f"{out.stem}.ckpt")
+    ckpt_dir = work / "ckpt"
     trainer = MegatronTrainer(
         model, TrainerConfig(lr=1e-3, checkpoint_dir=str(ckpt_dir), offload_optimizer_state=cuda), pad_id=tok.pad
     )
@@ -564,12 +585,18 @@ def run(args: argparse.Namespace) -> int:
     return 0 if rec["status"] in ("done", "diverged", "failed") else 2
 
 
+def work_dir(args: argparse.Namespace, out: Path) -> Path:
+    """Where the ranks write their records, stack dumps and checkpoints (one path for every rank)."""
+    return Path(args.work_dir) if getattr(args, "work_dir", None) else Path("/tmp/colo-fsm-soak") / out.stem
+
+
 def merge(args: argparse.Namespace, out: Path, world: int) -> dict[str, Any]:
-    """Merge the rank files next to ``out`` into ``out``: figures, per-rank outcome, per-cycle summaries."""
+    """Merge the rank files of the work dir into ``out``: figures, per-rank outcome, per-cycle summaries."""
     ranks: list[dict[str, Any]] = []
     deadline = time.monotonic() + 30
+    work = work_dir(args, out)
     for r in range(world):
-        p = out.with_name(f"{out.stem}.rank{r}.json")
+        p = work / f"rank{r}.json"
         while not p.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         ranks.append(json.loads(p.read_text()) if p.exists() else {"rank": r, "status": "no record"})

@@ -42,6 +42,8 @@ def soak(tmp_path: Path, *args: str, timeout: float = 240) -> dict:
         "2",
         "--out",
         str(out),
+        "--work-dir",
+        str(tmp_path / "work"),
         *args,
     ]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
@@ -122,7 +124,9 @@ def _rank_file(out: Path, rank: int, status: str, cycles: int, **extra) -> None:
         for i in range(cycles)
     ]  # fmt: skip
     rec = {"rank": rank, "status": status, "cycles_done": cycles, "cycles": cyc, **extra}
-    out.with_name(f"{out.stem}.rank{rank}.json").write_text(json.dumps(rec))
+    work = out.parent / "work"
+    work.mkdir(exist_ok=True)
+    (work / f"rank{rank}.json").write_text(json.dumps(rec))
 
 
 def test_merge_reports_a_stuck_rank_as_a_hang_and_a_barrier_timeout_as_a_desync(tmp_path):
@@ -132,7 +136,9 @@ def test_merge_reports_a_stuck_rank_as_a_hang_and_a_barrier_timeout_as_a_desync(
     out = tmp_path / "x.json"
     _rank_file(out, 0, "failed", 4, failure={"cause": "BarrierTimeout: barrier timed out after 8s", "cycle": 4})
     _rank_file(out, 1, "running", 4)
-    args = argparse.Namespace(cycles=10, diverge_mode_rank=None, misorder="none", device="cpu", note="")
+    args = argparse.Namespace(
+        cycles=10, diverge_mode_rank=None, misorder="none", device="cpu", note="", work_dir=str(tmp_path / "work")
+    )
     merged = soak_mod.merge(args, out, 2)
     f = merged["figures"]
     assert (f["hangs"], f["desyncs"], f["failures"], f["cycles"]) == (1, 1, 1, 4)
@@ -146,7 +152,9 @@ def test_merge_of_a_divergence_on_every_rank_is_the_expected_outcome(tmp_path):
     div = {"before_timeout": True, "cycle": 3}
     _rank_file(out, 0, "diverged", 3, divergence=div)
     _rank_file(out, 1, "diverged", 3, divergence=div)
-    args = argparse.Namespace(cycles=10, diverge_mode_rank=1, misorder="none", device="cpu", note="")
+    args = argparse.Namespace(
+        cycles=10, diverge_mode_rank=1, misorder="none", device="cpu", note="", work_dir=str(tmp_path / "work")
+    )
     merged = soak_mod.merge(args, out, 2)
     assert merged["figures"]["divergence_detected"] and merged["figures"]["hangs"] == 0 and merged["outcome_ok"]
     # one rank only would be a failure of the fingerprint barrier, not a detection
