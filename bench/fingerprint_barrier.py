@@ -8,10 +8,13 @@ Each rank is a real process in one ``torch.distributed`` group. Three ways to me
 * ``dist.barrier``: torch's bare barrier, for reference;
 * ``fingerprint``: the same ``TorchBarrier`` exchanging a :class:`~colo_fsm.guards.fingerprint.HandoffFingerprint`
   (one all_gather of 7 int64 per rank), *including* building the fingerprint from a mode report and its digest
-  and comparing the gathered rows, i.e. everything the lifecycle's barrier action adds.
+  and comparing the gathered rows, i.e. everything the lifecycle's barrier action adds;
+* ``local work``: the fingerprint path without communication (build, encode, decode, compare), timed alone:
+  the part of the cost that is not message latency.
 
-Reported: rank 0's median microseconds per handoff for each, and fingerprint / plain. Target: the fingerprint
-adds under 20% to a plain gloo barrier.
+Reported: rank 0's median microseconds per handoff for each, and fingerprint / plain as the median (and
+quartiles) of the per-round ratios (the kinds of one round run back to back, so load drift between rounds
+cancels). Target: the fingerprint adds under 20% to a plain gloo barrier.
 
 Usage::
 
@@ -52,7 +55,7 @@ def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: 
     import torch.distributed as dist
 
     from colo_fsm.guards.barrier import TorchBarrier
-    from colo_fsm.guards.fingerprint import HandoffFingerprint
+    from colo_fsm.guards.fingerprint import HandoffFingerprint, divergence
     from colo_fsm.guards.mode import ModelMode, ModeReport, mode_digest
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
@@ -79,6 +82,14 @@ def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: 
         )  # fmt: skip
         barrier.wait(state="Draining", weight_version=3, fingerprint=fp)
 
+    def local_only() -> None:  # the fingerprint path without its communication: build, encode, decode, compare
+        fp = HandoffFingerprint(
+            state="Draining", step=3, weight_version=3, save=False, validate=True, last=False,
+            mode_digest=mode_digest(report), mode=report,
+        )  # fmt: skip
+        rows = torch.tensor(fp.to_ints() * world, dtype=torch.int64).reshape(world, -1).tolist()
+        divergence([HandoffFingerprint.from_ints(r) for r in rows], rank=rank)
+
     fns = {"plain": plain, "dist.barrier": bare, "fingerprint": fingerprint}
     for fn in fns.values():  # warm up every path (and NCCL's communicators)
         for _ in range(max(5, iters // 10)):
@@ -93,6 +104,10 @@ def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: 
             for _ in range(iters):
                 fn()
             samples[kind].append((time.perf_counter() - t0) / iters * 1e6)
+    t0 = time.perf_counter()
+    for _ in range(iters * 4):
+        local_only()
+    samples["local_only"] = [(time.perf_counter() - t0) / (iters * 4) * 1e6]
     out.put((rank, samples))
     dist.barrier()
     dist.destroy_process_group()
@@ -115,14 +130,20 @@ def run(world: int, backend: str, rounds: int, iters: int) -> dict[str, object]:
         p.join(timeout=60)
     s0 = per_rank[0]
     med = {k: statistics.median(v) for k, v in s0.items()}
+    # paired by round (the three kinds ran back to back): load drift between rounds cancels out of the ratio
+    paired = sorted(f / p for f, p in zip(s0["fingerprint"], s0["plain"]))
+    q = statistics.quantiles(paired, n=4) if len(paired) >= 2 else [paired[0]] * 3
     return {
         "ranks": world,
         "backend": backend,
         "median_us": med,
         "min_us": {k: min(v) for k, v in s0.items()},
         "max_us": {k: max(v) for k, v in s0.items()},
-        "ratio_fingerprint_vs_plain": med["fingerprint"] / med["plain"],
+        "ratio_fingerprint_vs_plain": statistics.median(paired),
+        "ratio_fingerprint_vs_plain_quartiles": [q[0], q[2]],
+        "ratio_of_medians_fingerprint_vs_plain": med["fingerprint"] / med["plain"],
         "ratio_fingerprint_vs_dist_barrier": med["fingerprint"] / med["dist.barrier"],
+        "fingerprint_local_us": med["local_only"],
         "rounds": rounds,
         "iters_per_round": iters,
     }
@@ -130,16 +151,17 @@ def run(world: int, backend: str, rounds: int, iters: int) -> dict[str, object]:
 
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
-        "| backend | ranks | plain TorchBarrier us | dist.barrier us | fingerprint barrier us | fingerprint / plain |"
-        " fingerprint / dist.barrier |",
-        "|---|---|---|---|---|---|---|",
+        "| backend | ranks | plain TorchBarrier us | dist.barrier us | fingerprint barrier us |"
+        " fingerprint / plain (per-round median, IQR) | fingerprint / dist.barrier | fingerprint's local work us |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        m = r["median_us"]
-        assert isinstance(m, dict)
+        m, iqr = r["median_us"], r["ratio_fingerprint_vs_plain_quartiles"]
+        assert isinstance(m, dict) and isinstance(iqr, list)
         lines.append(
             f"| {r['backend']} | {r['ranks']} | {m['plain']:.0f} | {m['dist.barrier']:.0f} | {m['fingerprint']:.0f} "
-            f"| {r['ratio_fingerprint_vs_plain']:.2f} | {r['ratio_fingerprint_vs_dist_barrier']:.2f} |"
+            f"| {r['ratio_fingerprint_vs_plain']:.2f} ({iqr[0]:.2f}-{iqr[1]:.2f}) "
+            f"| {r['ratio_fingerprint_vs_dist_barrier']:.2f} | {r['fingerprint_local_us']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -148,13 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--iters", type=int, default=200, help="handoffs per kind per round")
-    ap.add_argument("--quick", action="store_true", help="6 rounds of 50")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--iters", type=int, default=50, help="handoffs per kind per round")
+    ap.add_argument("--quick", action="store_true", help="8 rounds of 25")
     ap.add_argument("--json", type=Path, default=None, help="default bench/results/fingerprint_barrier[_nccl].json")
     args = ap.parse_args(argv)
     if args.quick:
-        args.rounds, args.iters = 6, 50
+        args.rounds, args.iters = 8, 25
     if args.backend == "nccl":
         import torch
 

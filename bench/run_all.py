@@ -9,6 +9,7 @@ Usage::
     python bench/run_all.py                   # every benchmark
     python bench/run_all.py --list            # what would run
     python bench/run_all.py --only transition_overhead -- --quick
+    python bench/run_all.py --only inflight_handoff -- --quick   # park vs drain vs sync (< 3 min on 2 cores)
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from colo_fsm.errors import ConfigError
+from colo_fsm.machine.trace import split_lines, write_line
 
 
 class MetricsLogger:
@@ -43,7 +45,7 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        self._file = self.path.open("a", encoding="utf-8")
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._clock = clock
         self.consumed_samples = consumed_samples  # running total, restored from a checkpoint on resume
         self._consumed_at_start = consumed_samples
@@ -84,8 +86,8 @@ class MetricsLogger:
                 "train/samples_per_s": (self.consumed_samples - self._consumed_at_start) / run_s if run_s > 0 else 0.0,
             }
             record.update({k: float(v) for k, v in metrics.items()})
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
+            if self._fd is not None:  # one write per whole line: a SIGKILL leaves no torn last line
+                write_line(self._fd, json.dumps(record))
             if self._tb is not None:
                 for k, v in record.items():
                     if k in ("step", "wall_time", "elapsed_s"):
@@ -103,14 +105,18 @@ class MetricsLogger:
     def close(self) -> None:
         """Flush and close the files."""
         with self._lock:
-            self._file.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
             if self._tb is not None:
                 self._tb.close()
+                self._tb = None
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Read a ``metrics.jsonl`` file back."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    """Read a ``metrics.jsonl`` file back (a torn last line, from a killed writer, is left out with a warning)."""
+    text = Path(path).read_text(encoding="utf-8")
+    return [json.loads(line) for line in split_lines(text, path) if line.strip()]
 
 
 __all__ = ["MetricsLogger", "read_metrics"]

@@ -89,11 +89,11 @@ def test_in_flight_cap_is_lowered_reported_once_and_respected(caplog: pytest.Log
     assert len([r for r in caplog.records if "lowered" in r.getMessage()]) == 1
 
 
-def test_pause_waits_for_in_flight_and_nothing_starts_while_paused() -> None:
+def test_drain_pause_waits_for_in_flight_and_nothing_starts_while_paused() -> None:
     version = [0]
     probe = Probe(version, delay=0.05)
     buffer = ReplayBuffer(4, 1)
-    collector = AsyncCollector(probe, prompts(), buffer, lambda: version[0], cap=4)
+    collector = AsyncCollector(probe, prompts(), buffer, lambda: version[0], cap=4, inflight="drain")
     paused_windows: list[tuple[float, float]] = []
     try:
         collector.resume()
@@ -111,6 +111,90 @@ def test_pause_waits_for_in_flight_and_nothing_starts_while_paused() -> None:
     for start, end, _ in probe.spans:
         for p0, p1 in paused_windows:
             assert not (start < p1 and end > p0), "a rollout ran while the collector was paused"
+
+
+class Parkable:
+    """A rollout whose "engine" holds every request while suspended (``awake`` cleared), like a parked engine."""
+
+    def __init__(self, version: list[int]) -> None:
+        self.version = version
+        self.awake = threading.Event()
+        self.awake.set()
+        self.lock = threading.Lock()
+        self.active = 0
+        self.starts: list[float] = []
+
+    def __call__(self, prompt: Prompt) -> TrajectoryGroup:
+        with self.lock:
+            self.active += 1
+            self.starts.append(time.monotonic())
+        first = self.version[0]
+        time.sleep(0.01)  # some tokens under the first version
+        self.awake.wait(10)  # parked while the engine is suspended
+        last = self.version[0]
+        with self.lock:
+            self.active -= 1
+        c = Completion("ab", (1, 2), first, weight_versions=(first, last), logprobs=(-0.5, -0.7))
+        return TrajectoryGroup(prompt.prompt_id, prompt.text, (c,), (1.0,), weight_version=first)
+
+
+def _balanced(collector: AsyncCollector) -> bool:
+    s = collector.stats()
+    return s.started == s.completed + s.failed + s.deferred + s.in_flight
+
+
+def test_park_pause_returns_at_once_and_parked_rollouts_land_after_the_step() -> None:
+    version = [0]
+    roll = Parkable(version)
+    buffer = ReplayBuffer(4, 1)
+    collector = AsyncCollector(roll, prompts(), buffer, lambda: version[0], cap=4)
+    assert collector.inflight == "park"
+    try:
+        roll.awake.clear()  # everything started from now on parks until the "resume"
+        collector.resume()
+        deadline = time.monotonic() + 10
+        while roll.active < 4 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        collector.pause()  # returns at once: nothing waits for the parked rollouts
+        assert collector.paused and collector.in_flight == 4 and roll.active == 4
+        s = collector.stats()
+        assert s.parked == 4 and s.completed == 0 and _balanced(collector)
+        started = s.started
+        t_paused = time.monotonic()
+        version[0] += 1  # the "training step"
+        time.sleep(0.05)
+        assert collector.stats().started == started and len(roll.starts) == started  # nothing new while paused
+        roll.awake.set()  # engine resumed: the parked rollouts finish under the new weights
+        batch = buffer.sample(version[0], timeout=10)
+        s = collector.stats()
+        assert s.spanning >= 4 and s.version_changed_mid_rollout >= 4 and _balanced(collector)
+        assert all(t < t_paused for t in roll.starts[:started])
+        assert [(g.weight_version, g.newest_version, g.version_span) for g in batch] == [(0, 1, 1)] * 4
+        assert all(g.age(version[0]) == 1 for g in batch)  # counted from the oldest version
+    finally:
+        roll.awake.set()
+        collector.close()
+
+
+def test_park_pause_does_not_wait_for_a_stuck_rollout_but_drain_times_out() -> None:
+    gate = threading.Event()
+
+    def stuck(prompt: Prompt) -> TrajectoryGroup:
+        gate.wait(5)
+        return TrajectoryGroup(prompt.prompt_id, prompt.text, ("x",), (1.0,), 0)
+
+    collector = AsyncCollector(stuck, prompts(), ReplayBuffer(1, 0), lambda: 0, cap=1, pause_timeout_s=0.1)
+    try:
+        collector.resume()
+        time.sleep(0.05)
+        collector.pause()  # park: no wait, no timeout
+        assert collector.in_flight == 1 and collector.parked == 1
+        assert [p.prompt_id for p in collector.in_flight_prompts] == ["p0"]
+    finally:
+        gate.set()
+        collector.close()
+    with pytest.raises(ConfigError, match="inflight"):
+        AsyncCollector(stuck, prompts(), ReplayBuffer(1, 0), lambda: 0, inflight="wait")
 
 
 def test_groups_carry_the_weight_version_of_generation_and_a_target() -> None:
@@ -146,7 +230,7 @@ def test_async_rollout_function() -> None:
         return TrajectoryGroup(prompt.prompt_id, prompt.text, ("x",), (0.5,), 0)
 
     buffer = ReplayBuffer(6, 1)
-    collector = AsyncCollector(rollout, prompts(), buffer, lambda: 0, cap=6)
+    collector = AsyncCollector(rollout, prompts(), buffer, lambda: 0, cap=6, inflight="drain")
     try:
         collector.resume()
         assert len(buffer.sample(0, timeout=10)) == 6
@@ -217,7 +301,9 @@ def test_pause_timeout_raises() -> None:
         gate.wait(5)
         return TrajectoryGroup(prompt.prompt_id, prompt.text, ("x",), (1.0,), 0)
 
-    collector = AsyncCollector(stuck, prompts(), ReplayBuffer(1, 0), lambda: 0, cap=1, pause_timeout_s=0.1)
+    collector = AsyncCollector(
+        stuck, prompts(), ReplayBuffer(1, 0), lambda: 0, cap=1, pause_timeout_s=0.1, inflight="drain"
+    )
     try:
         collector.resume()
         time.sleep(0.05)

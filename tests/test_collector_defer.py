@@ -58,9 +58,9 @@ class SerializedEngine:
 
 
 def _make(
-    engine: SerializedEngine, stream: Drawn, buffer: ReplayBuffer, version: list[int], cap: int
+    engine: SerializedEngine, stream: Drawn, buffer: ReplayBuffer, version: list[int], cap: int, inflight: str = "drain"
 ) -> AsyncCollector:
-    collector = AsyncCollector(engine, stream, buffer, lambda: version[0], cap=cap)
+    collector = AsyncCollector(engine, stream, buffer, lambda: version[0], cap=cap, inflight=inflight)
     engine.collector = collector
     return collector
 
@@ -211,7 +211,12 @@ def test_state_dict_checks() -> None:
     collector = _make(engine, Drawn(), ReplayBuffer(2, 1), [0], cap=2)
     try:
         assert issubclass(RolloutDeferred, ColoFsmError) and "paused" in str(RolloutDeferred())
-        assert collector.state_dict() == {"format": 1, "returned_prompts": []}
+        assert collector.state_dict() == {
+            "format": 2,
+            "returned_prompts": [],
+            "parked_prompts": [],
+            "replay_buffer": collector.buffer.state_dict(),
+        }
         with pytest.raises(ConfigError, match="state.format"):
             collector.load_state_dict({"format": 99})
         with pytest.raises(ConfigError, match="state"):

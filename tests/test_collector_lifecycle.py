@@ -38,11 +38,14 @@ class StateProbe:
         return TrajectoryGroup(prompt.prompt_id, prompt.text, ("a", "b"), (1.0, 0.0), 0)
 
 
-@pytest.mark.parametrize("admit_in_generating", [True, False])
+@pytest.mark.parametrize(
+    ("admit_in_generating", "inflight"), [(True, "drain"), (False, "drain"), (True, "park"), (False, "park")]
+)
 def test_lifecycle_pauses_the_collector_for_every_handoff_and_checkpoints_the_buffer(
-    tmp_path, admit_in_generating
+    tmp_path, admit_in_generating, inflight
 ) -> None:
-    """With or without ``admit``, no rollout is in flight during any training step or checkpoint."""
+    """With or without ``admit``, no rollout starts during a training step or checkpoint; with ``drain`` none is
+    even in flight then (with ``park`` the rollouts in flight keep going: these fake ones have no engine)."""
     journal, engine, trainer, _, drain = recording_adapters()
     buffer = ReplayBuffer(4, 1)
     probe = StateProbe()
@@ -54,13 +57,18 @@ def test_lifecycle_pauses_the_collector_for_every_handoff_and_checkpoints_the_bu
         lambda: holder["lc"].weight_version,
         cap=InFlightCap(4, 1, samples_per_group=2),
         admit=(lambda: holder["lc"].state is State.GENERATING) if admit_in_generating else None,
+        inflight=inflight,
     )
     in_flight_during_training: list[int] = []
     real_train = trainer.train_step
 
+    started_during_training: list[int] = []
+
     def train_step(batch):  # type: ignore[no-untyped-def]
         in_flight_during_training.append(collector.in_flight + probe.active)
+        n0 = collector.stats().started
         time.sleep(0.01)
+        started_during_training.append(collector.stats().started - n0)
         return real_train(batch)
 
     trainer.train_step = train_step  # type: ignore[method-assign]
@@ -72,7 +80,7 @@ def test_lifecycle_pauses_the_collector_for_every_handoff_and_checkpoints_the_bu
         drain=drain,
         checkpoint=CheckpointDecision(2),
         validation=ValidationDecision(None),
-        checkpoint_extra=lambda: {"replay_buffer": buffer.state_dict()},
+        checkpoint_extra=lambda: {"replay_buffer": buffer.state_dict(), "collector": collector.state_dict()},
     )
     holder["lc"] = lc
     probe.lc = lc
@@ -94,13 +102,17 @@ def test_lifecycle_pauses_the_collector_for_every_handoff_and_checkpoints_the_bu
         collector.close()
         metrics.close()
     assert lc.state is State.STOPPED and trainer.steps == 5
-    assert in_flight_during_training == [0] * 5
-    # rollouts start only while the collector runs: in Generating, or (without ``admit``) in the first actions
-    # of Draining, before pause_collector; they end before the engine is suspended
-    # (a rollout admitted in Generating may reach the rollout function just after Draining was entered)
-    starts = {start for start, _, _ in probe.records}
-    assert probe.records and starts <= {"Generating", "Draining"}
-    assert all(end in ("Generating", "Draining") for _, end, _ in probe.records)
+    assert started_during_training == [0] * 5  # the collector admits nothing while paused
+    s = collector.stats()
+    assert s.started == s.completed + s.failed + s.deferred + s.in_flight
+    if inflight == "drain":
+        # rollouts start only while the collector runs: in Generating, or (without ``admit``) in the first
+        # actions of Draining, before pause_collector (a rollout admitted in Generating may reach the rollout
+        # function just after Draining was entered); they end before the engine is suspended
+        starts = {start for start, _, _ in probe.records}
+        assert probe.records and starts <= {"Generating", "Draining"}
+        assert in_flight_during_training == [0] * 5
+        assert all(end in ("Generating", "Draining") for _, end, _ in probe.records)
     assert journal.count("collector", "pause") == 0  # the recording collector is not used here
     # the buffer went into the checkpoints (steps 2 and 4), JSON-able, and restores
     assert [s for s, _, _ in trainer.saves] == [2, 4]

@@ -73,8 +73,8 @@ def test_short_demo_end_to_end_then_resume(tmp_path):
     i = dests.index("Checkpointing")
     assert dests[i + 1] == "Validating"  # Training -> Checkpointing -> Validating
     assert dests.count("Starting") == 1  # the engine was built once
-    # the handoff is short: rollouts queued behind the serialized engine defer on pause instead of generating
-    # inside Draining, so the next batch is generated in Generating (before deferral: Draining ~2x Generating)
+    # the handoff is short: by default (--inflight park) it parks the rollouts in flight instead of waiting for
+    # them, so generation happens in Generating, not inside Draining
     times: dict[str, float] = {}
     for per_step in state_times_per_step(read_trace(run / "trace.rank0.jsonl")):
         for state, seconds in per_step.items():
@@ -82,7 +82,8 @@ def test_short_demo_end_to_end_then_resume(tmp_path):
     assert times["Generating"] > times.get("Draining", 0.0), times
     metrics = _records(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
-    assert metrics[-1]["collector/deferred"] > 0 and metrics[-1]["collector/failed"] == 0
+    assert metrics[-1]["collector/failed"] == 0
+    assert "inflight=park" in out and re.search(r"requests +\d+ running +\d+ queued +\d+ parked", out)
     assert all("elapsed_s" in m and "train/consumed_samples" in m for m in metrics)
     assert metrics[-1]["train/consumed_samples"] == 6 * 4 * 4
     assert "val/accuracy" in metrics[2] and "val/accuracy" in metrics[5]
@@ -113,7 +114,7 @@ def test_short_demo_end_to_end_then_resume(tmp_path):
     )
     assert p.returncode == 0, p.stderr[-2000:]
     assert "resumed from" in p.stdout and "step 6, weight version 6" in p.stdout
-    assert re.search(r"\d+ deferred prompts to roll out first", p.stdout)  # restored from the checkpoint
+    assert re.search(r"\d+ deferred or parked prompts to roll out first", p.stdout)  # restored from the checkpoint
     result = json.loads((run / "result.json").read_text())
     assert (result["start_step"], result["end_step"], result["weight_version"]) == (6, 8, 8)
     assert result["consumed_samples"] == 8 * 4 * 4  # nothing lost, nothing counted twice
@@ -136,6 +137,7 @@ def test_short_demo_end_to_end_then_resume(tmp_path):
         (["--hidden-size", "30"], "hidden_size=30: expected a multiple of num_attention_heads=4"),
         (["--samples-per-group", "1"], "samples_per_group=1: expected an integer >= 2"),
         (["--device", "tpu"], "--device"),
+        (["--inflight", "wait"], "--inflight"),
     ],
 )
 def test_bad_arguments_one_line_exit_2(args, needle, tmp_path):
@@ -201,6 +203,27 @@ def test_progress_display_plain_lines_and_tty_rewrites():
     d.close()
     out = tty.getvalue()
     assert out.count("\r\x1b[2K") == 2 and "Draining" in out and out.endswith("\n")
+
+
+def test_progress_line_shows_the_requests_parked_through_the_latest_handoff():
+    import io
+    from types import SimpleNamespace
+
+    from colo_fsm.demo.progress import ProgressDisplay
+
+    counts = [SimpleNamespace(running=12, queued=3, parked=0)]
+    tty = io.StringIO()
+    d = ProgressDisplay(5, stream=tty, tty=True, tty_interval_s=0.0, requests=lambda: counts[0])
+    d.transition("Generating", step=0, weight_version=0, resting=True)
+    assert "12 running   3 queued   0 parked" in tty.getvalue().rsplit("\r", 1)[-1]
+    counts[0] = SimpleNamespace(running=0, queued=3, parked=12)  # suspended: the 12 requests are parked
+    d.transition("Draining", step=0, weight_version=0)
+    d.transition("Training", step=0, weight_version=0)
+    counts[0] = SimpleNamespace(running=14, queued=1, parked=0)  # resumed: they run again
+    d.transition("Waking", step=1, weight_version=1)
+    d.update(state="Generating", step=1, weight_version=1, reward=0.0, consumed=8, samples_per_s=1.0)
+    last = tty.getvalue().rsplit("\r", 1)[-1]
+    assert "14 running   1 queued  12 parked" in last, last  # parked: how many the latest handoff kept
 
 
 def test_progress_follows_every_transition_so_checkpointing_and_validating_show():

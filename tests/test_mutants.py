@@ -51,7 +51,7 @@ def test_the_required_bugs_are_all_there():
         assert required in names
     assert all(m.expected and m.expected <= set(KILLERS) for m in MUTANTS)
     facts = {m.breaks.split(":")[0] for m in MUTANTS}
-    assert facts == {str(i) for i in range(1, 12)}, facts
+    assert facts >= {str(i) for i in range(1, 12)}, facts
 
 
 def test_the_shipped_lifecycle_survives_every_killer():

@@ -272,8 +272,10 @@ def test_single_controller_lifecycle_over_colocated_workers_and_collector(ray_se
         for g in batch:
             assert 0 <= g.age(version) <= 1
             # generation read the weights the workers' trainers wrote in place: every completion was stamped
-            # by a worker's engine with its model's version, which is the lifecycle's version at rollout start
-            assert {c.weight_version for c in g.samples} == {g.weight_version}, g
+            # by a worker's engine with its model's version; the collector parks on pause, so a group's samples
+            # may come from the version at its start and the next one (the group spans oldest..newest)
+            stamps = {c.weight_version for c in g.samples}
+            assert min(stamps) == g.weight_version and max(stamps) <= g.newest_version <= g.weight_version + 1, g
     assert {g.weight_version for _, b in batches[1:] for g in b} & {1, 2}  # new weights were generated from
     # start 1; step 0: begin + wake = 2; step 1 (saves): begin + save + wake = 3; step 2 (last): begin + done = 2
     assert drain.calls == 8
@@ -283,7 +285,10 @@ def test_single_controller_lifecycle_over_colocated_workers_and_collector(ray_se
     pids = [i["pid"] for i in infos]
     assert len(set(pids)) == 2 and os.getpid() not in pids  # two worker processes, not the driver
     assert [h["train_steps"] for h in health] == [3, 3] and [h["saves"] for h in health] == [1, 1]
-    assert all(h["timed_out"] == 0 and h["gate"] != "open" for h in health)  # torn down, gate closed
+    assert all(h["gate"] != "open" for h in health)  # torn down, gate closed
+    # the collector parks on pause: calls held at a worker's gate through the last handoff (the last step never
+    # wakes the engine) are refused at the teardown, never admitted; at most one per sample of the groups in flight
+    assert sum(h["timed_out"] for h in health) <= cap.value * 2
     for rank, pid in enumerate(pids):  # each rank saved its own part, from its own process
         saved = json.loads((tmp_path / "ckpt" / f"rank{rank}-step2.json").read_text())
         assert saved["pid"] == pid and saved["weight_version"] == 2 and saved["model_version"] == 2

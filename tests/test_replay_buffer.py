@@ -302,3 +302,63 @@ def test_collector_protocol_never_evicts_and_never_starves(n: int, max_age: int,
             version += 1
             b.advance(version)
         assert b.evicted_stale == 0
+
+
+def _spanning(pid: str, oldest: int, newest: int) -> TrajectoryGroup:
+    """A group whose tokens came from weight versions ``oldest..newest`` (a rollout parked through steps)."""
+    c = Completion("ab", (1, 2), oldest, weight_versions=(oldest, newest), logprobs=(-0.3, -0.4))
+    return TrajectoryGroup(pid, "p", (c,), (1.0,), weight_version=oldest)
+
+
+def test_group_carries_oldest_and_newest_version_from_its_samples() -> None:
+    g = _spanning("a", 1, 3)
+    assert (g.weight_version, g.newest_version, g.version_span) == (1, 3, 2)
+    back = TrajectoryGroup.from_dict(json.loads(json.dumps(g.to_dict())))
+    assert back == g and back.samples[0].weight_versions == (1, 3) and back.samples[0].logprobs == (-0.3, -0.4)
+    assert g.with_version(0, 2).newest_version == 3 and g.with_version(4, 4).newest_version == 4
+    with pytest.raises(ConfigError, match="newest_weight_version"):
+        TrajectoryGroup("a", "p", ("x",), (1.0,), weight_version=2, newest_weight_version=1)
+
+
+def test_age_of_a_group_spanning_versions_counts_from_the_oldest() -> None:
+    buf = ReplayBuffer(1, 1, weight_version=2)
+    assert buf.put(_spanning("fresh-tail-old-head", 0, 2)) is False  # age 2 from its oldest, though its last is 2
+    assert buf.put(_spanning("ok", 1, 2)) is True
+    assert buf.evicted_stale == 1 and buf.stats().max_age == 1
+    buf.advance(3)  # now "ok" is 2 old from its oldest (1 from its newest): evicted
+    assert buf.evicted_stale == 2 and len(buf) == 0
+
+
+def test_parked_rollouts_that_outlive_the_age_bound_are_evicted_and_counted() -> None:
+    """Rollouts in flight while the version moves on twice: their groups arrive spanning 0..2 and are stale."""
+    from colo_fsm.collector import AsyncCollector
+
+    version = [0]
+    awake = threading.Event()
+    entered: list[str] = []
+
+    def rollout(prompt):  # type: ignore[no-untyped-def]
+        first = version[0]
+        entered.append(prompt.prompt_id)
+        awake.wait(10)  # parked in the engine while it is suspended
+        return _spanning(prompt.prompt_id, first, version[0])
+
+    buf = ReplayBuffer(2, 1)
+    collector = AsyncCollector(rollout, (f"q{i}" for i in range(100)), buf, lambda: version[0], cap=2)
+    try:
+        collector.resume()
+        deadline = time.monotonic() + 10
+        while len(entered) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        collector.pause()
+        version[0] = 2
+        buf.advance(2)  # two steps trained on other data while these rollouts were parked
+        awake.set()
+        while collector.in_flight and time.monotonic() < deadline:
+            time.sleep(0.005)
+        s = collector.stats()
+        assert s.completed == 2 and s.spanning == 2 and s.in_flight == 0
+        assert buf.evicted_stale == 2 and len(buf) == 0  # counted from the oldest version (0), not the newest (2)
+    finally:
+        awake.set()
+        collector.close()

@@ -14,7 +14,6 @@ import threading
 import time
 
 import openai
-import pytest
 
 from colo_fsm import CheckpointDecision, Lifecycle, LifecycleConfig, State, ValidationDecision
 from colo_fsm.adapters.protocols import Completion
@@ -201,26 +200,7 @@ def test_base_urls_gathered_across_dp_ranks_over_gloo() -> None:
     assert gather_base_urls("http://a/v1") == ["http://a/v1"] and gather_base_urls(None) == []
 
 
-def test_nemo_gym_client() -> None:
-    try:
-        from nemo_gym.openai_utils import NeMoGymAsyncOpenAI  # type: ignore[import-not-found]
-    except ImportError:
-        reason = (
-            "nemo-gym not installed: 0.7.0 requires Python >= 3.13.14 (this venv has 3.12); the newest "
-            "release for 3.12 (0.4.0) pins openai<=2.7.2 (the venv has 3.51.0) and pulls mlflow, wandb, "
-            "datasets, anthropic, mcp, hydra-core. test_nemo_gym_shaped_requests covers its request shape."
-        )
-        print(reason)
-        pytest.skip(reason)
-    engine = RecordingEngine()
-    gated = GatedEngine(engine, StateCheckingGenerator(engine, 0.0), serve=True)
-    gated.bring_up()
-    try:
-        client = NeMoGymAsyncOpenAI(base_url=gated.server_base_urls()[0], api_key="x")
-        out = asyncio.run(client.create_chat_completion(model="m", messages=[{"role": "user", "content": "hi"}]))
-        assert out["choices"][0]["message"]["content"].startswith("ok:")
-    finally:
-        gated.shutdown()
+# nemo-gym's own clients (in their Python 3.13 venv) are driven by tests/test_server_nemo_gym.py.
 
 
 def test_nemo_gym_shaped_requests_retry_through_a_suspend() -> None:

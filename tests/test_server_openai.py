@@ -97,7 +97,7 @@ def test_health_reports_lifecycle_state_and_weight_version(served) -> None:
     gated.attach_status(lambda: {"state": "Training", "weight_version": 4})
     gated.gate.close_and_drain(1)
     h = httpx.get(root(gated) + "/health").json()
-    assert h["status"] == "suspended" and h["gate"] == "Training"
+    assert h["status"] == "handoff" and h["admission"] == "closed" and h["gate"] == "Training"
     assert h["lifecycle_state"] == "Training" and h["weight_version"] == 4
     gated.gate.open()
 

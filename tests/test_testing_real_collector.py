@@ -43,7 +43,11 @@ def real_collector_adapters() -> Adapters:
 
     buffer = ReplayBuffer(num_prompts_per_step=2, max_trajectory_age_steps=1)
     prompts = (Prompt(f"p{i}", "q") for i in itertools.count())
-    collector = AsyncCollector(rollout, prompts, buffer, lambda: trainer.steps, cap=2, pause_timeout_s=10.0)
+    # this fake "engine work" runs whenever the rollout runs (a real engine parks a request submitted while it is
+    # suspended), so the collector drains on pause: no rollout may then run with the engine suspended
+    collector = AsyncCollector(
+        rollout, prompts, buffer, lambda: trainer.steps, cap=2, pause_timeout_s=10.0, inflight="drain"
+    )
 
     def close() -> None:
         collector.close()

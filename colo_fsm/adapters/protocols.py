@@ -75,7 +75,9 @@ class Collector(Protocol):
     """The asynchronous producer of trajectories."""
 
     def pause(self) -> None:
-        """Stop issuing rollouts; on return no rollout request of this collector is being served."""
+        """Stop issuing new rollouts and return at once (park, the default): rollouts already submitted stay
+        parked in the engine through the handoff and finish after it, under the new weights. A collector set
+        to drain (strictly on-policy) returns only when no rollout request of it is being served."""
 
     def resume(self) -> None:
         """Start issuing rollouts again."""

@@ -25,9 +25,9 @@ Public API (small on purpose)::
   admits a rollout only if it cannot go stale (used by the collector; ``put(group)`` without a ticket also
   works). ``state_dict()`` / ``load_state_dict()`` are JSON-able; ``stats()`` gives size, pending, average
   age, evicted count.
-* :class:`AsyncCollector` -- implements the ``Collector`` protocol (``pause()`` returns with nothing in
-  flight); calls a sync or async rollout ``Prompt -> TrajectoryGroup`` in the background, tags groups with
-  the weight version at generation time, caps in-flight groups (``InFlightCap``, reported once when
+* :class:`AsyncCollector` -- implements the ``Collector`` protocol (``pause()`` returns at once and rollouts in
+  flight stay parked in the engine, ``inflight="park"``, the default; ``inflight="drain"`` waits for them); calls a sync or async rollout ``Prompt -> TrajectoryGroup`` in the background, tags groups with
+  the weight versions at generation time (oldest and newest), caps in-flight groups (``InFlightCap``, reported once when
   lowered). :class:`TextRollout` is a ready-made rollout over a ``TextGenerator``. A rollout that finds
   ``collector.should_defer()`` True before its engine work raises :class:`RolloutDeferred`: its prompt is put
   back (front of the queue, saved by ``collector.state_dict()``) instead of making the pause wait for it.

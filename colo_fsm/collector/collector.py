@@ -3,13 +3,19 @@
 It runs an asyncio loop in a background thread. A rollout function turns one :class:`Prompt` into a
 :class:`~colo_fsm.collector.buffer.TrajectoryGroup`; it may be a plain function (run in a thread pool) or an
 ``async def`` (awaited on the loop, e.g. awaiting Ray actor calls). The collector tags every group with the
-weight version read when its rollout started and the step meant to consume it, and caps the prompt groups
-in flight (:class:`~colo_fsm.guards.capacity.InFlightCap`).
+weight versions it was generated under and the step meant to consume it, and caps the prompt groups in
+flight (:class:`~colo_fsm.guards.capacity.InFlightCap`).
+
+Park, don't drain (``LifecycleRule.PARK_NOT_DRAIN``): by default (``inflight="park"``) :meth:`AsyncCollector.pause`
+stops issuing new rollouts and returns at once. Rollouts in flight are not waited for: their requests stay
+parked in the engine while it is suspended for the step and finish after the resume, under the new weights;
+their groups land in the buffer afterwards, tagged with the oldest and newest version their tokens came
+from. ``inflight="drain"`` keeps the strictly on-policy behaviour: the pause waits until none is in flight.
 
 A rollout that has not started its engine work when the collector is paused may raise
 :class:`~colo_fsm.errors.RolloutDeferred` (check :meth:`AsyncCollector.should_defer`): its prompt goes back to
-the front of the collector's queue and is rolled out after the next resume, so a pause waits only for the
-rollouts that are really generating. Returned prompts are part of :meth:`AsyncCollector.state_dict`.
+the front of the collector's queue and is rolled out after the next resume. Returned prompts, and the prompts
+of rollouts parked in the engine, are part of :meth:`AsyncCollector.state_dict`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import bisect
 import concurrent.futures
 import inspect
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -26,15 +33,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from colo_fsm.adapters.protocols import Completion, TextGenerator
-from colo_fsm.collector.buffer import ReplayBuffer, Ticket, TrajectoryGroup
+from colo_fsm.collector.buffer import ReplayBuffer, Ticket, TrajectoryGroup, samples_versions
 from colo_fsm.errors import ConfigError, LifecycleError, RolloutDeferred, RolloutFailed, WaitTimeout
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.log import get_logger
 
 log = get_logger("colo_fsm.collector")
 
-STATE_DICT_FORMAT = 1
-"""Version of :meth:`AsyncCollector.state_dict`."""
+STATE_DICT_FORMAT = 2
+"""Version of :meth:`AsyncCollector.state_dict` (1: deferred prompts only; 2: also parked prompts and the buffer)."""
+
+INFLIGHT_POLICIES = ("park", "drain")
+"""What :meth:`AsyncCollector.pause` does with rollouts in flight: leave them parked (default) or wait for them."""
+
+
+def parse_inflight(value: Any) -> str:
+    """``value`` (a string or an ``InflightPolicy``) as ``"park"`` or ``"drain"``; anything else raises ConfigError."""
+    raw = getattr(value, "value", value)
+    if isinstance(raw, str) and raw.lower() in INFLIGHT_POLICIES:
+        return raw.lower()
+    raise ConfigError("inflight", value, "'park' (default) or 'drain'")
+
 
 _DEFER_RETRY_S = 0.05
 """After a rollout deferred while the collector was running, wait this long before starting another."""
@@ -105,7 +124,7 @@ class TextRollout:
         self._calls = itertools.count()
 
     def __call__(self, prompt: Prompt) -> TrajectoryGroup:
-        """Generate and score one group (``weight_version`` is the lowest version among the completions)."""
+        """Generate and score one group (``weight_version`` is the oldest version among the completions)."""
         seed = None if self.seed is None else self.seed + next(self._calls)
         outs = self.generator.generate(
             [prompt.text] * self.samples_per_group, max_tokens=self.max_tokens, temperature=self.temperature, seed=seed
@@ -128,7 +147,10 @@ class CollectorStats:
 
     ``started == completed + failed + deferred + in_flight``: every start ends in exactly one of those.
     ``deferred`` counts rollouts that raised :class:`~colo_fsm.errors.RolloutDeferred` (their prompts were
-    put back, not lost); ``returned`` is how many such prompts are waiting to be started again.
+    put back, not lost); ``returned`` is how many such prompts are waiting to be started again. ``parked``
+    (part of ``in_flight``) counts rollouts in flight across at least one pause and not finished yet;
+    ``spanning`` counts finished rollouts that were in flight across a pause (``version_changed_mid_rollout``:
+    those whose weight version changed meanwhile).
     """
 
     started: int
@@ -142,18 +164,31 @@ class CollectorStats:
     version_changed_mid_rollout: int
     deferred: int = 0
     returned: int = 0
+    parked: int = 0
+    spanning: int = 0
 
     def as_metrics(self, prefix: str = "collector/") -> dict[str, float]:
         """Flat ``{name: number}`` for :class:`colo_fsm.metrics.MetricsLogger`."""
         return {f"{prefix}{k}": float(v) for k, v in self.__dict__.items()}
 
 
+@dataclass
+class _Running:
+    """One rollout in flight: its prompt (saved by a checkpoint taken while it is parked) and how many pauses it saw."""
+
+    prompt: Prompt
+    version: int
+    pauses: int = 0
+
+
 class AsyncCollector:
     """Generates trajectory groups in the background into a :class:`ReplayBuffer`; implements ``Collector``.
 
     It starts paused; :meth:`resume` (called by the lifecycle when collection starts) starts it.
-    :meth:`pause` returns only when no rollout of this collector is in flight. At most ``cap`` prompt groups
-    are in flight, and the buffer's age window bounds how far ahead it generates. ``admit`` (optional, cheap,
+    :meth:`pause` stops new rollouts and returns at once with ``inflight="park"`` (the default: rollouts in
+    flight stay parked in the engine and finish after the step), or only when no rollout of this collector is
+    in flight with ``inflight="drain"``. At most ``cap`` prompt groups are in flight, and the buffer's age
+    window bounds how far ahead it generates. ``admit`` (optional, cheap,
     non-blocking) is asked before every start, e.g. ``lambda: lc.state is State.GENERATING`` so that no rollout
     starts between a handoff's first step and its ``pause_collector`` action.
 
@@ -165,6 +200,12 @@ class AsyncCollector:
     drawn), counts it in ``stats().deferred`` (not as a failure) and starts it again after :meth:`resume`.
     Prompts put back are drawn before the prompt iterable and saved by :meth:`state_dict`, so a checkpoint of
     the iterable's position plus this state loses none.
+
+    Checkpoints with rollouts parked: the engine's requests are not checkpointed, so :meth:`state_dict` saves
+    the prompts of the rollouts in flight (to be issued again, first, on restore) together with the buffer's
+    finished groups, in one snapshot under the collector's lock (a group moves from "in flight" to "in the
+    buffer" atomically). A live run just continues its parked rollouts; a run restored from the checkpoint
+    re-issues each exactly once. Nothing is lost and nothing is trained on twice.
     """
 
     def __init__(
@@ -180,6 +221,7 @@ class AsyncCollector:
         max_threads: int = 64,
         admit: Callable[[], bool] | None = None,
         name: str = "collector",
+        inflight: Any = "park",
     ) -> None:
         if not callable(rollout):
             raise ConfigError("rollout", rollout, "a callable Prompt -> TrajectoryGroup (sync or async)")
@@ -210,6 +252,7 @@ class AsyncCollector:
                 raise ConfigError(fname, v, "a positive integer")
         if isinstance(pause_timeout_s, bool) or not isinstance(pause_timeout_s, int | float) or pause_timeout_s <= 0:
             raise ConfigError("pause_timeout_s", pause_timeout_s, "a positive number of seconds")
+        self.inflight = parse_inflight(inflight)
         self.rollout = rollout
         self.buffer = buffer
         self.name = name
@@ -235,6 +278,9 @@ class AsyncCollector:
         self._failed = 0
         self._consecutive_failures = 0
         self._version_changed = 0
+        self._running: dict[int, _Running] = {}  # rollouts in flight by order number
+        self._spanning = 0
+        self._pauses = 0
         self.error: RolloutFailed | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -244,21 +290,35 @@ class AsyncCollector:
 
     # ------------------------------------------------------------------ Collector protocol
     def pause(self) -> None:
-        """Stop starting rollouts and wait until none is in flight (``WaitTimeout`` after ``pause_timeout_s``).
+        """Stop starting rollouts. ``park``: return at once, rollouts in flight stay parked in the engine and
+        finish after the step. ``drain``: wait until none is in flight (``WaitTimeout`` after ``pause_timeout_s``).
 
         Rollouts that check :meth:`should_defer` before their engine work and raise ``RolloutDeferred`` end at
-        once; the wait is then only for those already generating.
+        once; a drain then waits only for those already generating.
         """
         t0 = time.monotonic()
         with self._cond:
+            if not self._paused:
+                self._pauses += 1
+                for r in self._running.values():
+                    r.pauses += 1
             self._paused = True
-            if not self._cond.wait_for(lambda: self._in_flight == 0, timeout=self._pause_timeout_s):
+            if self.inflight == "drain" and not self._cond.wait_for(
+                lambda: self._in_flight == 0, timeout=self._pause_timeout_s
+            ):
                 raise WaitTimeout(
-                    f"{self.name}: in-flight rollouts to finish on pause",
+                    f"{self.name}: in-flight rollouts to finish on pause (inflight='drain')",
                     self._pause_timeout_s,
                     f"{self._in_flight} still in flight",
                 )
-        log.debug("%s paused in %.1f ms", self.name, (time.monotonic() - t0) * 1e3)
+            parked = self._in_flight
+        log.debug(
+            "%s paused in %.1f ms (%s, %d rollout(s) parked)",
+            self.name,
+            (time.monotonic() - t0) * 1e3,
+            self.inflight,
+            parked,
+        )
 
     def resume(self) -> None:
         """Start (or restart) issuing rollouts; raises :class:`RolloutFailed` if rollouts kept failing."""
@@ -280,9 +340,9 @@ class AsyncCollector:
     def should_defer(self) -> bool:
         """True when a rollout that has not started its engine work should raise ``RolloutDeferred``.
 
-        That is while the collector is paused (a handoff waits for in-flight rollouts) or closing. Cheap and
-        lock-free; call it right before the engine work, under the lock that serializes that work, so that
-        nothing can start generating between the check and the work except a rollout the pause waits for.
+        That is while the collector is paused (a handoff is under way) or closing. Cheap and lock-free; call it
+        right before the engine work, under the lock that serializes that work (if any), so that nothing starts
+        generating between the check and the work except a rollout the pause parks or waits for.
         """
         return self._paused or self._closing
 
@@ -290,6 +350,18 @@ class AsyncCollector:
     def in_flight(self) -> int:
         """Prompt groups being rolled out right now."""
         return self._in_flight
+
+    @property
+    def parked(self) -> int:
+        """Rollouts in flight across at least one pause (parked in the engine during a handoff) not finished yet."""
+        with self._cond:
+            return sum(1 for r in self._running.values() if r.pauses)
+
+    @property
+    def in_flight_prompts(self) -> tuple[Prompt, ...]:
+        """Prompts of the rollouts in flight (in the order they were drawn)."""
+        with self._cond:
+            return tuple(self._running[k].prompt for k in sorted(self._running))
 
     @property
     def returned_prompts(self) -> tuple[Prompt, ...]:
@@ -312,52 +384,76 @@ class AsyncCollector:
                 version_changed_mid_rollout=self._version_changed,
                 deferred=self._deferred,
                 returned=len(self._returned),
+                parked=sum(1 for r in self._running.values() if r.pauses),
+                spanning=self._spanning,
             )
 
     def state_dict(self) -> dict[str, Any]:
-        """A JSON-able snapshot: the prompts put back by deferred rollouts (not yet started again).
+        """A JSON-able snapshot: prompts to issue again on restore, and the buffer's finished groups.
 
-        Save it next to the prompt iterable's position (through the Lifecycle's ``checkpoint_extra``): those
-        prompts were already drawn from the iterable, so without it a resumed run would skip them. The
-        prompts' metadata must be JSON-able for a JSON checkpoint. Raises :class:`LifecycleError` while
-        rollouts are in flight (their prompts would be in neither place); the lifecycle saves paused.
+        Saved, in one snapshot under the collector's lock: the prompts put back by deferred rollouts, the
+        prompts of the rollouts in flight (parked in the engine during a handoff: engine state is not
+        checkpointed, so a restored run issues them again, first, in the order they were drawn), and
+        ``replay_buffer`` (:meth:`ReplayBuffer.state_dict`). A rollout that finishes is moved from "in flight"
+        to the buffer atomically, so it is in exactly one of the two. Save it next to the prompt iterable's
+        position (through the Lifecycle's ``checkpoint_extra``): those prompts were already drawn from the
+        iterable. The prompts' metadata must be JSON-able for a JSON checkpoint. Raises
+        :class:`LifecycleError` while collecting with rollouts in flight (new draws would race the iterable's
+        position); the lifecycle saves paused.
         """
         with self._cond:
-            if self._in_flight:
+            if self._in_flight and not self._paused:
                 raise LifecycleError(
-                    f"{self.name}: state_dict() with {self._in_flight} rollout(s) in flight; pause the collector first"
+                    f"{self.name}: state_dict() while collecting with {self._in_flight} rollout(s) in flight; "
+                    "pause the collector first"
                 )
+
+            def item(order: int, p: Prompt) -> dict[str, Any]:
+                return {"order": order, "prompt_id": p.prompt_id, "text": p.text, "metadata": dict(p.metadata)}
+
             return {
                 "format": STATE_DICT_FORMAT,
-                "returned_prompts": [
-                    {"prompt_id": p.prompt_id, "text": p.text, "metadata": dict(p.metadata)} for _, p in self._returned
-                ],
+                "returned_prompts": [item(o, p) for o, p in self._returned],
+                "parked_prompts": [item(o, self._running[o].prompt) for o in sorted(self._running)],
+                "replay_buffer": self.buffer.state_dict(),
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict` snapshot: its prompts are started first, before the prompt iterable.
+        """Restore a :meth:`state_dict` snapshot: its prompts (deferred and parked, in the order they were
+        drawn) are started first, before the prompt iterable; its ``replay_buffer`` (if any) is loaded into the
+        buffer.
 
         Call it before the first :meth:`resume` (or while paused with nothing in flight); it replaces any
         prompts currently put back.
         """
         if not isinstance(state, Mapping):
             raise ConfigError("state", state, "a mapping from AsyncCollector.state_dict()")
-        if state.get("format") != STATE_DICT_FORMAT:
-            raise ConfigError("state.format", state.get("format"), f"{STATE_DICT_FORMAT}")
-        items = state.get("returned_prompts", [])
-        if not isinstance(items, list | tuple):
-            raise ConfigError("state.returned_prompts", items, "a list of {prompt_id, text, metadata}")
-        restored: list[Prompt] = []
-        for n, item in enumerate(items):
-            if not isinstance(item, Mapping):
-                raise ConfigError(f"state.returned_prompts[{n}]", item, "a mapping {prompt_id, text, metadata}")
-            meta = item.get("metadata") or {}
-            if not isinstance(meta, Mapping):
-                raise ConfigError(f"state.returned_prompts[{n}].metadata", meta, "a mapping")
-            restored.append(Prompt(item.get("prompt_id"), item.get("text"), dict(meta)))  # type: ignore[arg-type]
+        if state.get("format") not in (1, STATE_DICT_FORMAT):
+            raise ConfigError("state.format", state.get("format"), f"1 or {STATE_DICT_FORMAT}")
+        entries: list[tuple[float, int, Prompt]] = []
+        for key in ("returned_prompts", "parked_prompts"):
+            items = state.get(key, [])
+            if not isinstance(items, list | tuple):
+                raise ConfigError(f"state.{key}", items, "a list of {prompt_id, text, metadata}")
+            for n, it in enumerate(items):
+                if not isinstance(it, Mapping):
+                    raise ConfigError(f"state.{key}[{n}]", it, "a mapping {prompt_id, text, metadata}")
+                meta = it.get("metadata") or {}
+                if not isinstance(meta, Mapping):
+                    raise ConfigError(f"state.{key}[{n}].metadata", meta, "a mapping")
+                order = it.get("order", n)
+                if isinstance(order, bool) or not isinstance(order, int | float):
+                    raise ConfigError(f"state.{key}[{n}].order", order, "a number")
+                prompt = Prompt(it.get("prompt_id"), it.get("text"), dict(meta))  # type: ignore[arg-type]
+                entries.append((float(order), len(entries), prompt))
+        entries.sort(key=lambda e: (e[0], e[1]))
+        restored = [p for _, _, p in entries]
+        buffer_state = state.get("replay_buffer")
         with self._cond:
             if not self._paused or self._in_flight:
                 raise LifecycleError(f"{self.name}: load_state_dict() while collecting; call it while paused")
+            if buffer_state is not None:
+                self.buffer.load_state_dict(buffer_state)
             # order numbers just below the next draw's: restored prompts go first, in their saved order
             base = self._drawn - len(restored)
             self._returned = [(base + i, p) for i, p in enumerate(restored)]
@@ -442,6 +538,7 @@ class AsyncCollector:
             self._in_flight += 1
             self._started += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
+            self._running[order] = _Running(prompt, version)
             return prompt, order, version, ticket
 
     async def _dispatch(self) -> None:
@@ -477,19 +574,7 @@ class AsyncCollector:
             if not isinstance(group, TrajectoryGroup):
                 raise ConfigError("rollout result", type(group).__name__, "a TrajectoryGroup")
             end_version = int(self._weight_version())
-            if end_version != version:
-                with self._cond:
-                    self._version_changed += 1
-                log.warning(
-                    "%s: weight version changed from %d to %d during the rollout of %s (was the "
-                    "collector not paused for the step?); tagging the older one",
-                    self.name,
-                    version,
-                    end_version,
-                    prompt.prompt_id,
-                )
-            tagged = group.with_version(min(version, end_version), ticket.target_step)
-            self.buffer.put(tagged, ticket=ticket)
+            tagged = self._tag(group, version, end_version, ticket)
         except RolloutDeferred as exc:
             self._put_back(prompt, order, ticket, exc)
         except BaseException as exc:
@@ -498,6 +583,7 @@ class AsyncCollector:
                 self._failed += 1
                 self._consecutive_failures += 1
                 n = self._consecutive_failures
+                self._finish_locked(order)
             log.error(
                 "%s: rollout of %s failed (%d in a row): %s: %s",
                 self.name,
@@ -512,20 +598,61 @@ class AsyncCollector:
             if isinstance(exc, asyncio.CancelledError):
                 raise
         else:
-            with self._cond:
+            with self._cond:  # into the buffer and out of "in flight" in one step (see state_dict)
+                running = self._running.get(order)
+                if running is not None and running.pauses:
+                    self._spanning += 1
+                if end_version != version:
+                    self._version_changed += 1
+                self.buffer.put(tagged, ticket=ticket)
                 self._completed += 1
                 self._consecutive_failures = 0
+                self._finish_locked(order)
+            if end_version != version:
+                log.log(
+                    logging.WARNING if self.inflight == "drain" else logging.DEBUG,
+                    "%s: rollout of %s spanned weight versions %d..%d (tokens from %d..%d)%s",
+                    self.name,
+                    prompt.prompt_id,
+                    version,
+                    end_version,
+                    tagged.weight_version,
+                    tagged.newest_version,
+                    " although inflight='drain' (was the collector not paused for the step?)"
+                    if self.inflight == "drain"
+                    else "",
+                )
         finally:
-            with self._cond:
-                self._in_flight -= 1
-                self._cond.notify_all()
             self._poke()
+
+    def _finish_locked(self, order: int) -> None:
+        self._running.pop(order, None)
+        self._in_flight -= 1
+        self._cond.notify_all()
+
+    def _tag(self, group: TrajectoryGroup, version: int, end_version: int, ticket: Ticket) -> TrajectoryGroup:
+        """The group tagged with the versions that generated it and its target step.
+
+        Samples that report per-token weight versions (the engine's record) are the truth: oldest and newest
+        come from them. Otherwise the oldest is the oldest sample's stamp, kept within the versions read at the
+        rollout's start and end (a rollout's own tag outside them is replaced), and the newest is the version
+        read at its end.
+        """
+        spanned = samples_versions(group.samples)
+        if spanned is not None:
+            oldest, newest = spanned
+        else:
+            lo, hi = min(version, end_version), max(version, end_version)
+            stamp = min(s.weight_version for s in group.samples)
+            oldest, newest = min(max(stamp, lo), hi), hi
+        return group.with_version(oldest, ticket.target_step, newest)
 
     def _put_back(self, prompt: Prompt, order: int, ticket: Ticket, exc: RolloutDeferred) -> None:
         """A deferred rollout: give its buffer place back and its prompt back to the front of the queue."""
         self.buffer.release(ticket)
         with self._cond:
             self._deferred += 1
+            self._finish_locked(order)
             bisect.insort(self._returned, (order, prompt), key=lambda item: item[0])
             running = not (self._paused or self._closing)
             if running:  # deferred although not paused: don't retry at once (it would spin)
@@ -556,6 +683,7 @@ def collect_sync(
 
 
 __all__ = [
+    "INFLIGHT_POLICIES",
     "STATE_DICT_FORMAT",
     "AsyncCollector",
     "CollectorStats",
@@ -564,4 +692,5 @@ __all__ = [
     "TextRollout",
     "as_prompts",
     "collect_sync",
+    "parse_inflight",
 ]

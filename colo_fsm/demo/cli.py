@@ -15,6 +15,8 @@ from typing import Any, NoReturn
 from colo_fsm.errors import ColoFsmError, ConfigError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# asked to stop by a signal (SIGTERM / SIGINT): the run stopped cleanly and exits with 128 + the signal number
+EXIT_SIGNAL_BASE = 128
 PROG = "colo-fsm demo"
 
 
@@ -119,6 +121,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"checkpoint every N steps (default {d.checkpoint_every})",
     )
     p.add_argument("--kv-cache-mode", default=d.kv_cache_mode, help="persist | offload | recompute (GPU engine)")
+    p.add_argument(
+        "--inflight",
+        choices=("park", "drain"),
+        default=d.inflight,
+        help="what a handoff does with the rollouts in flight: park them in the engine, finished after the step "
+        "under the new weights (default), or drain (wait for them: strictly on-policy, slower)",
+    )
     p.add_argument("--seed", type=_nonneg_int, default=d.seed)
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads per rank")
     p.add_argument("--no-tensorboard", action="store_false", dest="tensorboard", help="skip TensorBoard event files")
@@ -127,6 +136,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also bring up an OpenAI-compatible HTTP server per rank on 127.0.0.1 (once, with the engine); "
         "prints dp_openai_server_base_urls=[...] at start-up; requests are served while the engine is awake",
+    )
+    p.add_argument(
+        "--chat-template",
+        default=d.chat_template,
+        metavar="NAME|FILE",
+        help="chat template of --serve's /v1/chat/completions: 'digits' (default; user text + '>', what the demo's "
+        "tokenizer can encode), 'roles' ('role: text' lines), or a Jinja2 file (messages, add_generation_prompt)",
+    )
+    p.add_argument(
+        "--on-policy-guard",
+        action="store_true",
+        help="with --serve: answer 400 to a request whose temperature or top_p differ from the training rollouts' "
+        "(a gym then cannot silently train on off-policy samples)",
     )
     p.add_argument("--stop-after", type=_positive_int, default=None, help=argparse.SUPPRESS)
 
@@ -145,6 +167,16 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     res = launch(cfg)
+    if res.stopped_by_signal:
+        import signal
+
+        name = signal.Signals(res.stopped_by_signal).name
+        print(
+            f"stopped by {name} after step {res.end_step}: lifecycle stopped, trace and metrics closed "
+            f"(run folder: {res.run_dir}); exit code {EXIT_SIGNAL_BASE + res.stopped_by_signal}",
+            flush=True,
+        )
+        return EXIT_SIGNAL_BASE + res.stopped_by_signal
     val = "n/a" if res.val_accuracy is None else f"{res.val_accuracy:.3f}"
     print(
         f"done: steps {res.start_step}->{res.end_step}, weight version {res.weight_version}, "
@@ -187,4 +219,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-__all__ = ["add_arguments", "config_from_args", "main", "register", "run"]
+__all__ = ["EXIT_SIGNAL_BASE", "add_arguments", "config_from_args", "main", "register", "run"]

@@ -36,12 +36,15 @@ class DemoConfig:
     checkpoint_every: int = 100
     val_prompts: int = 32
     kv_cache_mode: str = "persist"
+    inflight: str = "park"  # a handoff parks the rollouts in flight ("drain": waits for them, strictly on-policy)
     seed: int = 0
     threads: int | None = None
     tensorboard: bool = True
     sample_timeout_s: float = 120.0
     serve: bool = False  # an OpenAI-compatible HTTP server per rank (127.0.0.1), up once with the engine
     stop_after: int | None = None  # stop early after this many steps of this run (tests; simulates an interruption)
+    chat_template: str = "digits"  # --serve chat: 'digits' (the task alphabet), 'roles', or a Jinja2 file
+    on_policy_guard: bool = False  # --serve: refuse requests whose temperature/top_p differ from the rollouts'
 
     def __post_init__(self) -> None:
         _int("steps", self.steps, 1)
@@ -66,11 +69,14 @@ class DemoConfig:
         _int("seed", self.seed, 0)
         if self.threads is not None:
             _int("threads", self.threads, 1)
-        for name in ("resume", "tensorboard", "serve"):
+        for name in ("resume", "tensorboard", "serve", "on_policy_guard"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
         if self.stop_after is not None:
             _int("stop_after", self.stop_after, 1)
+        from colo_fsm.server.templates import resolve_chat_template
+
+        resolve_chat_template(self.chat_template)  # a bad name or path fails here, naming chat_template
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 "hidden_size", self.hidden_size, f"a multiple of num_attention_heads={self.num_attention_heads}"
@@ -82,6 +88,9 @@ class DemoConfig:
         from colo_fsm.adapters.megatron.engine import parse_kv_cache_mode
 
         object.__setattr__(self, "kv_cache_mode", parse_kv_cache_mode(self.kv_cache_mode).value)
+        from colo_fsm.collector.collector import parse_inflight
+
+        object.__setattr__(self, "inflight", parse_inflight(self.inflight))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able settings (written to the run folder as config.json)."""

@@ -17,7 +17,9 @@ from colo_fsm.states.spec import LIFECYCLE, LifecycleSpec
 
 
 class ProgressDisplay:
-    """Shows state, step, weight version, reward, consumed samples and samples/s.
+    """Shows state, step, weight version, reward, consumed samples and samples/s, and (with ``requests``, a
+    callable returning the engine's ``RequestCounts``) the requests running and queued in the engine and how
+    many it kept parked through the latest handoff.
 
     On a TTY the status line is rewritten in place (``\\r``); otherwise a plain line is printed every
     ``every`` steps. Events (validation, checkpoint, start-up facts) always get their own line.
@@ -36,8 +38,12 @@ class ProgressDisplay:
         tty_interval_s: float = 0.2,
         plain_interval_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        requests: Callable[[], Any] | None = None,
     ) -> None:
         self.stream = stream or sys.stdout
+        self._requests = requests
+        self._handoff_open = False
+        self._handoff_parked = 0
         self.total = total_steps
         self.every = max(1, every)
         self.tty = self.stream.isatty() if tty is None else tty
@@ -56,15 +62,47 @@ class ProgressDisplay:
             "consumed": 0,
             "samples_per_s": 0.0,
         }
+        if requests is not None:
+            self._shown.update(running=0, queued=0, parked=0)
 
     def status_line(
-        self, *, state: str, step: int, weight_version: int, reward: float, consumed: int, samples_per_s: float
+        self,
+        *,
+        state: str,
+        step: int,
+        weight_version: int,
+        reward: float,
+        consumed: int,
+        samples_per_s: float,
+        running: int | None = None,
+        queued: int | None = None,
+        parked: int | None = None,
     ) -> str:
-        """The status text (also what the plain-line mode prints)."""
-        return (
+        """The status text (also what the plain-line mode prints); request counts when known."""
+        line = (
             f"[{self._clock() - self.t0:6.1f}s] {state:<13} step {step:>4}/{self.total} "
             f"wv {weight_version:>4}  reward {reward:6.3f}  consumed {consumed:>7}  {samples_per_s:7.1f} samples/s"
         )
+        if parked is not None:
+            line += f"  requests {running or 0:>3} running {queued or 0:>3} queued {parked:>3} parked"
+        return line
+
+    def _sample_requests(self, resting: bool) -> None:
+        """Read the engine's request counts; ``parked`` shows the most parked during the latest handoff."""
+        if self._requests is None:
+            return
+        try:
+            c = self._requests()
+        except Exception:  # an engine not up yet, or torn down: keep the last counts
+            return
+        self._shown.update(running=int(c.running), queued=int(c.queued))
+        if resting:
+            self._handoff_open = False
+        else:
+            if not self._handoff_open:
+                self._handoff_open, self._handoff_parked = True, 0
+            self._handoff_parked = max(self._handoff_parked, int(c.parked))
+            self._shown["parked"] = self._handoff_parked
 
     def _write_status(self, newline: bool) -> None:
         line = self.status_line(**self._shown)
@@ -92,6 +130,7 @@ class ProgressDisplay:
                 consumed=consumed,
                 samples_per_s=samples_per_s,
             )
+            self._sample_requests(resting=True)
             if self.tty:
                 self._write_status(newline=False)
             elif step % self.every == 0 or step == self.total:
@@ -101,6 +140,7 @@ class ProgressDisplay:
         """The lifecycle entered ``state``: refresh the status (throttled, see the class docstring)."""
         with self._lock:
             self._shown.update(state=state, step=step, weight_version=weight_version)
+            self._sample_requests(resting)
             since = self._clock() - self._last_draw
             if self.tty:
                 if resting or since >= self.tty_interval_s:

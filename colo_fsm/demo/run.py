@@ -40,6 +40,7 @@ class DemoResult:
     consumed_samples: int
     elapsed_s: float
     backend: str
+    stopped_by_signal: int | None = None  # SIGTERM / SIGINT asked the run to stop; it stopped cleanly
 
 
 def default_run_dir(base: str | Path = "runs") -> Path:
@@ -92,15 +93,52 @@ def _setup_logging(run_dir: Path, rank: int) -> None:
 
 
 def _to_rollouts(groups: Sequence[Any]) -> list[Any]:
+    """Trainer rollouts; behaviour log-probs are the engine's per-token record (a group parked through a step
+    has tokens of two weight versions, each with the log-prob it was generated with)."""
     from colo_fsm.adapters.megatron.trainer import Rollout
 
     out = []
     for g in groups:
         prompt_ids = tuple(g.metadata["prompt_ids"])
-        lps = g.metadata.get("logprobs") or [[] for _ in g.samples]
+        lps = g.metadata.get("logprobs") or [[] for _ in g.samples]  # older checkpoints kept them here
         for s, r, lp in zip(g.samples, g.rewards, lps):
-            out.append(Rollout(prompt_ids, tuple(s.token_ids), float(r), g.prompt_id, tuple(lp), g.weight_version))
+            logprobs = tuple(s.logprobs) or tuple(lp)
+            out.append(Rollout(prompt_ids, tuple(s.token_ids), float(r), g.prompt_id, logprobs, g.weight_version))
     return out
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT ask the run to stop: the main loop finishes the step in progress, then the lifecycle
+    stops (the server answers waiting requests 503 at once), trace and metrics are closed. A second signal
+    while stopping is left to the default action. Installed only on the main thread; restored on exit."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        import signal
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        import signal
+
+        if self.signum is not None:  # asked twice: stop now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        log.warning("%s: stopping after the step in progress", signal.Signals(signum).name)
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def run_rank(
@@ -109,12 +147,11 @@ def run_rank(
     """Run the demo as ``rank`` of ``world``; rank 0 shows progress and returns the result."""
     import torch
 
-    from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine
+    from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine, to_completion
     from colo_fsm.adapters.megatron.model import ModelConfig, build_model
     from colo_fsm.adapters.megatron.parallel import init_distributed, shutdown_distributed
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
-    from colo_fsm.adapters.protocols import Completion
     from colo_fsm.collector import AsyncCollector, ReplayBuffer, TrajectoryGroup, step_metrics
     from colo_fsm.collector.metrics import StateTimer
     from colo_fsm.demo.progress import ProgressDisplay, follow
@@ -152,7 +189,7 @@ def run_rank(
     engine = MegatronEngine(
         model,
         tok,
-        GenerationConfig(kv_cache_mode=cfg.kv_cache_mode),
+        GenerationConfig(kv_cache_mode=cfg.kv_cache_mode, inflight=cfg.inflight),
         weight_version=lambda: lc_ref["lc"].weight_version,
     )
     buffer = ReplayBuffer(cfg.num_prompts_per_step, cfg.max_trajectory_age_steps)
@@ -173,31 +210,29 @@ def run_rank(
             raise ConfigError("steps", cfg.steps, f"more than the checkpoint's step {start_step} to resume")
     stream = PromptStream(task, seed=cfg.seed * 1000 + rank, index=stream_index)
 
-    # The engine generates one call at a time, so of the rollouts in flight one generates and the others wait.
-    # A rollout that gets its turn while the collector is paused (a handoff is draining) defers instead of
-    # generating: the pause then waits for one generate call, not for every queued one, and the deferred
-    # prompts are generated in Generating after the step. The check and the generate share one lock so that
-    # no rollout can start generating after a pause began except the one the pause waits for.
-    turn = threading.Lock()
-
+    # The engine batches every request continuously (rollouts, validation, HTTP). With inflight="park" a
+    # handoff stops it at a decode-step boundary: the rollouts in flight stay parked and finish after the step
+    # under the new weights (their tokens carry both versions); "drain" waits for them instead. A rollout that
+    # has not submitted yet when the collector is paused gives its prompt back (rolled out after the step).
     def rollout(prompt: Any) -> TrajectoryGroup:
         ids = tok.tokenize(prompt.text)
-        with turn:
-            if collector.should_defer():
-                raise RolloutDeferred("the collector is paused for a handoff")
-            outs = engine.generate_ids(
-                [ids] * cfg.samples_per_group, max_tokens=task.max_tokens, temperature=cfg.temperature
-            )
+        if collector.should_defer():
+            raise RolloutDeferred("the collector is paused for a handoff")
+        outs = engine.generate_ids(
+            [ids] * cfg.samples_per_group, max_tokens=task.max_tokens, temperature=cfg.temperature
+        )
+        if any(o.finish_reason == "abort" for o in outs):
+            raise RolloutDeferred("the engine was shut down")  # the run is over: not a failure
         answer = tok.tokenize(prompt.metadata["answer"])
         rewards = [task.reward(answer, o.token_ids, tok.eod) for o in outs]
-        samples = [Completion(o.text, o.token_ids, o.weight_version, o.finish_reason) for o in outs]
+        samples = [to_completion(o) for o in outs]
         return TrajectoryGroup(
             prompt.prompt_id,
             prompt.text,
             tuple(samples),
             tuple(rewards),
-            weight_version=min(o.weight_version for o in outs),
-            metadata={"prompt_ids": ids, "logprobs": [list(o.logprobs) for o in outs]},
+            weight_version=min(s.weight_version for s in samples),
+            metadata={"prompt_ids": ids},
         )
 
     val = validation_prompts(task, cfg.val_prompts)
@@ -220,6 +255,7 @@ def run_rank(
         else None,
         admit=lambda: lc_ref["lc"].state is State.GENERATING,
         name=f"collector.rank{rank}",
+        inflight=cfg.inflight,
     )
     if collector_state is not None:
         collector.load_state_dict(collector_state)
@@ -235,10 +271,13 @@ def run_rank(
     def checkpoint_extra() -> dict[str, Any]:
         # the save runs inside lc.step, after this step's train_step: count its samples too
         now = consumed + (lc.last_result.consumed_samples * dp if lc.last_result is not None else 0)
+        # one snapshot: the buffer's groups, the deferred prompts and the prompts of rollouts parked in the engine
+        # (issued again on restore; this live run just finishes them): none lost, none trained on twice
+        state = collector.state_dict()
         return {
-            "replay_buffer": buffer.state_dict(),
+            "replay_buffer": state.pop("replay_buffer"),
             "prompt_stream": stream.state_dict(),
-            "collector": collector.state_dict(),  # deferred prompts: drawn from the stream, not yet rolled out
+            "collector": state,  # drawn from the stream, not yet in the buffer: deferred and parked
             "demo": {
                 "consumed_samples": now,
                 "elapsed_s": metrics.elapsed_s() if metrics is not None else elapsed0 + time.monotonic() - t_run,
@@ -247,9 +286,11 @@ def run_rank(
 
     served: Any = engine
     if cfg.serve:
-        from colo_fsm.server import GatedEngine
+        from colo_fsm.server import GatedEngine, OnPolicy, ServerSettings
+        from colo_fsm.server.templates import resolve_chat_template
 
-        # one OpenAI-compatible server per rank, brought up once with the engine (bring_up), on 127.0.0.1
+        # one OpenAI-compatible server per rank, brought up once with the engine (bring_up), on 127.0.0.1;
+        # requests it admitted are parked in the engine through a handoff and answered after it
         served = GatedEngine(
             engine,
             engine,
@@ -257,6 +298,9 @@ def run_rank(
             host="127.0.0.1",
             model_name="colo-fsm-demo",
             count_tokens=lambda text: len(tok.tokenize(text)),
+            tokenizer=tok,
+            chat_template=resolve_chat_template(cfg.chat_template),
+            settings=ServerSettings(on_policy=OnPolicy(cfg.temperature, 1.0) if cfg.on_policy_guard else None),
         )
     lc = Lifecycle(
         served,
@@ -287,25 +331,28 @@ def run_rank(
     lc.trace.subscribe(timer)
     visited: set[str] = set()  # states entered during the current step: what the machine did, not a re-derivation
     lc.trace.subscribe(lambda rec: visited.add(rec.dest))
-    display = ProgressDisplay(cfg.steps) if show else None
+    display = ProgressDisplay(cfg.steps, requests=engine.request_counts) if show else None
     if display is not None:
         follow(display, lc.trace, lc.spec)  # the shown state follows every transition (throttled)
         display.event(f"run folder: {run_dir}")
         display.event(
             f"engine: backend={engine.backend_name} ({engine.backend_reason}); "
-            f"kv_cache_mode={engine.kv_cache_mode.value}; one model object for training and generation; "
+            f"kv_cache_mode={engine.kv_cache_mode.value}; inflight={cfg.inflight} (a handoff "
+            f"{'parks the rollouts in flight' if cfg.inflight == 'park' else 'waits for the rollouts in flight'}); "
+            f"one model object for training and generation; "
             f"{world} rank(s) over {'NCCL' if cfg.device == 'cuda' else 'gloo'}"
         )
         if cfg.resume:
             display.event(
                 f"resumed from {ckpt_dir / 'latest'}: step {start_step}, weight version {start_version}, "
                 f"{len(buffer)} buffered groups, {stream_index} prompts drawn, "
-                f"{len(collector.returned_prompts)} deferred prompts to roll out first"
+                f"{len(collector.returned_prompts)} deferred or parked prompts to roll out first"
             )
     rewards_seen: list[float] = []
     val_acc: float | None = None
     steps_this_run = 0
     t_loop = time.monotonic()
+    signals = _StopSignals().__enter__()
     try:
         lc.start()
         if cfg.serve and show:
@@ -313,8 +360,10 @@ def run_rank(
             print(f"dp_openai_server_base_urls={json.dumps(lc.dp_openai_server_base_urls)}", flush=True)
             if display is not None:
                 display.event(f"OpenAI-compatible servers (127.0.0.1 only): {lc.dp_openai_server_base_urls}")
-        while not lc.finished:
+        while not lc.finished and signals.signum is None:
             groups = buffer.sample(lc.weight_version, timeout=cfg.sample_timeout_s)
+            if signals.signum is not None:
+                break
             visited.clear()
             result = lc.step(_to_rollouts(groups))
             steps_this_run += 1
@@ -356,6 +405,8 @@ def run_rank(
                 if display is not None:
                     display.event(f"stopping early after {steps_this_run} steps (--stop-after)")
                 break
+        if signals.signum is not None and display is not None:
+            display.event(f"stopping: signal {signals.signum} (after step {lc.step_index})")
     finally:
         try:
             lc.stop()
@@ -365,6 +416,8 @@ def run_rank(
                 display.close()
             if metrics is not None:
                 metrics.close()
+            lc.trace.close()
+            signals.__exit__()
     if world > 1:
         import torch.distributed as dist
 
@@ -384,6 +437,7 @@ def run_rank(
             consumed_samples=consumed,
             elapsed_s=time.monotonic() - t_start,
             backend=engine.backend_name,
+            stopped_by_signal=signals.signum,
         )
         (run_dir / "result.json").write_text(json.dumps(result_out.__dict__, indent=1), encoding="utf-8")
     shutdown_distributed()

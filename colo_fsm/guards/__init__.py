@@ -10,6 +10,9 @@ from colo_fsm.guards.decision import (
     broadcast_from_rank0,
 )
 from colo_fsm.guards.drain import DeviceDrain, NoDeviceDrain, default_drain, local_rank_from_env
+from colo_fsm.guards.fingerprint import HandoffFingerprint
+from colo_fsm.guards.memory import MemoryBudget, MemoryEstimate, TrainingShape, check_budget
+from colo_fsm.guards.mode import ModelMode, ModeReport, check_training_mode
 from colo_fsm.guards.parallelism import ParallelismCheck, ParallelismWarning, check_parallelism
 
 __all__ = [
@@ -17,8 +20,13 @@ __all__ = [
     "Barrier",
     "CheckpointDecision",
     "DeviceDrain",
+    "HandoffFingerprint",
     "InFlightCap",
     "LatchedDecision",
+    "MemoryBudget",
+    "MemoryEstimate",
+    "ModeReport",
+    "ModelMode",
     "MustSaveBy",
     "NoDeviceDrain",
     "ParallelismCheck",
@@ -26,9 +34,12 @@ __all__ = [
     "SoloBarrier",
     "ThreadBarrier",
     "TorchBarrier",
+    "TrainingShape",
     "ValidationDecision",
     "broadcast_from_rank0",
+    "check_budget",
     "check_parallelism",
+    "check_training_mode",
     "default_drain",
     "local_rank_from_env",
 ]

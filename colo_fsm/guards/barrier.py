@@ -117,8 +117,9 @@ class TorchBarrier:
             for w in [dist.isend(table, group=self.group, group_dst=i) for i in range(1, self.world_size)]:
                 self._complete(w, deadline)
         else:
+            answer = dist.irecv(table, group=self.group, group_src=0)  # posted first: both are in flight at once
             self._complete(dist.isend(mine, group=self.group, group_dst=0), deadline)
-            self._complete(dist.irecv(table, group=self.group, group_src=0), deadline)
+            self._complete(answer, deadline)
         return table
 
     def _all_to_all(self, mine: Any) -> Any:

@@ -389,6 +389,7 @@ class CollectorBody:
         cap: InFlightCap | int | None = None,
         weight_version: int = 0,
         pause_timeout_s: float = 600.0,
+        inflight: str = "park",
     ) -> None:
         self._version = weight_version
         self.buffer = ReplayBuffer(num_prompts_per_step, max_trajectory_age_steps, weight_version=weight_version)
@@ -401,10 +402,12 @@ class CollectorBody:
             cap=cap,
             pause_timeout_s=pause_timeout_s,
             name="ray-collector",
+            inflight=inflight,
         )
 
     async def pause(self) -> None:
-        """Stop starting rollouts; returns when none is in flight."""
+        """Stop starting rollouts; returns at once (``inflight="park"``: rollouts in flight stay parked in the
+        engine and finish after the step) or when none is in flight (``inflight="drain"``)."""
         await asyncio.to_thread(self.collector.pause)
 
     async def resume(self, weight_version: int) -> None:
@@ -421,8 +424,10 @@ class CollectorBody:
         return {**self.buffer.stats().as_metrics(), **self.collector.stats().as_metrics()}
 
     async def state_dict(self) -> dict[str, Any]:
-        """JSON-able state for the driver's checkpoint_extra: the buffer and the collector's deferred prompts."""
-        return {"buffer": self.buffer.state_dict(), "collector": self.collector.state_dict()}
+        """JSON-able state for the driver's checkpoint_extra: the buffer and the collector's deferred and parked
+        prompts, taken in one snapshot (a rollout finishing meanwhile is in exactly one of them)."""
+        state = self.collector.state_dict()
+        return {"buffer": state.pop("replay_buffer"), "collector": state}
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the buffer and the deferred prompts (a buffer-only state from older checkpoints loads too)."""

@@ -267,7 +267,8 @@ class RayCollectorProxy:
         self.control_timeout_s = control_timeout_s
 
     def pause(self) -> None:
-        """Pause the collector; returns when none of its rollouts is in flight."""
+        """Pause the collector: no new rollouts; returns at once with the actor's ``inflight="park"`` (rollouts in
+        flight stay parked in the engine) or when none is in flight with ``inflight="drain"``."""
         _get(self.actor.pause.remote(), self.control_timeout_s, "the collector to pause")
 
     def resume(self) -> None:

@@ -9,8 +9,9 @@
   ``/health`` on FastAPI + uvicorn; binds ``127.0.0.1`` by default.
 """
 
-from colo_fsm.server.app import BadRequest, create_app, default_chat_template
+from colo_fsm.server.app import ServerSettings, create_app, default_chat_template
 from colo_fsm.server.gate import ClosedSpan, ServedSpan, SuspendGate, overlaps
+from colo_fsm.server.params import BadRequest, OnPolicy, Sampling
 from colo_fsm.server.server import LOOPBACK, GatedEngine, OpenAIServer, gather_base_urls
 
 __all__ = [
@@ -18,8 +19,11 @@ __all__ = [
     "BadRequest",
     "ClosedSpan",
     "GatedEngine",
+    "OnPolicy",
     "OpenAIServer",
+    "Sampling",
     "ServedSpan",
+    "ServerSettings",
     "SuspendGate",
     "create_app",
     "default_chat_template",

@@ -189,6 +189,10 @@ class SuspendGate:
         return self._retired
 
     # ------------------------------------------------------------------ admission
+    def admissible(self) -> bool:
+        """Whether a request arriving now would be admitted (gate open and the ``admit`` predicate true)."""
+        return self._admissible()
+
     def _admissible(self) -> bool:
         if not self._open:
             return False

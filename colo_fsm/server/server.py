@@ -1,9 +1,11 @@
 """Run the OpenAI-compatible app on a real socket (uvicorn in a background thread), and the gated engine.
 
-:class:`GatedEngine` wraps a colocated engine and its text generator so that the lifecycle's ``suspend()``
-closes the request gate and waits for in-flight requests before the engine is suspended, and ``resume()``
-opens it only after the engine resumed. With ``serve=True`` it brings the HTTP server up once, in
-``bring_up()`` (that is, when the engine is built), and publishes the base URLs of every data-parallel rank.
+:class:`GatedEngine` wraps a colocated engine so that the lifecycle's ``suspend()`` closes the request gate
+before the engine is suspended and ``resume()`` opens it only after the engine resumed: no request is ever
+handed to an engine that is not awake. With ``inflight="park"`` (the default) requests already handed over are
+parked in the engine with the rest and answered after the resume; ``"drain"`` waits for them before suspending.
+With ``serve=True`` it brings the HTTP server up once, in ``bring_up()`` (that is, when the engine is built),
+and publishes the base URLs of every data-parallel rank.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
@@ -19,7 +22,7 @@ import uvicorn
 from colo_fsm.adapters.protocols import Completion, GenerationEngine, TextGenerator
 from colo_fsm.errors import ConfigError, EngineRebuild, WaitTimeout
 from colo_fsm.log import get_logger
-from colo_fsm.server.app import create_app, default_chat_template
+from colo_fsm.server.app import ChatTemplate, ServerSettings, create_app, default_chat_template
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.states.spec import LIFECYCLE, EngineCondition, LifecycleSpec
 
@@ -46,8 +49,11 @@ class OpenAIServer:
         request_timeout_s: float = 30.0,
         retry_after_s: int = 1,
         status: Callable[[], Any] | None = None,
-        chat_template: Callable[[Sequence[Mapping[str, str]]], str] = default_chat_template,
+        chat_template: ChatTemplate = default_chat_template,
         count_tokens: Callable[[str], int] | None = None,
+        tokenizer: Any = None,
+        settings: ServerSettings | None = None,
+        stopping: Callable[[], bool] | None = None,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ConfigError("host", host, "an interface address such as 127.0.0.1")
@@ -63,6 +69,9 @@ class OpenAIServer:
             status=status,
             chat_template=chat_template,
             count_tokens=count_tokens,
+            tokenizer=tokenizer,
+            settings=settings,
+            stopping=stopping,
         )
         self.host = host
         self._port = port
@@ -105,6 +114,7 @@ class OpenAIServer:
             loop="asyncio",
             http="h11",
             timeout_keep_alive=30,
+            timeout_graceful_shutdown=3,
             backlog=2048,
         )
         self._server = uvicorn.Server(config)
@@ -165,45 +175,62 @@ def gather_base_urls(local: str | None, group: Any = None) -> list[str]:
 
 
 class GatedEngine:
-    """A :class:`GenerationEngine` and :class:`TextGenerator` that keeps requests out of every handoff.
+    """A :class:`GenerationEngine` and :class:`TextGenerator` that never hands a request to a sleeping engine.
 
-    ``suspend()`` closes the gate, waits for in-flight requests (``drain_timeout_s``), then suspends the inner
-    engine; ``resume()`` resumes the inner engine, then opens the gate. ``generate()`` (used by the collector)
-    passes the same gate. With ``serve=True``, ``bring_up()`` starts one :class:`OpenAIServer` and gathers the
-    base URLs over ``dp_group``; ``attach_admit(admit_while_serving(lc))`` keeps requests out of the start-up
-    handoff and the first actions of a step too (admitted only in resting states with the engine awake).
+    ``suspend()`` closes the gate, waits until no request is being handed over, then suspends the inner engine;
+    ``resume()`` resumes the inner engine, then opens the gate. With ``inflight="park"`` (default) requests
+    already handed over stay in the engine across the suspend (parked at a decode-step boundary) and finish
+    after the resume; with ``"drain"`` a request holds the gate until it finished, so ``suspend()`` waits for
+    every admitted request (``drain_timeout_s``). HTTP requests run at the engine's server priority, below
+    the trainer's rollouts. With ``serve=True``, ``bring_up()`` starts one :class:`OpenAIServer` and gathers
+    the base URLs over ``dp_group``; ``attach_admit(admit_while_serving(lc))`` admits only in resting states
+    with the engine awake.
     """
 
     def __init__(
         self,
         engine: GenerationEngine,
-        generator: TextGenerator,
+        generator: TextGenerator | Any,
         *,
         serve: bool = False,
         admit: Callable[[], bool] | None = None,
         status: Callable[[], Any] | None = None,
         request_timeout_s: float = 30.0,
         drain_timeout_s: float = 300.0,
+        shutdown_grace_s: float = 5.0,
+        inflight: str = "park",
         host: str = LOOPBACK,
         port: int = 0,
         model_name: str = "colo-fsm",
         retry_after_s: int = 1,
         dp_group: Any = None,
         record: bool = False,
+        settings: ServerSettings | None = None,
+        tokenizer: Any = None,
         **server_kwargs: Any,
     ) -> None:
-        if not callable(getattr(generator, "generate", None)):
-            raise ConfigError("generator", generator, "a TextGenerator (with generate())")
+        if not callable(getattr(generator, "generate", None)) and not callable(getattr(generator, "submit", None)):
+            raise ConfigError("generator", generator, "an engine with submit() or a TextGenerator (with generate())")
         for name in ("bring_up", "suspend", "resume", "shutdown"):
             if not callable(getattr(engine, name, None)):
                 raise ConfigError("engine", engine, f"a GenerationEngine (missing {name}())")
+        if inflight not in ("park", "drain"):
+            raise ConfigError("inflight", inflight, "'park' (keep requests in the engine) or 'drain'")
+        if isinstance(shutdown_grace_s, bool) or not isinstance(shutdown_grace_s, int | float) or shutdown_grace_s < 0:
+            raise ConfigError("shutdown_grace_s", shutdown_grace_s, "a non-negative number of seconds")
         self.inner = engine
         self.generator = generator
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(generator, "tokenizer", None)
         self.reads_weights_in_place = bool(getattr(engine, "reads_weights_in_place", False))
         self._status = status
         self.gate = SuspendGate(name="engine", is_open=False, admit=admit, state=self._state_name, record=record)
         self.request_timeout_s = request_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        self.shutdown_grace_s = float(shutdown_grace_s)
+        self.settings = (
+            replace(settings, inflight=inflight) if settings is not None else ServerSettings(inflight=inflight)
+        )
+        self.inflight = inflight
         self.serve = serve
         self._server_args = dict(
             host=host,
@@ -217,7 +244,10 @@ class GatedEngine:
         self.server: OpenAIServer | None = None
         self._urls: list[str] = []
         self._built = False
+        self.stopping = False
+        self.stopped = False
         self.suspend_drain_s: list[float] = []
+        self.events: list[str] = []  # "suspend" / "resume" / "shutdown", in order (tests and traces)
 
     def attach_status(self, status: Callable[[], Any]) -> None:
         """Set the status source of ``/health`` and 503 messages (e.g. ``lifecycle.status``) after construction."""
@@ -246,6 +276,9 @@ class GatedEngine:
                 self.generator,
                 gate=self.gate,
                 status=lambda: self._status() if self._status else None,
+                tokenizer=self.tokenizer,
+                settings=self.settings,
+                stopping=_Stopping(self),
                 **self._server_args,
             )
             local = self.server.start()
@@ -253,25 +286,53 @@ class GatedEngine:
         self.gate.open()
 
     def suspend(self) -> None:
-        """Close the gate, wait for in-flight requests, then suspend the inner engine."""
+        """Close the gate, wait until no request is being handed over (``drain``: until none runs), suspend."""
         self.suspend_drain_s.append(self.gate.close_and_drain(self.drain_timeout_s))
         self.inner.suspend()
+        self.events.append("suspend")
 
     def resume(self) -> None:
         """Resume the inner engine, then open the gate."""
         self.inner.resume()
+        self.events.append("resume")
         self.gate.open()
 
+    def _active_http(self) -> int:
+        if self.server is None:
+            return 0
+        return int(getattr(self.server.app.state, "active", 0))
+
     def shutdown(self) -> None:
-        """Close the gate (best-effort drain), answer waiting requests with 503, stop the server, shut the engine down."""
+        """Stop admitting (waiting requests get a 503 at once), give in-flight requests ``shutdown_grace_s`` to
+        finish while the engine is awake, shut the engine down (what is left is aborted and answered 503), then
+        stop the server."""
+        self.stopping = True
         try:
             self.gate.close_and_drain(self.drain_timeout_s)
         except WaitTimeout:
-            log.warning("shutdown with requests still in flight")
+            log.warning("shutdown with requests still being handed to the engine")
         self.gate.retire()  # requests still waiting get a 503 now instead of at their timeout
+        if getattr(self.inner, "awake", True):
+            deadline = time.monotonic() + self.shutdown_grace_s
+            while self._active_http() > 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        left = self._active_http()
+        if left:
+            log.warning("shutdown: %d HTTP request(s) still running; the engine aborts them (503)", left)
+        self.inner.shutdown()
+        self.stopped = True
+        self.events.append("shutdown")
+        deadline = time.monotonic() + 2.0
+        while self._active_http() > 0 and time.monotonic() < deadline:  # let the 503s go out
+            time.sleep(0.02)
         if self.server is not None:
             self.server.stop()
-        self.inner.shutdown()
+
+    def model_mode(self) -> Any:
+        """The inner engine's report of the shared model's mode (None when it reports none)."""
+        from colo_fsm.guards.mode import report_of
+
+        return report_of(self.inner)
 
     def server_base_urls(self) -> Sequence[str]:
         """Every data-parallel rank's server base URL (empty without ``serve``)."""
@@ -281,9 +342,56 @@ class GatedEngine:
     def generate(
         self, prompts: Sequence[str], *, max_tokens: int, temperature: float = 0.0, seed: int | None = None
     ) -> list[Completion]:
-        """Generate behind the gate (waits while suspended; ``ServerUnavailable`` after ``request_timeout_s``)."""
+        """Generate behind the gate (waits while suspended; ``ServerUnavailable`` after ``request_timeout_s``).
+
+        Over an engine with ``submit()`` and ``inflight="park"`` only the hand-over holds the gate, so a suspend
+        parks these requests instead of waiting for them.
+        """
+        submit = getattr(self.generator, "submit", None)
+        if self.inflight == "park" and callable(submit) and self.tokenizer is not None:
+            ids = [self.tokenizer.tokenize(p) for p in prompts]
+            with self.gate.admit(self.request_timeout_s):
+                handles = [
+                    submit(p, max_tokens=max_tokens, temperature=temperature, seed=None if seed is None else seed + i)
+                    for i, p in enumerate(ids)
+                ]
+            outs = [h.future.result() for h in handles]
+            return [
+                Completion(
+                    text=o.text,
+                    token_ids=tuple(o.token_ids),
+                    weight_version=int(o.weight_version),
+                    finish_reason=o.finish_reason,
+                    **_completion_extras(o),
+                )
+                for o in outs
+            ]
         with self.gate.admit(self.request_timeout_s):
             return list(self.generator.generate(prompts, max_tokens=max_tokens, temperature=temperature, seed=seed))
+
+
+class _Stopping:
+    """``stopping()`` for the app, with ``phase()``: "running", "stopping" (teardown began) or "stopped"."""
+
+    def __init__(self, gated: GatedEngine) -> None:
+        self._gated = gated
+
+    def __call__(self) -> bool:
+        return self._gated.stopping
+
+    def phase(self) -> str:
+        g = self._gated
+        return "stopped" if g.stopped else "stopping" if g.stopping else "running"
+
+
+def _completion_extras(o: Any) -> dict[str, Any]:
+    """``weight_versions`` and ``logprobs`` for :class:`Completion` when it has those fields."""
+    fields = getattr(Completion, "__dataclass_fields__", {})
+    out: dict[str, Any] = {}
+    for name in ("weight_versions", "logprobs"):
+        if name in fields and hasattr(o, name):
+            out[name] = tuple(getattr(o, name))
+    return out
 
 
 __all__ = [

@@ -249,9 +249,9 @@ class _FaultRunBarrier(ThreadBarrier):
         super().__init__(shared, rank, timeout_s=timeout_s)
         self.short_s, self.healthy_s, self.fault_fired = timeout_s, max(healthy_s, timeout_s), fault_fired
 
-    def wait(self, *, state: str | None = None, weight_version: int | None = None) -> None:
+    def wait(self, *, state: str | None = None, weight_version: int | None = None, fingerprint: Any = None) -> None:
         self.timeout_s = self.short_s if self.fault_fired.is_set() else self.healthy_s
-        super().wait(state=state, weight_version=weight_version)
+        super().wait(state=state, weight_version=weight_version, fingerprint=fingerprint)
 
 
 def _break_after_fault(

@@ -152,6 +152,17 @@ def _silently_dropping_buffer() -> type[Any]:
     return SilentlyDroppingReplayBuffer
 
 
+def _newest_version_buffer() -> type[Any]:
+    """MUTANT: a replay buffer that counts a group's age from its newest weight version, not its oldest."""
+    from colo_fsm.collector.buffer import ReplayBuffer
+
+    class NewestVersionReplayBuffer(ReplayBuffer):
+        def staleness_version(self, group: Any) -> int:
+            return int(group.newest_version)
+
+    return NewestVersionReplayBuffer
+
+
 class AgeOnlyInFlightCap(InFlightCap):
     """MUTANT: the in-flight cap ignores the receiving actor's capacity."""
 
@@ -502,6 +513,13 @@ MUTANTS: tuple[Mutant, ...] = (
         expected=frozenset({"properties"}),
     ),
     Mutant(
+        "staleness-from-newest-version",
+        "5: a trajectory's age is counted from the oldest weight version it was generated under",
+        "the replay buffer counts the age of a group that spans versions (parked through a step) from its newest",
+        buffer_class=lambda: _newest_version_buffer(),
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
         "in-flight-cap-ignores-actor",
         "6: bounded in-flight work (actor capacity, control headroom)",
         "the in-flight cap is num_prompts_per_step * max_trajectory_age_steps only",
@@ -567,14 +585,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "fingerprint-omits-mode-digest",
-        "11: uniform model mode at every handoff",
+        f"{LifecycleRule.UNIFORM_MODEL_MODE.number}: {LifecycleRule.UNIFORM_MODEL_MODE.value}, the fingerprint has it",
         "the handoff barrier's fingerprint leaves out the model-mode digest, so ranks in different modes pass it",
         lifecycle_class=DigestlessLifecycle,
         expected=frozenset({"ranks"}),
     ),
     Mutant(
         "mode-reset-on-one-rank",
-        "11: uniform model mode at every handoff",
+        f"{LifecycleRule.UNIFORM_MODEL_MODE.number}: {LifecycleRule.UNIFORM_MODEL_MODE.value}, reset on every rank",
         "the engine's suspend resets the model mode on one rank only; the others keep their decode-time padding",
         engine_factory=one_rank_resets_mode,
         expected=frozenset({"ranks"}),

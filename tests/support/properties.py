@@ -156,27 +156,30 @@ def check_wall_clock_metrics_property(logger_class: Callable[..., Any] | None = 
 
 def check_replay_buffer_property(buffer_class: Callable[..., Any] | None = None, max_examples: int = 200) -> None:
     """Fact 5 (staleness half): no group older than ``max_trajectory_age_steps`` is ever sampled, and every group
-    put is accounted for as sampled, evicted (counted) or still buffered -- never silently dropped."""
+    put is accounted for as sampled, evicted (counted) or still buffered -- never silently dropped. Groups may
+    span weight versions (parked through a step); their age is counted from the oldest version."""
     from colo_fsm.adapters.protocols import Completion
     from colo_fsm.collector.buffer import ReplayBuffer, TrajectoryGroup
     from colo_fsm.errors import WaitTimeout
 
     cls = buffer_class or ReplayBuffer
     op = st.one_of(
-        st.tuples(st.just("put"), st.integers(0, 3)),  # a group generated `lag` versions ago
-        st.tuples(st.just("advance"), st.integers(0, 2)),
-        st.tuples(st.just("sample"), st.just(0)),
+        st.tuples(st.just("put"), st.integers(0, 3), st.integers(0, 2)),  # started `lag` versions ago, `span` long
+        st.tuples(st.just("advance"), st.integers(0, 2), st.just(0)),
+        st.tuples(st.just("sample"), st.just(0), st.just(0)),
     )
 
     @_settings(max_examples)
     @given(n=st.integers(1, 3), max_age=st.integers(0, 2), ops=st.lists(op, max_size=40))
-    def prop(n: int, max_age: int, ops: list[tuple[str, int]]) -> None:
+    def prop(n: int, max_age: int, ops: list[tuple[str, int, int]]) -> None:
         buf = cls(n, max_age)
         version, put, sampled = 0, 0, 0
-        for i, (kind, arg) in enumerate(ops):
+        for i, (kind, arg, span) in enumerate(ops):
             if kind == "put":
                 wv = max(0, version - arg)
-                g = TrajectoryGroup(f"p{i}", "x", (Completion("y", (), wv),), (0.0,), weight_version=wv)
+                last = min(version, wv + span)  # its last tokens came from a newer version
+                sample = Completion("yz", (1, 2), wv, weight_versions=(wv, last))
+                g = TrajectoryGroup(f"p{i}", "x", (sample,), (0.0,), weight_version=wv)
                 buf.put(g)
                 put += 1
             elif kind == "advance":

@@ -296,11 +296,8 @@ class MegatronEngine:
     @on_own_device
     def resume(self) -> None:
         """Resume decoding (KV restored per mode; model in eval mode; ``InferenceMode`` set); parked requests go on."""
-        batcher = self._live("resume")
-        if not batcher.awake:
-            self.model.eval()
-            self.mode.to_inference()  # guards: decode-side switches back on
-        batcher.resume()
+        self.mode.to_inference()  # guards: decode-side switches back on
+        self._live("resume").resume()
 
     @on_own_device
     def shutdown(self) -> None:

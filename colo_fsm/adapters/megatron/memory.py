@@ -39,7 +39,7 @@ def training_shape(model: Any) -> TrainingShape:
 
 
 def device_capacity_gib(device: Any) -> float | None:
-    """Total memory of ``device`` in GiB (None for a non-CUDA device, or when no CUDA driver answers)."""
+    """Total memory of ``device`` in GiB (None for a non-CUDA device, or where CUDA is not available)."""
     import torch
 
     dev = torch.device(device)

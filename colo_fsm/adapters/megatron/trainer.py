@@ -207,6 +207,27 @@ class MegatronTrainer:
         logp = torch.nn.functional.pad(logp, (1, 0))  # align: position j holds log p(token_j | < j)
         return logp * t["comp"], t
 
+    @staticmethod
+    def _ratio(logp: torch.Tensor, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``exp(logp_now - logp_behaviour)`` per completion token (1 elsewhere): the one ratio the loss uses."""
+        return torch.exp((logp - t["old"]) * t["comp"])
+
+    @on_own_device
+    def importance_ratios(self, rollouts: Sequence[Rollout]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token importance ratios ``pi_now / pi_behaviour`` (``[batch, seq]``, 1 off the completion) and the
+        completion mask, exactly as :meth:`train_step` computes them.
+
+        Each token's behaviour log-prob is the one recorded when it was generated (``Rollout.logprobs``), so a
+        trajectory parked through a step -- first tokens from one weight version, the rest from the next -- gets
+        each token's ratio against the weights that produced it, not against one version recomputed for all.
+        Raises ``ConfigError`` unless every rollout has one log-prob per completion token.
+        """
+        with torch.no_grad():
+            logp, t = self.token_logprobs(rollouts)
+        if not bool(t["has_old"]):
+            raise ConfigError("logprobs", "missing", "one behaviour log-prob per completion token in every rollout")
+        return self._ratio(logp, t), t["comp"]
+
     def _clip_grad_norm(self) -> float:
         """Clip by the global gradient norm of the (tensor-parallel) model and return it.
 
@@ -259,7 +280,7 @@ class MegatronTrainer:
         ntok = comp.sum(dim=1).clamp(min=1.0)
         a = adv.unsqueeze(1)
         if bool(t["has_old"]):
-            ratio = torch.exp((logp - t["old"]) * comp)
+            ratio = self._ratio(logp, t)
             clipped = ratio.clamp(1 - self.config.clip_eps, 1 + self.config.clip_eps)
             per_tok = -torch.minimum(ratio * a, clipped * a)
             clip_frac = float((((ratio - clipped).abs() > 1e-6).float() * comp).sum() / comp.sum().clamp(min=1))
