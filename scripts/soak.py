@@ -80,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--misorder", choices=MISORDERS, default="none")
     ap.add_argument("--diverge-mode-rank", type=int, default=None, help="rank whose suspend leaves InferenceMode set")
     ap.add_argument("--diverge-at-cycle", type=int, default=3, help="cycle at which that rank diverges")
+    ap.add_argument("--barrier", choices=("fingerprint", "plain"), default="fingerprint",
+                    help="plain: the handoff barrier exchanges no fingerprint (what a divergence does without it)")  # fmt: skip
     ap.add_argument("--nccl-timeout-s", type=float, default=60.0, help="process-group and barrier timeout")
     ap.add_argument("--cycle-limit-s", type=float, default=None, help="watchdog per cycle (default: 2x timeout)")
     ap.add_argument("--inflight", type=int, default=8, help="requests the submitter keeps in the engine")
@@ -106,6 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the merged JSON (default: docs/gpu-runs/<date>-<cpu-soak-gloo|h200-soak>-x<world><variant>.json)",
     )
     ap.add_argument("--note", default="", help="free text stored in the JSON")
+    ap.add_argument("--merge-only", type=int, default=None, metavar="WORLD",
+                    help="only merge the rank files of an earlier run of WORLD ranks (same --out / --work-dir)")  # fmt: skip
     args = ap.parse_args(argv)
     if args.backend is None:
         args.backend = "nccl" if args.device == "cuda" else "gloo"
@@ -120,6 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         variant += f"-{args.misorder}" if args.misorder != "none" else ""
         variant += f"-diverge-r{args.diverge_mode_rank}" if args.diverge_mode_rank is not None else ""
         variant += "-no-tp-lockstep" if args.no_tp_lockstep else ""
+        variant += "-plain-barrier" if args.barrier == "plain" else ""
         date = datetime.now(UTC).strftime("%Y-%m-%d")
         args.out = str(ROOT / "docs" / "gpu-runs" / f"{date}-{kind}-x{world}{variant}.json")
     if args.cycle_limit_s is None:
@@ -333,6 +338,10 @@ def run(args: argparse.Namespace) -> int:
         rec["hang"] = {"where": label, "waited_s": round(waited, 1), "stacks": str(stacks_path)}
         rec["status"] = "hang"
         save()
+        try:  # any stuck rank merges (torchrun ends its peers when it exits): the record exists regardless
+            merge(args, out, world, wait_s=2.0)
+        except Exception:
+            traceback.print_exc()
         os._exit(3)
 
     def on_term(signum: int, _frame: Any) -> None:  # torchrun ends the peers of a rank that exited
@@ -437,12 +446,15 @@ def run(args: argparse.Namespace) -> int:
             rec["validator_on_misorder"] = f"refused: {str(exc)[:400]}"
         spec_kwargs = {"spec": spec, "check_spec": False}
     barrier = TorchBarrier(timeout_s=args.nccl_timeout_s) if world > 1 else None
+    handoff_barrier: Any = barrier
+    if barrier is not None and args.barrier == "plain":
+        handoff_barrier = PlainBarrier(barrier)
     lc = Lifecycle(
         engine,
         trainer,
         config=LifecycleConfig(num_steps=args.cycles, rank=rank, world_size=world),
         drain=drain,
-        barrier=barrier,
+        barrier=handoff_barrier,
         checkpoint=CheckpointDecision(args.save_every) if args.save_every else None,
         checkpoint_extra=lambda: {"soak": {"rank": rank}},
         **spec_kwargs,
@@ -590,10 +602,22 @@ def work_dir(args: argparse.Namespace, out: Path) -> Path:
     return Path(args.work_dir) if getattr(args, "work_dir", None) else Path("/tmp/colo-fsm-soak") / out.stem
 
 
-def merge(args: argparse.Namespace, out: Path, world: int) -> dict[str, Any]:
+class PlainBarrier:
+    """The same :class:`~colo_fsm.guards.barrier.TorchBarrier`, exchanging no fingerprint (a plain barrier)."""
+
+    exchanges_fingerprints = False
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def wait(self, *, state: str | None = None, weight_version: int | None = None) -> None:
+        self.inner.wait(state=state, weight_version=weight_version)
+
+
+def merge(args: argparse.Namespace, out: Path, world: int, wait_s: float = 30.0) -> dict[str, Any]:
     """Merge the rank files of the work dir into ``out``: figures, per-rank outcome, per-cycle summaries."""
     ranks: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + wait_s
     work = work_dir(args, out)
     for r in range(world):
         p = work / f"rank{r}.json"
@@ -678,6 +702,9 @@ def merge(args: argparse.Namespace, out: Path, world: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge_only is not None:
+        merge(args, Path(args.out), args.merge_only, wait_s=0.0)
+        return 0
     try:
         return run(args)
     except SystemExit:
