@@ -23,6 +23,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# megatron-bridge's own dependency set is huge; colo-fsm uses only its AutoMapping registry (tests/test_megatron_bridge.py)
+	$(PY) -m pip install -q --no-deps megatron-bridge==0.6.2
 	@touch $@
 
 setup: $(VENV)/.installed

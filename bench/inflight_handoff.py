@@ -165,6 +165,7 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
             max_sequence_length=seq_len,
             device=args.device,
             seed=args.seed,
+            cuda_graphs=args.cuda_graphs is not None,
         )
     )
     trainer = MegatronTrainer(model, TrainerConfig(lr=shape.lr), pad_id=base_tok.pad)
@@ -181,6 +182,8 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
             inflight="drain" if mode == "drain" else "park",
             max_active_requests=shape.max_active_requests,
             backend="auto",
+            num_cuda_graphs=args.cuda_graphs,
+            buffer_size_gb=args.buffer_gb,
         ),
         weight_version=version,
         max_sequence_length=seq_len,
@@ -307,6 +310,12 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
         finally:
             if collector is not None:
                 collector.close()
+            if args.cuda_graphs is not None:
+                # megatron-core keeps a process-wide record of the captured graphs, and with it the engine's
+                # inference context (its KV buffer): free it before the next mode builds its own
+                from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
+
+                delete_cuda_graphs()
     times = timer.pop_completed()
     w = shape.warmup
     t0, t1 = step_ends[w - 1] if w else t_start, step_ends[-1]
@@ -395,6 +404,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-timeout", type=float, default=600.0)
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument(
+        "--cuda-graphs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CUDA-graph decode (GPU): ModelConfig(cuda_graphs=True), GenerationConfig(num_cuda_graphs=N)",
+    )
+    ap.add_argument("--buffer-gb", type=float, default=1.0, help="KV buffer of the dynamic engine (GiB)")
     args = ap.parse_args(argv)
     model_name = args.model or ("gpt200m" if args.device == "cuda" else "small")
     shape = MODELS[model_name]
@@ -455,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"draining {sum(r['draining_s']):.2f} of {r['measured_s']:.2f} s, run {r['run_s']:.1f} s",
                     flush=True,
                 )
+                # what is measured so far, in case the run is cut short (a time-limited GPU call)
+                partial = Path(str(args.out) + ".partial")
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                done = {m: summarize(rs) for m, rs in runs.items() if rs}
+                partial.write_text(json.dumps({"rounds_done": k + 1, "modes": done}, indent=1), encoding="utf-8")
     finally:
         shutdown_distributed()
     results = {m: summarize(rs) for m, rs in runs.items()}

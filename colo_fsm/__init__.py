@@ -2,13 +2,19 @@
 
 The lifecycle is declared once (:data:`LIFECYCLE`); the runtime machine (:class:`Lifecycle`), the diagram,
 the docs table and the model checker all read that declaration.
+
+This namespace is the core, importable with ``transitions`` alone: the machine, the spec and its rules, the
+guards, the errors, the adapter protocols, the replay buffer and collector, metrics as JSON lines. The heavier
+parts are imported from their subpackages, each behind an extra: :mod:`colo_fsm.adapters.megatron`
+(``[megatron]``), :mod:`colo_fsm.ray` (``[ray]``), :mod:`colo_fsm.server` (``[server]``),
+:mod:`colo_fsm.timeline` (``[viz]``), :mod:`colo_fsm.testing` (``[testing]``), :mod:`colo_fsm.diagram`.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from importlib.metadata import PackageNotFoundError, version
 
 from colo_fsm import errors
 from colo_fsm.adapters.protocols import Collector, Completion, GenerationEngine, StepResult, TextGenerator, Trainer
+from colo_fsm.collector import AsyncCollector, Prompt, ReplayBuffer, TextRollout, TrajectoryGroup
 from colo_fsm.errors import (
     ActionFailed,
     BarrierTimeout,
@@ -43,7 +49,9 @@ from colo_fsm.guards import (
     local_rank_from_env,
 )
 from colo_fsm.guards.handoff import HandoffLedger
+from colo_fsm.log import get_logger
 from colo_fsm.machine import AsyncLifecycle, Lifecycle, LifecycleConfig, LifecycleStatus, Trace, TraceRecord, read_trace
+from colo_fsm.metrics import MetricsLogger, read_metrics
 from colo_fsm.states import (
     LIFECYCLE,
     ActionSpec,
@@ -56,92 +64,17 @@ from colo_fsm.states import (
     StateSpec,
     TransitionSpec,
 )
+from colo_fsm.states.rules import RULES, LifecycleRule
 from colo_fsm.states.validate import SpecError, validate_spec
 
-__version__ = "0.1.0"
-
-# Heavier parts (FastAPI, Ray, megatron-core, matplotlib, hypothesis) load on first use, so `import colo_fsm`
-# stays cheap for a user who only embeds the machine.
-_LAZY: dict[str, tuple[str, str]] = {
-    "MetricsLogger": ("colo_fsm.metrics", "MetricsLogger"),
-    "read_metrics": ("colo_fsm.metrics", "read_metrics"),
-    "Prompt": ("colo_fsm.collector", "Prompt"),
-    "TextRollout": ("colo_fsm.collector", "TextRollout"),
-    "recording_adapters": ("colo_fsm.testing", "recording_adapters"),
-    "get_logger": ("colo_fsm.log", "get_logger"),
-    "ReplayBuffer": ("colo_fsm.collector", "ReplayBuffer"),
-    "TrajectoryGroup": ("colo_fsm.collector", "TrajectoryGroup"),
-    "AsyncCollector": ("colo_fsm.collector", "AsyncCollector"),
-    "GatedEngine": ("colo_fsm.server", "GatedEngine"),
-    "OpenAIServer": ("colo_fsm.server", "OpenAIServer"),
-    "SuspendGate": ("colo_fsm.server", "SuspendGate"),
-    "RayEngineProxy": ("colo_fsm.ray", "RayEngineProxy"),
-    "RayCollectorProxy": ("colo_fsm.ray", "RayCollectorProxy"),
-    "RayDrain": ("colo_fsm.ray", "RayDrain"),
-    "init_ray": ("colo_fsm.ray", "init_ray"),
-    "RayTrainerProxy": ("colo_fsm.ray", "RayTrainerProxy"),
-    "ColocatedFactory": ("colo_fsm.ray", "ColocatedFactory"),
-    "WorkerAdapters": ("colo_fsm.ray", "WorkerAdapters"),
-    "MegatronEngine": ("colo_fsm.adapters.megatron", "MegatronEngine"),
-    "MegatronTrainer": ("colo_fsm.adapters.megatron", "MegatronTrainer"),
-    "ModelConfig": ("colo_fsm.adapters.megatron", "ModelConfig"),
-    "GenerationConfig": ("colo_fsm.adapters.megatron", "GenerationConfig"),
-    "TrainerConfig": ("colo_fsm.adapters.megatron", "TrainerConfig"),
-    "KVCacheMode": ("colo_fsm.adapters.megatron", "KVCacheMode"),
-    "to_mermaid": ("colo_fsm.diagram", "to_mermaid"),
-    "to_dot": ("colo_fsm.diagram", "to_dot"),
-    "render_diagram": ("colo_fsm.diagram", "render"),
-    "render_timeline": ("colo_fsm.timeline", "render_timeline"),
-    "LifecycleMachine": ("colo_fsm.testing", "LifecycleMachine"),
-    "lifecycle_test_case": ("colo_fsm.testing", "lifecycle_test_case"),
-    "check_handoff": ("colo_fsm.testing", "check"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    try:
-        module, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'colo_fsm' has no attribute {name!r}") from None
-    value = getattr(import_module(module), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
-if TYPE_CHECKING:
-    from colo_fsm.adapters.megatron import (
-        GenerationConfig,
-        KVCacheMode,
-        MegatronEngine,
-        MegatronTrainer,
-        ModelConfig,
-        TrainerConfig,
-    )
-    from colo_fsm.collector import AsyncCollector, Prompt, ReplayBuffer, TextRollout, TrajectoryGroup
-    from colo_fsm.diagram import render as render_diagram
-    from colo_fsm.diagram import to_dot, to_mermaid
-    from colo_fsm.log import get_logger
-    from colo_fsm.metrics import MetricsLogger, read_metrics
-    from colo_fsm.ray import (
-        ColocatedFactory,
-        RayCollectorProxy,
-        RayDrain,
-        RayEngineProxy,
-        RayTrainerProxy,
-        WorkerAdapters,
-        init_ray,
-    )
-    from colo_fsm.server import GatedEngine, OpenAIServer, SuspendGate
-    from colo_fsm.testing import LifecycleMachine, lifecycle_test_case, recording_adapters
-    from colo_fsm.testing import check as check_handoff
-    from colo_fsm.timeline import render_timeline
+try:
+    __version__ = version("colo-fsm")
+except PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "LIFECYCLE",
+    "RULES",
     "ActionFailed",
     "ActionSpec",
     "AsyncCollector",
@@ -153,7 +86,6 @@ __all__ = [
     "Collector",
     "CollectorCondition",
     "ColoFsmError",
-    "ColocatedFactory",
     "Completion",
     "ConfigError",
     "DeviceDrain",
@@ -161,34 +93,23 @@ __all__ = [
     "EngineCondition",
     "EngineRebuild",
     "Fact",
-    "GatedEngine",
-    "GenerationConfig",
     "GenerationEngine",
     "GuardRejected",
     "HandoffLedger",
     "InFlightCap",
     "InvalidTransition",
-    "KVCacheMode",
     "LatchedDecision",
     "Lifecycle",
     "LifecycleConfig",
     "LifecycleError",
-    "LifecycleMachine",
+    "LifecycleRule",
     "LifecycleSpec",
     "LifecycleStatus",
-    "MegatronEngine",
-    "MegatronTrainer",
     "MetricsLogger",
-    "ModelConfig",
     "MustSaveBy",
-    "OpenAIServer",
     "ParallelismMismatch",
     "ParallelismWarning",
     "Prompt",
-    "RayCollectorProxy",
-    "RayDrain",
-    "RayEngineProxy",
-    "RayTrainerProxy",
     "ReplayBuffer",
     "RolloutDeferred",
     "RolloutFailed",
@@ -198,7 +119,6 @@ __all__ = [
     "State",
     "StateSpec",
     "StepResult",
-    "SuspendGate",
     "TextGenerator",
     "TextRollout",
     "ThreadBarrier",
@@ -206,28 +126,18 @@ __all__ = [
     "Trace",
     "TraceRecord",
     "Trainer",
-    "TrainerConfig",
     "TrajectoryGroup",
     "TransitionSpec",
     "UnsupportedEngine",
     "ValidationDecision",
     "WaitTimeout",
-    "WorkerAdapters",
     "__version__",
     "broadcast_from_rank0",
-    "check_handoff",
     "check_parallelism",
     "errors",
     "get_logger",
-    "init_ray",
-    "lifecycle_test_case",
     "local_rank_from_env",
     "read_metrics",
     "read_trace",
-    "recording_adapters",
-    "render_diagram",
-    "render_timeline",
-    "to_dot",
-    "to_mermaid",
     "validate_spec",
 ]

@@ -24,9 +24,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from colo_fsm.errors import ActionFailed, ColoFsmError, ConfigError
+from colo_fsm.errors import ActionFailed, ColoFsmError, ConfigError, GraphvizNotFound, UsageError
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.cli")
+log = get_logger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -41,10 +42,6 @@ _TEXT_SUFFIXES = {
 _IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
 
 
-class UsageError(Exception):
-    """A command-line mistake; printed as one line, exit code 2."""
-
-
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (no usage dump) and exit with code 2."""
 
@@ -55,12 +52,18 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------------------------------------- diagram
 def _cmd_diagram(args: argparse.Namespace) -> int:
     from colo_fsm import diagram
+    from colo_fsm.states.presets import resolve_spec
+
+    try:
+        spec = resolve_spec(args.spec)
+    except ConfigError as exc:
+        raise UsageError(f"argument --spec: {exc}") from None
 
     if args.update_docs or args.check_docs:
         if args.output:
             raise UsageError("argument --output: not allowed with --update-docs/--check-docs")
         path = args.check_docs or args.update_docs
-        result = diagram.update_docs(path, check=bool(args.check_docs))
+        result = diagram.update_docs(path, spec, check=bool(args.check_docs))
         if args.check_docs:
             if result.stale:
                 print(
@@ -88,7 +91,7 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
                 f"--format dot or leave --format out (got --format {fmt})"
             )
         options["rankdir"] = args.direction
-        diagram.render(output, **options)
+        diagram.render(output, spec, **options)
         print(f"wrote {output}")
         return EXIT_OK
     if fmt is None:
@@ -97,7 +100,7 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
         options["direction"] = args.direction
     elif fmt == "dot":
         options["rankdir"] = args.direction
-    text = diagram.diagram_text(fmt, **options)
+    text = diagram.diagram_text(fmt, spec, **options)
     if output is None:
         sys.stdout.write(text)
     else:
@@ -387,6 +390,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     )
     d.add_argument("--direction", choices=("TB", "LR"), default="TB", help="layout direction (default TB)")
     d.add_argument(
+        "--spec",
+        default="lifecycle",
+        help="the lifecycle to draw: lifecycle (default), nemo_rl, or your own as module:attribute",
+    )
+    d.add_argument(
         "--failure",
         choices=("note", "edges"),
         default="note",
@@ -478,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ColoFsmError as exc:
-        if type(exc).__name__ == "GraphvizNotFound":
+        if isinstance(exc, GraphvizNotFound):
             print(f"{prog}: error: argument --output: {exc}", file=sys.stderr)
             return EXIT_USAGE
         print(f"{prog}: error: {exc}", file=sys.stderr)

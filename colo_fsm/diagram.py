@@ -16,7 +16,6 @@ itself) are marked ``(auto)`` and drawn dashed where the format can; the machine
 
 from __future__ import annotations
 
-import logging
 import re
 import shutil
 import subprocess
@@ -25,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from colo_fsm.errors import ColoFsmError, ConfigError
-from colo_fsm.states.spec import LIFECYCLE, LifecycleSpec, State, StateSpec, TransitionSpec
+from colo_fsm.errors import GRAPHVIZ_INSTALL_HINT, ConfigError, GraphvizNotFound, RenderError
+from colo_fsm.log import get_logger
+from colo_fsm.states.rules import rules_table
+from colo_fsm.states.spec import FACT_DESCRIPTIONS, LIFECYCLE, LifecycleSpec, State, StateSpec, TransitionSpec
 
-log = logging.getLogger("colo_fsm.diagram")
+log = get_logger(__name__)
 
 FORMATS: tuple[str, ...] = ("mermaid", "dot", "markdown")
 """Text formats :func:`diagram_text` produces."""
@@ -40,25 +41,6 @@ AUTO_MARK = "(auto)"
 """Prefix of the label of an automatic transition."""
 
 FailureStyle = Literal["note", "edges"]
-
-GRAPHVIZ_INSTALL_HINT = (
-    "install Graphviz: `apt-get install graphviz` (Debian/Ubuntu), `brew install graphviz` (macOS) or "
-    "`conda install -c conda-forge graphviz`; or write the DOT source (.dot) or Mermaid (.mmd) instead"
-)
-
-
-class GraphvizNotFound(ColoFsmError, RuntimeError):
-    """Rendering a picture needs Graphviz's ``dot`` binary, and it is not installed."""
-
-    def __init__(self, binary: str = "dot") -> None:
-        self.binary = binary
-        super().__init__(
-            f"rendering a picture needs Graphviz's {binary!r} binary, not found on PATH; {GRAPHVIZ_INSTALL_HINT}"
-        )
-
-
-class RenderError(ColoFsmError, RuntimeError):
-    """Graphviz ran but could not render the diagram."""
 
 
 # ---------------------------------------------------------------------------------------------- labels
@@ -110,7 +92,7 @@ def _check_spec(spec: object) -> LifecycleSpec:
 def _check_failure(failure: object) -> FailureStyle:
     if failure not in ("note", "edges"):
         raise ConfigError("failure", failure, "'note' or 'edges'")
-    return failure  # type: ignore[return-value]
+    return failure
 
 
 # ---------------------------------------------------------------------------------------------- mermaid
@@ -348,11 +330,16 @@ def _md_code(items: Iterable[str]) -> str:
 def states_table(spec: LifecycleSpec = LIFECYCLE) -> str:
     """Markdown table of the states: kind, declared engine and collector conditions, description."""
     spec = _check_spec(spec)
-    rows = ["| State | Kind | Engine | Collector | Description |", "|---|---|---|---|---|"]
+    rows = [
+        "| State | Kind | Engine | Collector | Requests | Serves requests | Ends a step | Description |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for s in spec.states:
         name = f"**{s.state.value}**" + (" (initial)" if s.state == spec.initial else "")
+        kind = state_kind(spec, s) + (", validation-only" if s.validates else "")
         rows.append(
-            f"| {name} | {state_kind(spec, s)} | {s.engine.value} | {s.collector.value} | {_md_cell(s.description)} |"
+            f"| {name} | {kind} | {s.engine.value} | {s.collector.value} | {s.requests.value} | "
+            f"{'yes' if s.serves_requests else '-'} | {'yes' if s.ends_step else '-'} | {_md_cell(s.description)} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -382,30 +369,64 @@ def transitions_table(spec: LifecycleSpec = LIFECYCLE) -> str:
 def actions_table(spec: LifecycleSpec = LIFECYCLE) -> str:
     """Markdown table of the actions: the collective work each issues and the conditions it leaves."""
     spec = _check_spec(spec)
-    rows = ["| Action | Issues on the device | Leaves | Description |", "|---|---|---|---|"]
+    rows = [
+        "| Action | Role | Calls | Issues on the device | Facts | Leaves | Description |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for a in spec.actions:
         leaves = ", ".join(
             x
             for x in (
                 f"engine {a.engine.value}" if a.engine else "",
                 f"collector {a.collector.value}" if a.collector else "",
+                f"requests {a.requests.value}" if a.requests else "",
             )
             if x
         )
+        facts = "; ".join(
+            x
+            for x in (
+                ("sets " + _md_code(f.value for f in a.sets)) if a.sets else "",
+                ("decides " + _md_code(f.value for f in a.decides)) if a.decides else "",
+                ("upgrades " + _md_code(f.value for f in a.upgrades)) if a.upgrades else "",
+                ("clears " + _md_code(f.value for f in a.cleared())) if a.cleared() else "",
+            )
+            if x
+        )
+        calls = f"`{a.calls[0]}.{a.calls[1]}`" if a.calls else "-"
         rows.append(
-            f"| `{a.name}` | {a.issues.value if a.issues else '-'} | {_md_cell(leaves)} | {_md_cell(a.description)} |"
+            f"| `{a.name}` | {a.role.value if a.role else '-'} | {calls} | {a.issues.value if a.issues else '-'} | "
+            f"{_md_cell(facts)} | {_md_cell(leaves)} | {_md_cell(a.description)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def facts_table(spec: LifecycleSpec = LIFECYCLE) -> str:
+    """Markdown table of the facts the guards read: which actions set and clear each, read off the declarations."""
+    spec = _check_spec(spec)
+    rows = ["| Fact | Set by | Cleared by | Why it exists |", "|---|---|---|---|"]
+    used = [f for f in FACT_DESCRIPTIONS if f in spec.guard_facts() or spec.writers(f)]
+    for f in used:
+        setters = spec.writers(f)
+        clearers = tuple(a.name for a in spec.actions if f in a.cleared())
+        rows.append(
+            f"| `{f.value}` | {_md_cell(_md_code(setters))} | {_md_cell(_md_code(clearers))} | "
+            f"{_md_cell(FACT_DESCRIPTIONS[f])} |"
         )
     return "\n".join(rows) + "\n"
 
 
 def docs_sections(spec: LifecycleSpec = LIFECYCLE) -> dict[str, str]:
-    """The generated blocks of the docs, by marker name: ``mermaid``, ``states``, ``transitions``, ``actions``."""
+    """The generated blocks of the docs, by marker name: ``rules``, ``mermaid``, ``states``, ``transitions``,
+    ``actions`` (``rules`` is :data:`~colo_fsm.states.rules.RULES`, the same for every spec)."""
     spec = _check_spec(spec)
     return {
+        "rules": rules_table(),
         "mermaid": "```mermaid\n" + to_mermaid(spec) + "```\n",
         "states": states_table(spec),
         "transitions": transitions_table(spec),
         "actions": actions_table(spec),
+        "facts": facts_table(spec),
     }
 
 
@@ -421,6 +442,8 @@ def to_markdown(spec: LifecycleSpec = LIFECYCLE) -> str:
         + sec["transitions"]
         + "\n## Actions\n\n"
         + sec["actions"]
+        + "\n## Facts\n\n"
+        + sec["facts"]
     )
 
 
@@ -540,6 +563,7 @@ __all__ = [
     "actions_table",
     "diagram_text",
     "docs_sections",
+    "facts_table",
     "failure_summary",
     "find_dot",
     "guard_label",

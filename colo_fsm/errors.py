@@ -6,6 +6,7 @@ trigger, rank and weight version for lifecycle failures.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -122,7 +123,7 @@ class ActionFailed(LifecycleError):
         )
 
 
-class BarrierTimeout(LifecycleError):
+class BarrierTimeout(LifecycleError, TimeoutError):
     """Not every rank reached a handoff barrier within its timeout."""
 
     def __init__(
@@ -296,14 +297,81 @@ class RolloutDeferred(ColoFsmError):
         super().__init__(f"rollout deferred: {reason}")
 
 
+class UsageError(ColoFsmError):
+    """A command-line mistake; printed as one line, exit code 2."""
+
+
+class BadRequest(ColoFsmError):
+    """A request the server refuses with a 400 naming the field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(f"{param}: {message}")
+
+
+GRAPHVIZ_INSTALL_HINT = (
+    "install Graphviz: `apt-get install graphviz` (Debian/Ubuntu), `brew install graphviz` (macOS) or "
+    "`conda install -c conda-forge graphviz`; or write the DOT source (.dot) or Mermaid (.mmd) instead"
+)
+"""How to get Graphviz's ``dot``, for error messages."""
+
+
+class GraphvizNotFound(ColoFsmError, RuntimeError):
+    """Rendering a picture needs Graphviz's ``dot`` binary, and it is not installed."""
+
+    def __init__(self, binary: str = "dot") -> None:
+        self.binary = binary
+        super().__init__(
+            f"rendering a picture needs Graphviz's {binary!r} binary, not found on PATH; {GRAPHVIZ_INSTALL_HINT}"
+        )
+
+
+class RenderError(ColoFsmError, RuntimeError):
+    """Graphviz ran but could not render the diagram."""
+
+
+class TraceFileError(ConfigError):
+    """A trace file is missing, unreadable or holds a line that is not a trace record; names file and line."""
+
+    def __init__(self, path: str | Path, line: int | None, problem: str) -> None:
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__("trace", where, problem)
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+        self.args = (f"{where}: {problem}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class SpecError(ConfigError):
+    """The lifecycle spec breaks a structural rule; the message names the transition and the rule."""
+
+    def __init__(self, where: str, rule: str) -> None:
+        super().__init__(where, "(spec)", rule)
+
+
+class ServerStopping(ColoFsmError):
+    """The engine was shut down under a request (HTTP 503 without Retry-After)."""
+
+
+class ClientGone(ColoFsmError):
+    """The client disconnected; its request was cancelled in the engine."""
+
+
 __all__ = [
+    "GRAPHVIZ_INSTALL_HINT",
     "ActionFailed",
+    "BadRequest",
     "BarrierTimeout",
+    "ClientGone",
     "ColoFsmError",
     "ConfigError",
     "DrainError",
     "EngineRebuild",
     "EngineStopped",
+    "GraphvizNotFound",
     "GuardRejected",
     "HandoffDivergence",
     "InvalidTransition",
@@ -311,10 +379,15 @@ __all__ = [
     "MemoryBudgetExceeded",
     "ModelModeError",
     "ParallelismMismatch",
+    "RenderError",
     "RequestTooLarge",
     "RolloutDeferred",
     "RolloutFailed",
+    "ServerStopping",
     "ServerUnavailable",
+    "SpecError",
+    "TraceFileError",
     "UnsupportedEngine",
+    "UsageError",
     "WaitTimeout",
 ]

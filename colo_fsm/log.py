@@ -1,10 +1,11 @@
 """Lifecycle context in every colo-fsm log line, and progress lines for long lifecycle work.
 
-Every logger colo-fsm uses comes from :func:`get_logger`: it prefixes each message with the rank, state,
+Every logger colo-fsm uses comes from ``get_logger(__name__)``: it prefixes each message with the rank, state,
 weight version and step of the process's active lifecycle (``[rank=0 state=Training wv=12 step=12]``) and
 sets them as ``extra`` fields (``record.rank`` etc.) for structured handlers. The context is process-wide: in
 SPMD runs there is one rank per process; where several lifecycles share a process (thread-ranks in tests) the
-most recently active one is named.
+most recently active one is named, except in the lifecycle's own lines, which pass their own position as
+``extra`` (one mechanism, :meth:`LifecycleLogger.process`, formats both with :func:`format_prefix`).
 
 A single daemon thread (:class:`_Heartbeat`) logs a progress line while an action of any lifecycle runs longer
 than that lifecycle's ``progress_interval_s`` (a barrier waiting for a slow rank, a long checkpoint save), so a
@@ -21,6 +22,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 _context: dict[str, Any] = {}
+_KEYS = ("rank", "state", "weight_version", "step")
 
 
 def set_context(*, rank: int, state: str, weight_version: int, step: int) -> None:
@@ -44,22 +46,24 @@ def prefix() -> str:
     return format_prefix(**c) if c else ""
 
 
-class LifecycleLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+class LifecycleLogger(logging.LoggerAdapter):
     """A logger adapter that names the active lifecycle's rank, state and weight version in every line."""
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
-        c = _context
-        if c:
-            extra = dict(kwargs.get("extra") or {})
-            for key in ("rank", "state", "weight_version", "step"):
-                extra.setdefault(key, c[key])
-            kwargs["extra"] = extra
-            return prefix() + str(msg), kwargs
-        return msg, kwargs
+        """Prefix ``msg`` with the position given in ``extra`` (a lifecycle logging its own lines passes its
+        rank, state, weight version and step), else with the process's active lifecycle, if any."""
+        extra = dict(kwargs.get("extra") or {})
+        own = all(key in extra for key in _KEYS)
+        if not own and not _context:
+            return msg, kwargs
+        for key in _KEYS:
+            extra.setdefault(key, _context.get(key))
+        kwargs["extra"] = extra
+        return format_prefix(**{k: extra[k] for k in _KEYS}) + str(msg), kwargs
 
 
 def get_logger(name: str) -> LifecycleLogger:
-    """The logger ``name`` (under ``colo_fsm.``), wrapped to carry the lifecycle context."""
+    """The logger ``name`` (a module's ``__name__``), wrapped to carry the lifecycle context."""
     return LifecycleLogger(logging.getLogger(name), {})
 
 
@@ -98,7 +102,7 @@ class _Heartbeat:
                     try:
                         report(now)
                     except Exception:  # a progress line must never hurt the run
-                        logging.getLogger("colo_fsm.log").debug("progress report failed", exc_info=True)
+                        logging.getLogger(__name__).debug("progress report failed", exc_info=True)
 
 
 heartbeat = _Heartbeat()

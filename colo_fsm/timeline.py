@@ -10,16 +10,16 @@ is evaluated in the old state); the last state of a row extends to the end of th
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from colo_fsm.errors import ConfigError
+from colo_fsm.log import get_logger
 from colo_fsm.machine.trace import TraceFileError, TraceRecord, read_trace_file
 from colo_fsm.states.spec import LIFECYCLE, LifecycleSpec
 
-log = logging.getLogger("colo_fsm.timeline")
+log = get_logger(__name__)
 
 TIMELINE_FORMATS: tuple[str, ...] = ("png", "svg", "pdf")
 """Picture formats :func:`render_timeline` writes."""

@@ -242,7 +242,7 @@ def test_trace_written_as_json_lines(tmp_path):
 
 def test_every_lifecycle_log_line_names_rank_state_and_weight_version(caplog):
     lc, *_ = make(num_steps=2)
-    with caplog.at_level(logging.INFO, logger="colo_fsm.lifecycle"):
+    with caplog.at_level(logging.INFO, logger="colo_fsm"):
         run_all(lc)
     assert caplog.records
     for rec in caplog.records:
@@ -437,17 +437,23 @@ def test_trace_subscribers_see_every_transition_and_cannot_break_the_machine():
     assert seen == [r.dest for r in lc.trace.records]
 
 
-def test_public_api_importable_from_colo_fsm_and_lazy():
+def test_public_api_is_the_core_and_imports_nothing_heavy():
     import subprocess
     import sys
+    from importlib.metadata import version
 
     import colo_fsm
 
-    assert set(colo_fsm._LAZY) <= set(colo_fsm.__all__)
     for name in colo_fsm.__all__:
         assert getattr(colo_fsm, name) is not None, name
-    # embedding the machine does not drag in torch, FastAPI or Ray
-    code = "import sys, colo_fsm; print(sorted(m for m in ('torch', 'fastapi', 'ray') if m in sys.modules))"
+    assert not hasattr(colo_fsm, "__getattr__"), "no lazy names at the top: heavy parts live in their subpackages"
+    assert colo_fsm.__version__ == version("colo-fsm")
+    # embedding the machine does not drag in torch, FastAPI, Ray, hypothesis or matplotlib (a core-only install:
+    # tests/test_core_install.py)
+    code = (
+        "import sys, colo_fsm; "
+        "print(sorted(m for m in ('torch', 'fastapi', 'ray', 'hypothesis', 'matplotlib') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -470,7 +476,7 @@ def test_long_actions_report_progress(caplog, monkeypatch):
     monkeypatch.setattr(heartbeat, "tick_s", 0.05)  # restored after the test
     lc.start()
     t.hang_on("train_step", 0.7)
-    with caplog.at_level(logging.INFO, logger="colo_fsm.lifecycle"):
+    with caplog.at_level(logging.INFO, logger="colo_fsm"):
         lc.step([1])
     lines = [r.getMessage() for r in caplog.records if "still in train_step" in r.getMessage()]
     assert lines and "state=Training" in lines[0] and "rank=0" in lines[0]

@@ -52,7 +52,7 @@ def test_profiles_are_registered():
 
 
 def test_lifecycle_machine_over_recording_fakes():
-    """Every DESIGN section 2 fact, after every step of >= 500 programs (the CI profile, whatever the env says)."""
+    """Every lifecycle rule, after every step of >= 500 programs (the CI profile, whatever the env says)."""
     delta = _run(CI_PROFILE)
     assert delta["programs"] >= 500 and delta["programs"] >= settings.get_profile(CI_PROFILE).max_examples
     # every call the machine can make fail did fail at least once (a fault armed for a call that never comes

@@ -32,7 +32,7 @@ def test_engine_implements_the_protocols(model):
 def test_cpu_backend_chosen_and_reported_at_start_up(model, caplog):
     eng = MegatronEngine(model, TOK)
     assert eng.backend_name == "cpu"
-    with caplog.at_level(logging.INFO, logger="colo_fsm.megatron"):
+    with caplog.at_level(logging.INFO, logger="colo_fsm"):
         eng.bring_up()
     line = next(r.getMessage() for r in caplog.records if "colocated engine up" in r.getMessage())
     assert "backend=cpu" in line and "no CUDA device" in line
@@ -435,12 +435,13 @@ def test_dynamic_abort_dequeues_a_waiting_request_and_finishes_an_active_one():
         context=SimpleNamespace(),
     )
     be._tracked = {1: 3, 2: 0}
+    be._want_top = {1: 2}
     be.abort(2)
     assert 2 not in be.engine.requests and not be.engine.waiting_request_ids and waiting_future.cancelled
     be.abort(1)
     assert be.engine.stop_word_finished_request_ids == {1} and 1 in be.engine.requests  # finished next step
     be.abort(1)  # unknown now: a no-op
-    assert be._tracked == {}
+    assert be._tracked == {} and be._want_top == {}
 
 
 def test_cuda_graph_model_option():
@@ -453,3 +454,119 @@ def test_cuda_graph_model_option():
         ModelConfig(vocab_size=16, cuda_graphs=True)  # on the CPU
     assert exc.value.field == "cuda_graphs"
     assert GenerationConfig(num_cuda_graphs=16).num_cuda_graphs == 16
+
+
+def test_offload_with_cuda_graphs_refuses_parking():
+    """An offload resume recaptures the graphs over a reset context: parked requests would be lost."""
+    with pytest.raises(ConfigError) as exc:
+        GenerationConfig(kv_cache_mode="offload", num_cuda_graphs=16)  # inflight defaults to "park"
+    assert exc.value.field == "kv_cache_mode" and "persist" in exc.value.expected
+    assert GenerationConfig(kv_cache_mode="offload", num_cuda_graphs=16, inflight="drain").inflight == "drain"
+    for mode in ("persist", "recompute"):
+        assert GenerationConfig(kv_cache_mode=mode, num_cuda_graphs=16).num_cuda_graphs == 16
+    assert GenerationConfig(kv_cache_mode="offload").kv_cache_mode == "offload"  # eager offload parks fine
+
+
+# -------------------------------------------------------------------------- top log-probs
+def test_top_logprobs_per_token_on_the_cpu_engine(model):
+    import math
+
+    eng = MegatronEngine(model, TOK, GenerationConfig(max_top_logprobs=5))
+    eng.bring_up()
+    try:
+        seen = []
+        h = eng.submit(
+            TOK.tokenize("123>"), max_tokens=4, top_logprobs=3, on_token=lambda t, lp, v, top: seen.append(top)
+        )
+        c = h.result(timeout=60)
+        assert len(c.top_logprobs) == len(c.token_ids) >= 1 and list(c.top_logprobs) == seen
+        for tok, lp, top in zip(c.token_ids, c.logprobs, c.top_logprobs):
+            assert len(top) == 3 and len({t for t, _ in top}) == 3
+            assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)  # most likely first
+            assert top[0] == (tok, pytest.approx(lp, abs=1e-6))  # greedy: the sampled token is the likeliest
+            assert all(v <= 0 for _, v in top) and sum(math.exp(v) for _, v in top) <= 1 + 1e-6
+        sampled = eng.submit(TOK.tokenize("123>"), max_tokens=4, temperature=1.0, seed=1, top_logprobs=5).result(60)
+        for tok, lp, top in zip(sampled.token_ids, sampled.logprobs, sampled.top_logprobs):
+            # the alternatives are untempered log-probs, like the sampled token's own
+            assert len(top) == 5 and (tok not in dict(top) or dict(top)[tok] == pytest.approx(lp, abs=1e-6))
+        plain = eng.submit(TOK.tokenize("123>"), max_tokens=2).result(60)  # not asked: nothing recorded
+        assert plain.top_logprobs == () and len(plain.logprobs) == len(plain.token_ids)
+        both = eng.generate_ids([TOK.tokenize("12>"), TOK.tokenize("45>")], max_tokens=3, top_logprobs=2)
+        assert all(len(x.top_logprobs) == len(x.token_ids) and {len(t) for t in x.top_logprobs} == {2} for x in both)
+        for bad in (-1, 6, True, 1.5):
+            with pytest.raises(ConfigError) as exc:
+                eng.submit(TOK.tokenize("1>"), max_tokens=1, top_logprobs=bad)
+            assert exc.value.field == "top_logprobs" and "[0, 5]" in str(exc.value.expected)
+        assert eng.request_counts() == (0, 0, 0)  # the refused requests disturbed nothing
+    finally:
+        eng.shutdown()
+    with pytest.raises(ConfigError, match="max_top_logprobs"):
+        GenerationConfig(max_top_logprobs=-1)
+    assert GenerationConfig().max_top_logprobs == 20
+
+
+def test_dynamic_top_n_logprobs_from_text_keyed_records():
+    from colo_fsm.adapters.batching import BackendRequest
+    from colo_fsm.adapters.megatron.dynamic import (
+        outputs_from_records,
+        record_top_logprobs,
+        sampling_params,
+        token_text_index,
+    )
+
+    assert sampling_params(BackendRequest(0, (1,), 5, top_logprobs=4), eod=3).top_n_logprobs == 4
+    assert sampling_params(BackendRequest(0, (1,), 5), eod=3).top_n_logprobs == 0
+    index = token_text_index(TOK)
+    assert index["7"] == TOK.tokenize("7")[0] and index[""] == TOK.eod  # specials share "": eod wins it
+    five, six, seven = TOK.tokenize("567")
+
+    def rec(rid, *chunks, status="ACTIVE_AND_GENERATING_TOKENS"):
+        r = _record(rid, *[(t, lp) for t, lp, _ in chunks], status=status)
+        for req, (_, _, tops) in zip(r.requests, chunks):
+            req.generated_top_n_logprobs = tops  # megatron-core keys each token's top-n by the alternative's text
+        return r
+
+    r1 = rec(1, ([five], [-0.1], [{"6": -2.0, "5": -0.1}]), ([six], [-0.3], [{"6": -0.3, "": -1.5, "?": -3.0}]))
+    assert record_top_logprobs(r1, index.get) == [((five, -0.1), (six, -2.0)), ((six, -0.3), (TOK.eod, -1.5))]
+    short_tops = rec(2, ([five, six], [-0.1, -0.2], [{"5": -0.1}]))  # fewer entries than tokens: empty, not invented
+    assert record_top_logprobs(short_tops, index.get) == [((five, -0.1),), ()]
+    tracked = {1: 1, 2: 0, 3: 0}
+    out = outputs_from_records(
+        tracked,
+        {1: r1, 2: short_tops, 3: rec(3, ([seven], [-0.5], [{"7": -0.5}]))},
+        [],
+        TOK.eod,
+        want_top={1: 1, 2: 2},
+        text_to_id=index.get,
+    )
+    tops = {o.request_id: o.top_logprobs for o in out}
+    assert tops == {1: (((six, -0.3),),), 2: (((five, -0.1),), ()), 3: ()}  # cut to k; 3 asked for none
+    assert [len(o.token_ids) for o in out] == [1, 2, 1]
+
+
+def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monkeypatch):
+    from types import SimpleNamespace
+
+    from colo_fsm.adapters.batching import BackendRequest
+    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend
+
+    class Fut:
+        def done(self):
+            return False
+
+    be = object.__new__(DynamicStepBackend)  # the engine is stood in for (it needs a GPU)
+    be.device = torch.device("cpu")
+    be.eod = TOK.eod
+    be._tracked, be._want_top = {}, {}
+    rng = torch.Generator()
+    added = []
+    be.engine = SimpleNamespace(
+        controller=SimpleNamespace(sampling_rng=rng),
+        add_request=lambda rid, ids, sp: added.append((rid, sp.top_n_logprobs)) or Fut(),
+    )
+    touched = []
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda s: touched.append(s))
+    be.add(BackendRequest(4, (1, 2), 3, temperature=1.0, seed=11, top_logprobs=2))
+    expect = torch.Generator().manual_seed(11)
+    assert torch.rand(3, generator=rng).tolist() == torch.rand(3, generator=expect).tolist()
+    assert touched == [] and added == [(4, 2)] and be._want_top == {4: 2} and be._tracked == {4: 0}

@@ -9,7 +9,14 @@ import torch
 from _megatron_util import dist1, tiny  # noqa: F401
 
 from colo_fsm.adapters.megatron.attention import SDPAttention
-from colo_fsm.adapters.megatron.model import ModelConfig, check_trainable, have_transformer_engine, layer_spec
+from colo_fsm.adapters.megatron.model import (
+    ModelConfig,
+    check_trainable,
+    have_transformer_engine,
+    layer_spec,
+    paged_attention_kwargs,
+    transformer_config,
+)
 from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
 from colo_fsm.errors import ConfigError
 
@@ -51,6 +58,28 @@ def test_sdpa_matches_reference_causal_attention():
     # megatron convention: True in the mask = masked out; an explicit causal mask gives the same result
     mask = torch.ones(s, s).triu(1).bool().expand(b, 1, s, s)
     assert torch.allclose(core(q, k, v, mask), ref, atol=1e-5)
+
+
+def test_sdpa_never_uses_cudnn_attention(monkeypatch):
+    """cuDNN attention builds a plan per new sequence length (seconds in a train step): SDPAttention excludes it."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a, **k):
+        b = torch.backends.cuda
+        seen.append((b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled()))
+        return real(*a, **k)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    core = SDPAttention.__new__(SDPAttention)
+    torch.nn.Module.__init__(core)
+    core.dropout_p, core.softmax_scale, core.attn_mask_type = 0.0, None, AttnMaskType.causal
+    q = torch.randn(3, 1, 2, 4)
+    core(q, q, q, None)
+    assert seen == [(False, True, True, True)]
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the call
 
 
 @pytest.mark.parametrize(
@@ -143,3 +172,29 @@ def test_bridge_registration_guarded():
     for name, kind in INFERENCE_LINEAR_TYPES.items():
         assert registered[name] == kind
         assert name in AutoMapping._MODULE_TYPE_REGISTRY[kind]
+
+
+def test_paged_attention_single_split_only_for_fa4_on_sm90():
+    """flash-attn-4 on SM 9.0 refuses split-KV: the config pins num_splits=1 there (batch_invariant_mode)."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    kw = paged_attention_kwargs("cuda", capability=(9, 0), have_fa4=True)
+    assert kw == {"batch_invariant_mode": True, "attention_backend": AttnBackend.flash, "flash_attention_version": 4}
+    assert paged_attention_kwargs("cuda", capability=(10, 0), have_fa4=True) == {}  # Blackwell splits KV fine
+    assert paged_attention_kwargs("cuda", capability=(9, 0), have_fa4=False) == {}  # FA3/FA2 path untouched
+    assert paged_attention_kwargs("cpu", capability=(9, 0), have_fa4=True) == {}
+    # megatron-core accepts the combination (its __post_init__ checks backend, version, CP and dropout)
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, attention_dropout=0.0, **kw)
+    assert cfg.batch_invariant_mode and cfg.flash_attention_version == 4
+
+
+def test_cuda_graph_scope_defaults_to_block_and_is_checked():
+    cfg = transformer_config(ModelConfig(vocab_size=16, device="cuda", cuda_graphs=True))
+    assert cfg.inference_cuda_graph_scope.name == "block" and cfg.cuda_graph_impl == "local"
+    cfg = transformer_config(ModelConfig(vocab_size=16, device="cuda", cuda_graphs=True, cuda_graph_scope="layer"))
+    assert cfg.inference_cuda_graph_scope.name == "layer"
+    with pytest.raises(ConfigError) as exc:
+        ModelConfig(cuda_graph_scope="model")
+    assert exc.value.field == "cuda_graph_scope" and "block" in exc.value.expected

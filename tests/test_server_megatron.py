@@ -176,7 +176,7 @@ def test_real_engine_parks_http_requests_and_never_gets_one_while_asleep(model):
 
 
 def test_admission_is_read_from_the_spec():
-    serving = {s for s in State if serving_state(s)}
+    serving = {s.state for s in LIFECYCLE.states if serving_state(s.state)}
     assert (
         serving
         == {s.state for s in LIFECYCLE.states if s.resting and s.engine is EngineCondition.AWAKE}
@@ -194,3 +194,103 @@ def test_admission_is_read_from_the_spec():
     assert admit() is True
     lc.state = State.STARTING  # engine awake but a handoff is still running: not resting
     assert admit() is False
+
+    from colo_fsm.states import NEMO_RL
+
+    nemo_serving = {s.state for s in NEMO_RL.states if serving_state(s.state, NEMO_RL)}
+    assert nemo_serving == {s.state for s in NEMO_RL.states if s.serves_requests}
+    assert State.CONCLUDING not in nemo_serving
+
+
+def test_top_logprobs_over_the_real_engine_with_the_openai_client(model):
+    import openai
+    from openai import OpenAI
+
+    from colo_fsm.adapters.megatron.engine import GenerationConfig
+
+    engine = MegatronEngine(model, TOK, GenerationConfig(max_top_logprobs=5))
+    gated = GatedEngine(
+        engine, engine, serve=True, request_timeout_s=30.0, chat_template=lambda ms: ms[-1]["content"] + ">"
+    )
+    gated.bring_up()
+    name = {t: TOK.detokenize([t], skip_special_tokens=False) for t in range(TOK.vocab_size)}
+    try:
+        client = OpenAI(base_url=gated.server_base_urls()[0], api_key="unused", max_retries=0, timeout=30.0)
+        want = engine.submit(TOK.tokenize("123>"), max_tokens=4, top_logprobs=3).result(60)  # the engine's own
+        assert len(want.top_logprobs) == len(want.token_ids) >= 1
+
+        done = client.completions.create(model="m", prompt="123>", max_tokens=4, temperature=0, logprobs=3)
+        lp = done.choices[0].logprobs
+        assert lp is not None and lp.top_logprobs is not None and len(lp.top_logprobs) == len(want.token_ids)
+        for got, tok, top in zip(lp.top_logprobs, want.token_ids, want.top_logprobs):
+            assert list(got) == [name[t] for t, _ in top] and next(iter(got)) == name[tok]  # greedy: the likeliest
+            assert list(got.values()) == pytest.approx([v for _, v in top], abs=1e-6)
+        assert lp.token_logprobs == pytest.approx(list(want.logprobs), abs=1e-6)
+        chunks = client.completions.create(
+            model="m", prompt="123>", max_tokens=4, temperature=0, logprobs=3, stream=True
+        )
+        streamed_tops = [
+            d
+            for ch in chunks
+            if ch.choices and ch.choices[0].logprobs
+            for d in ch.choices[0].logprobs.top_logprobs or []
+        ]
+        assert streamed_tops == lp.top_logprobs  # the same alternatives, token by token
+
+        chat = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "123"}],
+            max_tokens=4,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+        )
+        content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+        assert content is not None and len(content) == len(want.token_ids)
+        for item, tok, top in zip(content, want.token_ids, want.top_logprobs):
+            assert item.token == name[tok] and [a.token for a in item.top_logprobs] == [name[t] for t, _ in top[:2]]
+            assert [a.logprob for a in item.top_logprobs] == pytest.approx([v for _, v in top[:2]], abs=1e-6)
+            assert item.top_logprobs[0].bytes == list(name[top[0][0]].encode())
+
+        streamed = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "123"}],
+            max_tokens=4,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+            stream=True,
+        )
+        per_token = [
+            [a.token for a in c.top_logprobs]
+            for ch in streamed
+            if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content
+            for c in ch.choices[0].logprobs.content
+        ]
+        assert per_token == [[a.token for a in item.top_logprobs] for item in content]
+        plain = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "1"}], max_tokens=2, logprobs=True
+        )
+        assert all(c.top_logprobs == [] for c in plain.choices[0].logprobs.content or [])  # type: ignore[union-attr]
+
+        bad = [
+            ("completions", {"logprobs": -1}, "logprobs"),
+            ("completions", {"logprobs": 6}, "logprobs"),
+            ("chat", {"logprobs": True, "top_logprobs": 6}, "top_logprobs"),
+            ("chat", {"logprobs": True, "top_logprobs": -2}, "top_logprobs"),
+            ("chat", {"top_logprobs": 2}, "top_logprobs"),  # needs logprobs=true
+        ]
+        for kind, extra, param in bad:
+            with pytest.raises(openai.BadRequestError) as exc:
+                if kind == "completions":
+                    client.completions.create(model="m", prompt="1>", max_tokens=2, extra_body=extra)
+                else:
+                    client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "1"}], max_tokens=2, extra_body=extra
+                    )
+            assert exc.value.param == param, (extra, exc.value.body)
+            if "needs" not in str(exc.value):
+                assert "[0, 5]" in str(exc.value)  # names the engine's limit
+        assert engine.request_counts() == (0, 0, 0)
+    finally:
+        gated.shutdown()

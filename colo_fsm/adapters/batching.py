@@ -34,7 +34,7 @@ from colo_fsm.adapters.lockstep import Lockstep, StepPlan
 from colo_fsm.errors import ConfigError, EngineStopped, LifecycleError, RequestTooLarge
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.batching")
+log = get_logger(__name__)
 
 
 class Priority(IntEnum):
@@ -71,16 +71,25 @@ class BackendRequest:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    top_logprobs: int = 0  # alternatives to record per generated token (0: none)
+
+
+TopLogprobs = tuple[tuple[int, float], ...]
+"""One generated token's most likely alternatives: ``(token_id, logprob)`` pairs, most likely first."""
 
 
 @dataclass(frozen=True)
 class StepOutput:
-    """New tokens of one request from one decode step; ``finished`` is "stop"/"length" when the backend ended it."""
+    """New tokens of one request from one decode step; ``finished`` is "stop"/"length" when the backend ended it.
+
+    ``top_logprobs`` has one entry per new token when the request asked for alternatives (else it is empty).
+    """
 
     request_id: int
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finished: str | None = None
+    top_logprobs: tuple[TopLogprobs, ...] = ()
 
 
 @runtime_checkable
@@ -121,6 +130,7 @@ class TokenCompletion:
     text: str
     finish_reason: str  # "stop" (eod / stop token / on_token returned False), "length" or "abort"
     admitted_version: int = 0  # the weight version when the request was admitted
+    top_logprobs: tuple[TopLogprobs, ...] = ()  # per token, when asked: its top alternatives (token_id, logprob)
 
     @property
     def first_weight_version(self) -> int:
@@ -151,7 +161,12 @@ class RequestCounts(NamedTuple):
     parked: int
 
 
-OnToken = Callable[[int, float, int], "bool | None"]
+OnToken = Callable[..., "bool | None"]
+"""``on_token(token_id, logprob, weight_version)``; a request submitted with ``top_logprobs > 0`` gets a fourth
+argument, that token's :data:`TopLogprobs`."""
+
+DEFAULT_MAX_TOP_LOGPROBS = 20
+"""The default bound of ``top_logprobs`` per request (OpenAI's own limit)."""
 
 
 @dataclass(eq=False)
@@ -168,6 +183,7 @@ class _Request:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    tops: list[TopLogprobs] = field(default_factory=list)
     admitted_version: int = 0
     admitted_step: int | None = None
     detached: bool = False  # lockstep follower: the caller got "abort", the row runs on in step with the leader
@@ -230,10 +246,24 @@ class _Command:
     drain: bool = False
 
 
+def request_seed(seed: int | None, index: int) -> int | None:
+    """The seed of the ``index``-th request of a call seeded ``seed``: distinct per request and per call seed."""
+    if seed is None:
+        return None
+    return (int(seed) * 0x9E3779B1 + (index + 1) * 0x85EBCA77) % (2**63)
+
+
 def _positive_int(name: str, value: Any, what: str = "a positive integer") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(name, value, what)
     return value
+
+
+def check_top_logprobs(top_logprobs: Any, limit: int) -> int:
+    """``top_logprobs`` as an int in [0, ``limit``]; anything else raises :class:`ConfigError` naming the limit."""
+    if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= limit:
+        raise ConfigError("top_logprobs", top_logprobs, f"an integer in [0, {limit}] (max_top_logprobs)")
+    return top_logprobs
 
 
 def check_sampling(temperature: Any, top_p: Any, top_k: Any, seed: Any) -> None:
@@ -257,6 +287,7 @@ class ContinuousBatcher:
     returning a context manager) wraps the engine thread, e.g. to make this rank's GPU current there.
     ``lockstep`` (tensor-parallel ranks) makes every rank of the group follow the leader's plan of each
     iteration (:mod:`colo_fsm.adapters.lockstep`); submissions and control calls must then be SPMD.
+    ``max_top_logprobs`` bounds the alternatives per token one request may ask for.
     """
 
     def __init__(
@@ -272,6 +303,7 @@ class ContinuousBatcher:
         name: str = "colo-fsm-engine",
         lockstep: Lockstep | None = None,
         lockstep_wait_s: float = 300.0,
+        max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS,
     ) -> None:
         self._factory = backend_factory
         self._lockstep = lockstep  # TP > 1: the group's leader plans every iteration (colo_fsm.adapters.lockstep)
@@ -279,6 +311,9 @@ class ContinuousBatcher:
         self._weight_version = weight_version or (lambda: 0)
         self.max_active_requests = _positive_int("max_active_requests", max_active_requests)
         self.inflight = parse_inflight(inflight)
+        if isinstance(max_top_logprobs, bool) or not isinstance(max_top_logprobs, int) or max_top_logprobs < 0:
+            raise ConfigError("max_top_logprobs", max_top_logprobs, "a non-negative integer")
+        self.max_top_logprobs = max_top_logprobs
         self.max_sequence_length = max_sequence_length
         self._detokenize = detokenize or (lambda ids: "")
         self._device_context = device_context or contextlib.nullcontext
@@ -346,10 +381,12 @@ class ContinuousBatcher:
         stop_token_ids: Sequence[int] = (),
         priority: Priority | int = Priority.TRAINING,
         on_token: OnToken | None = None,
+        top_logprobs: int = 0,
     ) -> RequestHandle:
         """Queue one request; it is admitted at the next step boundary (after resume if suspended).
 
-        Raises :class:`EngineStopped` after shutdown, :class:`RequestTooLarge` when prompt + ``max_tokens``
+        ``top_logprobs`` (0 to ``max_top_logprobs``) records that many most likely alternatives per generated
+        token (:attr:`TokenCompletion.top_logprobs`; also passed to ``on_token`` as a fourth argument). Raises :class:`EngineStopped` after shutdown, :class:`RequestTooLarge` when prompt + ``max_tokens``
         exceeds the sequence length, :class:`ConfigError` for a bad value.
         """
         if self.stopped:
@@ -359,6 +396,7 @@ class ContinuousBatcher:
             raise ConfigError("prompt_ids", list(prompt_ids), "at least one token")
         _positive_int("max_tokens", max_tokens)
         check_sampling(temperature, top_p, top_k, seed)
+        check_top_logprobs(top_logprobs, self.max_top_logprobs)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigError("priority", priority, "a Priority (TRAINING or SERVER)")
         if self.max_sequence_length is not None and len(prompt) + max_tokens > self.max_sequence_length:
@@ -369,7 +407,9 @@ class ContinuousBatcher:
                 f"max_sequence_length; the prompt has {len(prompt)} tokens and max_tokens={max_tokens}",
             )
         req = _Request(
-            backend=BackendRequest(next(self._ids), prompt, max_tokens, float(temperature), float(top_p), top_k, seed),
+            backend=BackendRequest(
+                next(self._ids), prompt, max_tokens, float(temperature), float(top_p), top_k, seed, top_logprobs
+            ),
             priority=int(priority),
             seq=next(self._seq),
             stop_token_ids=frozenset(int(t) for t in stop_token_ids),
@@ -671,17 +711,24 @@ class ContinuousBatcher:
     def _take_tokens(self, req: _Request, out: StepOutput, version: int) -> str | None:
         """Append one step's tokens to ``req``; the finish reason if the request ends with them."""
         lps = list(out.logprobs) + [0.0] * (len(out.token_ids) - len(out.logprobs))
-        for tok, lp in zip(out.token_ids, lps):
+        want_top = req.backend.top_logprobs > 0
+        tops = list(out.top_logprobs) + [()] * (len(out.token_ids) - len(out.top_logprobs))
+        for tok, lp, top in zip(out.token_ids, lps, tops):
             if len(req.token_ids) >= req.backend.max_tokens:
                 return "length"
             req.token_ids.append(int(tok))
             req.logprobs.append(float(lp))
             req.versions.append(version)
+            if want_top:
+                req.tops.append(tuple((int(t), float(v)) for t, v in top[: req.backend.top_logprobs]))
             if int(tok) in req.stop_token_ids:
                 return "stop"
             if req.on_token is not None:
                 try:
-                    keep = req.on_token(int(tok), float(lp), version)
+                    if want_top:
+                        keep = req.on_token(int(tok), float(lp), version, req.tops[-1])
+                    else:
+                        keep = req.on_token(int(tok), float(lp), version)
                 except Exception as exc:
                     log.warning("on_token of request %d raised %r; the request is aborted", req.request_id, exc)
                     return "abort"
@@ -782,6 +829,7 @@ class ContinuousBatcher:
             text=self._detokenize(toks),
             finish_reason=reason,
             admitted_version=req.admitted_version,
+            top_logprobs=tuple(req.tops),
         )
 
     @staticmethod
@@ -793,6 +841,7 @@ class ContinuousBatcher:
 
 
 __all__ = [
+    "DEFAULT_MAX_TOP_LOGPROBS",
     "BackendRequest",
     "ContinuousBatcher",
     "InflightPolicy",
@@ -802,6 +851,9 @@ __all__ = [
     "StepBackend",
     "StepOutput",
     "TokenCompletion",
+    "TopLogprobs",
     "check_sampling",
+    "check_top_logprobs",
     "parse_inflight",
+    "request_seed",
 ]

@@ -6,7 +6,8 @@ machine calls them only from actions, always in the order the lifecycle spec dec
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -55,10 +56,17 @@ class StepResult:
 
 @runtime_checkable
 class Trainer(Protocol):
-    """The training side of the same model."""
+    """The training side of the same model.
 
-    def train_step(self, batch: Any) -> StepResult:
-        """Run one optimizer step on ``batch``. The machine bumps the weight version after it returns."""
+    Optional methods the machine calls when present: ``finalize_checkpoint()`` (wait until an asynchronous
+    save's collectives have all completed; a spec with a finalize action calls it before any wake) and
+    ``teardown()`` (called in ``stop`` after the engine is shut down).
+    """
+
+    def train_step(self, batch: Any) -> StepResult | Mapping[str, float]:
+        """Run one optimizer step on ``batch``; return a :class:`StepResult` or a mapping of metrics (a
+        ``consumed_samples`` key, if any, is taken as such). The machine bumps the weight version after it
+        returns; any other return value is a typed error."""
 
     def offload_buffers(self) -> None:
         """Free training-only memory (gradient buffers, optimizer state where configured) before generation."""
@@ -72,7 +80,11 @@ class Trainer(Protocol):
 
 @runtime_checkable
 class Collector(Protocol):
-    """The asynchronous producer of trajectories."""
+    """The asynchronous producer of trajectories.
+
+    ``resume`` may take a ``weight_version`` keyword: the machine then hands it the current weight version on
+    every resume. An optional ``teardown()`` is called in ``stop``.
+    """
 
     def pause(self) -> None:
         """Stop issuing new rollouts and return at once (park, the default): rollouts already submitted stay
@@ -81,6 +93,15 @@ class Collector(Protocol):
 
     def resume(self) -> None:
         """Start issuing rollouts again."""
+
+
+def takes_weight_version(resume: Callable[..., Any]) -> bool:
+    """Whether a collector's ``resume`` accepts a ``weight_version`` keyword (or ``**kwargs``)."""
+    try:
+        params = inspect.signature(resume).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "weight_version" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
 
 
 @dataclass(frozen=True)
@@ -126,4 +147,5 @@ __all__ = [
     "StepResult",
     "TextGenerator",
     "Trainer",
+    "takes_weight_version",
 ]

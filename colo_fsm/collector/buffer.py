@@ -34,7 +34,7 @@ from colo_fsm.adapters.protocols import Completion
 from colo_fsm.errors import ConfigError, RolloutFailed, WaitTimeout
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.collector.buffer")
+log = get_logger(__name__)
 
 STATE_DICT_FORMAT = 2
 """Version of the :meth:`ReplayBuffer.state_dict` layout."""

@@ -38,7 +38,7 @@ from colo_fsm.errors import ConfigError, LifecycleError, RolloutDeferred, Rollou
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.collector")
+log = get_logger(__name__)
 
 STATE_DICT_FORMAT = 2
 """Version of :meth:`AsyncCollector.state_dict` (1: deferred prompts only; 2: also parked prompts and the buffer)."""

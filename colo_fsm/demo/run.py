@@ -22,8 +22,9 @@ from typing import Any
 
 from colo_fsm.demo.config import DemoConfig
 from colo_fsm.errors import ConfigError, RolloutDeferred
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.demo")
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

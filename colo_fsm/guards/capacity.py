@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from colo_fsm.errors import ConfigError
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.guards")
+log = get_logger(__name__)
 
 RAY_ASYNC_ACTOR_DEFAULT_MAX_CONCURRENCY = 1000
 """A Ray asyncio actor runs at most this many calls at once unless told otherwise."""
@@ -87,7 +87,7 @@ class InFlightCap:
             f"{self.actor_capacity_groups})"
         )
 
-    def report(self, logger: logging.Logger | logging.LoggerAdapter | None = None) -> int:  # type: ignore[type-arg]
+    def report(self, logger: logging.Logger | logging.LoggerAdapter | None = None) -> int:
         """Log once, with both numbers, when the cap was lowered; return the effective cap."""
         if self.lowered:
             (logger or log).warning("%s: lowered by actor capacity", self.explain())

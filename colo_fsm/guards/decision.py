@@ -86,8 +86,9 @@ class LatchedDecision:
 
 class CheckpointDecision(LatchedDecision):
     """Whether a step saves a checkpoint: every ``every_steps`` steps and/or once the ``must_save_by_s``
-    deadline has passed. When the deadline rule fires, that step also becomes the run's last
-    (``deadline_stop``), as a job about to lose its allocation expects."""
+    deadline has passed, and/or when your own ``save_and_stop`` time rule says so (a zero-argument callable,
+    e.g. a job-timeout checker; asked once per step, inside the latch). When a time rule fires, that step also
+    becomes the run's last (``deadline_stop``), as a job about to lose its allocation expects."""
 
     def __init__(
         self,
@@ -97,9 +98,13 @@ class CheckpointDecision(LatchedDecision):
         clock: Callable[[], float] = time.monotonic,
         agree: Callable[[bool], bool] | None = None,
         deadline_stop: bool = True,
+        save_and_stop: Callable[[], bool] | None = None,
     ) -> None:
         self.every_steps = _positive_int_or_none("checkpoint_every_steps", every_steps)
         self.must_save_by = MustSaveBy(must_save_by_s, clock=clock) if must_save_by_s is not None else None
+        if save_and_stop is not None and not callable(save_and_stop):
+            raise ConfigError("save_and_stop", save_and_stop, "None or a callable () -> bool (a time rule)")
+        self.save_and_stop = save_and_stop
         if not isinstance(deadline_stop, bool):
             raise ConfigError("deadline_stop", deadline_stop, "True or False")
         self.deadline_stop = deadline_stop
@@ -109,8 +114,10 @@ class CheckpointDecision(LatchedDecision):
     def _rule(self, step: int) -> bool:
         periodic = self.every_steps is not None and (step + 1) % self.every_steps == 0
         deadline = False
-        if self.must_save_by is not None:
-            deadline = self.must_save_by()
+        if self.must_save_by is not None or self.save_and_stop is not None:
+            deadline = bool(self.must_save_by()) if self.must_save_by is not None else False
+            if self.save_and_stop is not None:
+                deadline = bool(self.save_and_stop()) or deadline
             if self._agree is not None:
                 # The deadline also decides whether this step is the run's last: it must be the world's answer,
                 # not this rank's clock (every rank makes this call once per step, in the same order).
@@ -122,7 +129,7 @@ class CheckpointDecision(LatchedDecision):
     @property
     def needs_agreement(self) -> bool:
         """True when the decision reads a clock, so ranks must agree on it (pass ``agree``)."""
-        return self.must_save_by is not None
+        return self.must_save_by is not None or self.save_and_stop is not None
 
     def stops_run(self, step: int) -> bool:
         """Whether the deadline rule fired at ``step`` and the run should end after its save."""

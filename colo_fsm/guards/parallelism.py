@@ -10,7 +10,7 @@ from typing import Any
 from colo_fsm.errors import ConfigError, ParallelismMismatch
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.guards")
+log = get_logger(__name__)
 
 WEIGHT_SHARDING_FIELDS = (
     "tensor_model_parallel_size",

@@ -17,7 +17,7 @@ from typing import Any
 
 from transitions import Machine, MachineError
 
-from colo_fsm.adapters.protocols import Collector, GenerationEngine, StepResult, Trainer
+from colo_fsm.adapters.protocols import Collector, GenerationEngine, StepResult, Trainer, takes_weight_version
 from colo_fsm.errors import (
     ActionFailed,
     ConfigError,
@@ -35,21 +35,24 @@ from colo_fsm.guards.drain import default_drain
 from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.handoff import HandoffLedger
 from colo_fsm.guards.mode import check_training_mode, mode_digest, report_of
-from colo_fsm.log import format_prefix, heartbeat
+from colo_fsm.log import get_logger, heartbeat
 from colo_fsm.log import set_context as _log_context
 from colo_fsm.machine.trace import Trace, TraceRecord
 from colo_fsm.states.spec import (
     LIFECYCLE,
+    ActionSpec,
+    Collective,
     CollectorCondition,
     EngineCondition,
     Fact,
     LifecycleSpec,
+    Role,
     State,
     TransitionSpec,
 )
 from colo_fsm.states.validate import validate_spec
 
-log = logging.getLogger("colo_fsm.lifecycle")
+log = get_logger(__name__)
 _STATE_BY_NAME = {s.value: s for s in State}
 
 
@@ -75,6 +78,8 @@ class LifecycleConfig:
     async_training: bool = True
     trace_path: str | Path | None = None
     progress_interval_s: float = 30.0  # log a progress line while one action runs longer than this
+    val_at_start: bool = False  # validate once before the first step (a spec that reads validate_at_start)
+    val_at_end: bool = False  # the last step validates (a spec whose last step may wake for validation only)
 
     def __post_init__(self) -> None:
         if self.num_steps is not None:
@@ -87,8 +92,9 @@ class LifecycleConfig:
         _check_int("start_weight_version", self.start_weight_version, minimum=0)
         if self.num_steps is not None and self.start_step >= self.num_steps:
             raise ConfigError("start_step", self.start_step, f"less than num_steps={self.num_steps}")
-        if not isinstance(self.async_training, bool):
-            raise ConfigError("async_training", self.async_training, "True or False")
+        for name in ("async_training", "val_at_start", "val_at_end"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "True or False")
         if (
             isinstance(self.progress_interval_s, bool)
             or not isinstance(self.progress_interval_s, int | float)
@@ -149,6 +155,7 @@ class Lifecycle:
         checkpoint: LatchedDecision | None = None,
         validation: LatchedDecision | None = None,
         validator: Callable[[int, int], Mapping[str, float] | None] | None = None,
+        early_stop: LatchedDecision | None = None,
         checkpoint_extra: Callable[[], Mapping[str, Any]] | None = None,
         server_urls_sink: Callable[[list[str]], None] | None = None,
         spec: LifecycleSpec = LIFECYCLE,
@@ -192,8 +199,14 @@ class Lifecycle:
                 "must_save_by_s time rule is set: otherwise each rank's own clock decides whether to save and stop, "
                 "and the ranks split at the next barrier",
             )
+        if early_stop is not None and not _has(early_stop, ("decide",)):
+            raise ConfigError("early_stop", early_stop, "a LatchedDecision (decide(step) -> bool) or None")
         if check_spec:  # False only for mutation testing: a spec the validator rejects, caught at run time
             validate_spec(spec)
+        for flag, fact in (("val_at_start", Fact.VALIDATE_AT_START), ("early_stop", Fact.STOP_EARLY)):
+            wanted = getattr(self.config, flag, None) if flag != "early_stop" else early_stop
+            if wanted and not any(fact in spec.action(n).decides for n in spec.with_role(Role.LATCH, Role.LATCH_STOP)):
+                raise ConfigError(flag, wanted, f"a spec with an action deciding {fact.value} (e.g. NEMO_RL)")
         self.spec = spec
         self.engine = engine
         self.trainer = trainer
@@ -204,12 +217,18 @@ class Lifecycle:
         self.checkpoint_decision = checkpoint or CheckpointDecision()
         self.validation_decision = validation or ValidationDecision()
         self._validator = validator
+        self.early_stop = early_stop
+        self._collector_takes_version = collector is not None and takes_weight_version(collector.resume)
+        self._latched_step: int | None = None
+        self._validated_this_step = False
+        self._entering: State = spec.initial
         self._checkpoint_extra = checkpoint_extra
         self._server_urls_sink = server_urls_sink
         self.step_index = self.config.start_step
         self.weight_version = self.config.start_weight_version
         self.engine_condition = EngineCondition.ABSENT
         self.collector_condition = CollectorCondition.PAUSED
+        self.request_condition = spec.state(spec.initial).requests
         self.ledger = HandoffLedger()
         self.facts: dict[Fact, bool] = dict.fromkeys(Fact, False)
         self.dp_openai_server_base_urls: list[str] = []
@@ -283,8 +302,12 @@ class Lifecycle:
             return self.state
 
     def start(self) -> State:
-        """Build the engine once and start collection (Created -> Generating)."""
-        return self.fire("start")
+        """Build the engine once and start collection (Created -> Generating); with ``val_at_start`` and a
+        ``validator``, the validation at start runs here too."""
+        with self._lock:
+            self.fire("start")
+            self._inline_validation()
+            return self.state
 
     def begin_step(self) -> State:
         """Hand off to training: latch this step's decisions, pause, suspend, drain own device, barrier."""
@@ -313,11 +336,15 @@ class Lifecycle:
         with self._lock:
             self.begin_step()
             self.train(batch)
-            if self._validator is not None and self.can("end_validation"):
-                self._validate()
-                self.end_validation()
+            self._inline_validation()
             assert self.last_result is not None
             return self.last_result
+
+    def _inline_validation(self) -> None:
+        """With a ``validator``: validate in every validation-only state the run rests in, then move on."""
+        while self._validator is not None and self.spec.state(self.state).validates and self.can("end_validation"):
+            self._validate()
+            self.end_validation()
 
     def stop(self) -> State:
         """Tear down (the only place teardown happens) and end in Stopped."""
@@ -388,6 +415,9 @@ class Lifecycle:
             t_enter = time.time()
             self._action_times = {}
             ok, error = True, None
+            self._entering = t.dest
+            if self.spec.state(source).validates and t.dest != source:
+                self._validated_this_step = True
             try:
                 _log_context(
                     rank=self.rank, state=t.dest.value, weight_version=self.weight_version, step=self.step_index
@@ -453,7 +483,7 @@ class Lifecycle:
         """Every lifecycle line names rank, state and weight version (also as ``extra`` fields)."""
         if log.isEnabledFor(level):
             extra = self._log_extra()
-            log.log(level, format_prefix(**extra) + msg, *args, extra=extra, exc_info=exc_info)
+            log.log(level, msg, *args, extra=extra, exc_info=exc_info)
 
     def _report_progress(self, now: float) -> None:
         """Called by the heartbeat thread: a line while one action runs longer than ``progress_interval_s``."""
@@ -532,21 +562,84 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ internals: actions
     def _bind_actions(self) -> dict[str, Callable[[], None]]:
+        """One interpreter of the spec: every action runs its role's adapter call, then its declared effects."""
         actions: dict[str, Callable[[], None]] = {}
         for a in self.spec.actions:
-            impl = getattr(self, f"_act_{a.name}", None)
-            if impl is None:
-                raise ConfigError("spec.actions", a.name, "an action the runtime implements")
-            actions[a.name] = impl
+            if a.role is None or not hasattr(self, f"_role_{a.role.value}"):
+                raise ConfigError("spec.actions", a.name, f"an action with a Role ({', '.join(r.value for r in Role)})")
+            actions[a.name] = self._interpreter(a)
         return actions
 
-    def _issue(self, name: str) -> None:
-        kind = self.spec.action(name).issues
-        if kind is not None:
-            self.ledger.issue(kind)
-            self.facts[Fact.HANDOFF_COMPLETE] = False
+    def _interpreter(self, a: ActionSpec) -> Callable[[], None]:
+        role_impl: Callable[[ActionSpec], None] = getattr(self, f"_role_{a.role.value}")  # type: ignore[union-attr]
 
-    def _act_build_engine(self) -> None:
+        def run() -> None:
+            self._check_preconditions(a)
+            if a.issues is not None:
+                self.ledger.issue(a.issues)
+            if a.issues is not None:
+                self.facts[Fact.HANDOFF_COMPLETE] = False
+            role_impl(a)
+            for f in a.cleared():
+                self.facts[f] = False
+            if a.role is not Role.BARRIER:  # the barrier sets handoff_complete only over a drained device
+                for f in a.sets:
+                    self.facts[f] = True
+            self.engine_condition = a.engine or self.engine_condition
+            self.collector_condition = a.collector or self.collector_condition
+            self.request_condition = a.requests or self.request_condition
+
+        return run
+
+    def _refuse(self, what: str) -> LifecycleError:
+        return LifecycleError(what, state=self.state.value, rank=self.rank, weight_version=self.weight_version)
+
+    def _check_preconditions(self, a: ActionSpec) -> None:
+        """What every action of a kind requires, read from its declaration (issues, role), not from its name."""
+        if a.issues in (Collective.TRAIN, Collective.CHECKPOINT) and (
+            self.engine_condition is not EngineCondition.SUSPENDED
+            or self.collector_condition is not CollectorCondition.PAUSED
+        ):
+            kind = "training step" if a.issues is Collective.TRAIN else "checkpoint save"
+            raise self._refuse(
+                f"{kind} ({a.name}) with engine {self.engine_condition.value} and collector "
+                f"{self.collector_condition.value}; both must be down"
+            )
+        if a.issues is Collective.DECODE:
+            if self.facts.get(Fact.SAVE_PENDING):
+                raise self._refuse(f"{a.name} with a checkpoint save not finalized (every checkpoint collective first)")
+            if self.facts.get(Fact.LAST_STEP) and (
+                a.role is Role.RESUME_COLLECTOR or not self.spec.state(self._entering).validates
+            ):
+                raise self._refuse(f"{a.name} after the last step latched (only a validation-only wake is allowed)")
+        if a.role is Role.RESUME_COLLECTOR and self.engine_condition is not EngineCondition.AWAKE:
+            raise self._refuse("collector resumed while the engine is not awake")
+        if (
+            a.role is Role.SAVE
+            and self.spec.validate_before_save
+            and self.facts.get(Fact.VALIDATE_THIS_STEP)
+            and not self._validated_this_step
+        ):
+            raise self._refuse(f"{a.name} before the step's validation (this spec validates before the save)")
+        if a.role is Role.TEARDOWN and not self.spec.state(self._entering).terminal:
+            raise self._refuse("engine teardown outside Stopped")
+
+    def _decide(self, fact: Fact) -> bool:
+        step = self.step_index
+        cd = self.checkpoint_decision
+        deadline_stop = isinstance(cd, CheckpointDecision) and cd.stops_run(step)
+        if fact is Fact.SAVE_THIS_STEP:
+            return bool(cd.decide(step))
+        last = (self.config.num_steps is not None and step + 1 >= self.config.num_steps) or deadline_stop
+        if fact is Fact.LAST_STEP:
+            return last
+        if fact is Fact.VALIDATE_THIS_STEP:
+            return bool(self.validation_decision.decide(step)) or (last and self.config.val_at_end)
+        if fact is Fact.VALIDATE_AT_START:
+            return self.config.val_at_start and step == 0
+        raise ConfigError("spec.actions", fact.value, "a fact a latch can decide")
+
+    def _role_build(self, a: ActionSpec) -> None:
         if self.facts[Fact.ENGINE_BUILT]:
             raise EngineRebuild(
                 "the colocated engine is built exactly once per run",
@@ -554,42 +647,50 @@ class Lifecycle:
                 rank=self.rank,
                 weight_version=self.weight_version,
             )
-        self._issue("build_engine")
         self.engine.bring_up()
-        self.facts[Fact.ENGINE_BUILT] = True
-        self.engine_condition = EngineCondition.AWAKE
 
-    def _act_publish_server_urls(self) -> None:
+    def _role_publish(self, a: ActionSpec) -> None:
         self.dp_openai_server_base_urls = list(self.engine.server_base_urls())
         if self._server_urls_sink is not None:
             self._server_urls_sink(list(self.dp_openai_server_base_urls))
         if self.dp_openai_server_base_urls:
             self._log(logging.INFO, "dp_openai_server_base_urls=%s", self.dp_openai_server_base_urls)
 
-    def _act_latch_step_decisions(self) -> None:
-        step = self.step_index
-        save = self.checkpoint_decision.decide(step)
-        validate = self.validation_decision.decide(step)
-        deadline_stop = isinstance(self.checkpoint_decision, CheckpointDecision) and self.checkpoint_decision.stops_run(
-            step
+    def _role_latch(self, a: ActionSpec) -> None:
+        # save first: the deadline rule that may end the run fires inside the checkpoint decision
+        order = sorted(a.decides, key=lambda f: f is not Fact.SAVE_THIS_STEP)
+        decided = {f: self._decide(f) for f in order}
+        self.facts.update(decided)
+        if Fact.SAVE_THIS_STEP in a.decides or Fact.LAST_STEP in a.decides:
+            self._latched_step = self.step_index
+            self._validated_this_step = False
+        self._log(
+            logging.INFO,
+            "step %d decisions: %s",
+            self.step_index,
+            " ".join(f"{f.value.removesuffix('_this_step').removesuffix('_step')}={v}" for f, v in decided.items()),
         )
-        last = (self.config.num_steps is not None and step + 1 >= self.config.num_steps) or deadline_stop
-        self.facts[Fact.SAVE_THIS_STEP] = save
-        self.facts[Fact.VALIDATE_THIS_STEP] = validate
-        self.facts[Fact.LAST_STEP] = last
-        self.facts[Fact.STEP_TRAINED] = False
-        self._log(logging.INFO, "step %d decisions: save=%s validate=%s last=%s", step, save, validate, last)
 
-    def _act_pause_collector(self) -> None:
+    def _role_latch_stop(self, a: ActionSpec) -> None:
+        step = self._latched_step if self._latched_step is not None else self.step_index
+        stop = bool(self.early_stop.decide(step)) if self.early_stop is not None else False
+        for f in a.decides:
+            self.facts[f] = stop
+        if stop:
+            for f in a.upgrades:
+                self.facts[f] = True
+            self._log(logging.INFO, "step %d: early stop latched (%s)", step, ", ".join(f.value for f in a.upgrades))
+
+    def _role_pause(self, a: ActionSpec) -> None:
         if self.collector is not None:
             self.collector.pause()
-        self.collector_condition = CollectorCondition.PAUSED
 
-    def _act_suspend_engine(self) -> None:
+    def _role_suspend(self, a: ActionSpec) -> None:
         self.engine.suspend()
-        self.engine_condition = EngineCondition.SUSPENDED
+        if getattr(self.engine, "decode_in_flight", False) is True:
+            raise self._refuse("engine.suspend() returned with a decode step in flight (park at a step boundary)")
 
-    def _act_drain_device(self) -> None:
+    def _role_drain(self, a: ActionSpec) -> None:
         self._drain()
         self.ledger.record_drain()
 
@@ -607,7 +708,7 @@ class Lifecycle:
             mode=report,
         )
 
-    def _act_barrier(self) -> None:
+    def _role_barrier(self, a: ActionSpec) -> None:
         self.ledger.before_barrier()
         if getattr(self._barrier, "exchanges_fingerprints", False):  # the fingerprint travels with the barrier
             self._barrier.wait(  # type: ignore[call-arg]
@@ -616,88 +717,78 @@ class Lifecycle:
         else:
             self._barrier.wait(state=self.state.value, weight_version=self.weight_version)
         self.ledger.record_barrier()
-        self.facts[Fact.HANDOFF_COMPLETE] = self.ledger.complete
+        for f in a.sets:
+            self.facts[f] = self.ledger.complete
 
-    def _act_restore_training_buffers(self) -> None:
+    def _role_restore(self, a: ActionSpec) -> None:
         self.trainer.restore_buffers()
 
-    def _act_train_step(self) -> None:
-        if self.engine_condition is EngineCondition.AWAKE:
-            raise LifecycleError(
-                "training step while the engine is awake",
-                state=self.state.value,
-                rank=self.rank,
-                weight_version=self.weight_version,
-            )
+    def _role_train(self, a: ActionSpec) -> None:
         check_training_mode(  # no training forward on a model some switch still holds in inference mode
             report_of(self.engine), state=self.state.value, rank=self.rank, weight_version=self.weight_version
         )
-        self._issue("train_step")
         result = self.trainer.train_step(self._batch)
-        self.last_result = result if isinstance(result, StepResult) else StepResult()
+        self.last_result = _step_result(result, self._batch)
 
-    def _act_bump_weight_version(self) -> None:
+    def _role_bump(self, a: ActionSpec) -> None:
         if self.facts[Fact.STEP_TRAINED]:
-            raise LifecycleError(
-                "weight version bumped twice in one step",
-                state=self.state.value,
-                rank=self.rank,
-                weight_version=self.weight_version,
-            )
+            raise self._refuse("weight version bumped twice in one step")
         self.weight_version += 1
         self.step_index += 1
-        self.facts[Fact.STEP_TRAINED] = True
 
-    def _act_offload_training_buffers(self) -> None:
+    def _role_offload(self, a: ActionSpec) -> None:
         self.trainer.offload_buffers()
 
-    def _act_save_checkpoint(self) -> None:
-        if (
-            self.engine_condition is not EngineCondition.SUSPENDED
-            or self.collector_condition is not CollectorCondition.PAUSED
-        ):
-            raise LifecycleError(
-                f"checkpoint save with engine {self.engine_condition.value} and collector "
-                f"{self.collector_condition.value}; both must be down",
-                state=self.state.value,
-                rank=self.rank,
-                weight_version=self.weight_version,
-            )
-        self._issue("save_checkpoint")
+    def _role_save(self, a: ActionSpec) -> None:
         extra: dict[str, Any] = {"colo_fsm": {"step": self.step_index, "weight_version": self.weight_version}}
+        if self.spec.validate_before_save and self._validated_this_step and self.last_validation is not None:
+            extra["validation"] = dict(self.last_validation)
         if self._checkpoint_extra is not None:
             extra.update(self._checkpoint_extra())
         self.trainer.save_checkpoint(self.step_index, self.weight_version, extra)
 
-    def _act_resume_engine(self) -> None:
-        self._issue("resume_engine")
+    def _role_finalize(self, a: ActionSpec) -> None:
+        hook = getattr(self.trainer, "finalize_checkpoint", None)
+        if callable(hook):
+            hook()
+
+    def _role_resume(self, a: ActionSpec) -> None:
+        counts = getattr(self.engine, "request_counts", None)
         self.engine.resume()
-        self.engine_condition = EngineCondition.AWAKE
+        if callable(counts):
+            left = getattr(counts(), "parked", 0)
+            if left:
+                raise self._refuse(f"engine.resume() left {left} request(s) parked (each parked request resumes once)")
 
-    def _act_resume_collector(self) -> None:
-        if self.engine_condition is not EngineCondition.AWAKE:
-            raise LifecycleError(
-                "collector resumed while the engine is not awake",
-                state=self.state.value,
-                rank=self.rank,
-                weight_version=self.weight_version,
-            )
-        self._issue("resume_collector")
+    def _role_resume_collector(self, a: ActionSpec) -> None:
         if self.collector is not None:
-            self.collector.resume()
-        self.collector_condition = CollectorCondition.RUNNING
+            if self._collector_takes_version:
+                self.collector.resume(weight_version=self.weight_version)  # type: ignore[call-arg]
+            else:
+                self.collector.resume()
 
-    def _act_shutdown_engine(self) -> None:
-        if self.state is not State.STOPPED:
-            raise LifecycleError(
-                "engine teardown outside Stopped",
-                state=self.state.value,
-                rank=self.rank,
-                weight_version=self.weight_version,
-            )
+    def _role_teardown(self, a: ActionSpec) -> None:
         if self.facts[Fact.ENGINE_BUILT] and self.engine_condition is not EngineCondition.TORN_DOWN:
             self.engine.shutdown()
-        self.engine_condition = EngineCondition.TORN_DOWN
+        for part in (self.trainer, self.collector):
+            hook = getattr(part, "teardown", None) if part is not None else None
+            if callable(hook):
+                hook()
+
+
+def _step_result(result: Any, batch: Any) -> StepResult:
+    """A trainer's return value as a :class:`StepResult`: a StepResult, a Mapping of metrics, or None."""
+    if isinstance(result, StepResult):
+        return result
+    if result is None:
+        return StepResult()
+    if isinstance(result, Mapping):
+        metrics = dict(result)
+        consumed = metrics.pop("consumed_samples", None)
+        if consumed is None:
+            consumed = len(batch) if hasattr(batch, "__len__") else 0
+        return StepResult(metrics=metrics, consumed_samples=int(consumed))
+    raise ConfigError("train_step result", type(result).__name__, "a StepResult, a Mapping of metrics, or None")
 
 
 _ENGINE_METHODS = ("bring_up", "suspend", "resume", "shutdown", "server_base_urls")

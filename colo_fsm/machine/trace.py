@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import threading
@@ -12,9 +11,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from colo_fsm.errors import ConfigError
+from colo_fsm.errors import ConfigError, TraceFileError
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.trace")
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -157,21 +157,6 @@ _REQUIRED: dict[str, tuple[type, ...]] = {
     "t_enter": (int, float),
     "t_end": (int, float),
 }
-
-
-class TraceFileError(ConfigError):
-    """A trace file is missing, unreadable or holds a line that is not a trace record; names file and line."""
-
-    def __init__(self, path: str | Path, line: int | None, problem: str) -> None:
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__("trace", where, problem)
-        self.path = str(path)
-        self.line = line
-        self.problem = problem
-        self.args = (f"{where}: {problem}",)
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 def read_trace_file(path: str | Path) -> list[TraceRecord]:

@@ -6,7 +6,9 @@
   puts both on one model object); ``generate`` in the default group, control calls (``bring_up``,
   ``suspend``, ``resume``, ``shutdown``, ``drain``, the training calls ``train_step``, ``offload_buffers``,
   ``restore_buffers``, ``save_checkpoint``, and ``info``, ``health``, ``control_log``) in the ``"control"``
-  concurrency group, so they never queue behind rollouts.
+  concurrency group, so they never queue behind rollouts. Over a request-level engine (``MegatronEngine``) a
+  worker parks: a rollout hands its requests over behind the gate and awaits its own futures, a suspend keeps
+  them in the engine at a decode-step boundary and they finish after the resume (``inflight="drain"`` waits).
 * :data:`CollectorActor` / :func:`make_collector_class` -- the replay buffer and async collector in one actor
   (``pause``/``resume`` in the control group, ``sample`` in the default group).
 * :class:`RayEngineProxy`, :class:`RayTrainerProxy`, :class:`RayCollectorProxy`, :class:`RayDrain` --

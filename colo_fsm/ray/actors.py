@@ -13,7 +13,14 @@ A worker is colocated: its ``adapters_factory`` builds the engine *and* the trai
 actor, on the same model object, so training steps, buffer offload/restore and checkpoint saves run in the
 worker's own process, on the weights its engine generates from. Training calls are control calls too (a
 training step must never queue behind rollout calls), and the worker refuses them while its engine's gate
-is open or a rollout is in flight.
+is open, a rollout is being handed over or its engine is awake.
+
+Over a request-level engine (one with ``submit()``, as :class:`~colo_fsm.adapters.megatron.MegatronEngine`
+has) a worker parks, like the in-process path (:attr:`~colo_fsm.states.rules.LifecycleRule.PARK_NOT_DRAIN`):
+a rollout call passes the gate only to *hand* its requests to the engine, then awaits its own futures; a
+``suspend`` stops the engine at a decode-step boundary with those requests kept, and they finish after
+``resume`` under the new weights (each token stamped with its weight version). ``inflight="drain"`` (or an
+engine without ``submit()``) holds the gate for the whole call, so a suspend waits for the rollouts.
 """
 
 from __future__ import annotations
@@ -21,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import inspect
-import logging
 import os
 import threading
 import time
@@ -32,15 +39,17 @@ from typing import Any
 
 import ray
 
+from colo_fsm.adapters.batching import request_seed
 from colo_fsm.adapters.protocols import Completion, GenerationEngine, StepResult, TextGenerator, Trainer
 from colo_fsm.collector.buffer import ReplayBuffer, TrajectoryGroup
 from colo_fsm.collector.collector import AsyncCollector, Prompt
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.guards.capacity import RAY_ASYNC_ACTOR_DEFAULT_MAX_CONCURRENCY, InFlightCap
 from colo_fsm.guards.drain import default_drain, local_rank_from_env
+from colo_fsm.log import get_logger
 from colo_fsm.server.server import GatedEngine
 
-log = logging.getLogger("colo_fsm.ray")
+log = get_logger(__name__)
 
 CONTROL_GROUP = "control"
 """Name of the concurrency group lifecycle control calls run in."""
@@ -155,10 +164,12 @@ class RolloutWorkerBody:
     """What a per-rank worker actor does: owns the rank's colocated engine (behind a suspend gate) and trainer.
 
     ``generate`` is the rollout path (default concurrency group). The control methods suspend/resume the
-    engine through the gate (in-flight rollouts finish first), drain the rank's own device, run the rank's
-    trainer (``train_step``, ``offload_buffers``, ``restore_buffers``, ``save_checkpoint``; one at a time, and
-    only while the gate is closed with no rollout in flight), and report info, health and a log of control
-    calls. ``adapters_factory(rank)`` is called here, inside the actor; ``local_rank`` defaults to
+    engine through the gate, drain the rank's own device, run the rank's trainer (``train_step``,
+    ``offload_buffers``, ``restore_buffers``, ``save_checkpoint``; one at a time, and only while the engine is
+    suspended with no rollout being handed over), and report info, health and a log of control calls.
+    ``inflight`` is ``"park"`` (a suspend parks the rollouts' requests in a request-level engine; they finish
+    after the resume) or ``"drain"`` (a suspend waits for them); None takes the engine's own ``inflight``
+    (default park). ``adapters_factory(rank)`` is called here, inside the actor; ``local_rank`` defaults to
     ``LOCAL_RANK`` (a malformed value raises :class:`~colo_fsm.errors.ConfigError`).
     """
 
@@ -175,6 +186,7 @@ class RolloutWorkerBody:
         drain_timeout_s: float = 300.0,
         threads: int = 32,
         local_rank: int | None = None,
+        inflight: str | None = None,
         **server_kwargs: Any,
     ) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
@@ -193,14 +205,22 @@ class RolloutWorkerBody:
         self._log: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.LOG_LIMIT)
         self._train_steps = 0
         self._saves = 0
+        if inflight is None:
+            inflight = str(getattr(getattr(adapters.engine, "inflight", None), "value", None) or "park")
+        if inflight not in ("park", "drain"):
+            raise ConfigError("inflight", inflight, "'park' (keep requests in the engine) or 'drain', or None")
+        self.inflight = inflight
         self.gated = GatedEngine(
             adapters.engine,
             generator,
             serve=serve,
             request_timeout_s=request_timeout_s,
             drain_timeout_s=drain_timeout_s,
+            inflight=inflight,
             **server_kwargs,
         )
+        submit = getattr(generator, "submit", None)
+        self._submit = submit if callable(submit) and self.gated.tokenizer is not None else None
         self._agenerate = getattr(generator, "agenerate", None)
         if not inspect.iscoroutinefunction(self._agenerate):
             self._agenerate = None
@@ -209,14 +229,23 @@ class RolloutWorkerBody:
         self._max_active = 0
         self._calls = 0
         self._completed = 0
+        self._requests = 0  # engine requests handed over by rollout calls
+        self._answered = 0  # of those, resolved (any finish reason)
 
     # ------------------------------------------------------------------ rollout path
     async def generate(
         self, prompts: Sequence[str], max_tokens: int, temperature: float = 0.0, seed: int | None = None
     ) -> list[Completion]:
-        """Generate one completion per prompt on this rank (waits while the engine is suspended)."""
+        """Generate one completion per prompt on this rank (waits while the engine is suspended).
+
+        Over a request-level engine with ``inflight="park"`` only the hand-over holds the gate: a suspend
+        arriving later parks these requests and they are answered after the resume. A seeded call gives
+        prompt ``i`` the seed ``request_seed(seed, i)`` (as ``MegatronEngine.generate`` does).
+        """
         self._calls += 1
         try:
+            if self._submit is not None:
+                return await self._generate_requests(list(prompts), max_tokens, temperature, seed)
             async with self.gated.gate.admit_async(self.gated.request_timeout_s):
                 self._active += 1
                 self._max_active = max(self._max_active, self._active)
@@ -242,6 +271,42 @@ class RolloutWorkerBody:
         finally:
             self._completed += 1
 
+    async def _generate_requests(
+        self, prompts: list[str], max_tokens: int, temperature: float, seed: int | None
+    ) -> list[Completion]:
+        """Hand every prompt to the engine behind the gate, leave the gate (park), await the futures."""
+        tok = self.gated.tokenizer
+        submit = self._submit
+        assert submit is not None and tok is not None
+        ids = [tok.tokenize(p) for p in prompts]
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self.gated.gate.admit_async(self.gated.request_timeout_s))
+            handles: list[Any] = []
+            try:
+                for i, p in enumerate(ids):
+                    handles.append(
+                        submit(p, max_tokens=max_tokens, temperature=temperature, seed=request_seed(seed, i))
+                    )
+            except BaseException:
+                for h in handles:  # a bad prompt in the list: withdraw the ones already handed over
+                    h.cancel()
+                raise
+            self._requests += len(handles)
+            if self.inflight == "park":
+                await stack.aclose()  # handed over: a suspend may come now and parks these requests
+            self._active += 1
+            self._max_active = max(self._max_active, self._active)
+            try:
+                outs = await asyncio.gather(*(h.wait() for h in handles))
+            except BaseException:
+                for h in handles:  # cancelled (ray.cancel) or failed: free the others' engine slots
+                    h.cancel()
+                raise
+            finally:
+                self._active -= 1
+                self._answered += sum(1 for h in handles if h.done())
+        return [_completion(o) for o in outs]
+
     # ------------------------------------------------------------------ control (own concurrency group)
     async def _logged(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` in a thread and record the call (wall-clock start and end) in the control log."""
@@ -260,7 +325,10 @@ class RolloutWorkerBody:
         return list(self.gated.server_base_urls())
 
     async def suspend(self) -> float:
-        """Close the gate, let in-flight rollouts finish, suspend the engine; returns seconds taken."""
+        """Close the gate, suspend the engine; returns seconds taken.
+
+        ``park``: the engine stops at a decode-step boundary and the rollouts' requests stay parked in it;
+        ``drain`` (or an engine without ``submit()``): in-flight rollouts finish first."""
         t0 = time.monotonic()
         await self._logged("suspend", self.gated.suspend)
         return time.monotonic() - t0
@@ -291,11 +359,13 @@ class RolloutWorkerBody:
             )
         with self._train_lock:
             gate = self.gated.gate
-            if gate.is_open or gate.in_flight:
+            inner = self.gated.inner
+            awake = bool(getattr(inner, "awake", False)) or bool(getattr(inner, "decode_in_flight", False))
+            if gate.is_open or gate.in_flight or awake:
                 raise LifecycleError(
                     f"{name} on worker rank {self.rank} while its engine is not suspended (gate "
-                    f"{'open' if gate.is_open else 'closed'}, {gate.in_flight} rollout(s) in flight): decode and "
-                    "training must never overlap on a rank",
+                    f"{'open' if gate.is_open else 'closed'}, {gate.in_flight} rollout(s) in flight, engine "
+                    f"{'awake' if awake else 'suspended'}): decode and training must never overlap on a rank",
                     rank=self.rank,
                 )
             return getattr(self.trainer, name)(*args)
@@ -344,8 +414,10 @@ class RolloutWorkerBody:
 
     async def health(self) -> dict[str, Any]:
         """Rank, gate state, rollouts running now (and the most at once), ``generate`` calls received and
-        returned (``completed``, successful or not), trainer steps and saves, and the gate's counters."""
-        return {
+        returned (``completed``, successful or not), trainer steps and saves, the gate's counters, the inflight
+        policy, engine requests handed over and answered, and, over a request-level engine, its request counts
+        (``queued``/``running``/``parked``), ``engine_steps`` and ``steps_while_suspended`` (must stay 0)."""
+        out: dict[str, Any] = {
             "rank": self.rank,
             "gate": self.gated.gate.state(),
             "active": self._active,
@@ -355,11 +427,36 @@ class RolloutWorkerBody:
             "train_steps": self._train_steps,
             "saves": self._saves,
             **self.gated.gate.counters(),
+            "inflight": self.inflight,
+            "requests": self._requests,
+            "answered": self._answered,
         }
+        inner = self.gated.inner
+        counts = getattr(inner, "request_counts", None)
+        if callable(counts):
+            q, r, p = counts()
+            out.update(queued=int(q), running=int(r), parked=int(p))
+        for key, attr in (("engine_steps", "steps"), ("steps_while_suspended", "steps_while_suspended")):
+            v = getattr(inner, attr, None)
+            if isinstance(v, int) and not isinstance(v, bool):
+                out[key] = v
+        return out
 
     async def ping(self) -> float:
         """The actor's clock; the cheapest control call (for latency measurements)."""
         return time.time()
+
+
+def _completion(o: Any) -> Completion:
+    """The text-protocol :class:`Completion` of an engine's ``TokenCompletion`` (versions and log-probs kept)."""
+    return Completion(
+        text=o.text,
+        token_ids=tuple(o.token_ids),
+        weight_version=int(o.weight_version),
+        finish_reason=o.finish_reason,
+        weight_versions=tuple(int(v) for v in o.weight_versions),
+        logprobs=tuple(float(x) for x in o.logprobs),
+    )
 
 
 def rank_local(rank: int | None = None) -> int:

@@ -23,8 +23,9 @@ from colo_fsm.adapters.protocols import Completion, StepResult
 from colo_fsm.collector.buffer import TrajectoryGroup
 from colo_fsm.collector.collector import Prompt
 from colo_fsm.errors import ConfigError, WaitTimeout
+from colo_fsm.log import get_logger
 
-log = logging.getLogger("colo_fsm.ray")
+log = get_logger(__name__)
 
 
 def init_ray(address: str | None = None, **kwargs: Any) -> dict[str, Any]:
@@ -97,7 +98,8 @@ class RayEngineProxy:
         self._urls = [u for urls in self._all("bring_up") for u in urls]
 
     def suspend(self) -> None:
-        """Suspend every worker (each lets its in-flight rollouts finish first)."""
+        """Suspend every worker: each parks its rollouts' requests in its engine at a decode-step boundary
+        (``inflight="park"``, answered after the resume) or lets them finish first (``"drain"``)."""
         self.suspend_seconds.append(self._all("suspend"))
 
     def resume(self) -> None:

@@ -35,6 +35,7 @@ from colo_fsm.server.gate import SuspendGate
 from colo_fsm.server.params import (
     MAX_N,
     MAX_TOKENS_LIMIT,
+    MAX_TOP_LOGPROBS,
     BadRequest,
     Body,
     OnPolicy,
@@ -52,7 +53,7 @@ from colo_fsm.server.runner import (
     check_request_size,
 )
 
-log = get_logger("colo_fsm.server")
+log = get_logger(__name__)
 
 DEFAULT_MAX_REQUEST_TOKENS = 1 << 15
 ChatTemplate = Callable[[Sequence[Mapping[str, str]]], str]
@@ -180,6 +181,7 @@ def create_app(
     engine: Any = generator if callable(getattr(generator, "submit", None)) else None
     tok: Any = tokenizer if tokenizer is not None else getattr(generator, "tokenizer", None)
     max_len = int(getattr(generator, "max_sequence_length", 0) or 0)
+    max_top = _max_top_logprobs(engine)
     agenerate = getattr(generator, "agenerate", None)
     use_async = inspect.iscoroutinefunction(agenerate)
     served = {"completions": 0, "chat": 0, "responses": 0, "unavailable": 0, "bad_request": 0, "errors": 0}
@@ -312,6 +314,7 @@ def create_app(
         for param, on in (
             ("stream", s.stream),
             ("logprobs", s.logprobs),
+            ("top_logprobs", s.top_logprobs > 0),
             ("stop", bool(s.stop)),
             ("stop_token_ids", bool(s.stop_token_ids)),
             ("top_p", s.top_p != 1.0),
@@ -379,6 +382,13 @@ def create_app(
         except TypeError:
             return str(tok.detokenize([t]))
 
+    def _top_dicts(tops: Sequence[Any], n: int, s: Sampling) -> list[dict[str, float]] | None:
+        """Completions' ``top_logprobs``: per token, ``{token text: logprob}`` of its alternatives."""
+        if not s.top_logprobs:
+            return None
+        padded = list(tops) + [()] * (n - len(tops))
+        return [{_tok_str(t, s): float(v) for t, v in top} for top in padded[:n]]
+
     def _completion_logprobs(o: ChoiceResult, s: Sampling) -> dict[str, Any] | None:
         if not s.logprobs:
             return None
@@ -387,15 +397,27 @@ def create_app(
         for t in toks:
             offsets.append(pos)
             pos += len(t)
-        return {"tokens": toks, "token_logprobs": list(o.logprobs), "top_logprobs": None, "text_offset": offsets}
+        return {
+            "tokens": toks,
+            "token_logprobs": list(o.logprobs),
+            "top_logprobs": _top_dicts(o.top_logprobs, len(toks), s),
+            "text_offset": offsets,
+        }
 
-    def _chat_logprobs(ids: Sequence[int], lps: Sequence[float], s: Sampling) -> dict[str, Any] | None:
+    def _chat_logprobs(
+        ids: Sequence[int], lps: Sequence[float], s: Sampling, tops: Sequence[Any] = ()
+    ) -> dict[str, Any] | None:
         if not s.logprobs:
             return None
         content = []
-        for t, lp in zip(ids, lps):
+        padded = list(tops) + [()] * (len(ids) - len(tops))
+        for t, lp, top in zip(ids, lps, padded):
             ts = _tok_str(t, s)
-            content.append({"token": ts, "logprob": lp, "bytes": list(ts.encode("utf-8")), "top_logprobs": []})
+            alts = []
+            for at, av in top if s.top_logprobs else ():
+                a_s = _tok_str(at, s)
+                alts.append({"token": a_s, "logprob": float(av), "bytes": list(a_s.encode("utf-8"))})
+            content.append({"token": ts, "logprob": lp, "bytes": list(ts.encode("utf-8")), "top_logprobs": alts})
         return {"content": content, "refusal": None}
 
     def _versions(outs: Sequence[ChoiceResult]) -> int | None:
@@ -436,13 +458,20 @@ def create_app(
         done: list[ChoiceResult | None] = [None] * n
         hold = max((len(x) for x in s.stop), default=1) - 1  # text that may still become a stop string
 
-        def chunk(i: int, text: str, lp_ids: Sequence[int], lps: Sequence[float], finish: str | None) -> bytes:
+        def chunk(
+            i: int,
+            text: str,
+            lp_ids: Sequence[int],
+            lps: Sequence[float],
+            finish: str | None,
+            tops: Sequence[Any] = (),
+        ) -> bytes:
             if kind == "chat":
                 delta: dict[str, Any] = {"content": text} if text or finish is None else {}
                 choice: dict[str, Any] = {
                     "index": i,
                     "delta": delta,
-                    "logprobs": _chat_logprobs(lp_ids, lps, s) if lp_ids else None,
+                    "logprobs": _chat_logprobs(lp_ids, lps, s, tops) if lp_ids else None,
                     "finish_reason": finish,
                 }
             else:
@@ -451,7 +480,7 @@ def create_app(
                     lpo = {
                         "tokens": [_tok_str(t, s) for t in lp_ids],
                         "token_logprobs": list(lps),
-                        "top_logprobs": None,
+                        "top_logprobs": _top_dicts(tops, len(lp_ids), s),
                         "text_offset": [],
                     }
                 choice = {"index": i, "text": text, "logprobs": lpo, "finish_reason": finish}
@@ -493,7 +522,7 @@ def create_app(
                     upto = len(text) if hit is not None else max(sent[i], len(text) - hold)
                     delta = text[sent[i] : upto]
                     sent[i] = max(sent[i], upto)
-                    yield chunk(i, delta, [ev[2]], [ev[3]], None)
+                    yield chunk(i, delta, [ev[2]], [ev[3]], None, [ev[5]] if len(ev) > 5 else [])
                 else:
                     o = ev[2]
                     done[i] = o
@@ -536,7 +565,7 @@ def create_app(
         raw_prompt = body.raw("prompt")
         if raw_prompt is None:
             raise BadRequest("prompt", "is required")
-        s = read_sampling(body, chat=False, default_max_tokens=cfg.default_max_tokens)
+        s = read_sampling(body, chat=False, default_max_tokens=cfg.default_max_tokens, max_top_logprobs=max_top)
         body.finish()
         _policy(s)
         if engine is None:
@@ -593,7 +622,7 @@ def create_app(
         body = await _read(request)
         model = body.get_str("model", None) or model_name
         msgs = _messages(body.raw("messages"))
-        s = read_sampling(body, chat=True, default_max_tokens=cfg.default_max_tokens)
+        s = read_sampling(body, chat=True, default_max_tokens=cfg.default_max_tokens, max_top_logprobs=max_top)
         body.finish()
         _policy(s)
         prompt = _chat_prompt(msgs)
@@ -620,7 +649,7 @@ def create_app(
                     "message": {"role": "assistant", "content": o.text, "tool_calls": []},
                     "finish_reason": o.finish_reason,
                     "stop_reason": o.stop_reason,
-                    "logprobs": _chat_logprobs(o.token_ids, o.logprobs, s),
+                    "logprobs": _chat_logprobs(o.token_ids, o.logprobs, s, o.top_logprobs),
                     "token_ids": list(o.token_ids),
                     "weight_versions": list(o.weight_versions),
                 }
@@ -651,7 +680,9 @@ def create_app(
         else:
             raise BadRequest("input", f"expected a string or a list of messages, got {short(raw)}")
         mot = body.get_int("max_output_tokens", None, 1, MAX_TOKENS_LIMIT)
-        s = read_sampling(body, chat=True, default_max_tokens=cfg.default_max_tokens)
+        s = read_sampling(body, chat=True, default_max_tokens=cfg.default_max_tokens, max_top_logprobs=max_top)
+        if s.top_logprobs:
+            raise BadRequest("top_logprobs", "not supported on /v1/responses; use /v1/chat/completions")
         if mot is not None:
             s = replace(s, max_tokens=mot)
         if s.stream:
@@ -803,6 +834,20 @@ def create_app(
     app.state.served = served
     app.state.settings = cfg
     return app
+
+
+def _max_top_logprobs(engine: Any) -> int:
+    """How many alternatives per token ``engine`` records: its ``config.max_top_logprobs`` (default
+    :data:`~colo_fsm.server.params.MAX_TOP_LOGPROBS`), or 0 when its ``submit()`` takes no ``top_logprobs``."""
+    if engine is None:
+        return 0
+    try:
+        params = inspect.signature(engine.submit).parameters
+    except (TypeError, ValueError):
+        return 0
+    if "top_logprobs" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return 0
+    return int(getattr(getattr(engine, "config", None), "max_top_logprobs", MAX_TOP_LOGPROBS))
 
 
 def _unsupported(param: str) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from colo_fsm.errors import ConfigError, ServerUnavailable, WaitTimeout
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.server.gate")
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from colo_fsm.errors import ColoFsmError
+from colo_fsm.errors import BadRequest
 
 MAX_N = 64
 MAX_TOKENS_LIMIT = 1 << 16
 MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20
+"""The default bound of ``logprobs`` (completions) / ``top_logprobs`` (chat); the engine's own bound wins."""
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 _SHORT = 40
 
@@ -27,14 +29,6 @@ def short(value: Any, limit: int = _SHORT) -> str:
     """``repr(value)`` cut to ``limit`` characters (a 5 MB prompt never comes back in an error)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
-
-
-class BadRequest(ColoFsmError):
-    """A request the server refuses with a 400 naming the field (``param``)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        self.param = param
-        super().__init__(f"{param}: {message}")
 
 
 @dataclass(frozen=True)
@@ -50,6 +44,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token (completions: logprobs=k; chat: top_logprobs=k)
     stream: bool = False
     include_usage: bool = False
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprob tokens as "token_id:<id>"
@@ -222,10 +217,31 @@ def _stop_ids(body: Body) -> tuple[int, ...]:
     return tuple(v)
 
 
+def _top(body: Body, key: str, limit: int) -> int | None:
+    """``body[key]`` as a count of alternatives in [0, ``limit``] (None when absent or null)."""
+    v = body.raw(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(key, f"expected an integer in [0, {limit}], got {short(v)}")
+    if not 0 <= v <= limit:
+        raise BadRequest(key, f"{short(v)} is out of range [0, {limit}] (this engine's max_top_logprobs is {limit})")
+    return v
+
+
 def read_sampling(
-    body: Body, *, chat: bool, max_tokens_key: str = "max_tokens", default_max_tokens: int = 16
+    body: Body,
+    *,
+    chat: bool,
+    max_tokens_key: str = "max_tokens",
+    default_max_tokens: int = 16,
+    max_top_logprobs: int = MAX_TOP_LOGPROBS,
 ) -> Sampling:
-    """The sampling fields shared by completions, chat and responses (consumed from ``body``)."""
+    """The sampling fields shared by completions, chat and responses (consumed from ``body``).
+
+    Completions take ``logprobs: k`` (the sampled token's log-prob plus its ``k`` most likely alternatives);
+    chat takes ``logprobs: true`` and ``top_logprobs: k``. ``k`` is bounded by ``max_top_logprobs``.
+    """
     max_tokens = body.get_int(max_tokens_key, None, 1, MAX_TOKENS_LIMIT)
     if chat:
         alias = body.get_int("max_completion_tokens", None, 1, MAX_TOKENS_LIMIT)
@@ -237,21 +253,14 @@ def read_sampling(
     n = body.get_int("n", 1, 1, MAX_N) or 1
     if chat:
         logprobs = body.get_bool("logprobs", False)
-        top = body.get_int("top_logprobs", None, 0, 20)
-        if top:
-            raise BadRequest(
-                "top_logprobs",
-                f"{top} is not supported: the engine records only the sampled token's log-prob (use 0)",
-            )
+        top = _top(body, "top_logprobs", max_top_logprobs)
         if top is not None and not logprobs:
             raise BadRequest("top_logprobs", "needs logprobs=true")
+        top_logprobs = top or 0
     else:
-        lp = body.get_int("logprobs", None, 0, 20)
-        if lp:
-            raise BadRequest(
-                "logprobs", f"{lp} is not supported: the engine records only the sampled token's log-prob (use 0)"
-            )
+        lp = _top(body, "logprobs", max_top_logprobs)
         logprobs = lp is not None
+        top_logprobs = lp or 0
     stream = body.get_bool("stream", False)
     opts = body.raw("stream_options")
     include_usage = False
@@ -275,6 +284,7 @@ def read_sampling(
         stop=_stop(body),
         stop_token_ids=_stop_ids(body),
         logprobs=logprobs,
+        top_logprobs=top_logprobs,
         stream=stream,
         include_usage=include_usage,
         tokens_as_ids=tokens_as_ids,
@@ -312,6 +322,7 @@ class OnPolicy:
 __all__ = [
     "MAX_N",
     "MAX_TOKENS_LIMIT",
+    "MAX_TOP_LOGPROBS",
     "BadRequest",
     "Body",
     "OnPolicy",

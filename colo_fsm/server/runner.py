@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from colo_fsm.errors import ColoFsmError
+from colo_fsm.errors import ClientGone, ServerStopping
 from colo_fsm.log import get_logger
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.server.params import BadRequest, Sampling
 
-log = get_logger("colo_fsm.server")
+log = get_logger(__name__)
 
 try:  # the engine's request-level API
     from colo_fsm.adapters.batching import Priority
@@ -38,14 +38,6 @@ class TokenEngine(Protocol):
         """Queue one request; returns a handle with ``future``, ``cancel()`` and ``done()``."""
 
 
-class ServerStopping(ColoFsmError):
-    """The engine was shut down under a request (HTTP 503 without Retry-After)."""
-
-
-class ClientGone(ColoFsmError):
-    """The client disconnected; its request was cancelled in the engine."""
-
-
 @dataclass(frozen=True)
 class ChoiceResult:
     """One finished choice: what the engine generated, with the text cut at a stop string."""
@@ -58,6 +50,7 @@ class ChoiceResult:
     text: str
     finish_reason: str
     stop_reason: str | int | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # per token, when asked: (token_id, logprob)
 
 
 def _cut(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
@@ -84,12 +77,12 @@ class _Choice:
         self.handle: Any = None
         self.sink: Callable[[tuple[Any, ...]], None] | None = None
 
-    def on_token(self, token_id: int, logprob: float, version: int) -> bool | None:
+    def on_token(self, token_id: int, logprob: float, version: int, top: Any = ()) -> bool | None:
         if self.cancelled:
             return False
         self.ids.append(int(token_id))
         if self.sink is not None:
-            self.sink(("token", self.index, int(token_id), float(logprob), int(version)))
+            self.sink(("token", self.index, int(token_id), float(logprob), int(version), tuple(top or ())))
         if self.sampling.stop:
             _, hit = _cut(self.detok(self.ids), self.sampling.stop)
             if hit is not None:
@@ -118,6 +111,7 @@ class _Choice:
             text,
             finish,
             stop_reason,
+            tuple(tuple(top) for top in getattr(completion, "top_logprobs", ()) or ())[: len(token_ids)],
         )
 
 
@@ -154,6 +148,7 @@ class RequestRun:
         await self._stack.enter_async_context(self.gate.admit_async(self.timeout_s))
         try:
             s = self.sampling
+            extra = {"top_logprobs": s.top_logprobs} if s.top_logprobs else {}  # only engines that record them
             for c in self.choices:
                 c.sink = sink
                 c.handle = self.engine.submit(
@@ -166,6 +161,7 @@ class RequestRun:
                     stop_token_ids=s.stop_token_ids,
                     priority=self.priority,
                     on_token=c.on_token,
+                    **extra,
                 )
         except BaseException:
             self.cancel()
@@ -216,7 +212,7 @@ class RequestRun:
         return results
 
     async def events(self) -> AsyncIterator[tuple[Any, ...]]:
-        """Start streaming: ``("token", index, id, logprob, version)`` and ``("done", index, ChoiceResult)``."""
+        """Start streaming: ``("token", index, id, logprob, version, top)`` and ``("done", index, ChoiceResult)``."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
 

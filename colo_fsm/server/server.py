@@ -26,7 +26,7 @@ from colo_fsm.server.app import ChatTemplate, ServerSettings, create_app, defaul
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.states.spec import LIFECYCLE, EngineCondition, LifecycleSpec
 
-log = get_logger("colo_fsm.server")
+log = get_logger(__name__)
 
 LOOPBACK = "127.0.0.1"
 
@@ -142,11 +142,11 @@ class OpenAIServer:
 
 
 def serving_state(state: Any, spec: LifecycleSpec = LIFECYCLE) -> bool:
-    """Whether requests may be admitted in ``state``: the spec declares the engine AWAKE there and the machine
-    rests there (waits for the training loop), so no action of a handoff is running. Read from the spec, not
-    from a list of state names: in the shipped lifecycle that is Generating and Validating."""
+    """Whether requests may be admitted in ``state``: the spec declares ``serves_requests`` there (the static
+    validator holds that to resting states with the engine AWAKE, so no action of a handoff is running). Read
+    from the spec, not from a list of state names: in the shipped lifecycle that is Generating and Validating."""
     st = spec.state(state)
-    return st.resting and st.engine is EngineCondition.AWAKE
+    return st.serves_requests and st.resting and st.engine is EngineCondition.AWAKE
 
 
 def admit_while_serving(lifecycle: Any, spec: LifecycleSpec | None = None) -> Callable[[], bool]:

@@ -1,5 +1,6 @@
 """The declarative lifecycle: states, actions and transitions as data."""
 
+from colo_fsm.states.presets import NEMO_RL, PRESETS, resolve_spec
 from colo_fsm.states.spec import (
     ACTIONS,
     LIFECYCLE,
@@ -11,6 +12,8 @@ from colo_fsm.states.spec import (
     EngineCondition,
     Fact,
     LifecycleSpec,
+    RequestCondition,
+    Role,
     State,
     StateSpec,
     TransitionSpec,
@@ -19,6 +22,8 @@ from colo_fsm.states.spec import (
 __all__ = [
     "ACTIONS",
     "LIFECYCLE",
+    "NEMO_RL",
+    "PRESETS",
     "STATES",
     "TRANSITIONS",
     "ActionSpec",
@@ -27,7 +32,10 @@ __all__ = [
     "EngineCondition",
     "Fact",
     "LifecycleSpec",
+    "RequestCondition",
+    "Role",
     "State",
     "StateSpec",
     "TransitionSpec",
+    "resolve_spec",
 ]

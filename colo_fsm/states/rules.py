@@ -7,7 +7,13 @@ the rule they check, and ``docs/lifecycle.md`` lists them (generated from :data:
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Callable
 from enum import StrEnum
+from typing import Any, TypeVar
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class LifecycleRule(StrEnum):
@@ -41,6 +47,30 @@ class LifecycleRule(StrEnum):
     def statement(self) -> str:
         """The rule in one line."""
         return _STATEMENTS[self]
+
+    def tag(self, text: str) -> str:
+        """``text`` marked as about this rule (``"[build-once] text"``); :func:`rule_in` reads the mark back."""
+        return f"[{self.value}] {text}"
+
+    @classmethod
+    def of(cls, ref: LifecycleRule | str | int) -> LifecycleRule:
+        """The rule ``ref`` names: a member, its value (``"build-once"``), its name (``"BUILD_ONCE"``), its
+        :attr:`number`, or a text starting with one of these and a colon (``"2: drain before the barrier"``)."""
+        if isinstance(ref, LifecycleRule):
+            return ref
+        if isinstance(ref, int) and not isinstance(ref, bool):
+            if 1 <= ref <= len(RULES):
+                return RULES[ref - 1]
+        elif isinstance(ref, str):
+            key = ref.split(":", 1)[0].strip()
+            if key.isdigit():
+                return cls.of(int(key))
+            for rule in cls:
+                if key in (rule.value, rule.name):
+                    return rule
+        from colo_fsm.errors import ConfigError
+
+        raise ConfigError("rule", ref, f"a LifecycleRule, its value, its name or its number 1..{len(RULES)}")
 
 
 _HEADINGS: dict[LifecycleRule, str] = {
@@ -120,4 +150,48 @@ _STATEMENTS: dict[LifecycleRule, str] = {
 RULES: tuple[LifecycleRule, ...] = tuple(LifecycleRule)
 """Every lifecycle rule, in order."""
 
-__all__ = ["RULES", "LifecycleRule"]
+
+def checks(rule: LifecycleRule) -> Callable[[_F], _F]:
+    """Mark a check (an invariant, a property) with the rule it checks: the function gets ``lifecycle_rule``,
+    and an ``AssertionError`` it raises is re-raised with the rule's value in front of the message."""
+
+    def mark(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except AssertionError as exc:
+                raise AssertionError(rule.tag(str(exc))) from exc
+
+        checked.lifecycle_rule = rule  # type: ignore[attr-defined]
+        return checked  # type: ignore[return-value]
+
+    return mark
+
+
+def rule_of(check: Callable[..., Any]) -> LifecycleRule | None:
+    """The rule :func:`checks` marked ``check`` with, or None."""
+    rule = getattr(check, "lifecycle_rule", None)
+    return rule if isinstance(rule, LifecycleRule) else None
+
+
+def rule_in(text: str | None) -> LifecycleRule | None:
+    """The first rule a message is marked with (:meth:`LifecycleRule.tag`), or None."""
+    for m in _TAG.finditer(text or ""):
+        if m.group(1) in _BY_VALUE:
+            return _BY_VALUE[m.group(1)]
+    return None
+
+
+_TAG = re.compile(r"\[([a-z-]+)\]")
+_BY_VALUE = {r.value: r for r in RULES}
+
+
+def rules_table() -> str:
+    """The rules as a Markdown table (number, key, heading, statement): the generated block of docs/lifecycle.md."""
+    rows = ["| # | rule | heading | statement |", "|---|---|---|---|"]
+    rows += [f"| {r.number} | `{r.name}` | {r.heading} | {r.statement} |" for r in RULES]
+    return "\n".join(rows) + "\n"
+
+
+__all__ = ["RULES", "LifecycleRule", "checks", "rule_in", "rule_of", "rules_table"]

@@ -13,6 +13,10 @@ Vocabulary:
   to Failed.
 * An **automatic** transition is fired by the machine itself as soon as its source state is entered and its
   guards hold; user triggers are fired by the training loop.
+* Every action declares its **effects**: its :class:`Role` (what the runtime does for it), the adapter call it
+  makes (``calls``), the facts it sets, clears or decides, the collective work it issues and the conditions it
+  leaves. The runtime applies these declarations itself, and every tool (checker, hypothesis kit, fault
+  matrix, server admission, docs tables) reads them, so a user's variant is checked from its own data.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class State(StrEnum):
     CHECKPOINTING = "Checkpointing"
     VALIDATING = "Validating"
     WAKING = "Waking"
+    CONCLUDING = "Concluding"  # after a validation-only wake: the early-stop latch, then save / stop / resume
     DONE = "Done"
     STOPPED = "Stopped"
     FAILED = "Failed"
@@ -46,6 +51,15 @@ class EngineCondition(StrEnum):
     SUSPENDED = "suspended"  # no decode; KV kept, offloaded or freed per KV mode
     TORN_DOWN = "torn_down"
     UNKNOWN = "unknown"  # after a failure: whatever the failing action left
+
+
+class RequestCondition(StrEnum):
+    """What the engine does with the requests it holds (rollouts, validation, HTTP)."""
+
+    NONE = "none"  # no engine to hold requests (not built yet, or torn down: what was left is aborted)
+    RUNNING = "running"  # the engine steps its active requests
+    PARKED = "parked"  # kept in the engine at a decode-step boundary, no decode step runs; resumed once
+    UNKNOWN = "unknown"  # after a failure
 
 
 class CollectorCondition(StrEnum):
@@ -74,6 +88,54 @@ class Fact(StrEnum):
     VALIDATE_THIS_STEP = "validate_this_step"  # latched validation decision of the current step
     LAST_STEP = "last_step"  # the current step is the run's last
     STEP_TRAINED = "step_trained"  # this step's optimizer step ran and the weight version was bumped once
+    VALIDATE_AT_START = "validate_at_start"  # the run validates once before the first step (latched at start)
+    STOP_EARLY = "stop_early"  # latched once after a step's validation: the step becomes save-and-stop
+    SAVE_PENDING = "save_pending"  # an (async) checkpoint save started and is not finalized yet
+
+
+FACT_DESCRIPTIONS: dict[Fact, str] = {
+    Fact.ENGINE_BUILT: "Build once: start is refused once it is set, and a second build raises EngineRebuild.",
+    Fact.HANDOFF_COMPLETE: (
+        "One communicator: true only after this rank drained its own device (the one LOCAL_RANK names) and every "
+        "rank met the barrier, with no collective work issued since; train, generate and resume require it."
+    ),
+    Fact.SAVE_THIS_STEP: (
+        "Decide once: whether this step checkpoints, evaluated once at begin_step; every later site reads the "
+        "latched answer (a must-save-by deadline that fires once cannot be lost by a second query)."
+    ),
+    Fact.VALIDATE_THIS_STEP: "The same latch for validation (val_at_end makes the last step validate).",
+    Fact.LAST_STEP: (
+        "The run's last step (num_steps, or a deadline save that ends the run); it routes the end of the step to "
+        "Done, so collection never resumes."
+    ),
+    Fact.STEP_TRAINED: "Weight versions: the optimizer step ran and the version was bumped exactly once.",
+    Fact.VALIDATE_AT_START: "val_at_start: the run validates once before its first step.",
+    Fact.STOP_EARLY: "Latched once after a step's validation; it upgrades the step to save-and-stop.",
+    Fact.SAVE_PENDING: "An async save started and is not finalized: no wake and no end of the run until it is.",
+}
+"""Why each fact exists (the docs table reads it)."""
+
+
+class Role(StrEnum):
+    """What the runtime does for an action; the action's name is free, its role is not."""
+
+    BUILD = "build"  # bring the engine up (once)
+    PUBLISH = "publish"  # publish the server base URLs
+    LATCH = "latch"  # decide the facts in ``decides`` once (the step's decisions, validation at start)
+    LATCH_STOP = "latch_stop"  # the early-stop decision, after validation; True upgrades the step (``upgrades``)
+    PAUSE = "pause"  # collector stops issuing rollouts
+    SUSPEND = "suspend"  # engine parks its requests at a decode-step boundary
+    DRAIN = "drain"  # synchronize this rank's own device
+    BARRIER = "barrier"  # every rank meets (sets handoff_complete when the own device was drained)
+    RESTORE = "restore"  # training buffers back
+    TRAIN = "train"  # one optimizer step
+    BUMP = "bump"  # weight version + 1, once per step
+    OFFLOAD = "offload"  # training buffers freed
+    SAVE = "save"  # checkpoint save (may finish in the background)
+    FINALIZE = "finalize"  # wait until every collective of the save has completed
+    RESUME = "resume"  # engine resumes its parked requests
+    RESUME_COLLECTOR = "resume_collector"  # collector issues rollouts again (given the weight version)
+    TEARDOWN = "teardown"  # engine shut down, then the trainer's and collector's optional teardown
 
 
 @dataclass(frozen=True)
@@ -87,17 +149,49 @@ class StateSpec:
     resting: bool = False  # the machine waits here for a user trigger
     terminal: bool = False
     final: bool = False  # the run is over here: no further training step can start
+    requests: RequestCondition = RequestCondition.NONE  # what the engine does with the requests it holds
+    serves_requests: bool = False  # the server admits new requests here
+    validates: bool = False  # the validator runs here (a validation-only wake)
+    ends_step: bool = False  # a training step that reaches this state is over
+
+    @property
+    def runs_rollouts(self) -> bool:
+        """Whether the collector issues rollouts here."""
+        return self.collector is CollectorCondition.RUNNING
 
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """An effect the machine can run. ``issues`` names collective work the action puts on the device."""
+    """An effect the machine can run, with its declared effects.
+
+    ``role`` says what the runtime does; ``calls`` is the adapter call it makes (``(component, method)``);
+    ``sets``/``clears`` are facts it makes True/False; ``decides`` are facts a latch evaluates once (True or
+    False); ``upgrades`` are facts a latch sets True when its decision is True; ``issues`` names collective work
+    the action puts on the device (which also clears ``handoff_complete``); ``engine``, ``collector`` and
+    ``requests`` are the conditions after it.
+    """
 
     name: str
     description: str
     issues: Collective | None = None
     engine: EngineCondition | None = None  # engine condition after the action
     collector: CollectorCondition | None = None  # collector condition after the action
+    role: Role | None = None
+    calls: tuple[str, str] | None = None
+    sets: tuple[Fact, ...] = ()
+    clears: tuple[Fact, ...] = ()
+    decides: tuple[Fact, ...] = ()
+    upgrades: tuple[Fact, ...] = ()
+    requests: RequestCondition | None = None  # request condition after the action
+
+    def cleared(self) -> tuple[Fact, ...]:
+        """Every fact this action makes False: the declared ones, plus handoff_complete when it issues work."""
+        extra = (Fact.HANDOFF_COMPLETE,) if self.issues is not None and Fact.HANDOFF_COMPLETE not in self.clears else ()
+        return (*self.clears, *extra)
+
+    def writes(self) -> tuple[Fact, ...]:
+        """Every fact this action can make True."""
+        return tuple(dict.fromkeys((*self.sets, *self.decides, *self.upgrades)))
 
 
 @dataclass(frozen=True)
@@ -133,6 +227,8 @@ class LifecycleSpec:
     initial: State = State.CREATED
     failed: State = State.FAILED
     fail_trigger: str = "fail"  # fired by the machine itself when an action raises, from any failable state
+    validate_before_save: bool = False  # a step that validates and saves validates first (metrics go into the save)
+    name: str = "lifecycle"
     _by_state: dict[State, StateSpec] = field(init=False, repr=False, compare=False)
     _by_action: dict[str, ActionSpec] = field(init=False, repr=False, compare=False)
     _outgoing: dict[State, tuple[TransitionSpec, ...]] = field(init=False, repr=False, compare=False)
@@ -183,23 +279,98 @@ class LifecycleSpec:
     def __iter__(self) -> Iterator[TransitionSpec]:
         return iter(self.transitions)
 
+    def adapter_calls(self) -> dict[tuple[str, str], str]:
+        """Which action each adapter call implements, read from the actions' declared ``calls``."""
+        return {a.calls: a.name for a in self.actions if a.calls is not None}
 
-E, C = EngineCondition, CollectorCondition
+    def with_role(self, *roles: Role) -> tuple[str, ...]:
+        """Names of the actions whose role is one of ``roles``."""
+        return tuple(a.name for a in self.actions if a.role in roles)
+
+    def guard_facts(self) -> tuple[Fact, ...]:
+        """Every fact some guard reads."""
+        return tuple(dict.fromkeys(f for t in self.transitions for f in (*t.when, *t.unless)))
+
+    def writers(self, fact: Fact) -> tuple[str, ...]:
+        """Actions that can make ``fact`` True."""
+        return tuple(a.name for a in self.actions if fact in a.writes())
+
+    def reset_facts(self) -> tuple[Fact, ...]:
+        """Every fact some action clears."""
+        return tuple(dict.fromkeys(f for a in self.actions for f in a.cleared()))
+
+
+E, C, R = EngineCondition, CollectorCondition, RequestCondition
 S = State
+F = Fact
 
 STATES: tuple[StateSpec, ...] = (
     StateSpec(S.CREATED, "Nothing is up yet.", E.ABSENT, C.PAUSED, resting=True),
-    StateSpec(S.STARTING, "Engine (and server) built once; ranks meet before collection.", E.AWAKE, C.PAUSED),
-    StateSpec(S.GENERATING, "Engine decodes; the collector issues rollouts.", E.AWAKE, C.RUNNING, resting=True),
-    StateSpec(S.DRAINING, "Collector paused, engine suspended, own device drained, barrier.", E.SUSPENDED, C.PAUSED),
-    StateSpec(S.TRAINING, "One optimizer step on the shared model; weight version bumped once.", E.SUSPENDED, C.PAUSED),
-    StateSpec(S.CHECKPOINTING, "Distributed save; engine and collector stay down throughout.", E.SUSPENDED, C.PAUSED),
     StateSpec(
-        S.VALIDATING, "Engine awake for validation only; collector stays paused.", E.AWAKE, C.PAUSED, resting=True
+        S.STARTING,
+        "Engine (and server) built once; ranks meet before collection.",
+        E.AWAKE,
+        C.PAUSED,
+        requests=R.RUNNING,
     ),
-    StateSpec(S.WAKING, "Training buffers offloaded, own device drained, barrier; then resume.", E.SUSPENDED, C.PAUSED),
     StateSpec(
-        S.DONE, "The last step is done; the engine is not woken again.", E.SUSPENDED, C.PAUSED, resting=True, final=True
+        S.GENERATING,
+        "Engine decodes; the collector issues rollouts.",
+        E.AWAKE,
+        C.RUNNING,
+        resting=True,
+        requests=R.RUNNING,
+        serves_requests=True,
+        ends_step=True,
+    ),
+    StateSpec(
+        S.DRAINING,
+        "Collector paused, engine suspended (requests parked), own device drained, barrier.",
+        E.SUSPENDED,
+        C.PAUSED,
+        requests=R.PARKED,
+    ),
+    StateSpec(
+        S.TRAINING,
+        "One optimizer step on the shared model; weight version bumped once.",
+        E.SUSPENDED,
+        C.PAUSED,
+        requests=R.PARKED,
+    ),
+    StateSpec(
+        S.CHECKPOINTING,
+        "Distributed save; engine and collector stay down throughout.",
+        E.SUSPENDED,
+        C.PAUSED,
+        requests=R.PARKED,
+    ),
+    StateSpec(
+        S.VALIDATING,
+        "Engine awake for validation only; collector stays paused.",
+        E.AWAKE,
+        C.PAUSED,
+        resting=True,
+        requests=R.RUNNING,
+        serves_requests=True,
+        validates=True,
+        ends_step=True,
+    ),
+    StateSpec(
+        S.WAKING,
+        "Training buffers offloaded, own device drained, barrier; then resume.",
+        E.SUSPENDED,
+        C.PAUSED,
+        requests=R.PARKED,
+    ),
+    StateSpec(
+        S.DONE,
+        "The last step is done; the engine is not woken again.",
+        E.SUSPENDED,
+        C.PAUSED,
+        resting=True,
+        final=True,
+        requests=R.PARKED,
+        ends_step=True,
     ),
     StateSpec(
         S.STOPPED,
@@ -217,6 +388,7 @@ STATES: tuple[StateSpec, ...] = (
         C.UNKNOWN,
         resting=True,
         final=True,
+        requests=R.UNKNOWN,
     ),
 )
 
@@ -226,26 +398,111 @@ ACTIONS: tuple[ActionSpec, ...] = (
         "Bring the colocated engine (and its server) up; exactly once per run.",
         Collective.BUILD,
         engine=E.AWAKE,
+        role=Role.BUILD,
+        calls=("engine", "bring_up"),
+        sets=(F.ENGINE_BUILT,),
+        requests=R.RUNNING,
     ),
-    ActionSpec("publish_server_urls", "Publish dp_openai_server_base_urls for external agents."),
-    ActionSpec("latch_step_decisions", "Decide once whether this step checkpoints, validates, is the last."),
-    ActionSpec("pause_collector", "Stop issuing rollouts.", collector=C.PAUSED),
-    ActionSpec("suspend_engine", "Suspend decode (KV kept, offloaded or freed per KV mode).", engine=E.SUSPENDED),
-    ActionSpec("drain_device", "torch.cuda.synchronize on the device named by LOCAL_RANK."),
-    ActionSpec("barrier", "Every rank meets; requires this rank's device drained first."),
-    ActionSpec("restore_training_buffers", "Bring gradient buffers / optimizer state back."),
-    ActionSpec("train_step", "One optimizer step on the shared model.", Collective.TRAIN),
-    ActionSpec("bump_weight_version", "weight_version += 1, exactly once per step."),
-    ActionSpec("offload_training_buffers", "Free training-only memory; generation reads the weights in place."),
-    ActionSpec("save_checkpoint", "Distributed checkpoint save (world-wide collectives).", Collective.CHECKPOINT),
     ActionSpec(
-        "resume_engine", "Signal decode to resume; only after drain and barrier.", Collective.DECODE, engine=E.AWAKE
+        "publish_server_urls",
+        "Publish dp_openai_server_base_urls for external agents.",
+        role=Role.PUBLISH,
+        calls=("engine", "server_base_urls"),
     ),
-    ActionSpec("resume_collector", "Start issuing rollouts again.", Collective.DECODE, collector=C.RUNNING),
-    ActionSpec("shutdown_engine", "Tear the engine down; only on the way to Stopped.", engine=E.TORN_DOWN),
+    ActionSpec(
+        "latch_step_decisions",
+        "Decide once whether this step checkpoints, validates, is the last.",
+        role=Role.LATCH,
+        decides=(F.SAVE_THIS_STEP, F.VALIDATE_THIS_STEP, F.LAST_STEP),
+        clears=(F.STEP_TRAINED,),
+    ),
+    ActionSpec(
+        "pause_collector",
+        "Stop issuing rollouts (rollouts in flight stay parked in the engine).",
+        collector=C.PAUSED,
+        role=Role.PAUSE,
+        calls=("collector", "pause"),
+    ),
+    ActionSpec(
+        "suspend_engine",
+        "Stop at a decode-step boundary and suspend; requests parked (KV kept, offloaded or freed per KV mode).",
+        engine=E.SUSPENDED,
+        role=Role.SUSPEND,
+        calls=("engine", "suspend"),
+        requests=R.PARKED,
+    ),
+    ActionSpec(
+        "drain_device",
+        "torch.cuda.synchronize on the device named by LOCAL_RANK.",
+        role=Role.DRAIN,
+        calls=("device", "synchronize"),
+    ),
+    ActionSpec(
+        "barrier",
+        "Every rank meets; requires this rank's device drained first.",
+        role=Role.BARRIER,
+        calls=("barrier", "wait"),
+        sets=(F.HANDOFF_COMPLETE,),
+    ),
+    ActionSpec(
+        "restore_training_buffers",
+        "Bring gradient buffers / optimizer state back.",
+        role=Role.RESTORE,
+        calls=("trainer", "restore_buffers"),
+    ),
+    ActionSpec(
+        "train_step",
+        "One optimizer step on the shared model.",
+        Collective.TRAIN,
+        role=Role.TRAIN,
+        calls=("trainer", "train_step"),
+    ),
+    ActionSpec(
+        "bump_weight_version",
+        "weight_version += 1, exactly once per step.",
+        role=Role.BUMP,
+        sets=(F.STEP_TRAINED,),
+    ),
+    ActionSpec(
+        "offload_training_buffers",
+        "Free training-only memory; generation reads the weights in place.",
+        role=Role.OFFLOAD,
+        calls=("trainer", "offload_buffers"),
+    ),
+    ActionSpec(
+        "save_checkpoint",
+        "Distributed checkpoint save (world-wide collectives).",
+        Collective.CHECKPOINT,
+        role=Role.SAVE,
+        calls=("trainer", "save_checkpoint"),
+    ),
+    ActionSpec(
+        "resume_engine",
+        "Signal decode to resume (parked requests continue, each once); only after drain and barrier.",
+        Collective.DECODE,
+        engine=E.AWAKE,
+        role=Role.RESUME,
+        calls=("engine", "resume"),
+        requests=R.RUNNING,
+    ),
+    ActionSpec(
+        "resume_collector",
+        "Start issuing rollouts again, at the current weight version.",
+        Collective.DECODE,
+        collector=C.RUNNING,
+        role=Role.RESUME_COLLECTOR,
+        calls=("collector", "resume"),
+    ),
+    ActionSpec(
+        "shutdown_engine",
+        "Tear the engine down (requests left are aborted), then the trainer's and collector's optional teardown.",
+        engine=E.TORN_DOWN,
+        role=Role.TEARDOWN,
+        calls=("engine", "shutdown"),
+        requests=R.NONE,
+    ),
 )
 
-F = Fact
 _HANDOFF = ("drain_device", "barrier")
 _SUSPEND_ALL = ("pause_collector", "suspend_engine", *_HANDOFF)
 _OFFLOAD = ("offload_training_buffers", *_HANDOFF)
@@ -385,11 +642,12 @@ TRANSITIONS: tuple[TransitionSpec, ...] = (
     ),
 )
 
-LIFECYCLE = LifecycleSpec(states=STATES, actions=ACTIONS, transitions=TRANSITIONS)
+LIFECYCLE = LifecycleSpec(states=STATES, actions=ACTIONS, transitions=TRANSITIONS, name="lifecycle")
 """The colocation lifecycle colo-fsm ships."""
 
 __all__ = [
     "ACTIONS",
+    "FACT_DESCRIPTIONS",
     "LIFECYCLE",
     "STATES",
     "TRANSITIONS",
@@ -399,6 +657,8 @@ __all__ = [
     "EngineCondition",
     "Fact",
     "LifecycleSpec",
+    "RequestCondition",
+    "Role",
     "State",
     "StateSpec",
     "TransitionSpec",

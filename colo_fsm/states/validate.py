@@ -9,15 +9,26 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from colo_fsm.errors import ConfigError
-from colo_fsm.states.spec import CollectorCondition, EngineCondition, Fact, LifecycleSpec, State
+from colo_fsm.errors import SpecError
+from colo_fsm.states.rules import LifecycleRule
+from colo_fsm.states.spec import (
+    Collective,
+    CollectorCondition,
+    EngineCondition,
+    Fact,
+    LifecycleSpec,
+    RequestCondition,
+    Role,
+    State,
+)
 
-
-class SpecError(ConfigError):
-    """The lifecycle spec breaks a structural rule; the message names the transition and the rule."""
-
-    def __init__(self, where: str, rule: str) -> None:
-        super().__init__(where, "(spec)", rule)
+_REQUESTS_FOR_ENGINE = {
+    EngineCondition.ABSENT: RequestCondition.NONE,
+    EngineCondition.TORN_DOWN: RequestCondition.NONE,
+    EngineCondition.AWAKE: RequestCondition.RUNNING,
+    EngineCondition.SUSPENDED: RequestCondition.PARKED,
+    EngineCondition.UNKNOWN: RequestCondition.UNKNOWN,
+}
 
 
 def _fact_assignments() -> list[dict[Fact, bool]]:
@@ -28,41 +39,132 @@ def _fact_assignments() -> list[dict[Fact, bool]]:
 def validate_spec(spec: LifecycleSpec) -> None:
     """Raise :class:`SpecError` on the first structural rule ``spec`` breaks.
 
-    Rules: actions and states exist; every state is reachable; nothing enters the initial state;
-    ``build_engine`` runs only when leaving the initial state, ``shutdown_engine`` only on the way into a
-    terminal state; every ``barrier`` directly follows a ``drain_device`` with no collective-issuing action
-    between; for each state and trigger at most one transition is enabled under any facts; and each
-    transition's actions take the source state's declared engine/collector condition to the destination's.
+    Rules: actions and states exist and every action has a role; every state is reachable; nothing enters the
+    initial state; the build runs only when leaving the initial state, the teardown only on the way into a
+    terminal state; every barrier directly follows a drain with no collective-issuing action between; for each
+    state and trigger at most one transition is enabled under any facts; each transition's actions take the
+    source state's declared engine/collector/request conditions to the destination's; every fact a guard reads
+    is set by some action; on every path, work of one kind starts only after the previous kind was drained and
+    met at a barrier (so a validation-only wake is drained, barriered and suspended before a save); an async
+    save is finalized before any wake and before the run ends; an early stop upgrades its step to save-and-stop;
+    requests are served only in resting states with the engine awake.
     """
     names = {a.name for a in spec.actions}
     declared = {s.state for s in spec.states}
+    for a in spec.actions:
+        if a.role is None:
+            raise SpecError(f"action {a.name}", f"every action declares its Role (one of {', '.join(Role)})")
+        if a.role is Role.LATCH_STOP and not {Fact.SAVE_THIS_STEP, Fact.LAST_STEP} <= set(a.upgrades):
+            raise SpecError(
+                f"action {a.name}",
+                f"[{LifecycleRule.STEP_ORDER_IS_DATA}] an early stop upgrades its step to save-and-stop "
+                "(upgrades save_this_step and last_step)",
+            )
+    for s in spec.states:
+        if s.requests is not _REQUESTS_FOR_ENGINE[s.engine]:
+            raise SpecError(
+                f"state {s.state.value}",
+                f"[{LifecycleRule.PARK_NOT_DRAIN}] requests {s.requests.value} with the engine {s.engine.value} "
+                f"(expected {_REQUESTS_FOR_ENGINE[s.engine].value})",
+            )
+        if s.serves_requests and not (s.resting and s.engine is EngineCondition.AWAKE):
+            raise SpecError(
+                f"state {s.state.value}", "requests are served only in resting states with the engine awake"
+            )
+    written = {f for act in spec.actions for f in act.writes()}
     for t in spec.transitions:
         where = f"{t.trigger}: {t.source.value} -> {t.dest.value}"
         if t.source not in declared or t.dest not in declared:
             raise SpecError(where, "source and destination are declared states")
-        for a in t.actions:
-            if a not in names:
-                raise SpecError(where, f"action {a!r} is declared in spec.actions")
+        for name in t.actions:
+            if name not in names:
+                raise SpecError(where, f"action {name!r} is declared in spec.actions")
         if t.dest == spec.initial:
             raise SpecError(where, f"no transition re-enters {spec.initial.value} (the engine is built once)")
-        if "build_engine" in t.actions and t.source != spec.initial:
-            raise SpecError(where, f"build_engine only on transitions leaving {spec.initial.value}")
-        if "shutdown_engine" in t.actions and not spec.state(t.dest).terminal:
-            raise SpecError(where, "shutdown_engine only on transitions into a terminal state (Stopped)")
+        roles = {spec.action(a).role: a for a in t.actions}
+        if Role.BUILD in roles and t.source != spec.initial:
+            raise SpecError(where, f"{roles[Role.BUILD]} only on transitions leaving {spec.initial.value}")
+        if Role.TEARDOWN in roles and not spec.state(t.dest).terminal:
+            raise SpecError(where, f"{roles[Role.TEARDOWN]} only on transitions into a terminal state (Stopped)")
         _check_handoff_order(spec, t.actions, where)
         _check_conditions(spec, t, where)
+        for f in (*t.when, *t.unless):
+            if f not in written:
+                raise SpecError(
+                    where, f"the guard reads {f.value}, which no action sets (declare it in an action's sets)"
+                )
     _check_reachable(spec)
     _check_deterministic(spec)
+    _check_paths(spec)
+
+
+_PathState = tuple[State, Collective | None, bool, bool, bool]  # state, last kind, handed off, drained, save pending
+
+
+def _check_paths(spec: LifecycleSpec) -> None:
+    """Walk every path (guards ignored, but those reading save_pending honoured) tracking device work."""
+    start: _PathState = (spec.initial, None, True, True, False)
+    seen = {start}
+    queue = deque([start])
+    while queue:
+        state, last, handed, drained, pending = queue.popleft()
+        for t in spec.outgoing(state):
+            if (Fact.SAVE_PENDING in t.when and not pending) or (Fact.SAVE_PENDING in t.unless and pending):
+                continue
+            where = f"{t.trigger}: {t.source.value} -> {t.dest.value}"
+            cur_last, cur_handed, cur_drained, cur_pending = last, handed, drained, pending
+            for name in t.actions:
+                a = spec.action(name)
+                kind = a.issues
+                if kind is not None:
+                    if kind is Collective.DECODE and cur_pending:
+                        raise SpecError(
+                            f"{where} · {name}",
+                            f"[{LifecycleRule.CHECKPOINT_SUSPENDS}] the async save is finalized (every checkpoint "
+                            "collective done) before any wake: this path skips the finalize",
+                        )
+                    if cur_last is not None and cur_last is not kind and not cur_handed:
+                        hint = (
+                            " (a validation-only wake is drained, barriered and suspended before the first "
+                            "checkpoint collective)"
+                            if cur_last is Collective.DECODE and kind is Collective.CHECKPOINT
+                            else ""
+                        )
+                        raise SpecError(
+                            f"{where} · {name}",
+                            f"[{LifecycleRule.ONE_COMMUNICATOR}] {kind.value} work starts after {cur_last.value} "
+                            f"work with no drain + barrier in between{hint}",
+                        )
+                    cur_last, cur_handed, cur_drained = kind, False, False
+                if a.role is Role.DRAIN:
+                    cur_drained = True
+                elif a.role is Role.BARRIER:
+                    cur_handed = cur_handed or cur_drained
+                if Fact.SAVE_PENDING in a.writes():
+                    cur_pending = True
+                if Fact.SAVE_PENDING in a.cleared():
+                    cur_pending = False
+            if cur_pending and spec.state(t.dest).final:
+                raise SpecError(
+                    where,
+                    f"[{LifecycleRule.CHECKPOINT_SUSPENDS}] the async save is finalized before the run ends: "
+                    f"{t.dest.value} is reached with the save pending (the finalize can be skipped)",
+                )
+            nxt = (t.dest, cur_last, cur_handed, cur_drained, cur_pending)
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
 
 
 def _check_handoff_order(spec: LifecycleSpec, actions: tuple[str, ...], where: str) -> None:
     drained = False
     for a in actions:
-        if a == "drain_device":
+        role = spec.action(a).role
+        if role is Role.DRAIN:
             drained = True
-        elif a == "barrier":
+        elif role is Role.BARRIER:
             if not drained:
-                raise SpecError(where, "every barrier directly follows drain_device (drain own device first)")
+                raise SpecError(where, f"every barrier ({a}) directly follows a drain (drain own device first)")
             drained = False
         elif spec.action(a).issues is not None:
             drained = False
@@ -70,11 +172,12 @@ def _check_handoff_order(spec: LifecycleSpec, actions: tuple[str, ...], where: s
 
 def _check_conditions(spec: LifecycleSpec, t, where: str) -> None:  # type: ignore[no-untyped-def]
     src, dst = spec.state(t.source), spec.state(t.dest)
-    engine, collector = src.engine, src.collector
+    engine, collector, requests = src.engine, src.collector, src.requests
     for a in t.actions:
         act = spec.action(a)
         engine = act.engine or engine
         collector = act.collector or collector
+        requests = act.requests or requests
     if (
         dst.engine is not EngineCondition.UNKNOWN
         and engine is not dst.engine
@@ -90,6 +193,16 @@ def _check_conditions(spec: LifecycleSpec, t, where: str) -> None:  # type: igno
     ):
         raise SpecError(
             where, f"actions leave the collector {collector.value}; {dst.state.value} declares {dst.collector.value}"
+        )
+    if (
+        dst.requests is not RequestCondition.UNKNOWN
+        and requests is not dst.requests
+        and src.requests is not RequestCondition.UNKNOWN
+    ):
+        raise SpecError(
+            where,
+            f"[{LifecycleRule.PARK_NOT_DRAIN}] actions leave the requests {requests.value}; "
+            f"{dst.state.value} declares {dst.requests.value}",
         )
 
 

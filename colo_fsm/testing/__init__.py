@@ -14,6 +14,8 @@ How colo-fsm proves itself (mutants, fault injection, component properties) is n
 repository's ``tests/support/``.
 """
 
+from typing import Any
+
 from colo_fsm.testing.checker import CheckResult, StepPlan, check, check_all
 from colo_fsm.testing.fakes import (
     FakeClock,
@@ -26,20 +28,43 @@ from colo_fsm.testing.fakes import (
     RecordingTrainer,
     recording_adapters,
 )
-from colo_fsm.testing.lifecycle_machine import (
-    Adapters,
-    LifecycleMachine,
-    check_lifecycle,
-    lifecycle_machine,
-    lifecycle_test_case,
-    recording_fakes,
+from colo_fsm.testing.profiles import CI_PROFILE, DEEP_PROFILE, DEV_PROFILE, hypothesis_available, lifecycle_settings
+from colo_fsm.testing.scenarios import SCENARIOS
+
+# The lifecycle machine needs hypothesis (the ``[testing]`` extra). Without it the fakes, the checker and the
+# pytest plugin still import, and asking for a machine name says what to install.
+_MACHINE = (
+    "Adapters",
+    "LifecycleMachine",
+    "check_lifecycle",
+    "lifecycle_machine",
+    "lifecycle_test_case",
+    "recording_fakes",
 )
-from colo_fsm.testing.profiles import CI_PROFILE, DEEP_PROFILE, DEV_PROFILE, lifecycle_settings
+if hypothesis_available():
+    from colo_fsm.testing.lifecycle_machine import (
+        Adapters,
+        LifecycleMachine,
+        check_lifecycle,
+        lifecycle_machine,
+        lifecycle_test_case,
+        recording_fakes,
+    )
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name in _MACHINE:
+            raise ModuleNotFoundError(
+                f"colo_fsm.testing.{name} needs hypothesis: pip install 'colo-fsm[testing]'", name="hypothesis"
+            )
+        raise AttributeError(f"module 'colo_fsm.testing' has no attribute {name!r}")
+
 
 __all__ = [
     "CI_PROFILE",
     "DEEP_PROFILE",
     "DEV_PROFILE",
+    "SCENARIOS",
     "Adapters",
     "CheckResult",
     "FakeClock",

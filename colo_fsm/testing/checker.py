@@ -10,7 +10,8 @@ drain synchronizes comes from the real drain implementation's :meth:`~colo_fsm.g
 target_device`, so a drain of the calling thread's device is caught. (Work finishing on its own earlier can only
 remove work from flight, so keeping it in flight until the drain is the worst case for every property below.)
 
-Properties, checked in every reachable state:
+Properties, checked in every reachable state (a violation is marked with the
+:class:`~colo_fsm.states.rules.LifecycleRule` it breaks, :attr:`CheckResult.rule`):
 
 * **one communicator, never interleaved**: no two kinds of collective work in flight at once on any ranks
   (in particular no decode on one rank while another has training or checkpoint work in flight);
@@ -40,6 +41,7 @@ from typing import Any, Protocol
 
 from colo_fsm.errors import ConfigError
 from colo_fsm.guards.drain import DeviceDrain
+from colo_fsm.states.rules import LifecycleRule, rule_in
 from colo_fsm.states.spec import (
     LIFECYCLE,
     Collective,
@@ -47,10 +49,14 @@ from colo_fsm.states.spec import (
     EngineCondition,
     Fact,
     LifecycleSpec,
+    RequestCondition,
+    Role,
     State,
     TransitionSpec,
 )
-from colo_fsm.testing.scenarios import SCENARIOS, StepPlan
+from colo_fsm.testing.scenarios import EXTRA_SCENARIOS, SCENARIOS, VAL_AT_START_SCENARIOS, StepPlan, scenarios_for
+
+R = LifecycleRule
 
 
 class DrainTarget(Protocol):
@@ -77,6 +83,8 @@ class Op:
     action: str
     issues: Collective | None
     step: int | None
+    role: Role | None = None
+    pending: int = 0  # +1: starts a save that runs on in the background; -1: finalizes it
 
     def label(self) -> str:
         t = self.transition
@@ -95,79 +103,131 @@ class Program:
     final_state: State = State.CREATED
 
 
-def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan]) -> Program:
+_STEP_FACTS = (Fact.SAVE_THIS_STEP, Fact.VALIDATE_THIS_STEP, Fact.LAST_STEP)
+
+
+def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start: bool = False) -> Program:
     """The transitions the spec selects for ``steps`` (the last one is the run's last), flattened into ops.
 
-    Guards are evaluated on facts the actions set, exactly as the runtime does: ``build_engine`` sets
-    engine_built, ``latch_step_decisions`` the step's decisions, ``bump_weight_version`` step_trained, and a
-    ``barrier`` reached with the own device drained sets handoff_complete (any issuing action clears it).
-    Problems found while planning (a stuck state, a second build, a teardown outside a terminal state, training
-    with the engine awake, a double or missing bump, a wake after the last step) are returned in ``problems``.
+    Guards are evaluated on facts the actions declare (``sets``, ``clears``, ``decides``, ``upgrades``), exactly
+    as the runtime applies them; a latch's decisions come from ``steps`` (and ``val_at_start``). Problems found
+    while planning are returned in ``problems``: a stuck state, a second build, a teardown outside a terminal
+    state, training or a save with the engine awake, a double or missing bump, a collector resumed after the
+    last step latched (an engine resume then only into a validation-only state), a wake with an async save not
+    finalized, a decode step while requests are parked, a parked request resumed twice, a save before the
+    step's validation in a validate-before-save spec, and a step that saved other than its decisions say (an
+    early stop saves and ends the run).
     """
     facts: dict[Fact, bool] = dict.fromkeys(Fact, False)
     state = spec.initial
     ops: list[Op] = []
     engine_before: list[EngineCondition] = []
     collector_before: list[CollectorCondition] = []
-    engine, collector = spec.state(state).engine, spec.state(state).collector
+    st0 = spec.state(state)
+    engine, collector, requests = st0.engine, st0.collector, st0.requests
     problems: list[str] = []
     drained = True
     builds = 0
     bumps = 0
     step: int | None = None
     last_latched = False
+    validated = False
+    saves: dict[int, int] = {}
+    early_stopped: int | None = None
+    has_stop_latch = any(a.role is Role.LATCH_STOP for a in spec.actions)
+
+    def decision(fact: Fact, plan: StepPlan, i: int) -> bool:
+        return {
+            Fact.SAVE_THIS_STEP: plan.save,
+            Fact.VALIDATE_THIS_STEP: plan.validate,
+            Fact.LAST_STEP: i == len(steps) - 1,
+            Fact.VALIDATE_AT_START: val_at_start,
+            Fact.STOP_EARLY: plan.early_stop,
+        }.get(fact, False)
 
     def run(t: TransitionSpec) -> None:
-        nonlocal state, engine, collector, drained, builds, bumps, step, last_latched
+        nonlocal state, engine, collector, requests, drained, builds, bumps, step, last_latched, validated
+        nonlocal early_stopped
+        if spec.state(t.source).validates and t.dest != t.source:
+            validated = True
         for name in t.actions:
             act = spec.action(name)
-            op = Op(len(ops), t, name, act.issues, step)
-            where = op.label()
-            if name == "latch_step_decisions":
+            role = act.role
+            if role is Role.LATCH and any(f in _STEP_FACTS for f in act.decides):
                 step = 0 if step is None else step + 1
-                op = Op(len(ops), t, name, act.issues, step)
-                plan = steps[step] if step < len(steps) else StepPlan()
-                facts[Fact.SAVE_THIS_STEP] = plan.save
-                facts[Fact.VALIDATE_THIS_STEP] = plan.validate
-                facts[Fact.LAST_STEP] = step == len(steps) - 1
-                facts[Fact.STEP_TRAINED] = False
-                last_latched = last_latched or facts[Fact.LAST_STEP]
                 bumps = 0
+                validated = False
+            pending = 1 if Fact.SAVE_PENDING in act.writes() else -1 if Fact.SAVE_PENDING in act.cleared() else 0
+            op = Op(len(ops), t, name, act.issues, step, role, pending)
+            where = op.label()
+            plan = steps[step] if step is not None and step < len(steps) else StepPlan()
             ops.append(op)
             engine_before.append(engine)
             collector_before.append(collector)
-            if name == "build_engine":
-                builds += 1
-                if builds > 1:
-                    problems.append(f"{where}: the engine is built a second time (build once)")
-                facts[Fact.ENGINE_BUILT] = True
-            elif name == "shutdown_engine" and not spec.state(t.dest).terminal:
-                problems.append(f"{where}: engine torn down on the way to {t.dest.value} (teardown only at Stopped)")
-            elif name == "bump_weight_version":
-                bumps += 1
-                facts[Fact.STEP_TRAINED] = True
-            elif name == "drain_device":
-                drained = True
-            elif name == "barrier":
-                facts[Fact.HANDOFF_COMPLETE] = drained
             if act.issues is not None:
                 if act.issues in (Collective.TRAIN, Collective.CHECKPOINT) and (
                     engine is EngineCondition.AWAKE or collector is CollectorCondition.RUNNING
                 ):
+                    rule = R.CHECKPOINT_SUSPENDS if act.issues is Collective.CHECKPOINT else R.ONE_COMMUNICATOR
                     problems.append(
-                        f"{where}: {act.issues.value} work starts with the engine {engine.value} and "
-                        f"the collector {collector.value} (both must be down)"
+                        rule.tag(
+                            f"{where}: {act.issues.value} work starts with the engine {engine.value} and "
+                            f"the collector {collector.value} (both must be down)"
+                        )
                     )
-                if act.issues is Collective.DECODE and last_latched:
-                    problems.append(
-                        f"{where}: decode resumed after the last step latched (the last step never wakes the engine)"
-                    )
-                if act.issues is Collective.DECODE and engine is not EngineCondition.AWAKE and name != "resume_engine":
-                    problems.append(f"{where}: decode work with the engine {engine.value}")
+                if act.issues is Collective.DECODE:
+                    if last_latched and (role is not Role.RESUME or not spec.state(t.dest).validates):
+                        problems.append(
+                            R.CHECKPOINT_SUSPENDS.tag(
+                                f"{where}: decode resumed after the last step latched (the last step never resumes "
+                                "collection; only a validation-only wake)"
+                            )
+                        )
+                    if facts[Fact.SAVE_PENDING]:
+                        problems.append(
+                            R.CHECKPOINT_SUSPENDS.tag(f"{where}: the engine wakes before the async save was finalized")
+                        )
+                    if role is not Role.RESUME and engine is not EngineCondition.AWAKE:
+                        problems.append(R.PARK_NOT_DRAIN.tag(f"{where}: decode work with the engine {engine.value}"))
+                    if role is not Role.RESUME and requests is RequestCondition.PARKED:
+                        problems.append(R.PARK_NOT_DRAIN.tag(f"{where}: a decode step while requests are parked"))
                 drained = False
                 facts[Fact.HANDOFF_COMPLETE] = False
+            if role is Role.RESUME and requests is not RequestCondition.PARKED:
+                problems.append(f"{where}: resume with requests {requests.value} (each parked request resumes once)")
+            if role is Role.BUILD:
+                builds += 1
+                if builds > 1:
+                    problems.append(R.BUILD_ONCE.tag(f"{where}: the engine is built a second time (build once)"))
+            elif role is Role.TEARDOWN and not spec.state(t.dest).terminal:
+                problems.append(
+                    R.BUILD_ONCE.tag(
+                        f"{where}: engine torn down on the way to {t.dest.value} (teardown only at Stopped)"
+                    )
+                )
+            elif role is Role.BUMP:
+                bumps += 1
+            elif role is Role.DRAIN:
+                drained = True
+            elif role is Role.SAVE and step is not None:
+                saves[step] = saves.get(step, 0) + 1
+                if spec.validate_before_save and facts[Fact.VALIDATE_THIS_STEP] and not validated:
+                    problems.append(f"{where}: the save runs before the step's validation (validate before save)")
+            if role in (Role.LATCH, Role.LATCH_STOP):
+                for f in act.decides:
+                    facts[f] = decision(f, plan, step if step is not None else 0)
+                if role is Role.LATCH_STOP and any(facts[f] for f in act.decides):
+                    early_stopped = step
+                    for f in act.upgrades:
+                        facts[f] = True
+            for f in act.cleared():
+                facts[f] = False
+            for f in act.sets:
+                facts[f] = drained if role is Role.BARRIER else True
+            last_latched = last_latched or facts[Fact.LAST_STEP]
             engine = act.engine or engine
             collector = act.collector or collector
+            requests = act.requests or requests
         state = t.dest
 
     def automatic() -> bool:
@@ -192,17 +252,40 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan]) -> Program:
         run(t)
         return automatic()
 
-    ok = fire("start")
+    def end_validations() -> bool:
+        ok = True
+        while ok and spec.state(state).validates and spec.select(state, "end_validation", facts) is not None:
+            ok = fire("end_validation")
+        return ok
+
+    ok = fire("start") and end_validations()
+    ran = 0
     for i in range(len(steps)):
-        if not ok:
+        if not ok or spec.state(state).final:
             break
+        ran += 1
         ok = fire("begin_step") and fire("train")
         if ok and bumps != 1:
-            problems.append(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
-        if ok and state is State.VALIDATING:
-            ok = fire("end_validation")
+            problems.append(
+                R.WEIGHT_VERSIONS.tag(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
+            )
+        ok = ok and end_validations()
+    if ok:
+        for i in range(ran):
+            plan = steps[i]
+            stops = has_stop_latch and plan.early_stop and plan.validate
+            want = 1 if plan.save or stops else 0
+            if saves.get(i, 0) != want:
+                problems.append(
+                    f"step {i} ({plan.label()}): {saves.get(i, 0)} save(s), the decisions say {want}"
+                    + (" (an early stop saves and ends the run)" if stops else "")
+                )
+            if stops and ran != i + 1:
+                problems.append(f"step {i}: the early stop latched, yet the run went on to step {i + 1}")
+        if early_stopped is not None and not has_stop_latch:  # pragma: no cover - defensive
+            problems.append("an early stop without an early-stop latch")
     if ok and not spec.state(state).terminal:
-        if state is not State.DONE:
+        if not spec.state(state).final:
             problems.append(f"after the last step the machine is in {state.value}, not Done")
         ok = fire("stop")
     if ok and not spec.state(state).terminal:
@@ -212,10 +295,22 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan]) -> Program:
 
 # ---------------------------------------------------------------------------------------------- search
 _KIND_BIT = {k: 1 << i for i, k in enumerate(Collective)}
+_PENDING_BIT = 1 << len(Collective)  # an async save's collectives, running on until its finalize (not a drain)
+_DEVICE_BITS = _PENDING_BIT - 1
 
 
 def _kinds(mask: int) -> list[str]:
-    return [k.value for k, b in _KIND_BIT.items() if mask & b]
+    kinds = [k.value for k, b in _KIND_BIT.items() if mask & b]
+    if mask & _PENDING_BIT and Collective.CHECKPOINT.value not in kinds:
+        kinds.append(Collective.CHECKPOINT.value)
+    return kinds
+
+
+def _label(mask: int) -> list[str]:
+    out = [k.value for k, b in _KIND_BIT.items() if mask & b]
+    if mask & _PENDING_BIT:
+        out.append("async checkpoint (not finalized)")
+    return out
 
 
 RankState = tuple[int, bool, int]  # pc, arrived at a barrier, in-flight kinds on this rank's device (bit mask)
@@ -235,6 +330,11 @@ class CheckResult:
     symmetry_reduction: bool
     violation: str | None = None
     counterexample: list[str] = field(default_factory=list)
+
+    @property
+    def rule(self) -> LifecycleRule | None:
+        """The lifecycle rule the violation breaks (None when ok, or for a deadlock or a stuck run)."""
+        return rule_in(self.violation)
 
     def summary(self) -> str:
         """One line."""
@@ -277,31 +377,37 @@ class _Search:
             nxt = list(s)
             violation = None
             desc = op.label()
-            if op.action == "barrier":
-                own = s[r][2]
+            if op.role is Role.BARRIER:
+                own = s[r][2] & _DEVICE_BITS
                 if own:
-                    violation = (
+                    violation = R.ONE_COMMUNICATOR.tag(
                         f"rank {r} arrives at a barrier with {', '.join(_kinds(own))} work still in "
                         f"flight on its own device {r} (drain own device before the barrier)"
                     )
-                nxt[r] = (pc, True, own)
+                nxt[r] = (pc, True, s[r][2])
                 if all(a for _p, a, _m in nxt):  # the last rank arrives: everyone passes
                     nxt = [(p + 1, False, m) for p, _a, m in nxt]
                     desc += "  (all ranks met: barrier released)"
                 else:
                     desc += "  (waits)"
-            elif op.action == "drain_device":
+            elif op.role is Role.DRAIN:
                 d = self.targets[r]
                 nxt[r] = (pc + 1, False, nxt[r][2])
                 if 0 <= d < self.n:
-                    p, a, _m = nxt[d]
-                    nxt[d] = (p, a, 0)
+                    p, a, m = nxt[d]
+                    nxt[d] = (p, a, m & _PENDING_BIT)
                 desc += f"  (synchronizes device {d})"
             elif op.issues is not None:
                 nxt[r] = (pc + 1, False, s[r][2] | _KIND_BIT[op.issues])
                 desc += f"  (puts {op.issues.value} work on device {r})"
             else:
                 nxt[r] = (pc + 1, False, s[r][2])
+            if op.pending > 0:
+                nxt[r] = (nxt[r][0], nxt[r][1], nxt[r][2] | _PENDING_BIT)
+                desc += "  (the save runs on in the background)"
+            elif op.pending < 0:
+                nxt[r] = (nxt[r][0], nxt[r][1], nxt[r][2] & ~_PENDING_BIT)
+                desc += "  (every collective of the save completed)"
             t = tuple(nxt)
             if violation is None:
                 violation = self.interleaved(t)
@@ -312,18 +418,20 @@ class _Search:
         union = 0
         for _p, _a, m in s:
             union |= m
+        if union & _PENDING_BIT:
+            union = (union & _DEVICE_BITS) | _KIND_BIT[Collective.CHECKPOINT]
         if bin(union).count("1") <= 1:
             return None
         by_rank = {r: _kinds(m) for r, (_p, _a, m) in enumerate(s) if m}
         decode = [r for r, ks in by_rank.items() if "decode" in ks]
         heavy = [r for r, ks in by_rank.items() if {"train", "checkpoint"} & set(ks)]
-        detail = "; ".join(f"rank {r}: {', '.join(ks)}" for r, ks in by_rank.items())
+        detail = "; ".join(f"rank {r}: {', '.join(_label(m))}" for r, (_p, _a, m) in enumerate(s) if m)
         if decode and heavy:
-            return (
+            return R.ONE_COMMUNICATOR.tag(
                 f"decode in flight on rank(s) {decode} while training/checkpoint collectives are in flight on "
                 f"rank(s) {heavy} ({detail})"
             )
-        return f"collectives of different phases in flight on one communicator ({detail})"
+        return R.ONE_COMMUNICATOR.tag(f"collectives of different phases in flight on one communicator ({detail})")
 
     def done(self, s: tuple[RankState, ...]) -> bool:
         return all(p >= len(self.ops[r]) for r, (p, _a, _m) in enumerate(s))
@@ -348,6 +456,7 @@ def check(
     drain_factory: DrainFactory = real_drain,
     symmetry: bool = True,
     max_states: int = 5_000_000,
+    val_at_start: bool | None = None,
 ) -> CheckResult:
     """Explore every interleaving of ``ranks`` ranks running ``spec`` through ``steps`` (or a named scenario).
 
@@ -358,14 +467,16 @@ def check(
     """
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ConfigError("ranks", ranks, "an integer >= 1")
-    if steps is None and scenario not in SCENARIOS:
-        raise ConfigError("scenario", scenario, f"one of {', '.join(SCENARIOS)}")
+    known = scenarios_for(spec)
+    if steps is None and scenario not in known:
+        raise ConfigError("scenario", scenario, f"one of {', '.join(known)}")
     if not callable(drain_factory):
         raise ConfigError("drain_factory", drain_factory, "a callable local_rank -> drain with target_device()")
     t0 = time.perf_counter()
-    plan = tuple(steps) if steps is not None else SCENARIOS[scenario]
-    others = plan_program(spec, plan)
-    first = plan_program(spec, rank0_steps) if rank0_steps is not None else others
+    plan = tuple(steps) if steps is not None else known[scenario]
+    vas = val_at_start if val_at_start is not None else scenario in VAL_AT_START_SCENARIOS
+    others = plan_program(spec, plan, val_at_start=vas)
+    first = plan_program(spec, rank0_steps, val_at_start=vas) if rank0_steps is not None else others
     programs = [first] + [others] * (ranks - 1)
     targets = [int(drain_factory(r).target_device()) for r in range(ranks)]
     symmetric = all(targets[r] == r for r in range(1, ranks)) or all(
@@ -449,7 +560,7 @@ def _fail(
             break
     if bad is None and not search.moves(concrete) and not search.done(concrete):
         violation = search.deadlock(concrete)
-    in_flight = "; ".join(f"device {r}: {', '.join(_kinds(m)) or 'idle'}" for r, (_p, _a, m) in enumerate(concrete))
+    in_flight = "; ".join(f"device {r}: {', '.join(_label(m)) or 'idle'}" for r, (_p, _a, m) in enumerate(concrete))
     lines.append(f"      in flight: {in_flight}")
     lines.append(f"      VIOLATION: {violation}")
     return CheckResult(
@@ -467,8 +578,9 @@ def _fail(
 
 
 def check_all(ranks: Sequence[int], *, scenarios: Sequence[str] | None = None, **kwargs: Any) -> list[CheckResult]:
-    """:func:`check` for every N in ``ranks`` and every scenario (default: all of :data:`SCENARIOS`)."""
-    return [check(n, scenario=name, **kwargs) for n in ranks for name in (scenarios or list(SCENARIOS))]
+    """:func:`check` for every N in ``ranks`` and every scenario (default: all of :func:`scenarios_for` the spec)."""
+    names = scenarios or list(scenarios_for(kwargs.get("spec", LIFECYCLE)))
+    return [check(n, scenario=name, **kwargs) for n in ranks for name in names]
 
 
 def _parse_ranks(text: str) -> list[int]:
@@ -496,15 +608,31 @@ def main(argv: Sequence[str] | None = None, **check_kwargs: Any) -> int:
     ap.add_argument(
         "--ranks", default=[2, 3, 4, 5, 6, 7, 8], type=_parse_ranks, help="N values: '2..8' or '2,4,8' (default 2..8)"
     )
+    all_scenarios = sorted({n for extra in EXTRA_SCENARIOS.values() for n in extra} | set(SCENARIOS))
     ap.add_argument(
         "--scenario",
         action="append",
-        choices=sorted(SCENARIOS),
-        help="run only these scenarios (repeatable; default: all)",
+        choices=all_scenarios,
+        help="run only these scenarios (repeatable; default: all the spec's)",
+    )
+    ap.add_argument(
+        "--spec",
+        default="lifecycle",
+        help="the lifecycle to check: lifecycle (default), nemo_rl, or your own as module:attribute",
     )
     ap.add_argument("--json", type=Path, help="also write the results as JSON to this path")
     args = ap.parse_args(argv)
-    results = check_all(args.ranks, scenarios=args.scenario, **check_kwargs)
+    from colo_fsm.states.presets import resolve_spec
+
+    try:
+        spec = resolve_spec(check_kwargs.pop("spec", None) or args.spec)
+    except ConfigError as exc:
+        ap.error(f"argument --spec: {exc}")
+    if args.scenario:
+        unknown = [n for n in args.scenario if n not in scenarios_for(spec)]
+        if unknown:
+            ap.error(f"argument --scenario: {', '.join(unknown)} not a scenario of spec {args.spec!r}")
+    results = check_all(args.ranks, scenarios=args.scenario, spec=spec, **check_kwargs)
     total_states = sum(r.states for r in results)
     for r in results:
         print(r.report() if not r.ok else r.summary())
@@ -523,6 +651,7 @@ if __name__ == "__main__":
 
 
 __all__ = [
+    "EXTRA_SCENARIOS",
     "SCENARIOS",
     "CheckResult",
     "DrainFactory",
@@ -535,4 +664,5 @@ __all__ = [
     "main",
     "plan_program",
     "real_drain",
+    "scenarios_for",
 ]

@@ -60,39 +60,115 @@ class _Faulty:
             raise self.faults.pop(method)
 
 
+@dataclass(frozen=True)
+class RequestCounts:
+    """Requests an engine holds: waiting to start, being stepped, parked by a suspend."""
+
+    queued: int = 0
+    running: int = 0
+    parked: int = 0
+
+
 class RecordingEngine(_Faulty):
-    """A fake colocated engine that tracks its own condition and refuses impossible calls."""
+    """A fake colocated engine that tracks its own condition, parks its requests, and refuses impossible calls.
+
+    Requests (:meth:`submit`) run while awake: each :meth:`decode_step` advances every running request by one
+    token. ``suspend`` parks the running ones at the step boundary; ``resume`` continues each parked request
+    exactly once (``resumes[id]`` counts it). ``decode_steps`` counts decode steps, ``decode_while_parked`` the
+    ones forced while the engine was suspended (what an engine that keeps serving a paused collector does).
+    """
 
     component = "engine"
 
     def __init__(
-        self, journal: Journal | None = None, *, reads_weights_in_place: bool = True, urls: Sequence[str] = ()
+        self,
+        journal: Journal | None = None,
+        *,
+        reads_weights_in_place: bool = True,
+        urls: Sequence[str] = (),
+        tokens_per_request: int = 3,
     ) -> None:
         super().__init__(journal)
         self.reads_weights_in_place = reads_weights_in_place
         self.urls = list(urls)
         self.builds = 0
         self.condition = "absent"
+        self.tokens_per_request = tokens_per_request
+        self.queued: dict[int, int] = {}  # request id -> tokens left
+        self.running: dict[int, int] = {}
+        self.parked: dict[int, int] = {}
+        self.finished: list[int] = []
+        self.resumes: dict[int, int] = {}
+        self.decode_steps = 0
+        self.decode_while_parked = 0
+        self.decode_in_flight = False
+        self._next_request = 0
 
     def bring_up(self) -> None:
         self._call("bring_up")
         self.builds += 1
         self.condition = "awake"
+        self.running.update(self.queued)
+        self.queued.clear()
 
     def suspend(self) -> None:
         self._call("suspend")
         if self.condition != "torn_down":
             self.condition = "suspended"
+            self.parked.update(self.running)
+            self.running.clear()
 
     def resume(self) -> None:
         self._call("resume")
         if self.condition in ("absent", "torn_down"):
             raise RuntimeError(f"resume of an engine that is {self.condition}")
         self.condition = "awake"
+        for rid in self.parked:
+            self.resumes[rid] = self.resumes.get(rid, 0) + 1
+        self.running.update(self.parked)
+        self.parked.clear()
+        self.running.update(self.queued)
+        self.queued.clear()
 
     def shutdown(self) -> None:
         self._call("shutdown")
         self.condition = "torn_down"
+        self.queued.clear()
+        self.running.clear()
+        self.parked.clear()
+
+    def submit(self, tokens: int | None = None) -> int:
+        """A request arrives (a rollout, validation or HTTP request); it waits while the engine is not awake."""
+        rid = self._next_request
+        self._next_request += 1
+        if self.condition == "torn_down":
+            raise RuntimeError("request after shutdown")
+        left = self.tokens_per_request if tokens is None else tokens
+        (self.running if self.condition == "awake" else self.queued)[rid] = left
+        return rid
+
+    def decode_step(self, *, force: bool = False) -> int:
+        """One decode step over the running requests (a no-op unless awake, or ``force``d); returns tokens made."""
+        if self.condition != "awake":
+            work = self.parked or self.queued
+            if not force or not work:
+                return 0
+            self.decode_while_parked += 1  # the bug this fake lets a test show: decode during a handoff
+        else:
+            work = self.running
+        if not work:
+            return 0
+        self.decode_steps += 1
+        for rid in list(work):
+            work[rid] -= 1
+            if work[rid] <= 0:
+                del work[rid]
+                self.finished.append(rid)
+        return 1
+
+    def request_counts(self) -> RequestCounts:
+        """Queued, running and parked requests now."""
+        return RequestCounts(len(self.queued), len(self.running), len(self.parked))
 
     def server_base_urls(self) -> Sequence[str]:
         return list(self.urls)
@@ -116,9 +192,13 @@ class ModalEngine(RecordingEngine):
         super().bring_up()
         self.mode = dataclasses.replace(self.mode, inference_mode=True)
 
-    def decode_step(self, *, padding: bool) -> None:
-        """One decode step that toggles expert padding from this rank's own state."""
-        self.mode = dataclasses.replace(self.mode, expert_padding=padding)
+    def decode_step(self, *, force: bool = False, padding: bool | None = None) -> int:
+        """One decode step (as :meth:`RecordingEngine.decode_step`) that also sets expert padding from this rank's
+        own state when ``padding`` is given, as a real decode step does; returns tokens made."""
+        made = super().decode_step(force=force)
+        if padding is not None:
+            self.mode = dataclasses.replace(self.mode, expert_padding=padding)
+        return made
 
     def suspend(self) -> None:
         super().suspend()
@@ -145,6 +225,7 @@ class RecordingTrainer(_Faulty):
         super().__init__(journal)
         self.steps = 0
         self.saves: list[tuple[int, int, Mapping[str, Any]]] = []
+        self.pending_saves = 0  # saves started and not finalized (a spec with a finalize action finalizes them)
 
     def train_step(self, batch: Any) -> StepResult:
         self._call("train_step")
@@ -161,24 +242,47 @@ class RecordingTrainer(_Faulty):
     def save_checkpoint(self, step: int, weight_version: int, extra_state: Mapping[str, Any]) -> None:
         self._call("save_checkpoint")
         self.saves.append((step, weight_version, dict(extra_state)))
+        self.pending_saves += 1
+
+    def finalize_checkpoint(self) -> None:
+        """Every save started so far is complete (an async save's finalize)."""
+        self._call("finalize_checkpoint")
+        self.pending_saves = 0
 
 
 class RecordingCollector(_Faulty):
-    """A fake collector that tracks whether it is paused."""
+    """A fake collector that tracks whether it is paused and the weight version each resume handed it.
+
+    With an ``engine`` (a :class:`RecordingEngine`), :meth:`start_rollout` submits a request to it while
+    running; paused, it issues nothing (rollouts already in the engine stay parked there).
+    """
 
     component = "collector"
 
-    def __init__(self, journal: Journal | None = None) -> None:
+    def __init__(self, journal: Journal | None = None, *, engine: RecordingEngine | None = None) -> None:
         super().__init__(journal)
         self.running = False
+        self.engine = engine
+        self.versions: list[int] = []
+        self.rollouts: list[int] = []
 
     def pause(self) -> None:
         self._call("pause")
         self.running = False
 
-    def resume(self) -> None:
+    def resume(self, weight_version: int | None = None) -> None:
         self._call("resume")
         self.running = True
+        if weight_version is not None:
+            self.versions.append(weight_version)
+
+    def start_rollout(self) -> int | None:
+        """Issue one rollout to the engine (only while running); returns its request id."""
+        if not self.running or self.engine is None:
+            return None
+        rid = self.engine.submit()
+        self.rollouts.append(rid)
+        return rid
 
 
 class RecordingDrain:
@@ -200,7 +304,8 @@ def recording_adapters(
 ) -> tuple[Journal, RecordingEngine, RecordingTrainer, RecordingCollector, RecordingDrain]:
     """One journal and the four recording fakes writing to it."""
     j = Journal()
-    return j, RecordingEngine(j, urls=urls), RecordingTrainer(j), RecordingCollector(j), RecordingDrain(j)
+    engine = RecordingEngine(j, urls=urls)
+    return j, engine, RecordingTrainer(j), RecordingCollector(j, engine=engine), RecordingDrain(j)
 
 
 class FakeClock:
@@ -322,6 +427,7 @@ __all__ = [
     "RecordingDrain",
     "RecordingEngine",
     "RecordingTrainer",
+    "RequestCounts",
     "ServedRequest",
     "recording_adapters",
 ]

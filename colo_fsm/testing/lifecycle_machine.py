@@ -3,9 +3,11 @@
 :class:`LifecycleMachine` runs arbitrary interleavings of the events an async RL loop sees (steps ready,
 validation due, a checkpoint due by period or by a "must save by" deadline on a fake clock, requests arriving at
 the server, rollouts admitted and finished, a fault in any adapter call, triggers fired from the wrong state,
-stop) against *your* adapters, and checks every lifecycle fact of DESIGN.md section 2 as an ``@invariant``
-after every step. It reads the adapters only through recording proxies (:mod:`colo_fsm.testing.watch`), so the
-checks are independent of the machine's own bookkeeping.
+stop) against *your* adapters, and checks the lifecycle rules (:class:`~colo_fsm.states.rules.LifecycleRule`)
+with an ``@invariant`` each after every step; an invariant names the rule it checks
+(:func:`~colo_fsm.states.rules.rule_of`) and its failure starts with the rule. It reads the adapters only
+through recording proxies (:mod:`colo_fsm.testing.watch`), so the checks are independent of the machine's own
+bookkeeping.
 
 Use it with your adapters::
 
@@ -22,9 +24,10 @@ Adapters may be ``async def``: coroutines are run on an event loop the machine o
 from __future__ import annotations
 
 import collections
+import inspect
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hypothesis import settings as Settings
@@ -45,7 +48,19 @@ from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision, Valida
 from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.machine.aio import AsyncLifecycle
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
-from colo_fsm.states.spec import LIFECYCLE, CollectorCondition, EngineCondition, Fact, LifecycleSpec, State
+from colo_fsm.states.presets import PRESETS
+from colo_fsm.states.rules import LifecycleRule, checks
+from colo_fsm.states.spec import (
+    LIFECYCLE,
+    CollectorCondition,
+    EngineCondition,
+    Fact,
+    LifecycleSpec,
+    RequestCondition,
+    Role,
+    State,
+)
+from colo_fsm.states.walk import walk_step
 from colo_fsm.testing.fakes import (
     FakeClock,
     FakeReplayBuffer,
@@ -57,8 +72,8 @@ from colo_fsm.testing.fakes import (
 )
 from colo_fsm.testing.profiles import lifecycle_settings
 from colo_fsm.testing.watch import (
-    ADAPTER_CALLS,
     FAULT_TARGETS,
+    VALIDATOR_TARGET,
     Conditions,
     EventLog,
     FaultSwitch,
@@ -69,6 +84,7 @@ from colo_fsm.testing.watch import (
     WatchedCollector,
     WatchedEngine,
     WatchedTrainer,
+    fault_targets,
     watched_synchronize,
 )
 
@@ -100,23 +116,64 @@ class Adapters:
     engine_probe: Callable[[], Any] | None = None
     collector_probe: Callable[[], Any] | None = None
     close: Callable[[], None] | None = None
+    rollout: Callable[[], Any] | None = None  # start one rollout on your collector (it issues nothing when paused)
+    decode: Callable[[], Any] | None = None  # let your engine run one decode step of its own loop
+    decode_probe: Callable[[], int] | None = None  # decode steps your engine has run so far
+    request_probe: Callable[[], Any] | None = None  # your engine's request_counts() (queued, running, parked)
 
 
-AdapterFactory = Callable[[], Any]
-"""A zero-argument callable returning :class:`Adapters` or an ``(engine, trainer, collector)`` tuple."""
+AdapterFactory = Callable[..., Any]
+"""A callable returning :class:`Adapters` or an ``(engine, trainer, collector)`` tuple. It takes no argument,
+or one: the :class:`KitHandle` of the program, whose ``lifecycle`` is set once the machine has built it."""
+
+
+@dataclass
+class KitHandle:
+    """What the kit hands your adapter factory: the lifecycle it builds for the program (set after your adapters
+    are built, before anything runs) and the spec it runs."""
+
+    spec: LifecycleSpec
+    lifecycle: Lifecycle | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def recording_fakes() -> Adapters:
     """The recording fakes of :mod:`colo_fsm.testing.fakes`, with probes reading their own conditions."""
     j = Journal()
     engine = RecordingEngine(j, urls=["http://127.0.0.1:8000/v1"])
-    collector = RecordingCollector(j)
+    collector = RecordingCollector(j, engine=engine)
     return Adapters(engine, RecordingTrainer(j), collector)
 
 
+def _call_factory(factory: AdapterFactory, handle: KitHandle) -> Any:
+    try:
+        params = [
+            p
+            for p in inspect.signature(factory).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        ]
+    except (TypeError, ValueError):
+        params = []
+    return factory(handle) if params else factory()
+
+
 def as_adapters(obj: Any) -> Adapters:
-    """Normalize a factory's result; derive probes from a ``condition`` / ``running`` attribute when present."""
+    """Normalize a factory's result; derive probes from the adapters' own attributes when present.
+
+    ``condition`` (engine) and ``running`` (collector) become condition probes; a collector's ``start_rollout``
+    the rollout hook; an engine's ``decode_step``, ``decode_steps`` and ``request_counts`` the decode hook and
+    the decode and request probes.
+    """
     ad = obj if isinstance(obj, Adapters) else Adapters(*obj)
+    engine_ = ad.engine
+    if ad.rollout is None and ad.collector is not None and callable(getattr(ad.collector, "start_rollout", None)):
+        ad.rollout = ad.collector.start_rollout
+    if ad.decode is None and callable(getattr(engine_, "decode_step", None)):
+        ad.decode = engine_.decode_step
+    if ad.decode_probe is None and isinstance(getattr(engine_, "decode_steps", None), int):
+        ad.decode_probe = lambda: int(engine_.decode_steps)
+    if ad.request_probe is None and callable(getattr(engine_, "request_counts", None)):
+        ad.request_probe = engine_.request_counts
     if ad.engine_probe is None and isinstance(getattr(ad.engine, "condition", None), str | EngineCondition):
         engine = ad.engine
         ad.engine_probe = lambda: engine.condition
@@ -131,8 +188,7 @@ def as_adapters(obj: Any) -> Adapters:
 
 
 # ---------------------------------------------------------------------------------------------- fault targets
-_ACTION_TARGETS: dict[str, tuple[str, str]] = {action: target for target, action in ADAPTER_CALLS.items()}
-_VALIDATOR_TARGET = ("validator", "validate")
+_VALIDATOR_TARGET = VALIDATOR_TARGET
 _CALLABLE: dict[tuple[int, State, bool], tuple[tuple[str, str], ...]] = {}
 
 _RARE_TARGETS: tuple[tuple[str, str], ...] = (
@@ -178,12 +234,58 @@ def callable_targets(spec: LifecycleSpec, state: State, *, inline_validator: boo
             if t.dest not in seen:
                 seen.add(t.dest)
                 todo.append(t.dest)
-    found = {_ACTION_TARGETS[a] for a in actions if a in _ACTION_TARGETS}
-    if inline_validator and State.VALIDATING in seen:
+    targets = {a: call for call, a in spec.adapter_calls().items()}
+    found = {targets[a] for a in actions if a in targets}
+    if inline_validator and any(spec.state(x).validates for x in seen):
         found.add(_VALIDATOR_TARGET)
-    result = tuple(t for t in FAULT_TARGETS if t in found)
+    result = tuple(t for t in fault_targets(spec) if t in found)
     _CALLABLE[key] = result
     return result
+
+
+_ALL_TRIGGERS: tuple[str, ...] = tuple(dict.fromkeys(t for spec in PRESETS.values() for t in spec.triggers()))
+
+
+def _last_step_may_validate(spec: LifecycleSpec) -> bool:
+    """Whether some transition into a validation-only state is allowed on the last step."""
+    return any(
+        spec.state(t.dest).validates and Fact.LAST_STEP not in t.unless and Fact.VALIDATE_THIS_STEP in t.when
+        for t in spec.transitions
+    )
+
+
+def _watched_drain(
+    inner: Callable[[], object], local_rank: int, log: EventLog, faults: FaultSwitch
+) -> Callable[[], object]:
+    """Your drain, journaled as a ``device.synchronize`` of the device it names (``target_device()``, else
+    ``local_rank``)."""
+    target = getattr(inner, "target_device", None)
+
+    def drain() -> object:
+        device = int(target()) if callable(target) else local_rank
+        log.add("device", "synchronize", "call", device)
+        try:
+            faults.check("device", "synchronize")
+            out = inner()
+        except BaseException as exc:
+            log.add("device", "synchronize", "error", f"{type(exc).__name__}: {exc}")
+            raise
+        log.add("device", "synchronize", "ok", device)
+        return out
+
+    return drain
+
+
+def _fit_config(cfg: RunConfig, decided: set[Fact]) -> RunConfig:
+    """Drop the drawn options a spec has no place for (validation at start, early stop)."""
+    import dataclasses
+
+    changes: dict[str, Any] = {}
+    if Fact.VALIDATE_AT_START not in decided:
+        changes["val_at_start"] = False
+    if Fact.STOP_EARLY not in decided:
+        changes["early_stop_at"] = None
+    return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 # ---------------------------------------------------------------------------------------------- programs
@@ -203,6 +305,9 @@ class RunConfig:
     samples_per_group: int
     actor_max_concurrency: int
     control_headroom: int
+    val_at_start: bool = False  # used when the spec decides validate_at_start
+    val_at_end: bool = False
+    early_stop_at: int | None = None  # the step whose early-stop latch says stop (a spec with one)
 
 
 @st.composite
@@ -225,6 +330,9 @@ def run_configs(draw: st.DrawFn) -> RunConfig:
         samples_per_group=spg,
         actor_max_concurrency=amc,
         control_headroom=draw(st.integers(0, min(8, amc - spg))),
+        val_at_start=draw(st.booleans()),
+        val_at_end=draw(st.booleans()),
+        early_stop_at=draw(st.one_of(st.none(), st.integers(0, 5))),
     )
 
 
@@ -239,6 +347,7 @@ class StepRecord:
     event_index: int
     wv_before: int
     done: bool = False
+    early_stop: bool = False  # the early-stop latch (after validation) will say stop
 
 
 def _cond(value: Any) -> str | None:
@@ -249,7 +358,7 @@ def _cond(value: Any) -> str | None:
 
 # ---------------------------------------------------------------------------------------------- machine
 class LifecycleMachine(RuleBasedStateMachine):
-    """Drives one :class:`Lifecycle` over your adapters and checks DESIGN section 2 after every step.
+    """Drives one :class:`Lifecycle` over your adapters and checks the lifecycle rules after every step.
 
     Configure by subclassing (or through :func:`lifecycle_test_case`):
 
@@ -259,7 +368,13 @@ class LifecycleMachine(RuleBasedStateMachine):
     * ``local_rank``: the device the drain must synchronize (non-zero, so a drain of device 0 shows);
     * ``inject_faults``: whether rules may make adapter calls fail;
     * ``use_async_lifecycle``: drive an :class:`AsyncLifecycle` on the machine's own event loop;
-    * ``async_training``: passed to :class:`LifecycleConfig` (False for engines that refit weights).
+    * ``async_training``: passed to :class:`LifecycleConfig` (False for engines that refit weights);
+    * your components, used instead of the kit's own when given: ``barrier_factory()`` (a Barrier),
+      ``drain_factory(local_rank)`` (a drain callable), ``validator(step, weight_version)``,
+      ``checkpoint_factory()``, ``validation_factory()``, ``early_stop_factory()`` (LatchedDecisions; the oracle
+      then reads their latched answers) and ``batch_factory(trajectories, step)`` (the batch your
+      ``train_step`` gets; by default the batch is the list of the weight versions of the trajectories the
+      replay buffer handed out, a ``list[int]``).
     """
 
     adapters_factory: ClassVar[AdapterFactory] = recording_fakes
@@ -273,6 +388,13 @@ class LifecycleMachine(RuleBasedStateMachine):
     inject_faults: ClassVar[bool] = True
     use_async_lifecycle: ClassVar[bool] = False
     async_training: ClassVar[bool] = True
+    barrier_factory: ClassVar[Callable[[], Any] | None] = None
+    drain_factory: ClassVar[Callable[[int], Callable[[], object]] | None] = None
+    validator: ClassVar[Callable[[int, int], Any] | None] = None
+    checkpoint_factory: ClassVar[Callable[[], LatchedDecision] | None] = None
+    validation_factory: ClassVar[Callable[[], LatchedDecision] | None] = None
+    early_stop_factory: ClassVar[Callable[[], LatchedDecision] | None] = None
+    batch_factory: ClassVar[Callable[[list[int], int], Any] | None] = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -291,8 +413,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         ``first_fault`` (see :data:`_FIRST_FAULTS`) is armed before anything runs and waits for its call.
         """
         cls = type(self)
+        spec = cls.spec
+        decided = {f for a in spec.actions for f in a.decides}
+        cfg = _fit_config(cfg, decided)
         self.cfg = cfg
-        self.ad = as_adapters(cls.adapters_factory())
+        self.handle = KitHandle(spec)
+        self.ad = as_adapters(_call_factory(cls.adapters_factory, self.handle))
         self.conditions = Conditions()
         self.log = EventLog(self._state_name, self.conditions, self._probe)
         self.faults = FaultSwitch()
@@ -306,7 +432,32 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.clock = FakeClock()
         self.deadline_at = None if cfg.must_save_by_s is None else self.clock() + cfg.must_save_by_s
         self.deadline_fired = False
-        drain = cls.drain_class(cls.local_rank, synchronize=watched_synchronize(self.log, self.faults))
+        if cls.drain_factory is not None:
+            drain = _watched_drain(cls.drain_factory(cls.local_rank), cls.local_rank, self.log, self.faults)
+        else:
+            drain = cls.drain_class(cls.local_rank, synchronize=watched_synchronize(self.log, self.faults))
+        inner_barrier = cls.barrier_factory() if cls.barrier_factory is not None else SoloBarrier()
+        self.user_decisions = {
+            "checkpoint": cls.checkpoint_factory is not None,
+            "validation": cls.validation_factory is not None,
+            "early_stop": cls.early_stop_factory is not None,
+        }
+        checkpoint = (
+            cls.checkpoint_factory()
+            if cls.checkpoint_factory is not None
+            else cls.checkpoint_class(cfg.checkpoint_every, must_save_by_s=cfg.must_save_by_s, clock=self.clock)
+        )
+        validation = (
+            cls.validation_factory() if cls.validation_factory is not None else ValidationDecision(cfg.validate_every)
+        )
+        early_stop: LatchedDecision | None = None
+        if Fact.STOP_EARLY in decided:
+            at = cfg.early_stop_at
+            early_stop = (
+                cls.early_stop_factory()
+                if cls.early_stop_factory is not None
+                else LatchedDecision("early_stop", lambda step: at is not None and step == at)
+            )
         self.lc = cls.lifecycle_class(
             self.engine,
             self.trainer,
@@ -316,15 +467,19 @@ class LifecycleMachine(RuleBasedStateMachine):
                 start_step=cfg.start_step,
                 start_weight_version=cfg.start_weight_version,
                 async_training=cls.async_training,
+                val_at_start=cfg.val_at_start,
+                val_at_end=cfg.val_at_end,
             ),
             drain=drain,
-            barrier=WatchedBarrier(SoloBarrier(), self.log, self.faults),
-            checkpoint=cls.checkpoint_class(cfg.checkpoint_every, must_save_by_s=cfg.must_save_by_s, clock=self.clock),
-            validation=ValidationDecision(cfg.validate_every),
+            barrier=WatchedBarrier(inner_barrier, self.log, self.faults),
+            checkpoint=checkpoint,
+            validation=validation,
             validator=self._validator if cfg.inline_validator else None,
+            early_stop=early_stop,
             spec=cls.spec,
             check_spec=cls.check_spec,
         )
+        self.handle.lifecycle = self.lc
         if cls.use_async_lifecycle:
             self.alc = AsyncLifecycle(self.lc)
         self.server = FakeRequestSource(lambda: self.conditions.engine is E.AWAKE, self._state_name)
@@ -345,6 +500,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.last_latched_at: int | None = None
         self.validations = 0
         self.fault_waited = 0
+        self.decode_seen = self._decode_count()
         if first_fault is not None and cls.inject_faults:
             self._arm(first_fault)
         if autostart:  # most programs start at once; the others may see faults and triggers before the build
@@ -384,19 +540,37 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _at(self, *states: State) -> bool:
         return self.lc is not None and self.lc.state in states
 
+    def _can_fire(self, trigger: str) -> bool:
+        """Whether ``trigger`` leaves the current state in the spec (its guards aside)."""
+        return self.lc is not None and self.lc.state is not S.FAILED and trigger in self.lc.spec.triggers(self.lc.state)
+
     def _callable_targets(self) -> tuple[tuple[str, str], ...]:
         assert self.lc is not None
         cfg = self.cfg
         targets = callable_targets(self.lc.spec, self.lc.state, inline_validator=cfg.inline_validator)
         never = set()  # calls the rest of this run never makes: its decisions save or validate at no step left
+        if any(self.user_decisions.values()):
+            return targets
+        spec = self.lc.spec
         first = self.lc.step_index
         ahead = range(first, cfg.num_steps if cfg.num_steps is not None else first + 60)
-        if cfg.must_save_by_s is None and not (
-            cfg.checkpoint_every and any((s + 1) % cfg.checkpoint_every == 0 for s in ahead)
+        stops_early = cfg.early_stop_at is not None and any(
+            f is Fact.STOP_EARLY for a in spec.actions for f in a.decides
+        )
+        if (
+            cfg.must_save_by_s is None
+            and not stops_early
+            and not (cfg.checkpoint_every and any((s + 1) % cfg.checkpoint_every == 0 for s in ahead))
         ):
             never.add(("trainer", "save_checkpoint"))
-        not_last = ahead[:-1] if cfg.num_steps is not None else ahead  # the last step never validates
-        if not (cfg.validate_every and any((s + 1) % cfg.validate_every == 0 for s in not_last)):
+            never.add(("trainer", "finalize_checkpoint"))
+        last_validates = cfg.val_at_end and _last_step_may_validate(spec)
+        not_last = ahead[:-1] if cfg.num_steps is not None and not last_validates else ahead
+        at_start = cfg.val_at_start and self.lc.state in (S.CREATED, S.STARTING) and first == 0
+        if not at_start and not (
+            (cfg.validate_every and any((s + 1) % cfg.validate_every == 0 for s in not_last))
+            or (last_validates and cfg.num_steps is not None)
+        ):
             never.add(_VALIDATOR_TARGET)
         return tuple(t for t in targets if t not in never)
 
@@ -407,7 +581,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         # only a call that can still happen: one that never comes would block every other fault. A drawn target
         # that cannot stands for one that can (a fixed map, so programs still shrink).
-        target = drawn if drawn in targets else targets[FAULT_TARGETS.index(drawn) % len(targets)]
+        index = FAULT_TARGETS.index(drawn) if drawn in FAULT_TARGETS else len(FAULT_TARGETS)
+        target = drawn if drawn in targets else targets[index % len(targets)]
         self.faults.arm(*target)
         self.fault_waited = 0
         _count("faults_armed")
@@ -423,11 +598,18 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.faults.armed = None
             _count("faults_disarmed")
 
-    def _validator(self, step: int, weight_version: int) -> dict[str, float]:
+    def _validator(self, step: int, weight_version: int) -> Any:
         self.log.add("validator", "validate", "call", (step, weight_version))
         self.faults.check("validator", "validate")
         self.validations += 1
+        user = type(self).validator
+        if user is not None:
+            return user(step, weight_version)
         return {"accuracy": 1.0}
+
+    def _decode_count(self) -> int | None:
+        ad = self.ad
+        return int(ad.decode_probe()) if ad is not None and ad.decode_probe is not None else None
 
     def _drive(self, label: str, fn: Callable[..., Any], *args: Any, coro: Any = None) -> bool:
         """Run one lifecycle call; a failure is fine only if an injected fault fired during it."""
@@ -477,6 +659,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert self.lc is not None
         return self.buffer.sample(self.lc.weight_version)
 
+    def _user_batch(self, trajectories: list[int]) -> Any:
+        """The batch ``train_step`` gets: your ``batch_factory(trajectories, step)``, else the trajectories."""
+        factory = type(self).batch_factory
+        assert self.lc is not None
+        return factory(list(trajectories), self.lc.step_index) if factory is not None else trajectories
+
     def _latched(self, step: int, wv: int, at: int) -> None:
         """Oracle of the step's decisions, compared with what the machine latched."""
         lc = self.lc
@@ -484,51 +672,94 @@ class LifecycleMachine(RuleBasedStateMachine):
         if lc.checkpoint_decision.peek(step) is None:
             return  # the latch never ran (a fault before it)
         cfg = self.cfg
-        periodic = cfg.checkpoint_every is not None and (step + 1) % cfg.checkpoint_every == 0
-        deadline = self.deadline_at is not None and not self.deadline_fired and self.clock() >= self.deadline_at
-        self.deadline_fired = self.deadline_fired or deadline
+        user = self.user_decisions
+        if user["checkpoint"]:
+            save = bool(lc.checkpoint_decision.peek(step))
+            deadline = isinstance(lc.checkpoint_decision, CheckpointDecision) and lc.checkpoint_decision.stops_run(step)
+        else:
+            periodic = cfg.checkpoint_every is not None and (step + 1) % cfg.checkpoint_every == 0
+            deadline = self.deadline_at is not None and not self.deadline_fired and self.clock() >= self.deadline_at
+            self.deadline_fired = self.deadline_fired or deadline
+            save = periodic or deadline
+        last = (cfg.num_steps is not None and step + 1 >= cfg.num_steps) or deadline
+        if user["validation"]:
+            validate = bool(lc.validation_decision.peek(step))
+        else:
+            validate = cfg.validate_every is not None and (step + 1) % cfg.validate_every == 0
+        validate = validate or (last and cfg.val_at_end)
         rec = StepRecord(
             step=step,
-            save=periodic or deadline,
-            validate=cfg.validate_every is not None and (step + 1) % cfg.validate_every == 0,
-            last=(cfg.num_steps is not None and step + 1 >= cfg.num_steps) or deadline,
+            save=save,
+            validate=validate,
+            last=last,
             event_index=at,
             wv_before=wv,
+            early_stop=lc.early_stop is not None and not user["early_stop"] and cfg.early_stop_at == step,
         )
         self.steps.append(rec)
         got = (lc.facts[Fact.SAVE_THIS_STEP], lc.facts[Fact.VALIDATE_THIS_STEP], lc.facts[Fact.LAST_STEP])
-        want = (rec.save, rec.validate, rec.last)
+        stops = lc.early_stop is not None and lc.facts[Fact.STOP_EARLY]  # latched after validation: save-and-stop
+        want = (rec.save or stops, rec.validate, rec.last or stops)
         assert got == want, f"step {step}: latched save/validate/last={got}, the rules say {want}"
         if rec.last:
             self.last_latched_at = at
 
-    def _step_outcome(self, rec: StepRecord, *, inline: bool) -> None:
-        """After a step that ran through: it saved iff decided, once, and ended where the decisions say."""
+    def _expected_rest(self, rec: StepRecord, *, inline: bool) -> State:
+        """Where the spec says the step rests, walked over the declared effects with the oracle's decisions."""
         lc = self.lc
         assert lc is not None
-        rec.done = True
-        saves = [
-            e.detail
-            for e in self.log.events[rec.event_index :]
-            if e.name == "trainer.save_checkpoint" and e.phase == "ok"
-        ]
-        wv = rec.wv_before + 1
-        want = [(rec.step + 1, wv)] if rec.save else []
-        assert saves == want, (
-            f"step {rec.step}: the latched decision said save={rec.save}, saves made: {saves} "
-            f"(expected {want}: decided once, saved exactly once)"
-        )
-        assert lc.weight_version == wv, f"step {rec.step}: weight version {lc.weight_version}, expected {wv}"
-        if rec.last:
-            expected = S.DONE
-        elif rec.validate and not (inline and self.cfg.inline_validator):
-            expected = S.VALIDATING
-        else:
-            expected = S.GENERATING
+        spec = lc.spec
+        stop_latched = rec.early_stop
+        if self.user_decisions["early_stop"] and lc.early_stop is not None:
+            stop_latched = bool(lc.early_stop.peek(rec.step))
+        decisions = {
+            Fact.SAVE_THIS_STEP: rec.save,
+            Fact.VALIDATE_THIS_STEP: rec.validate,
+            Fact.LAST_STEP: rec.last,
+            Fact.STOP_EARLY: stop_latched,
+        }
+        return walk_step(spec, decisions, through_validation=inline)
+
+    def _step_outcome(self, rec: StepRecord, *, inline: bool) -> None:
+        """After a step that ran through: it saved iff decided, once, and rests where the spec says.
+
+        A step resting in a validation-only state is checked again when it leaves it (its early-stop latch and
+        save, in a validate-before-save spec, come after the validation).
+        """
+        lc = self.lc
+        assert lc is not None
+        spec = lc.spec
+        expected = self._expected_rest(rec, inline=inline)
         assert lc.state is expected, (
-            f"step {rec.step} (save={rec.save} validate={rec.validate} last={rec.last}) "
-            f"ended in {lc.state.value}, expected {expected.value}"
+            f"step {rec.step} (save={rec.save} validate={rec.validate} last={rec.last} early_stop={rec.early_stop}) "
+            f"rests in {lc.state.value}; the spec's declared effects say {expected.value}"
         )
+        wv = rec.wv_before + 1
+        assert lc.weight_version == wv, f"step {rec.step}: weight version {lc.weight_version}, expected {wv}"
+        if spec.state(lc.state).validates:
+            return  # the step is not over yet
+        rec.done = True
+        events = self.log.events[rec.event_index :]
+        saves = [e.detail for e in events if e.name == "trainer.save_checkpoint" and e.phase == "ok"]
+        stops = lc.facts.get(Fact.STOP_EARLY, False) if lc.early_stop is not None else False
+        validated = any(spec.state(e.state).validates for e in events)
+        if rec.early_stop and validated and spec.with_role(Role.LATCH_STOP):
+            assert stops, f"step {rec.step}: the early-stop decision said stop after validation, the machine did not"
+        want = [(rec.step + 1, wv)] if rec.save or stops else []
+        assert saves == want, (
+            f"step {rec.step}: the latched decisions said save={rec.save} early_stop={stops}, saves made: {saves} "
+            f"(expected {want}: decided once, saved exactly once; an early stop saves and ends the run)"
+        )
+        if stops:
+            assert spec.state(lc.state).final, f"step {rec.step}: an early stop latched, the run rests in {lc.state}"
+        if saves and spec.validate_before_save and rec.validate:
+            first_save = next(e.index for e in events if e.name == "trainer.save_checkpoint")
+            woke = any(spec.state(e.state).validates for e in events if e.index < first_save)
+            assert woke, f"step {rec.step}: saved before its validation (this spec validates before the save)"
+        if saves and spec.with_role(Role.FINALIZE):
+            last_save = max(e.index for e in events if e.name == "trainer.save_checkpoint")
+            finalized = any(e.name == "trainer.finalize_checkpoint" and e.index > last_save for e in events)
+            assert finalized, f"step {rec.step}: the async save was never finalized (every collective before a wake)"
 
     def _pending_step(self) -> StepRecord | None:
         return self.steps[-1] if self.steps and not self.steps[-1].done else None
@@ -541,7 +772,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert lc is not None
         self._drive("start", lc.start, coro=self.alc.start() if self.alc else None)
 
-    @precondition(lambda self: self._at(S.GENERATING))
+    @precondition(lambda self: self._can_fire("begin_step"))
     @rule()
     def begin_step(self) -> None:
         lc = self.lc
@@ -550,17 +781,17 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._drive("begin_step", lc.begin_step, coro=self.alc.fire("begin_step") if self.alc else None)
         self._latched(step, wv, at)
 
-    @precondition(lambda self: self._at(S.DRAINING))
+    @precondition(lambda self: self._can_fire("train"))
     @rule()
     def train(self) -> None:
         lc = self.lc
         assert lc is not None
         batch, wv = self._batch(), lc.weight_version
         trained = self.log.count("trainer", "train_step")
-        ok = self._drive("train", lc.train, batch)
+        ok = self._drive("train", lc.train, self._user_batch(batch))
         self._after_train(batch, wv, trained, ok, inline=False)
 
-    @precondition(lambda self: self._at(S.GENERATING))
+    @precondition(lambda self: self._can_fire("begin_step"))
     @rule()
     def whole_step(self) -> None:
         """``Lifecycle.step``: handoff, train, save, (inline validation), handoff back."""
@@ -569,9 +800,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         step, wv, at = lc.step_index, lc.weight_version, len(self.log)
         batch = self._batch()
         trained = self.log.count("trainer", "train_step")
-        ok = self._drive("step", lc.step, batch, coro=self.alc.step(batch) if self.alc else None)
+        user_batch = self._user_batch(batch)
+        ok = self._drive("step", lc.step, user_batch, coro=self.alc.step(user_batch) if self.alc else None)
         self._latched(step, wv, at)
-        self._after_train(batch, wv, trained, ok, inline=True)
+        self._after_train(batch, wv, trained, ok, inline=self.cfg.inline_validator)
 
     def _after_train(self, batch: list[int], wv: int, trained_before: int, ok: bool, *, inline: bool) -> None:
         if self.log.count("trainer", "train_step") > trained_before:
@@ -583,12 +815,15 @@ class LifecycleMachine(RuleBasedStateMachine):
         if ok and rec is not None:
             self._step_outcome(rec, inline=inline)
 
-    @precondition(lambda self: self._at(S.VALIDATING))
+    @precondition(lambda self: self._can_fire("end_validation"))
     @rule()
     def end_validation(self) -> None:
         lc = self.lc
         assert lc is not None
-        self._drive("end_validation", lc.end_validation, coro=self.alc.end_validation() if self.alc else None)
+        ok = self._drive("end_validation", lc.end_validation, coro=self.alc.end_validation() if self.alc else None)
+        rec = self._pending_step()
+        if ok and rec is not None:
+            self._step_outcome(rec, inline=True)
 
     @precondition(lambda self: self.lc is not None and self.lc.can("stop"))
     @rule(now=st.integers(0, 2))
@@ -609,7 +844,9 @@ class LifecycleMachine(RuleBasedStateMachine):
             st.tuples(st.just("rollouts_admitted"), st.sampled_from([1, 7, 64])),
             st.tuples(st.just("rollouts_finish"), st.sampled_from([1, 7, 64])),
             st.tuples(st.just("fault"), st.sampled_from(_FAULT_DRAWS)),
-            st.tuples(st.just("wrong_trigger"), st.sampled_from((*LIFECYCLE.triggers(), "fail", "no_such_trigger"))),
+            st.tuples(st.just("wrong_trigger"), st.sampled_from((*_ALL_TRIGGERS, "fail", "no_such_trigger"))),
+            st.tuples(st.just("rollout"), st.sampled_from([1, 4])),
+            st.tuples(st.just("decode"), st.sampled_from([1, 3])),
         )
     )
     def disturb(self, event: tuple[str, Any]) -> None:
@@ -638,6 +875,16 @@ class LifecycleMachine(RuleBasedStateMachine):
             done, self.in_flight = self.in_flight[:arg], self.in_flight[arg:]
             for v in done:
                 self.buffer.add(1, v)
+        elif kind == "rollout":  # your collector starts rollouts (it issues nothing while paused)
+            if self.ad is not None and self.ad.rollout is not None:
+                for _ in range(arg):
+                    self.ad.rollout()
+                _count("rollouts_started", arg)
+        elif kind == "decode":  # your engine's own loop runs decode steps (none while its requests are parked)
+            if self.ad is not None and self.ad.decode is not None:
+                for _ in range(arg):
+                    self.ad.decode()
+                _count("decode_ticks", arg)
         elif kind == "fault":
             if type(self).inject_faults and self.faults.armed is None and lc.state is not S.STOPPED:
                 self._arm(arg)
@@ -689,8 +936,12 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"(adapter says {real[1]})"
                     )
             elif name in ("engine.resume", "collector.resume"):
-                if self.last_latched_at is not None and ev.index > self.last_latched_at:
-                    v["last_step"].append(f"event {ev.index}: {name} in {ev.state} after the last step latched")
+                validation_wake = name == "engine.resume" and self.spec.state(ev.state).validates
+                if self.last_latched_at is not None and ev.index > self.last_latched_at and not validation_wake:
+                    v["last_step"].append(
+                        f"event {ev.index}: {name} in {ev.state} after the last step latched (only a "
+                        "validation-only wake may follow it)"
+                    )
                 if self.builds == 0:
                     v["build_once"].append(f"event {ev.index}: {name} before the engine was built")
             elif name == "validator.validate" and (ev.engine is not E.AWAKE or ev.collector is not C.PAUSED):
@@ -712,13 +963,15 @@ class LifecycleMachine(RuleBasedStateMachine):
             )
 
     @invariant()
+    @checks(LifecycleRule.BUILD_ONCE)
     def build_once(self) -> None:
-        """Fact 1: the engine comes up exactly once, before collection."""
+        """The engine comes up exactly once, before collection."""
         self._assert_fact("build_once")
 
     @invariant()
+    @checks(LifecycleRule.BUILD_ONCE)
     def server_urls_published(self) -> None:
-        """Fact 1: the per-rank server base URLs the engine reports are published as dp_openai_server_base_urls."""
+        """The per-rank server base URLs the engine reports are published as dp_openai_server_base_urls."""
         lc = self.lc
         if lc is None or self.engine.published is None:
             return
@@ -727,36 +980,68 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    @checks(LifecycleRule.BUILD_ONCE)
     def teardown_only_at_stop(self) -> None:
-        """Fact 1: teardown only at Stopped (never at a validation boundary)."""
+        """Teardown only at Stopped (never at a validation boundary)."""
         self._assert_fact("teardown")
 
     @invariant()
+    @checks(LifecycleRule.ONE_COMMUNICATOR)
     def drain_own_device_then_barrier(self) -> None:
-        """Fact 2: drain the LOCAL_RANK device before every barrier; drain + barrier before every phase signal."""
+        """Drain the LOCAL_RANK device before every barrier; drain + barrier before every phase signal."""
         self._assert_fact("handoff")
 
     @invariant()
+    @checks(LifecycleRule.ONE_COMMUNICATOR)
     def no_decode_during_training(self) -> None:
-        """Fact 2: no decode in flight (engine awake / collector running) while a training step runs."""
+        """No decode in flight (engine awake / collector running) while a training step runs."""
         self._assert_fact("no_decode_during_train")
 
     @invariant()
+    @checks(LifecycleRule.CHECKPOINT_SUSPENDS)
     def checkpoint_suspends_everything(self) -> None:
-        """Fact 3: during every save the engine is suspended and the collector paused."""
+        """During every save the engine is suspended and the collector paused."""
         self._assert_fact("checkpoint_suspends")
 
     @invariant()
+    @checks(LifecycleRule.CHECKPOINT_SUSPENDS)
     def last_step_never_wakes(self) -> None:
-        """Fact 3: nothing resumes after the last step latched."""
+        """Nothing resumes after the last step latched."""
         self._assert_fact("last_step")
 
     @invariant()
+    @checks(LifecycleRule.CHECKPOINT_SUSPENDS)
     def validation_runs_awake_collector_paused(self) -> None:
-        """Fact 3: a validation-only wake: the engine awake, the collector still paused."""
+        """A validation-only wake: the engine awake, the collector still paused."""
         self._assert_fact("validation_wake")
 
     @invariant()
+    @checks(LifecycleRule.PARK_NOT_DRAIN)
+    def no_decode_while_parked(self) -> None:
+        """Park, don't drain: no decode step runs while the state declares the requests parked, and the engine
+        holds them as declared (parked in a handoff, none left parked after a resume)."""
+        lc = self.lc
+        if lc is None or lc.state is S.FAILED:
+            return
+        decl = lc.spec.state(lc.state)
+        now = self._decode_count()
+        before, self.decode_seen = self.decode_seen, now
+        if now is not None and before is not None and now > before and decl.requests is not RequestCondition.RUNNING:
+            raise AssertionError(
+                f"{now - before} decode step(s) ran in {lc.state.value}, where the spec declares requests "
+                f"{decl.requests.value} (a rollout kept issuing engine work during a handoff)\n  recent calls:\n"
+                + "\n".join(self.log.lines(max(0, len(self.log) - 20)))
+            )
+        if self.ad is not None and self.ad.request_probe is not None:
+            counts = self.ad.request_probe()
+            running, parked = int(getattr(counts, "running", 0)), int(getattr(counts, "parked", 0))
+            if decl.requests is RequestCondition.PARKED:
+                assert running == 0, f"in {lc.state.value}: {running} request(s) running, the spec declares parked"
+            elif decl.requests is RequestCondition.RUNNING:
+                assert parked == 0, f"in {lc.state.value}: {parked} request(s) still parked after the resume"
+
+    @invariant()
+    @checks(LifecycleRule.STEP_ORDER_IS_DATA)
     def adapter_conditions_match_spec(self) -> None:
         """The adapters' real conditions are the ones the current state declares (Failed: documented below)."""
         lc = self.lc
@@ -796,8 +1081,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert self.faults.fired, "Failed although no fault was injected"
 
     @invariant()
+    @checks(LifecycleRule.DECIDE_ONCE)
     def save_decision_reused(self) -> None:
-        """Fact 4: a second site asking the latched checkpoint decision gets the same answer."""
+        """A second site asking the latched checkpoint decision gets the same answer."""
         lc = self.lc
         if lc is None or not self.steps:
             return
@@ -809,8 +1095,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    @checks(LifecycleRule.WEIGHT_VERSIONS)
     def weight_version_once_per_step(self) -> None:
-        """Fact 5: each trained step bumps the weight version exactly once."""
+        """Each trained step bumps the weight version exactly once."""
         lc = self.lc
         if lc is None:
             return
@@ -820,8 +1107,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    @checks(LifecycleRule.WEIGHT_VERSIONS)
     def trajectories_accounted(self) -> None:
-        """Fact 5: no trajectory lost; none older than max_trajectory_age_steps trained on (stale ones counted)."""
+        """No trajectory lost; none older than max_trajectory_age_steps trained on (stale ones counted)."""
         if self.lc is None:
             return
         b = self.buffer
@@ -831,8 +1119,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert b.max_trained_age <= b.max_age_steps, f"trained on a trajectory {b.max_trained_age} versions old"
 
     @invariant()
+    @checks(LifecycleRule.BOUNDED_INFLIGHT)
     def in_flight_within_actor_capacity(self) -> None:
-        """Fact 6: in-flight groups within the age bound and the actor's capacity, headroom kept for control."""
+        """In-flight groups within the age bound and the actor's capacity, headroom kept for control."""
         if self.lc is None:
             return
         cfg, n = self.cfg, len(self.in_flight)
@@ -847,6 +1136,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    @checks(LifecycleRule.PARK_NOT_DRAIN)
     def requests_served_only_while_awake(self) -> None:
         """No request is decoded while the engine is suspended; a waiting request is served once it is awake."""
         if self.lc is None:
@@ -952,6 +1242,140 @@ def check_lifecycle(
     run_state_machine_as_test(machine, settings=settings or lifecycle_settings(profile))
 
 
+@dataclass
+class RanksResult:
+    """What :func:`exercise_ranks` did: the adapters of every rank driven through a short run, then the checker."""
+
+    ranks: int
+    spec: str
+    steps: int
+    adapter_calls: int
+    checks: list[Any]  # the checker's CheckResults for the same spec and N, one per scenario of the spec
+    adapters_exercised: bool = True
+
+    @property
+    def check(self) -> Any:
+        """The first failing CheckResult (else the first)."""
+        return next((c for c in self.checks if not c.ok), self.checks[0])
+
+    @property
+    def ok(self) -> bool:
+        """True when the checker found nothing (and, if exercised, every rank's adapters ran the short run)."""
+        return all(c.ok for c in self.checks)
+
+    def report(self) -> str:
+        """The summary plus the checker's report of a failing scenario."""
+        return self.summary() + ("" if self.ok else "\n" + self.check.report())
+
+    def summary(self) -> str:
+        """One line; it says plainly when only the spec was checked."""
+        who = (
+            f"{self.ranks} ranks of your adapters ran {self.steps} steps of spec {self.spec} "
+            f"({self.adapter_calls} watched calls)"
+            if self.adapters_exercised
+            else f"spec {self.spec} only: no adapters were exercised"
+        )
+        verdict = "ok" if self.ok else f"VIOLATION: {self.check.violation}"
+        return f"{who}; checker over {len(self.checks)} scenario(s) of N={self.ranks}: {verdict}"
+
+
+def exercise_ranks(
+    factory: AdapterFactory | None,
+    ranks: int,
+    *,
+    spec: LifecycleSpec = LIFECYCLE,
+    steps: int = 4,
+    timeout_s: float = 60.0,
+    **check_kwargs: Any,
+) -> RanksResult:
+    """Drive ``ranks`` sets of *your* adapters (one factory call per rank) as thread ranks meeting at a barrier
+    through a short run of ``spec`` (a save, a validation, the last step), auditing each rank's calls for the
+    handoff rules, then prove every interleaving of ``ranks`` ranks of the spec with the exhaustive checker.
+
+    A factory that raises, an adapter that fails, or a handoff violation raises AssertionError naming the rank.
+    With ``factory=None`` only the spec is checked, and the result says so (``adapters_exercised=False``).
+    """
+    from colo_fsm.guards.barrier import ThreadBarrier
+    from colo_fsm.testing.checker import check_all
+
+    result = check_all([ranks], spec=spec, **check_kwargs)
+    if factory is None:
+        return RanksResult(ranks, spec.name, 0, 0, result, adapters_exercised=False)
+    shared = threading.Barrier(ranks)
+    errors: dict[int, BaseException] = {}
+    calls = [0] * ranks
+    decided = {f for a in spec.actions for f in a.decides}
+
+    def run_rank(rank: int) -> None:
+        runner = LoopRunner()
+        try:
+            handle = KitHandle(spec)
+            try:
+                ad = as_adapters(_call_factory(factory, handle))
+            except Exception as exc:
+                raise AssertionError(f"rank {rank}: the adapter factory raised {type(exc).__name__}: {exc}") from exc
+            conditions = Conditions()
+            holder: list[Lifecycle] = []
+            log = EventLog(lambda: holder[0].state.value if holder else spec.initial.value, conditions)
+            faults = FaultSwitch()
+            collector = WatchedCollector(ad.collector, log, faults, runner) if ad.collector is not None else None
+            lc = Lifecycle(
+                WatchedEngine(ad.engine, log, faults, runner),
+                WatchedTrainer(ad.trainer, log, faults, runner),
+                collector,
+                config=LifecycleConfig(
+                    num_steps=steps,
+                    rank=rank,
+                    world_size=ranks,
+                    val_at_start=Fact.VALIDATE_AT_START in decided,
+                    val_at_end=True,
+                ),
+                drain=DeviceDrain(rank, synchronize=watched_synchronize(log, faults)),
+                barrier=WatchedBarrier(ThreadBarrier(shared, rank, timeout_s=timeout_s), log, faults, rank=rank),
+                checkpoint=CheckpointDecision(2),
+                validation=ValidationDecision(2),
+                validator=lambda _s, _w: {"accuracy": 1.0},
+                early_stop=LatchedDecision("early_stop", lambda _s: False) if Fact.STOP_EARLY in decided else None,
+                spec=spec,
+            )
+            holder.append(lc)
+            handle.lifecycle = lc
+            audit = HandoffAudit(spec, rank)
+            lc.start()
+            i = 0
+            while not lc.finished:
+                if ad.rollout is not None:
+                    ad.rollout()
+                lc.step([i])
+                if spec.state(lc.state).validates:
+                    lc.end_validation()
+                i += 1
+            lc.stop()
+            bad = audit.feed(log.events)
+            if bad:
+                raise AssertionError(f"rank {rank}: " + "; ".join(bad[:3]))
+            calls[rank] = len(log)
+            if ad.close is not None:
+                ad.close()
+        except BaseException as exc:  # reported below, per rank
+            errors[rank] = exc
+            shared.abort()
+        finally:
+            runner.close()
+
+    threads = [threading.Thread(target=run_rank, args=(r,), name=f"colo-fsm-rank-{r}") for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s * 4)
+    if errors:
+        first = min(errors)
+        raise AssertionError(
+            f"{len(errors)} of {ranks} ranks failed with your adapters; rank {first}: {errors[first]}"
+        ) from errors[first]
+    return RanksResult(ranks, spec.name, steps, sum(calls), result)
+
+
 def stats_snapshot() -> dict[str, int]:
     """A copy of :data:`STATS`."""
     with _STATS_LOCK:
@@ -963,12 +1387,15 @@ __all__ = [
     "STATS",
     "AdapterFactory",
     "Adapters",
+    "KitHandle",
     "LifecycleMachine",
+    "RanksResult",
     "RunConfig",
     "StepRecord",
     "as_adapters",
     "callable_targets",
     "check_lifecycle",
+    "exercise_ranks",
     "lifecycle_machine",
     "lifecycle_test_case",
     "recording_fakes",

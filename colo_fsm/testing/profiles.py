@@ -4,7 +4,8 @@
 * ``colo-fsm-deep``: 5000 random programs of up to 60 steps (``make test-deep``).
 * ``colo-fsm-dev``: 50 programs, for a quick local loop.
 
-The profiles are registered when :mod:`colo_fsm.testing` is imported, but never loaded globally: the lifecycle
+The profiles are registered when this module is imported with hypothesis installed (the ``[testing]`` extra;
+without it, importing still works and the functions that need hypothesis say so), but never loaded globally: the lifecycle
 machine's test case applies the active one (``COLO_FSM_HYPOTHESIS_PROFILE``, default ``colo-fsm-ci``) to itself
 only, so other hypothesis tests in the same session keep their own settings.
 """
@@ -12,27 +13,35 @@ only, so other hypothesis tests in the same session keep their own settings.
 from __future__ import annotations
 
 import os
-from typing import Any
-
-from hypothesis import HealthCheck, settings
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any
 
 from colo_fsm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hypothesis import settings
 
 PROFILE_ENV = "COLO_FSM_HYPOTHESIS_PROFILE"
 CI_PROFILE = "colo-fsm-ci"
 DEEP_PROFILE = "colo-fsm-deep"
 DEV_PROFILE = "colo-fsm-dev"
 
-_COMMON: dict[str, Any] = {
-    "deadline": None,
-    "suppress_health_check": list(HealthCheck),
-    "database": None,
-    "print_blob": True,
-}
+
+def hypothesis_available() -> bool:
+    """Whether hypothesis is installed (``pip install 'colo-fsm[testing]'``)."""
+    return find_spec("hypothesis") is not None
 
 
 def register_profiles() -> None:
     """Register the colo-fsm profiles with hypothesis (idempotent)."""
+    from hypothesis import HealthCheck, settings
+
+    _COMMON: dict[str, Any] = {
+        "deadline": None,
+        "suppress_health_check": list(HealthCheck),
+        "database": None,
+        "print_blob": True,
+    }
     settings.register_profile(CI_PROFILE, max_examples=500, derandomize=True, stateful_step_count=30, **_COMMON)
     settings.register_profile(DEEP_PROFILE, max_examples=5000, derandomize=False, stateful_step_count=60, **_COMMON)
     settings.register_profile(DEV_PROFILE, max_examples=50, derandomize=True, stateful_step_count=30, **_COMMON)
@@ -45,6 +54,8 @@ def active_profile() -> str:
 
 def lifecycle_settings(profile: str | None = None, **overrides: Any) -> settings:
     """Settings for a lifecycle machine run: a colo-fsm profile (default: the active one) plus ``overrides``."""
+    from hypothesis import settings
+
     register_profiles()
     name = profile or active_profile()
     if name not in PROFILES:
@@ -53,7 +64,8 @@ def lifecycle_settings(profile: str | None = None, **overrides: Any) -> settings
     return settings(settings.get_profile(name), **overrides)
 
 
-register_profiles()
+if hypothesis_available():
+    register_profiles()
 PROFILES = (CI_PROFILE, DEEP_PROFILE, DEV_PROFILE)
 """The colo-fsm hypothesis profiles."""
 
@@ -64,6 +76,7 @@ __all__ = [
     "PROFILES",
     "PROFILE_ENV",
     "active_profile",
+    "hypothesis_available",
     "lifecycle_settings",
     "register_profiles",
 ]

@@ -11,13 +11,17 @@ In your ``conftest.py``, say which adapters to test::
 and in a test module::
 
     def test_my_adapters_follow_the_lifecycle(colo_fsm_check_lifecycle):
-        colo_fsm_check_lifecycle()          # hundreds of programs, every DESIGN fact checked after every step
+        colo_fsm_check_lifecycle()          # hundreds of programs, every lifecycle rule checked after every step
 
 Fixtures: ``colo_fsm_adapters`` (override it; default: the recording fakes), ``colo_fsm_settings`` (the active
 hypothesis profile), ``colo_fsm_machine`` (the :class:`~colo_fsm.testing.lifecycle_machine.LifecycleMachine`
-subclass for your adapters), ``colo_fsm_check_lifecycle`` (run it now), ``colo_fsm_check_ranks`` (the exhaustive
-multi-rank checker). Option ``--colo-fsm-profile`` picks ``colo-fsm-ci`` (default), ``colo-fsm-deep`` or
+subclass for your adapters), ``colo_fsm_check_lifecycle`` (run it now), ``colo_fsm_check_ranks`` (N sets of your adapters as thread ranks,
+then the exhaustive multi-rank checker of the spec), ``colo_fsm_spec`` (the spec; default the shipped
+lifecycle). Option ``--colo-fsm-profile`` picks ``colo-fsm-ci`` (default), ``colo-fsm-deep`` or
 ``colo-fsm-dev`` (also ``COLO_FSM_HYPOTHESIS_PROFILE``).
+
+Without hypothesis (a core-only install) the plugin still loads: the profiles are not registered and the
+fixtures that need hypothesis fail with the command that installs it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ from typing import Any
 
 import pytest
 
-from colo_fsm.testing.profiles import PROFILE_ENV, PROFILES, register_profiles
+from colo_fsm.testing.profiles import PROFILE_ENV, PROFILES, hypothesis_available, register_profiles
+
+_NEEDS = "needs hypothesis: pip install 'colo-fsm[testing]'"
+
+
+def _require_hypothesis(fixture: str) -> None:
+    if not hypothesis_available():
+        pytest.fail(f"{fixture} {_NEEDS}", pytrace=False)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,7 +54,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    register_profiles()
+    if hypothesis_available():
+        register_profiles()
     profile = config.getoption("--colo-fsm-profile", default=None)
     if profile:
         if profile not in PROFILES:
@@ -54,6 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def colo_fsm_adapters() -> Callable[[], Any]:
     """A zero-argument factory of ``(engine, trainer, collector)`` or ``Adapters``; override it in conftest."""
+    _require_hypothesis("colo_fsm_adapters")
     from colo_fsm.testing.lifecycle_machine import recording_fakes
 
     return recording_fakes
@@ -62,6 +75,7 @@ def colo_fsm_adapters() -> Callable[[], Any]:
 @pytest.fixture
 def colo_fsm_settings() -> Any:
     """The hypothesis settings of the active colo-fsm profile."""
+    _require_hypothesis("colo_fsm_settings")
     from colo_fsm.testing.profiles import lifecycle_settings
 
     return lifecycle_settings()
@@ -70,26 +84,45 @@ def colo_fsm_settings() -> Any:
 @pytest.fixture
 def colo_fsm_machine(colo_fsm_adapters: Callable[[], Any]) -> type[Any]:
     """A :class:`~colo_fsm.testing.lifecycle_machine.LifecycleMachine` subclass driving your adapters."""
+    _require_hypothesis("colo_fsm_machine")
     from colo_fsm.testing.lifecycle_machine import lifecycle_machine
 
     return lifecycle_machine(colo_fsm_adapters)
 
 
 @pytest.fixture
-def colo_fsm_check_lifecycle(colo_fsm_adapters: Callable[[], Any], colo_fsm_settings: Any) -> Callable[..., None]:
+def colo_fsm_check_lifecycle(
+    colo_fsm_adapters: Callable[..., Any], colo_fsm_settings: Any, colo_fsm_spec: Any
+) -> Callable[..., None]:
     """Call to run the lifecycle machine on your adapters now; keyword arguments override machine settings
     (``async_training=False``, ``inject_faults=False``, ``use_async_lifecycle=True``, ``settings=...``)."""
+    _require_hypothesis("colo_fsm_check_lifecycle")
     from colo_fsm.testing.lifecycle_machine import check_lifecycle
 
     def run(settings: Any = None, **attrs: Any) -> None:
+        attrs.setdefault("spec", colo_fsm_spec)
         check_lifecycle(colo_fsm_adapters, settings=settings or colo_fsm_settings, **attrs)
 
     return run
 
 
 @pytest.fixture
-def colo_fsm_check_ranks() -> Callable[..., Any]:
-    """:func:`colo_fsm.testing.checker.check`: every interleaving of N ranks; returns a ``CheckResult``."""
-    from colo_fsm.testing.checker import check
+def colo_fsm_spec() -> Any:
+    """The lifecycle spec your adapters run (override it in conftest, e.g. ``colo_fsm.states.NEMO_RL``)."""
+    from colo_fsm.states.spec import LIFECYCLE
 
-    return check
+    return LIFECYCLE
+
+
+@pytest.fixture
+def colo_fsm_check_ranks(colo_fsm_adapters: Callable[..., Any], colo_fsm_spec: Any) -> Callable[..., Any]:
+    """Call with N: N sets of your adapters run a short run as thread ranks at one barrier (their calls audited),
+    then every interleaving of N ranks of the spec is checked. Returns a ``RanksResult`` (``.ok``, ``.check``);
+    pass ``adapters=False`` to check only the spec (the result then says ``adapters_exercised=False``)."""
+    from colo_fsm.testing.lifecycle_machine import exercise_ranks
+
+    def run(ranks: int, *, adapters: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("spec", colo_fsm_spec)
+        return exercise_ranks(colo_fsm_adapters if adapters else None, ranks, **kwargs)
+
+    return run

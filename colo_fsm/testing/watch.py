@@ -19,28 +19,23 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from colo_fsm.adapters.protocols import takes_weight_version
 from colo_fsm.errors import BarrierTimeout
-from colo_fsm.states.spec import Collective, CollectorCondition, EngineCondition, LifecycleSpec
+from colo_fsm.states.spec import LIFECYCLE, Collective, CollectorCondition, EngineCondition, Fact, LifecycleSpec, Role
 
-ADAPTER_CALLS: Mapping[tuple[str, str], str] = {
-    ("engine", "bring_up"): "build_engine",
-    ("engine", "server_base_urls"): "publish_server_urls",
-    ("engine", "suspend"): "suspend_engine",
-    ("engine", "resume"): "resume_engine",
-    ("engine", "shutdown"): "shutdown_engine",
-    ("trainer", "restore_buffers"): "restore_training_buffers",
-    ("trainer", "train_step"): "train_step",
-    ("trainer", "offload_buffers"): "offload_training_buffers",
-    ("trainer", "save_checkpoint"): "save_checkpoint",
-    ("collector", "pause"): "pause_collector",
-    ("collector", "resume"): "resume_collector",
-    ("device", "synchronize"): "drain_device",
-    ("barrier", "wait"): "barrier",
-}
-"""Which spec action each watched call implements (the runtime's binding of actions to adapter methods)."""
+ADAPTER_CALLS: Mapping[tuple[str, str], str] = LIFECYCLE.adapter_calls()
+"""Which action each watched call implements in the shipped lifecycle, read from the actions' declared ``calls``
+(another spec: ``spec.adapter_calls()``)."""
 
-FAULT_TARGETS: tuple[tuple[str, str], ...] = (*ADAPTER_CALLS, ("validator", "validate"))
-"""Every call the lifecycle machine can make fail."""
+VALIDATOR_TARGET = ("validator", "validate")
+
+FAULT_TARGETS: tuple[tuple[str, str], ...] = (*ADAPTER_CALLS, VALIDATOR_TARGET)
+"""Every call the lifecycle machine can make fail in the shipped lifecycle (another spec: :func:`fault_targets`)."""
+
+
+def fault_targets(spec: LifecycleSpec) -> tuple[tuple[str, str], ...]:
+    """Every call the lifecycle machine can make fail when it runs ``spec``: its actions' calls and the validator."""
+    return (*spec.adapter_calls(), VALIDATOR_TARGET)
 
 
 class InjectedFault(RuntimeError):
@@ -200,11 +195,20 @@ class _Watched:
             raise AttributeError(name)
         return getattr(self.target, name)
 
-    def _call(self, method: str, *args: Any, detail: Any = None) -> Any:
+    def _optional(self, method: str) -> Any:
+        """Journal an optional protocol method; call the adapter's own when it has one."""
+        if callable(getattr(self.target, method, None)):
+            return self._call(method)
+        self._log.add(self.component, method, "call")
+        self._faults.check(self.component, method)
+        self._log.add(self.component, method, "ok")
+        return None
+
+    def _call(self, method: str, *args: Any, detail: Any = None, **kwargs: Any) -> Any:
         self._log.add(self.component, method, "call", detail)
         try:
             self._faults.check(self.component, method)
-            result = getattr(self.target, method)(*args)
+            result = getattr(self.target, method)(*args, **kwargs)
             if inspect.isawaitable(result):
                 if self._runner is None:
                     raise TypeError(f"{type(self.target).__name__}.{method} is async; pass a LoopRunner")
@@ -268,6 +272,13 @@ class WatchedTrainer(_Watched):
     def save_checkpoint(self, step: int, weight_version: int, extra_state: Mapping[str, Any]) -> None:
         self._call("save_checkpoint", step, weight_version, extra_state, detail=(step, weight_version))
 
+    def finalize_checkpoint(self) -> None:
+        """Journaled always (the finalize action ran); the adapter's own hook is called when it has one."""
+        self._optional("finalize_checkpoint")
+
+    def teardown(self) -> None:
+        self._optional("teardown")
+
 
 class WatchedCollector(_Watched):
     """Proxy of a :class:`~colo_fsm.adapters.protocols.Collector`."""
@@ -278,9 +289,15 @@ class WatchedCollector(_Watched):
         self._call("pause")
         self._log.conditions.collector = CollectorCondition.PAUSED
 
-    def resume(self) -> None:
-        self._call("resume")
+    def resume(self, weight_version: int | None = None) -> None:
+        if weight_version is not None and takes_weight_version(self.target.resume):
+            self._call("resume", weight_version=weight_version, detail=weight_version)
+        else:
+            self._call("resume", detail=weight_version)
         self._log.conditions.collector = CollectorCondition.RUNNING
+
+    def teardown(self) -> None:
+        self._optional("teardown")
 
 
 class WatchedBarrier:
@@ -326,7 +343,7 @@ def watched_synchronize(log: EventLog, faults: FaultSwitch) -> Callable[[int], N
 # ---------------------------------------------------------------------------------------------- audits
 @dataclass
 class HandoffAudit:
-    """Replays the event log against DESIGN fact 2, independently of the machine's own ledger.
+    """Replays the event log against ``LifecycleRule.ONE_COMMUNICATOR``, independently of the machine's own ledger.
 
     Work is *issued* by the calls whose spec action declares ``issues`` (build, train, save, resume); it stays
     on this rank's device until a ``device.synchronize`` of ``local_rank``. Violations: a barrier reached with
@@ -342,6 +359,11 @@ class HandoffAudit:
     violations: list[str] = field(default_factory=list)
     _pos: int = 0
 
+    pending_save: bool = False
+
+    def __post_init__(self) -> None:
+        self._calls = self.spec.adapter_calls()
+
     def feed(self, events: list[Event]) -> list[str]:
         """Audit the events not seen yet; return the new violations."""
         new: list[str] = []
@@ -351,10 +373,11 @@ class HandoffAudit:
                 if ev.component == "barrier" and ev.phase == "ok":
                     self.complete = not self.dirty
                 continue
-            action = ADAPTER_CALLS.get((ev.component, ev.method))
+            action = self._calls.get((ev.component, ev.method))
             if action is None:
                 continue
-            if action == "drain_device":
+            role = self.spec.action(action).role
+            if role is Role.DRAIN:
                 if ev.detail != self.local_rank:
                     new.append(
                         f"event {ev.index} ({ev.state}): drained device {ev.detail}, not the device named by "
@@ -363,7 +386,7 @@ class HandoffAudit:
                 else:
                     self.dirty.clear()
                 continue
-            if action == "barrier":
+            if role is Role.BARRIER:
                 if self.dirty:
                     names = ", ".join(sorted(k.value for k in self.dirty))
                     new.append(
@@ -371,10 +394,17 @@ class HandoffAudit:
                         f"device {self.local_rank} (drain the own device first)"
                     )
                 continue
-            try:
-                kind = self.spec.action(action).issues
-            except KeyError:
-                kind = None
+            act = self.spec.action(action)
+            kind = act.issues
+            if kind is Collective.DECODE and self.pending_save:
+                new.append(
+                    f"event {ev.index} ({ev.state}): {ev.name} wakes the engine with the async save not finalized "
+                    "(every checkpoint collective completes before any wake)"
+                )
+            if Fact.SAVE_PENDING in act.writes():
+                self.pending_save = True
+            if Fact.SAVE_PENDING in act.cleared():
+                self.pending_save = False
             if kind is None:
                 continue
             if self.phase is not None and self.phase != kind and not self.complete:
@@ -414,5 +444,6 @@ __all__ = [
     "WatchedCollector",
     "WatchedEngine",
     "WatchedTrainer",
+    "fault_targets",
     "watched_synchronize",
 ]

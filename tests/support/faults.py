@@ -33,7 +33,7 @@ from colo_fsm.errors import ActionFailed, BarrierTimeout, LifecycleError
 from colo_fsm.guards.barrier import ThreadBarrier
 from colo_fsm.guards.decision import LatchedDecision
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
-from colo_fsm.states.spec import LIFECYCLE, LifecycleSpec, State
+from colo_fsm.states.spec import LIFECYCLE, LifecycleSpec, Role, State
 from colo_fsm.testing.fakes import Journal, RecordingCollector, RecordingEngine, RecordingTrainer
 from colo_fsm.testing.scenarios import StepPlan
 from colo_fsm.testing.watch import InjectedFault
@@ -643,10 +643,20 @@ def _barrier_after(spec: LifecycleSpec, scenario: Scenario, fault: FaultPoint | 
         idx = prog.index(fault)
         if kind is FaultKind.RAISE_AFTER:
             idx += 1
-    return any(p.action == "barrier" for p in prog[idx:])
+    return any(p.action is not None and spec.action(p.action).role is Role.BARRIER for p in prog[idx:])
 
 
 # ---------------------------------------------------------------------------------------------- judging
+def _role(action: str, spec: LifecycleSpec = LIFECYCLE) -> Role | None:
+    """The declared role of ``action`` (in ``spec``, else in any preset that declares it)."""
+    from colo_fsm.states.presets import PRESETS
+
+    for sp in (spec, *PRESETS.values()):
+        if action in {a.name for a in sp.actions}:
+            return sp.action(action).role
+    return None
+
+
 def check_outcome(run: FaultRun) -> list[str]:
     """Everything wrong with how the ranks ended (empty when the lifecycle handled the fault as documented)."""
     problems: list[str] = []
@@ -697,8 +707,9 @@ def check_outcome(run: FaultRun) -> list[str]:
             run.fault is not None
             and r == run.victim
             and o.state is S.FAILED
-            and (run.fault.action, run.kind)
-            in (("bump_weight_version", FaultKind.RAISE), ("train_step", FaultKind.RAISE_AFTER))
+            and run.fault.action is not None
+            and (_role(run.fault.action), run.kind)
+            in ((Role.BUMP, FaultKind.RAISE), (Role.TRAIN, FaultKind.RAISE_AFTER))
         )
         # a failure between the optimizer step and the bump leaves the version one behind (the run is Failed)
         if o.weight_version != o.trained and not (between and o.weight_version == o.trained - 1):

@@ -1,4 +1,4 @@
-"""Mutation proof: each lifecycle bug the design warns about, applied on purpose, must be caught.
+"""Mutation proof: each lifecycle bug, applied on purpose, must be caught (each names the rule it breaks).
 
 A :class:`Mutant` is the shipped lifecycle with one bug: a mutated :class:`~colo_fsm.states.spec.LifecycleSpec`
 (derived with ``dataclasses.replace``) or one swapped component (the drain, the checkpoint decision, the runtime
@@ -41,6 +41,7 @@ from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+from colo_fsm.states.presets import NEMO_RL
 from colo_fsm.states.rules import LifecycleRule
 from colo_fsm.states.spec import (
     LIFECYCLE,
@@ -48,6 +49,7 @@ from colo_fsm.states.spec import (
     EngineCondition,
     Fact,
     LifecycleSpec,
+    RequestCondition,
     State,
     TransitionSpec,
 )
@@ -61,10 +63,11 @@ from colo_fsm.testing.fakes import (
     RecordingTrainer,
     recording_adapters,
 )
-from colo_fsm.testing.scenarios import SCENARIOS, StepPlan
+from colo_fsm.testing.scenarios import StepPlan, scenarios_for
 
 KILLERS = ("validator", "runtime", "checker", "hypothesis", "properties", "ranks")
 S = State
+R = LifecycleRule
 
 
 # ---------------------------------------------------------------------------------------------- swapped components
@@ -308,7 +311,7 @@ def _wake_before_save_consistent() -> LifecycleSpec:
         _edge("conclude", S.TRAINING, S.CHECKPOINTING),
         actions=("offload_training_buffers", "drain_device", "barrier", "resume_engine", "save_checkpoint"),
     )
-    spec = edit_state(spec, S.CHECKPOINTING, engine=EngineCondition.AWAKE)
+    spec = edit_state(spec, S.CHECKPOINTING, engine=EngineCondition.AWAKE, requests=RequestCondition.RUNNING)
     for dest in (S.DONE, S.WAKING):
         spec = edit_transitions(
             spec, _edge("conclude", S.CHECKPOINTING, dest), actions=("suspend_engine", "drain_device", "barrier")
@@ -324,12 +327,67 @@ def _last_step_wakes() -> LifecycleSpec:
             _edge("conclude", source, S.DONE),
             actions=(*_actions(spec, "conclude", source, S.DONE), "resume_engine", "resume_collector"),
         )
-    spec = edit_state(spec, S.DONE, engine=EngineCondition.AWAKE, collector=CollectorCondition.RUNNING)
+    spec = edit_state(
+        spec,
+        S.DONE,
+        engine=EngineCondition.AWAKE,
+        collector=CollectorCondition.RUNNING,
+        requests=RequestCondition.RUNNING,
+    )
     return edit_transitions(
         spec,
         _edge("stop", S.DONE, S.STOPPED),
         actions=("pause_collector", "suspend_engine", "drain_device", "barrier", "shutdown_engine"),
     )
+
+
+def _nemo_wake_before_finalize() -> LifecycleSpec:
+    spec = edit_transitions(NEMO_RL, _edge("conclude", S.CHECKPOINTING, S.WAKING), actions=("drain_device", "barrier"))
+    return edit_transitions(spec, _edge("resume", S.WAKING, S.GENERATING), unless=())
+
+
+def _nemo_validation_after_save() -> LifecycleSpec:
+    F = Fact
+    spec = edit_transitions(
+        NEMO_RL,
+        _edge("conclude", S.TRAINING, S.VALIDATING),
+        when=(F.STEP_TRAINED, F.VALIDATE_THIS_STEP),
+        unless=(F.SAVE_THIS_STEP,),
+    )
+    spec = edit_transitions(
+        spec, _edge("conclude", S.TRAINING, S.CHECKPOINTING), when=(F.STEP_TRAINED, F.SAVE_THIS_STEP), unless=()
+    )
+    spec = edit_transitions(spec, _edge("conclude", S.CHECKPOINTING, S.DONE), unless=(F.VALIDATE_THIS_STEP,))
+    spec = edit_transitions(
+        spec, _edge("conclude", S.CHECKPOINTING, S.WAKING), unless=(F.LAST_STEP, F.VALIDATE_THIS_STEP)
+    )
+    after_save = TransitionSpec(
+        "conclude",
+        S.CHECKPOINTING,
+        S.VALIDATING,
+        ("finalize_checkpoint", "drain_device", "barrier", "resume_engine"),
+        when=(F.VALIDATE_THIS_STEP,),
+        automatic=True,
+        description="MUTANT: validate after the save",
+    )
+    spec = dataclasses.replace(spec, transitions=(*spec.transitions, after_save))
+    spec = edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.CHECKPOINTING), when=(F.STOP_EARLY,))
+    spec = edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.DONE), unless=(F.STOP_EARLY,))
+    return edit_transitions(spec, _edge("conclude", S.CONCLUDING, S.GENERATING), unless=(F.STOP_EARLY, F.LAST_STEP))
+
+
+def _nemo_early_stop_without_save() -> LifecycleSpec:
+    acts = tuple(
+        dataclasses.replace(a, upgrades=(Fact.LAST_STEP,)) if a.name == "latch_early_stop" else a
+        for a in NEMO_RL.actions
+    )
+    return dataclasses.replace(NEMO_RL, actions=acts)
+
+
+def _nemo_val_at_end_resumes_collection() -> LifecycleSpec:
+    spec = edit_transitions(NEMO_RL, _edge("conclude", S.CONCLUDING, S.GENERATING), unless=(Fact.SAVE_THIS_STEP,))
+    ts = tuple(t for t in spec.transitions if not _edge("conclude", S.CONCLUDING, S.DONE)(t))
+    return dataclasses.replace(spec, transitions=ts)
 
 
 # ---------------------------------------------------------------------------------------------- mutants
@@ -338,7 +396,7 @@ class Mutant:
     """The shipped lifecycle with one deliberate bug."""
 
     name: str
-    breaks: str  # the DESIGN section 2 fact it breaks
+    breaks: LifecycleRule | None  # the lifecycle rule it breaks (None: the unmutated control)
     description: str
     spec: LifecycleSpec = LIFECYCLE
     drain_class: Callable[..., Any] = DeviceDrain
@@ -353,6 +411,12 @@ class Mutant:
     batcher_class: Callable[[], type[Any]] | None = None  # an engine loop (ContinuousBatcher) class, built lazily
     engine_factory: Callable[[int], Any] = resetting_engine  # rank -> engine, for the ranks killer
     expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
+
+    def __post_init__(self) -> None:
+        if self.breaks in (None, "-"):  # an unmutated control breaks nothing
+            object.__setattr__(self, "breaks", None)
+        else:
+            object.__setattr__(self, "breaks", LifecycleRule.of(self.breaks))
 
     def checker_kwargs(self, scenario: str = "all-step-kinds") -> dict[str, Any]:
         """Keyword arguments for :func:`colo_fsm.testing.checker.check` that apply this mutant."""
@@ -387,14 +451,14 @@ _NOT_VALIDATOR = frozenset({"runtime", "checker", "hypothesis"})
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "resume-before-barrier",
-        "2: drain + barrier before the resume signal",
+        R.ONE_COMMUNICATOR,
         "the wake path resumes the engine first, then drains and meets the barrier",
         spec=_resume_before_barrier(),
-        expected=_NOT_VALIDATOR,
+        expected=_ALL,  # the validator's path rule: decode after train work with no drain + barrier between
     ),
     Mutant(
         "resume-between-drain-and-barrier",
-        "2: drain + barrier before the resume signal",
+        R.ONE_COMMUNICATOR,
         "the validation wake signals resume after the drain but before the barrier",
         spec=edit_transitions(
             LIFECYCLE,
@@ -405,7 +469,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "barrier-without-drain",
-        "2: each rank drains its own device, then the barrier",
+        R.ONE_COMMUNICATOR,
         "the handoff to training meets the barrier without draining the device first",
         spec=edit_transitions(
             LIFECYCLE,
@@ -416,35 +480,35 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "drain-calling-thread-device",
-        "2: drain the device named by LOCAL_RANK",
+        R.ONE_COMMUNICATOR,
         "the drain synchronizes the calling thread's current device (device 0 when set_device was never called)",
         drain_class=CallingThreadDrain,
         expected=frozenset({"checker", "hypothesis"}),
     ),
     Mutant(
         "checkpoint-decision-queried-twice",
-        "4: decide once (latch)",
+        R.DECIDE_ONCE,
         "the save guard asks the checkpoint rule again instead of reading the latched decision",
         lifecycle_class=RequeryingLifecycle,
         expected=frozenset({"hypothesis"}),
     ),
     Mutant(
         "checkpoint-decision-not-latched",
-        "4: decide once (latch)",
+        R.DECIDE_ONCE,
         "the checkpoint decision re-evaluates its rules on every query; a second site gets a different answer",
         checkpoint_class=UnlatchedCheckpointDecision,
         expected=frozenset({"hypothesis", "properties"}),
     ),
     Mutant(
         "checkpoint-decision-not-agreed",
-        "4: decide once, the same decision everywhere",
+        R.DECIDE_ONCE,
         "rank 0 latches a save its peers did not (no agree/broadcast across ranks)",
         rank0_steps=(StepPlan(save=True), StepPlan(), StepPlan(validate=True), StepPlan(True, True), StepPlan()),
         expected=frozenset({"checker"}),
     ),
     Mutant(
         "wake-between-train-and-save",
-        "3: checkpoints suspend everything",
+        R.CHECKPOINT_SUSPENDS,
         "the post-step wake happens before the save that follows the training step",
         spec=edit_transitions(
             LIFECYCLE,
@@ -455,14 +519,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "wake-between-train-and-save-declared",
-        "3: checkpoints suspend everything",
-        "as above, with Checkpointing re-declared 'engine awake' so the static validator has nothing to object to",
+        R.CHECKPOINT_SUSPENDS,
+        "as above, with Checkpointing re-declared 'engine awake' so the conditions agree (the path rule still objects)",
         spec=_wake_before_save_consistent(),
-        expected=_NOT_VALIDATOR,
+        expected=_ALL,
     ),
     Mutant(
         "teardown-at-validation",
-        "1: build once, teardown only at Stopped",
+        R.BUILD_ONCE,
         "the engine is torn down and rebuilt at the validation boundary",
         spec=edit_transitions(
             LIFECYCLE,
@@ -473,14 +537,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "last-step-wakes",
-        "3: the last step never wakes the engine",
+        R.CHECKPOINT_SUSPENDS,
         "the last step resumes engine and collector (Done re-declared awake, so the validator agrees)",
         spec=_last_step_wakes(),
         expected=frozenset({"checker", "hypothesis"}),
     ),
     Mutant(
         "weight-version-bumped-twice",
-        "5: weight version +1 exactly once per step",
+        R.WEIGHT_VERSIONS,
         "the training transition bumps the weight version twice",
         spec=edit_transitions(
             LIFECYCLE,
@@ -491,7 +555,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "weight-version-not-bumped",
-        "5: weight version +1 exactly once per step",
+        R.WEIGHT_VERSIONS,
         "the training transition never bumps the weight version",
         spec=edit_transitions(
             LIFECYCLE, _edge("train", S.DRAINING, S.TRAINING), actions=("restore_training_buffers", "train_step")
@@ -500,56 +564,56 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "buffer-trains-on-stale",
-        "5: a trajectory older than max_trajectory_age_steps is not trained on",
+        R.WEIGHT_VERSIONS,
         "the replay buffer never evicts by age, so sample() can return stale groups",
         buffer_class=lambda: _stale_tolerant_buffer(),
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "buffer-drops-stale-silently",
-        "5: a stale trajectory is counted, not silently dropped",
+        R.WEIGHT_VERSIONS,
         "the replay buffer evicts stale groups without counting them",
         buffer_class=lambda: _silently_dropping_buffer(),
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "staleness-from-newest-version",
-        "5: a trajectory's age is counted from the oldest weight version it was generated under",
+        R.WEIGHT_VERSIONS,
         "the replay buffer counts the age of a group that spans versions (parked through a step) from its newest",
         buffer_class=lambda: _newest_version_buffer(),
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "in-flight-cap-ignores-actor",
-        "6: bounded in-flight work (actor capacity, control headroom)",
+        R.BOUNDED_INFLIGHT,
         "the in-flight cap is num_prompts_per_step * max_trajectory_age_steps only",
         cap_class=AgeOnlyInFlightCap,
         expected=frozenset({"hypothesis", "properties"}),
     ),
     Mutant(
         "parallelism-check-ignores-expert-parallel",
-        "7: parallelism must match (TP, PP, EP, ETP raise)",
+        R.PARALLELISM_MATCHES,
         "the generation-side parallelism check compares TP and PP only",
         parallelism_check=parallelism_check_tp_pp_only,
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "parallelism-cp-mismatch-silent",
-        "7: a different context_parallel_size warns",
+        R.PARALLELISM_MATCHES,
         "a generation-side context_parallel_size that cannot apply is ignored without a warning",
         parallelism_check=parallelism_check_cp_silent,
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "throughput-against-step",
-        "8: throughput against wall-clock, not the step",
+        R.WALL_CLOCK_THROUGHPUT,
         "metrics are written against the step count instead of elapsed wall-clock seconds",
         metrics_logger=step_axis_metrics_logger,
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "suspend-not-at-step-boundary",
-        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, suspend at a decode-step boundary",
+        R.PARK_NOT_DRAIN,
         "suspend suspends the engine at once and the engine loop keeps decoding through the handoff",
         batcher_class=_no_boundary_suspend_batcher,
         expected=frozenset({"properties"}),
@@ -564,21 +628,21 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "parked-request-dropped-on-resume",
-        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, each parked request resumes",
+        R.PARK_NOT_DRAIN,
         "the resume forgets the parked requests: they never complete",
         batcher_class=_dropping_resume_batcher,
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "parked-request-resumed-twice",
-        f"{LifecycleRule.PARK_NOT_DRAIN.number}: {LifecycleRule.PARK_NOT_DRAIN.value}, each parked request resumes once",
+        R.PARK_NOT_DRAIN,
         "the resume adds every parked request to the engine again: its tokens are generated twice",
         batcher_class=_double_resume_batcher,
         expected=frozenset({"properties"}),
     ),
     Mutant(
         "inference-optimized-training-without-opt-in",
-        "9: dual-mode training stays opt-in",
+        R.DUAL_MODE_OPT_IN,
         "a dual-mode (inference_optimized) model is trained without allow_inference_optimized_training",
         trainable_check=trainable_without_opt_in,
         expected=frozenset({"properties"}),
@@ -596,6 +660,34 @@ MUTANTS: tuple[Mutant, ...] = (
         "the engine's suspend resets the model mode on one rank only; the others keep their decode-time padding",
         engine_factory=one_rank_resets_mode,
         expected=frozenset({"ranks"}),
+    ),
+    Mutant(
+        "nemo-wake-before-finalize",
+        f"{LifecycleRule.CHECKPOINT_SUSPENDS.number}: every checkpoint collective done before any wake",
+        "the NeMo-RL preset wakes after an async save without its finalize (the save still runs in the background)",
+        spec=_nemo_wake_before_finalize(),
+        expected=_ALL,
+    ),
+    Mutant(
+        "nemo-validation-after-save",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: the step order is the spec's (NeMo-RL validates before the save)",
+        "the NeMo-RL preset saves first and validates after, so the step's validation metric misses the checkpoint",
+        spec=_nemo_validation_after_save(),
+        expected=_NOT_VALIDATOR,
+    ),
+    Mutant(
+        "nemo-early-stop-without-save",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: an early stop upgrades its step to save-and-stop",
+        "the NeMo-RL preset's early stop ends the run without saving",
+        spec=_nemo_early_stop_without_save(),
+        expected=frozenset({"validator", "checker", "hypothesis"}),
+    ),
+    Mutant(
+        "nemo-val-at-end-resumes-collection",
+        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: the last step's validation wake never resumes collection",
+        "the NeMo-RL preset resumes the collector after validating on the last step",
+        spec=_nemo_val_at_end_resumes_collection(),
+        expected=frozenset({"checker", "hypothesis"}),
     ),
 )
 """Every mutant the proof runs."""
@@ -619,11 +711,20 @@ def kill_by_runtime(m: Mutant) -> str | None:
     """
     _j, engine, trainer, collector, _ = recording_adapters()
     clock = FakeClock()
+    decided = {f for a in m.spec.actions for f in a.decides}
+    nemo = Fact.STOP_EARLY in decided or Fact.VALIDATE_AT_START in decided
     lc = m.lifecycle_class(
         engine,
         trainer,
         collector,
-        config=LifecycleConfig(num_steps=6, rank=0, world_size=1),
+        config=LifecycleConfig(
+            num_steps=6,
+            rank=0,
+            world_size=1,
+            val_at_start=Fact.VALIDATE_AT_START in decided,
+            val_at_end=nemo,
+        ),
+        early_stop=LatchedDecision("early_stop", lambda step: False) if Fact.STOP_EARLY in decided else None,
         drain=m.drain_class(3, synchronize=lambda _d: None),
         checkpoint=m.checkpoint_class(2, must_save_by_s=25.0, clock=clock, deadline_stop=False),
         validation=LatchedDecision("validation", lambda step: step in (2, 3)),
@@ -652,7 +753,7 @@ def kill_by_runtime(m: Mutant) -> str | None:
 def kill_by_checker(m: Mutant, ranks: Sequence[int] = (2, 3)) -> str | None:
     """The first violation the exhaustive checker finds (with the shortest counterexample's length), or None."""
     for n in ranks:
-        for scenario in SCENARIOS:
+        for scenario in scenarios_for(m.spec):
             kwargs = m.checker_kwargs(scenario)
             if "rank0_steps" in kwargs and scenario != "all-step-kinds":
                 continue
@@ -807,7 +908,7 @@ class MutantResult:
 
 def evaluate(m: Mutant, killers: Iterable[str] = KILLERS, *, hypothesis_examples: int = 300) -> MutantResult:
     """Run ``killers`` against ``m`` (the hypothesis killer with up to ``hypothesis_examples`` programs)."""
-    res = MutantResult(m.name, m.breaks, expected=sorted(m.expected))
+    res = MutantResult(m.name, m.breaks.value if m.breaks else "-", expected=sorted(m.expected))
     for k in killers:
         t0 = time.perf_counter()
         evidence = kill_by_hypothesis(m, hypothesis_examples) if k == "hypothesis" else _KILL[k](m)
@@ -820,7 +921,7 @@ def evaluate(m: Mutant, killers: Iterable[str] = KILLERS, *, hypothesis_examples
 
 
 def table(results: Sequence[MutantResult]) -> str:
-    """A text table: mutant, a mark per killer (x killed, . not, - not run), and the fact it breaks."""
+    """A text table: mutant, a mark per killer (x killed, . not, - not run), and the rule it breaks."""
     widths = [max(len(k), 7) for k in KILLERS]
     head = f"{'mutant':<44} " + " ".join(f"{k:>{w}}" for k, w in zip(KILLERS, widths)) + "  breaks"
     lines = [head, "-" * len(head)]

@@ -1,16 +1,22 @@
-"""Property-based checks of the single components behind lifecycle facts 4, 6, 7, 8 and 9.
+"""Property-based checks of colo-fsm's own components, each marked with the lifecycle rule it checks.
 
 Each function runs a small ``hypothesis`` search against one component (ours by default, or yours / a mutant
-passed in) and raises ``AssertionError`` with a counterexample when the component breaks its fact:
+passed in) and raises ``AssertionError`` with a counterexample, marked with the rule, when the component breaks it
+(:func:`~colo_fsm.states.rules.rule_of` gives a function's rule):
 
-* :func:`check_latch_property`: fact 4, a checkpoint decision asked twice in a step gives one answer, and a
-  "must save by" deadline is never lost;
-* :func:`check_in_flight_cap_property`: fact 6, the cap leaves the control headroom of the receiving actor free;
-* :func:`check_parallelism_property`: fact 7, TP/PP/EP/ETP mismatches raise naming both values, CP warns;
-* :func:`check_wall_clock_metrics_property`: fact 8, throughput is logged against elapsed wall-clock time;
-* :func:`check_trainable_property`: fact 9, training a dual-mode (inference_optimized) model is opt-in;
-* :func:`check_parking_property`: ``LifecycleRule.PARK_NOT_DRAIN``, the engine loop suspends at a decode-step
-  boundary with its requests parked, and each parked request resumes exactly once.
+* :func:`check_latch_property` (``DECIDE_ONCE``): a checkpoint decision asked twice in a step gives one answer,
+  and a "must save by" deadline is never lost;
+* :func:`check_in_flight_cap_property` (``BOUNDED_INFLIGHT``): the cap leaves the receiving actor's control
+  headroom free;
+* :func:`check_parallelism_property` (``PARALLELISM_MATCHES``): TP/PP/EP/ETP mismatches raise naming both
+  values, CP warns;
+* :func:`check_wall_clock_metrics_property` (``WALL_CLOCK_THROUGHPUT``): throughput is logged against elapsed
+  wall-clock time;
+* :func:`check_replay_buffer_property` (``WEIGHT_VERSIONS``): no stale group sampled, none silently dropped;
+* :func:`check_trainable_property` (``DUAL_MODE_OPT_IN``): training a dual-mode (inference_optimized) model is
+  opt-in (needs megatron-core).
+* :func:`check_parking_property` (``PARK_NOT_DRAIN``): the engine loop suspends at a decode-step boundary with
+  its requests parked, and each parked request resumes exactly once.
 """
 
 from __future__ import annotations
@@ -32,7 +38,10 @@ from colo_fsm.guards.parallelism import (
     ParallelismWarning,
     check_parallelism,
 )
+from colo_fsm.states.rules import LifecycleRule, checks
 from colo_fsm.testing.fakes import FakeClock
+
+R = LifecycleRule
 
 
 def _settings(max_examples: int) -> settings:
@@ -45,8 +54,9 @@ def _settings(max_examples: int) -> settings:
     )
 
 
+@checks(R.DECIDE_ONCE)
 def check_latch_property(decision_class: Callable[..., Any] = CheckpointDecision, max_examples: int = 200) -> None:
-    """Fact 4: within a step every query agrees; period and the one-shot deadline decide exactly as documented."""
+    """Within a step every query agrees; period and the one-shot deadline decide exactly as documented."""
 
     @_settings(max_examples)
     @given(
@@ -72,8 +82,9 @@ def check_latch_property(decision_class: Callable[..., Any] = CheckpointDecision
     prop()
 
 
+@checks(R.BOUNDED_INFLIGHT)
 def check_in_flight_cap_property(cap_class: Callable[..., InFlightCap] = InFlightCap, max_examples: int = 300) -> None:
-    """Fact 6: ``value * samples_per_group <= actor_max_concurrency - control_headroom`` and within the age bound."""
+    """``value * samples_per_group <= actor_max_concurrency - control_headroom`` and within the age bound."""
 
     @_settings(max_examples)
     @given(
@@ -98,8 +109,9 @@ def check_in_flight_cap_property(cap_class: Callable[..., InFlightCap] = InFligh
     prop()
 
 
+@checks(R.PARALLELISM_MATCHES)
 def check_parallelism_property(check: Callable[[Any, Any], Any] = check_parallelism, max_examples: int = 300) -> None:
-    """Fact 7: a TP/PP/EP/ETP mismatch raises naming both values; a CP mismatch only warns; equal sizes pass."""
+    """A TP/PP/EP/ETP mismatch raises naming both values; a CP mismatch only warns; equal sizes pass."""
     sizes = st.sampled_from([1, 2, 4, 8])
     fields = (*WEIGHT_SHARDING_FIELDS, *ACTIVATION_SHARDING_FIELDS)
 
@@ -123,8 +135,9 @@ def check_parallelism_property(check: Callable[[Any, Any], Any] = check_parallel
     prop()
 
 
+@checks(R.WALL_CLOCK_THROUGHPUT)
 def check_wall_clock_metrics_property(logger_class: Callable[..., Any] | None = None, max_examples: int = 50) -> None:
-    """Fact 8: each record's ``elapsed_s`` is wall-clock time since start (not the step), throughput per second."""
+    """Each record's ``elapsed_s`` is wall-clock time since start (not the step), throughput per second."""
     if logger_class is None:
         from colo_fsm.metrics import MetricsLogger
 
@@ -154,8 +167,9 @@ def check_wall_clock_metrics_property(logger_class: Callable[..., Any] | None = 
     prop()
 
 
+@checks(R.WEIGHT_VERSIONS)
 def check_replay_buffer_property(buffer_class: Callable[..., Any] | None = None, max_examples: int = 200) -> None:
-    """Fact 5 (staleness half): no group older than ``max_trajectory_age_steps`` is ever sampled, and every group
+    """The staleness half: no group older than ``max_trajectory_age_steps`` is ever sampled, and every group
     put is accounted for as sampled, evicted (counted) or still buffered -- never silently dropped. Groups may
     span weight versions (parked through a step); their age is counted from the oldest version."""
     from colo_fsm.adapters.protocols import Completion
@@ -201,8 +215,9 @@ def check_replay_buffer_property(buffer_class: Callable[..., Any] | None = None,
     prop()
 
 
+@checks(R.DUAL_MODE_OPT_IN)
 def check_trainable_property(check: Callable[..., None] | None = None) -> None:
-    """Fact 9: an ``inference_optimized`` model trains only with ``allow_inference_optimized_training=True``."""
+    """An ``inference_optimized`` model trains only with ``allow_inference_optimized_training=True``."""
     if check is None:
         from colo_fsm.adapters.megatron.model import check_trainable
 
@@ -312,8 +327,9 @@ class ScriptedStepBackend:
         self.rows = []
 
 
+@checks(R.PARK_NOT_DRAIN)
 def check_parking_property(batcher_class: Callable[..., Any] | None = None, max_examples: int = 15) -> None:
-    """``LifecycleRule.PARK_NOT_DRAIN``: suspend returns with no decode step in flight and none runs until the
+    """Suspend returns with no decode step in flight and none runs until the
     resume; requests admitted before it are parked (not waited for); after the resume each parked request
     continues exactly once, under the new weight version, and completes with exactly its own tokens."""
     import threading

@@ -16,6 +16,54 @@ from typing import Any
 
 import ray
 
+from colo_fsm.ray.actors import WorkerAdapters
+from colo_fsm.ray.fakes import HoldingGenerator, HoldingWorkerFactory
+
+
+@ray.remote(num_cpus=0, max_concurrency=10_000)
+class Release:
+    """A one-shot signal the test sends: held rollouts wait on it, so what runs before what does not depend on
+    how fast the machine is (a rollout held for a fixed time may finish before a loaded test looks)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    async def send(self) -> None:
+        self._event.set()
+
+    async def reset(self) -> None:
+        self._event = asyncio.Event()
+
+
+class HeldGenerator(HoldingGenerator):
+    """Echoes each prompt once the test sends :class:`Release` (refuses unless its engine is awake)."""
+
+    def __init__(self, engine: Any, release: Any) -> None:
+        super().__init__(engine, 0.0)
+        self.release = release
+
+    async def agenerate(
+        self, prompts: Any, *, max_tokens: int, temperature: float = 0.0, seed: int | None = None
+    ) -> list[Any]:
+        self._out(prompts, max_tokens)
+        await self.release.wait.remote()
+        return self._out(prompts, max_tokens)
+
+
+class HeldWorkerFactory(HoldingWorkerFactory):
+    """:class:`~colo_fsm.ray.fakes.HoldingWorkerFactory` whose rollouts wait for ``release`` instead of a time."""
+
+    def __init__(self, release: Any, **kwargs: Any) -> None:
+        super().__init__(0.0, **kwargs)
+        self.release = release
+
+    def __call__(self, rank: int) -> WorkerAdapters:
+        a = super().__call__(rank)
+        return WorkerAdapters(a.engine, a.trainer, HeldGenerator(a.engine, self.release))
+
 
 @dataclass
 class SaturationResult:
@@ -33,6 +81,12 @@ class SaturationResult:
     """With ``control_method="health"``: how many of the submitted rollout calls had returned when each
     control call ran (0 for a call that did not queue behind them and ran before the first finished;
     at least ``rollout_calls - max_concurrency`` for one that waited in the same queue)."""
+    returned_before_release: int = 0
+    """With a :class:`Release`: control calls that returned while every rollout was still held."""
+    calls_seen: list[int] = field(default_factory=list)
+    """With ``control_method="health"``: how many of the submitted rollout calls the actor had started when each
+    control call ran (all of them for a call queued behind them in one queue: Ray runs an actor's calls of one
+    group in submission order)."""
 
     def percentile(self, q: float) -> float:
         """The ``q``-th percentile (0-100) of the latencies (nearest rank)."""
@@ -100,6 +154,8 @@ def measure_control_latency(
     settle_s: float = 0.3,
     probe_active: bool = False,
     timeout_s: float = 60.0,
+    release: Any = None,
+    wait_before_release_s: float | None = None,
 ) -> SaturationResult:
     """Saturate ``worker`` with ``rollout_calls`` ``generate`` calls, then time ``control_calls`` control calls.
 
@@ -107,10 +163,18 @@ def measure_control_latency(
     Control calls are issued every ``interval_s`` without waiting for the previous one. With
     ``control_method="health"`` the result also says how many rollouts had returned when each control call ran
     (:attr:`SaturationResult.completed_seen`), which shows queueing independently of the machine's speed.
+
+    With ``release`` (a :class:`Release` the worker's rollouts wait on: :class:`HeldWorkerFactory`) no rollout
+    finishes until the control calls were issued and waited for ``wait_before_release_s`` (default: until all
+    returned); :attr:`SaturationResult.returned_before_release` counts those that returned while every rollout
+    was held. Latencies are then not measured.
     """
+    if release is not None:
+        ray.get(release.reset.remote())
     res = SaturationResult(label, rollout_calls, max_concurrency, hold_s)
     ray.get(getattr(worker, control_method).remote())  # warm the control path
-    completed_before = ray.get(worker.health.remote())["completed"]
+    before = ray.get(worker.health.remote())
+    completed_before, calls_before = before["completed"], before["calls"]
     t0 = time.monotonic()
     rollouts = [worker.generate.remote([f"p{i}"], 4, 0.0, None) for i in range(rollout_calls)]
     res.submit_s = time.monotonic() - t0
@@ -119,11 +183,23 @@ def measure_control_latency(
     time.sleep(settle_s)
     if probe_active:
         res.active_at_start = _probe_active(worker, min(rollout_calls, max_concurrency), time.monotonic() + timeout_s)
-    timed = asyncio.run(_timed_control_calls(worker, control_method, control_calls, interval_s, timeout_s))
-    res.latencies_s = [lat for lat, _ in timed]
+    if release is not None:
+        refs = []
+        for _ in range(control_calls):
+            refs.append(getattr(worker, control_method).remote())
+            time.sleep(interval_s)
+        wait = timeout_s if wait_before_release_s is None else wait_before_release_s
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait)
+        res.returned_before_release = len(ready)
+        ray.get(release.send.remote())
+        timed = [(float("nan"), out) for out in ray.get(refs, timeout=timeout_s)]
+    else:
+        timed = asyncio.run(_timed_control_calls(worker, control_method, control_calls, interval_s, timeout_s))
+        res.latencies_s = [lat for lat, _ in timed]
     res.completed_seen = [
         out["completed"] - completed_before for _, out in timed if isinstance(out, dict) and "completed" in out
     ]
+    res.calls_seen = [out["calls"] - calls_before for _, out in timed if isinstance(out, dict) and "calls" in out]
     done, _ = ray.wait(rollouts, num_returns=len(rollouts), timeout=timeout_s)
     res.completed_rollouts = len(done)
     return res
@@ -155,6 +231,9 @@ class SuspendResult:
     completed_at_suspend: int = 0
     """Rollout calls that had returned when the engine was suspended (at most ``max_concurrency`` when the
     suspend did not queue behind the rollouts submitted before it)."""
+    calls_at_suspend: int = 0
+    """Rollout calls the actor had started (taken a slot for) when the suspend returned: each one either finished
+    before the gate closed or waits at it."""
 
 
 def measure_suspend(
@@ -166,18 +245,37 @@ def measure_suspend(
     settle_s: float = 0.3,
     suspended_for_s: float = 0.2,
     timeout_s: float = 60.0,
+    release: Any = None,
+    max_concurrency: int = 1000,
 ) -> SuspendResult:
     """Saturate ``worker``, suspend it, check nothing runs while suspended, resume, and count the rollouts.
 
     With control calls in their own group, ``suspend`` waits only for the rollouts already running (their
     remaining hold); queued rollouts wait at the gate and run after ``resume``. In one shared queue, the
     suspend call itself first waits for a free slot behind the queued rollouts.
+
+    With ``release`` the suspend is issued while ``max_concurrency`` rollouts are held running (and the rest
+    queued), and the rollouts are released only once the gate is closed: what ran before the suspend is then a
+    count the machine's speed cannot change.
     """
-    completed_before = ray.get(worker.health.remote())["completed"]
+    if release is not None:
+        ray.get(release.reset.remote())
+    before = ray.get(worker.health.remote())
+    completed_before, calls_before = before["completed"], before["calls"]
     rollouts = [worker.generate.remote([f"s{i}"], 4, 0.0, None) for i in range(rollout_calls)]
-    time.sleep(settle_s)
     t0 = time.monotonic()
-    ray.get(worker.suspend.remote(), timeout=timeout_s)
+    if release is None:
+        time.sleep(settle_s)
+        t0 = time.monotonic()
+        ray.get(worker.suspend.remote(), timeout=timeout_s)
+    else:
+        _probe_active(worker, min(rollout_calls, max_concurrency), time.monotonic() + timeout_s)
+        suspending = worker.suspend.remote()
+        deadline = time.monotonic() + timeout_s
+        while ray.get(worker.health.remote(), timeout=timeout_s)["gate"] == "open" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ray.get(release.send.remote())
+        ray.get(suspending, timeout=timeout_s)
     suspend_s = time.monotonic() - t0
     health = ray.get(worker.health.remote(), timeout=timeout_s)
     time.sleep(suspended_for_s)
@@ -193,6 +291,7 @@ def measure_suspend(
         ok,
         failed,
         completed_at_suspend=health["completed"] - completed_before,
+        calls_at_suspend=health["calls"] - calls_before,
     )
 
 
@@ -274,6 +373,9 @@ def measure_training_step(
 
 
 __all__ = [
+    "HeldGenerator",
+    "HeldWorkerFactory",
+    "Release",
     "SaturationResult",
     "SuspendResult",
     "TrainingResult",

@@ -14,7 +14,7 @@ import importlib.util
 
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.megatron")
+log = get_logger(__name__)
 
 INFERENCE_LINEAR_TYPES: dict[str, str] = {
     "InferenceColumnParallelLinear": "column",

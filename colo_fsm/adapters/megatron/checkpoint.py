@@ -39,7 +39,7 @@ import torch
 from colo_fsm.errors import ConfigError
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.megatron")
+log = get_logger(__name__)
 
 LATEST = "latest"
 META = "colo_fsm.json"

@@ -220,7 +220,8 @@ class CpuStepLoop:
     """A :class:`~colo_fsm.adapters.batching.StepBackend` on the model object itself (no KV cache).
 
     Log-probs are of the model's untempered distribution (what the trainer's importance ratio compares
-    against). A request with a ``seed`` samples from its own generator, so its tokens do not depend on which
+    against); so are a request's ``top_logprobs`` alternatives (a top-k over the same log-softmax). A request
+    with a ``seed`` samples from its own generator, so its tokens do not depend on which
     other requests share its steps. ``InferenceMode`` is set while awake and cleared while suspended.
     """
 
@@ -272,6 +273,11 @@ class CpuStepLoop:
             valid[i, longest - len(r.tokens) :] = True
         logits = forward_logits(self.model, tokens, valid)[:, -1, :]
         logp = torch.log_softmax(logits, dim=-1)
+        k_max = min(max(r.request.top_logprobs for r in self.rows), logp.shape[-1])
+        top_v = top_i = None
+        if k_max > 0:  # one topk over the batch's log-softmax, cut per row to what each request asked for
+            top = torch.topk(logp, k_max, dim=-1)
+            top_v, top_i = top.values.tolist(), top.indices.tolist()
         outs: list[StepOutput] = []
         keep: list[_Row] = []
         for i, r in enumerate(self.rows):
@@ -279,7 +285,11 @@ class CpuStepLoop:
             r.tokens.append(tok)
             r.generated += 1
             finished = "stop" if tok == self.eod else ("length" if r.generated >= r.request.max_tokens else None)
-            outs.append(StepOutput(r.request.request_id, (tok,), (float(logp[i, tok]),), finished))
+            alts: tuple[tuple[tuple[int, float], ...], ...] = ()
+            if r.request.top_logprobs > 0 and top_v is not None and top_i is not None:
+                k = r.request.top_logprobs
+                alts = (tuple((int(t), float(v)) for t, v in zip(top_i[i][:k], top_v[i][:k])),)
+            outs.append(StepOutput(r.request.request_id, (tok,), (float(logp[i, tok]),), finished, alts))
             if finished is None:
                 keep.append(r)
         self.rows = keep

@@ -33,19 +33,20 @@ CUDA graphs are only captured when the model's ``TransformerConfig`` asks for th
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from colo_fsm.adapters.batching import BackendRequest, StepOutput
+from colo_fsm.adapters.batching import BackendRequest, StepOutput, TopLogprobs
 from colo_fsm.adapters.megatron.parallel import on_own_device
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.megatron")
+log = get_logger(__name__)
 
 
 def dynamic_engine_available() -> tuple[bool, str]:
@@ -99,6 +100,28 @@ def record_tokens(record: Any) -> tuple[list[int], list[float]]:
     return toks, lps
 
 
+def record_top_logprobs(record: Any, text_to_id: Callable[[str], int | None]) -> list[TopLogprobs]:
+    """Every generated token's top alternatives of a ``DynamicInferenceRequestRecord`` (all its requests, in order).
+
+    megatron-core keys each token's top-n by the alternative's *text* (``tokenizer.detokenize([id])``), so
+    ``text_to_id`` maps a text back to a token id (alternatives it cannot map are left out; alternatives
+    whose texts collide were already merged by megatron-core). Pairs are sorted most likely first.
+    """
+    out: list[TopLogprobs] = []
+    for r in getattr(record, "requests", [record]):
+        n = len(_as_list(r.generated_tokens))
+        tops = list(getattr(r, "generated_top_n_logprobs", None) or [])
+        for d in (tops + [{}] * n)[:n]:
+            pairs = []
+            for text, lp in dict(d or {}).items():
+                tid = text_to_id(str(text))
+                if tid is not None:
+                    pairs.append((int(tid), float(lp)))
+            pairs.sort(key=lambda p: -p[1])
+            out.append(tuple(pairs))
+    return out
+
+
 def record_status(record: Any) -> str:
     """The status name of a record's latest request ("COMPLETED", "FAILED", ...; "" if unknown)."""
     reqs = getattr(record, "requests", None) or [record]
@@ -107,12 +130,20 @@ def record_status(record: Any) -> str:
 
 
 def outputs_from_records(
-    tracked: dict[int, int], live: dict[int, Any], finished: Sequence[Any], eod: int
+    tracked: dict[int, int],
+    live: dict[int, Any],
+    finished: Sequence[Any],
+    eod: int,
+    *,
+    want_top: Mapping[int, int] | None = None,
+    text_to_id: Callable[[str], int | None] | None = None,
 ) -> list[StepOutput]:
     """New tokens per tracked request since the last step (``tracked``: request id -> tokens reported so far).
 
     ``live`` maps request ids to records still in the engine, ``finished`` are the records the step returned.
     ``tracked`` is updated in place; finished requests leave it. Requests not tracked are ignored (aborted).
+    Requests in ``want_top`` (request id -> k) also get their new tokens' top alternatives (see
+    :func:`record_top_logprobs`; ``text_to_id`` is required then).
     """
     out: list[StepOutput] = []
     done = {int(r.request_id): r for r in finished}
@@ -121,7 +152,13 @@ def outputs_from_records(
         if record is None:
             continue
         toks, lps = record_tokens(record)
-        new_t, new_lp = toks[tracked[rid] :], lps[tracked[rid] :]
+        start = tracked[rid]
+        new_t, new_lp = toks[start:], lps[start:]
+        new_top: tuple[TopLogprobs, ...] = ()
+        k = (want_top or {}).get(rid, 0)
+        if k > 0 and new_t:
+            assert text_to_id is not None, "text_to_id is needed for top log-probs"
+            new_top = tuple(t[:k] for t in record_top_logprobs(record, text_to_id)[start : start + len(new_t)])
         reason: str | None = None
         if rid in done:
             status = record_status(record)
@@ -134,12 +171,13 @@ def outputs_from_records(
         else:
             tracked[rid] = len(toks)
         if new_t or reason is not None:
-            out.append(StepOutput(rid, tuple(new_t), tuple(new_lp), reason))
+            out.append(StepOutput(rid, tuple(new_t), tuple(new_lp), reason, new_top))
     return out
 
 
 def sampling_params(request: BackendRequest, eod: int) -> Any:
-    """megatron-core ``SamplingParams`` of one request (greedy as top-k 1; top-p 1.0 as megatron's "off" 0.0)."""
+    """megatron-core ``SamplingParams`` of one request (greedy as top-k 1; top-p 1.0 as megatron's "off" 0.0;
+    ``top_logprobs`` as ``top_n_logprobs``, of the untempered log-softmax like the sampled token's log-prob)."""
     from megatron.core.inference.sampling_params import SamplingParams
 
     greedy = request.temperature == 0
@@ -151,15 +189,51 @@ def sampling_params(request: BackendRequest, eod: int) -> Any:
         termination_id=int(eod),
         return_log_probs=True,
         skip_prompt_log_probs=True,
+        top_n_logprobs=int(request.top_logprobs),
     )
+
+
+def reseed_sampler(engine: Any, seed: int) -> None:
+    """Seed the generator the dynamic engine samples every request from (``engine.controller.sampling_rng``).
+
+    Not per request: see :class:`DynamicStepBackend`. torch's default CUDA generator (which the trainer's
+    dropout uses) is left alone.
+    """
+    rng = getattr(getattr(engine, "controller", None), "sampling_rng", None)
+    if rng is None:
+        log.warning("the dynamic engine has no controller.sampling_rng; seed %d not applied", seed)
+        return
+    rng.manual_seed(int(seed))
+
+
+def token_text_index(tokenizer: Any) -> dict[str, int]:
+    """``tokenizer.detokenize([id]) -> id`` over the vocabulary (the lowest id wins when texts collide, except
+    that the end-of-document id wins its text)."""
+    index: dict[str, int] = {}
+    for tid in range(int(tokenizer.vocab_size)):
+        try:
+            text = tokenizer.detokenize([tid])
+        except Exception:  # an id the tokenizer cannot render alone
+            continue
+        index.setdefault(str(text), tid)
+    eod = getattr(tokenizer, "eod", None)
+    if eod is not None:  # specials often share one text (""): the one a model generates is end-of-document
+        with contextlib.suppress(Exception):
+            index[str(tokenizer.detokenize([int(eod)]))] = int(eod)
+    return index
 
 
 class DynamicStepBackend:
     """``DynamicInferenceEngine`` as a step backend (built through ``MegatronLLM(use_coordinator=False)``).
 
     Build it on the thread that will step it (the batcher's engine thread): the engine's asyncio loop and the
-    requests' CUDA tensors belong there. Per-request seeds are not isolated here: a seeded request re-seeds the
-    device generator when it is admitted.
+    requests' CUDA tensors belong there.
+
+    Seeds are *not isolated per request* on this backend: megatron-core 0.19.2 samples every request of a step
+    from one generator (``controller.sampling_rng``) and has no per-request seed. A seeded request re-seeds that
+    generator when it is admitted, so its tokens are reproducible only when the same requests share its steps
+    in the same order (e.g. when it runs alone); the draws of the other requests decoded with it change too.
+    (The CPU backend gives each seeded request its own generator.)
     """
 
     name = "dynamic"
@@ -186,7 +260,7 @@ class DynamicStepBackend:
         self.eod = int(tokenizer.eod)
         self.inference_config = InferenceConfig(
             block_size_tokens=block_size_tokens,
-            buffer_size_gb=buffer_size_gb,  # type: ignore[arg-type]  # megatron multiplies it by 1024**3
+            buffer_size_gb=buffer_size_gb,  # megatron multiplies it by 1024**3
             max_requests=max_requests if max_requests is not None else 128,  # bounded: see InferenceConfig
             max_sequence_length=max_sequence_length,
             kv_cache_management_mode=KVCacheManagementMode(kv_cache_mode),
@@ -199,12 +273,14 @@ class DynamicStepBackend:
         )
         self.engine: Any = self.llm.engine
         self._tracked: dict[int, int] = {}  # request id -> generated tokens reported so far
+        self._want_top: dict[int, int] = {}  # request id -> top alternatives asked for
+        self._text_ids: dict[str, int] | None = None  # built on the first request asking for alternatives
 
     @on_own_device
     def add(self, request: BackendRequest) -> None:
         """``add_request`` with the request's own sampling parameters; prefilled at the next step."""
         if request.seed is not None and request.temperature > 0:
-            torch.cuda.manual_seed(int(request.seed))
+            reseed_sampler(self.engine, int(request.seed))
         rid = int(request.request_id)
         fut = self.engine.add_request(rid, [int(t) for t in request.prompt_ids], sampling_params(request, self.eod))
         if fut.done():  # refused at once (too long for the context, more blocks than the buffer has, ...)
@@ -214,6 +290,14 @@ class DynamicStepBackend:
             events = [str(e) for e in getattr(entry.record[-1], "events", [])] if entry is not None else []
             raise LifecycleError(f"the dynamic engine refused request {rid}: {'; '.join(events) or 'no reason given'}")
         self._tracked[rid] = 0
+        if request.top_logprobs > 0:
+            self._want_top[rid] = int(request.top_logprobs)
+
+    def text_to_id(self, text: str) -> int | None:
+        """The token id whose text is ``text`` (the lowest such id), for megatron-core's text-keyed top-n."""
+        if self._text_ids is None:
+            self._text_ids = token_text_index(self.tokenizer)
+        return self._text_ids.get(text)
 
     @on_own_device
     def step(self) -> list[StepOutput]:
@@ -222,12 +306,23 @@ class DynamicStepBackend:
             return outputs_from_records(self._tracked, {}, [], self.eod)
         result = self.engine.step_modern()
         live = {rid: entry.record for rid, entry in self.engine.requests.items()}
-        return outputs_from_records(self._tracked, live, result["finished_request_records"], self.eod)
+        outs = outputs_from_records(
+            self._tracked,
+            live,
+            result["finished_request_records"],
+            self.eod,
+            want_top=self._want_top,
+            text_to_id=self.text_to_id,
+        )
+        for rid in [r for r in self._want_top if r not in self._tracked]:
+            del self._want_top[rid]
+        return outs
 
     @on_own_device
     def abort(self, request_id: int) -> None:
         """Finish one request early (waiting: dequeued; active: through the stop-word hook); others untouched."""
         rid = int(request_id)
+        self._want_top.pop(rid, None)
         if self._tracked.pop(rid, None) is None:
             return
         eng = self.engine
@@ -272,7 +367,7 @@ class DynamicStepBackend:
         """Drop the engine and free its buffers."""
         self.engine.suspend()
         self._tracked.clear()
-        self.llm = None  # type: ignore[assignment]
+        self.llm = None
         self.engine = None
         torch.cuda.empty_cache()
 
@@ -282,6 +377,10 @@ __all__ = [
     "check_head_dim",
     "dynamic_engine_available",
     "outputs_from_records",
+    "record_status",
     "record_tokens",
+    "record_top_logprobs",
+    "reseed_sampler",
     "sampling_params",
+    "token_text_index",
 ]

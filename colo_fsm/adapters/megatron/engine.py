@@ -31,6 +31,7 @@ from enum import StrEnum
 from typing import Any
 
 from colo_fsm.adapters.batching import (
+    DEFAULT_MAX_TOP_LOGPROBS,
     ContinuousBatcher,
     InflightPolicy,
     OnToken,
@@ -39,6 +40,7 @@ from colo_fsm.adapters.batching import (
     RequestHandle,
     TokenCompletion,
     parse_inflight,
+    request_seed,
 )
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
@@ -50,7 +52,7 @@ from colo_fsm.guards.mode import ModeReport
 from colo_fsm.guards.parallelism import check_parallelism
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.megatron")
+log = get_logger(__name__)
 
 
 class KVCacheMode(StrEnum):
@@ -84,7 +86,8 @@ class GenerationConfig:
     call; ``num_cuda_graphs`` is passed to megatron-core's ``InferenceConfig.num_cuda_graphs`` (the batch shapes
     the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``);
     ``tp_lockstep`` (TP > 1) has the TP group's leader plan every decode step for the whole group
-    (:mod:`colo_fsm.adapters.lockstep`): off, TP peers drift by a step and the next handoff desyncs.
+    (:mod:`colo_fsm.adapters.lockstep`): off, TP peers drift by a step and the next handoff desyncs;
+    ``max_top_logprobs`` bounds the per-token alternatives one request may ask for (``submit(top_logprobs=k)``).
     """
 
     kv_cache_mode: str = "persist"
@@ -102,6 +105,7 @@ class GenerationConfig:
     max_request_tokens: int | None = None
     num_cuda_graphs: int | None = None
     tp_lockstep: bool = True
+    max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp_lockstep, bool):
@@ -118,6 +122,19 @@ class GenerationConfig:
                 isinstance(v, bool) or not isinstance(v, int) or v < 1
             ):
                 raise ConfigError(name, v, what)
+        if self.kv_cache_mode == "offload" and self.num_cuda_graphs is not None and self.inflight == "park":
+            # megatron-core 0.19.2 recaptures the graphs at an offload resume: it adds dummy requests to the
+            # context (RequestOverflowError with requests parked there, seen on one H200) and resets the
+            # context after every capture, which would drop the parked requests' state.
+            raise ConfigError(
+                "kv_cache_mode",
+                self.kv_cache_mode,
+                "'persist' (graphs stay valid) or 'recompute' (parked requests are re-added after the recapture) "
+                "with num_cuda_graphs and inflight='park'; or inflight='drain' for offload with graphs",
+            )
+        m = self.max_top_logprobs
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ConfigError("max_top_logprobs", m, "a non-negative integer (0: no alternatives)")
         if self.backend not in _BACKENDS:
             raise ConfigError("backend", self.backend, f"one of {_BACKENDS}")
         if (
@@ -146,13 +163,6 @@ class GenerationConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConfigError(name, v, "a positive integer, or None (inherit the training model's)")
-
-
-def request_seed(seed: int | None, index: int) -> int | None:
-    """The seed of the ``index``-th request of a call seeded ``seed``: distinct per request and per call seed."""
-    if seed is None:
-        return None
-    return (int(seed) * 0x9E3779B1 + (index + 1) * 0x85EBCA77) % (2**63)
 
 
 class MegatronEngine:
@@ -268,6 +278,7 @@ class MegatronEngine:
             device_context=lambda: device_context(self.device),
             name=f"colo-fsm-engine-{self.backend_name}",
             **extra,
+            max_top_logprobs=self.config.max_top_logprobs,
         )
         batcher.start()
         self._batcher = batcher
@@ -336,6 +347,11 @@ class MegatronEngine:
         return self._batcher.steps if self._batcher is not None else 0
 
     @property
+    def steps_while_suspended(self) -> int:
+        """Decode steps that ran while the engine was suspended (must stay 0)."""
+        return self._batcher.steps_while_suspended if self._batcher is not None else 0
+
+    @property
     def timings(self) -> list[tuple[str, float]]:
         """("suspend"|"resume", seconds the backend took), in order."""
         return list(self._batcher.timings) if self._batcher is not None else []
@@ -364,11 +380,15 @@ class MegatronEngine:
         stop_token_ids: Sequence[int] = (),
         priority: Priority | int = Priority.TRAINING,
         on_token: OnToken | None = None,
+        top_logprobs: int = 0,
     ) -> RequestHandle:
         """Add one request to the running engine; returns its handle (future, cancel).
 
         ``on_token(token_id, logprob, weight_version)`` runs on the engine thread after each new token;
-        returning False ends the request with finish "stop". May be called while suspended: the request waits
+        returning False ends the request with finish "stop". ``top_logprobs=k`` (0 to
+        ``GenerationConfig.max_top_logprobs``; else :class:`~colo_fsm.errors.ConfigError` naming the limit)
+        records each token's k most likely alternatives (``TokenCompletion.top_logprobs``, untempered log-probs)
+        and passes them to ``on_token`` as a fourth argument. May be called while suspended: the request waits
         queued and starts after the resume. Raises :class:`~colo_fsm.errors.EngineStopped` after shutdown,
         :class:`~colo_fsm.errors.RequestTooLarge` when prompt + ``max_tokens`` > ``max_sequence_length``.
         """
@@ -382,6 +402,7 @@ class MegatronEngine:
             stop_token_ids=stop_token_ids,
             priority=priority,
             on_token=on_token,
+            top_logprobs=top_logprobs,
         )
 
     def generate_ids(
@@ -395,6 +416,7 @@ class MegatronEngine:
         top_k: int = 0,
         stop_token_ids: Sequence[int] = (),
         priority: Priority | int = Priority.TRAINING,
+        top_logprobs: int = 0,
     ) -> list[TokenCompletion]:
         """Submit every prompt and wait for all; each result carries per-token log-probs and weight versions.
 
@@ -424,6 +446,7 @@ class MegatronEngine:
                         seed=request_seed(seed, i),
                         stop_token_ids=stop_token_ids,
                         priority=priority,
+                        top_logprobs=top_logprobs,
                     )
                 )
         except BaseException:

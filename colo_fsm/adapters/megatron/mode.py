@@ -29,7 +29,7 @@ from typing import Any
 from colo_fsm.guards.mode import ModelMode, ModeReport
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.megatron")
+log = get_logger(__name__)
 
 
 def _unwrap(model: Any) -> tuple[Any, list[Any]]:

@@ -14,7 +14,7 @@ from typing import Any, Concatenate
 from colo_fsm.errors import ConfigError
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.megatron")
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.guards.mode import check_training_mode
 from colo_fsm.log import get_logger
 
-log = get_logger("colo_fsm.megatron")
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

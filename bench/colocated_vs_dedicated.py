@@ -1,0 +1,369 @@
+"""Colocated decode (the model that trains) against a dedicated inference-only instance of the same weights.
+
+Two fresh processes, one after the other, so neither sees the other's CUDA graphs or allocator state:
+
+* ``colocated``: the GPT with an AdamW trainer; two train steps (optimizer state on the GPU, gradients
+  freed at the handoff), then the dynamic engine decodes on the same model object. Also records the memory
+  of this run (phase snapshots and the peak) with its configuration, for the memory-budget estimator.
+  Saves the trained weights.
+* ``dedicated``: the same architecture built for inference only (eval, ``requires_grad=False``, no optimizer,
+  no gradients) loading those weights; same engine settings, same batches and lengths.
+
+Decode tokens/s at each batch size (requests prefilled, a window of pure decode steps timed), and greedy
+tokens of both (same weights: they should agree).
+
+    python bench/colocated_vs_dedicated.py --out bench/results/colocated_vs_dedicated.json   # GPU, ~1 min
+    python bench/colocated_vs_dedicated.py --role colocated --graphs off --out x.json     # one role only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _gpu as g
+
+TRAIN_BATCH = 8
+TRAIN_COMPLETION = 480  # + 32 prompt tokens = 512 per sequence
+
+
+def memory_config(model: Any, opts: g.EngineOptions, shape: g.GPTShape, trainer: Any | None) -> dict[str, Any]:
+    """What a memory estimate needs: parameter count and dtypes, optimizer, KV buffer, train batch shape."""
+    p = next(model.parameters())
+    opt_state_bytes = 0
+    if trainer is not None:
+        for st in trainer.optimizer.state.values():
+            for v in st.values():
+                if hasattr(v, "is_cuda") and v.is_cuda:
+                    opt_state_bytes += v.numel() * v.element_size()
+    return {
+        "params": g.n_params(model),
+        "param_dtype": str(p.dtype),
+        "param_bytes": sum(x.numel() * x.element_size() for x in model.parameters()),
+        "optimizer": "torch.optim.AdamW (states in the parameter dtype)" if trainer is not None else None,
+        "optimizer_state_bytes_on_gpu": opt_state_bytes,
+        "kv_buffer_gib": opts.buffer_gb,
+        "kv_block_size_tokens": opts.block_size_tokens,
+        "max_requests": opts.max_requests,
+        "max_sequence_length": opts.max_sequence_length,
+        "num_cuda_graphs": opts.num_cuda_graphs,
+        "train_batch": TRAIN_BATCH,
+        "train_seq_len": 32 + TRAIN_COMPLETION,
+        "layers": shape.layers,
+        "hidden": shape.hidden,
+        "heads": shape.heads,
+        "ffn_hidden": 4 * shape.hidden,
+        "vocab": shape.vocab,
+        "activation_recompute": False,
+        "tensor_model_parallel_size": 1,
+    }
+
+
+def graph_pool_bytes() -> tuple[int, int]:
+    """(reserved, allocated) bytes in the CUDA-graph memory pool (0, 0 when none)."""
+    try:
+        from megatron.core.inference.engines.dynamic_engine import _cuda_graph_mempool_bytes
+
+        return _cuda_graph_mempool_bytes()
+    except Exception:
+        return (0, 0)
+
+
+def run_role(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    g.quiet_logs()
+    shape = g.GPTShape()
+    g.setup("cuda")
+    torch.cuda.reset_peak_memory_stats()
+    from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
+
+    tok = CharTokenizer()
+    graphs = args.graphs == "on"
+    opts = g.EngineOptions(
+        buffer_gb=args.buffer_gb,
+        max_requests=args.max_requests,
+        max_sequence_length=shape.seq,
+        num_cuda_graphs=args.num_cuda_graphs if graphs else None,
+    )
+    out: dict[str, Any] = {"role": args.role, "graphs": graphs, "machine": g.machine_info("cuda")}
+    res = g.Results(args.out, **out)
+    mem = []
+    model = g.build_gpt(shape, "cuda", graphs=graphs, scope=args.scope)
+    mem.append(g.mem_snapshot("model built"))
+    trainer = None
+    if args.role == "colocated":
+        trainer = MegatronTrainer(model, TrainerConfig(lr=1e-4))
+        batch = g.rollouts(TRAIN_BATCH, [TRAIN_COMPLETION])
+        with res.section("train_before_engine") as sec:
+            times = []
+            for _ in range(2):
+                _, dt = g.timed(lambda: trainer.train_step(batch))
+                times.append(dt)
+            trainer.offload_buffers()  # gradients freed at the handoff; AdamW state stays on the GPU
+            sec["step_s"] = times
+            mem.append(g.mem_snapshot("after 2 train steps, grads freed"))
+    else:
+        sd = torch.load(args.weights, map_location="cuda")
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        model.requires_grad_(False)
+        model.eval()
+        res.put("load_state_dict", {"missing": list(missing), "unexpected": list(unexpected)})
+    eng = None
+    with res.section("engine") as sec:
+        eng = g.BenchEngine(model, tok, opts)
+        sec["build"] = eng.build
+        sec["graph_pool_bytes"] = graph_pool_bytes()
+        mem.append(g.mem_snapshot("engine up"))
+    if eng is not None:
+        with res.section("decode") as sec:
+            eq_prompts = g.prompts(16, 32, seed=7)
+            sec["greedy"] = eng.generate(eq_prompts, 64)
+            sec["decode"] = [eng.decode_rate(b, steps=args.steps) for b in args.batch_list]
+            mem.append(g.mem_snapshot("after decode"))
+    if args.role == "colocated" and trainer is not None:
+        with res.section("train_after_engine") as sec:
+            if eng is not None:
+                eng.suspend()
+            trainer.restore_buffers()
+            times = []
+            for _ in range(2):
+                _, dt = g.timed(lambda: trainer.train_step(batch))
+                times.append(dt)
+            mem.append(g.mem_snapshot("after train steps with the engine suspended (peak of the run)"))
+            trainer.offload_buffers()
+            if eng is not None:
+                eng.resume()
+                eng.generate(g.prompts(4, 16), 8)
+            sec["step_s"] = times
+        with res.section("memory") as sec:
+            sec["config"] = memory_config(model, opts, shape, trainer)
+            sec["graph_pool_bytes_end"] = graph_pool_bytes()
+            sec["phases"] = mem
+            sec["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            sec["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+            free, total = torch.cuda.mem_get_info()
+            sec["device_used_gib_end"] = (total - free) / 2**30
+            sec["note"] = (
+                "peak_* from torch.cuda.max_memory_*(); device_used from mem_get_info (includes the CUDA "
+                "context, NCCL and cuBLAS workspaces, which the caching allocator does not count)"
+            )
+        if args.weights:
+            torch.save(model.state_dict(), args.weights)
+    res.put("memory_phases", mem)
+    return res.data
+
+
+def run_inprocess(args: argparse.Namespace) -> dict[str, Any]:
+    """Both instances in one process, measured in alternating rounds (the decode step is CPU-bound, so
+    machine noise between two processes is larger than the effect); a train step on the colocated model
+    between rounds. Use ``inference_cuda_graph_scope="block"`` here: with per-layer graphs, megatron-core
+    feeds a layer's graph from the previous layer's output buffer found in a process-wide record, which two
+    graph models in one process would share."""
+    import statistics
+
+    g.quiet_logs()
+    shape = g.GPTShape()
+    g.setup("cuda")
+    from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
+
+    tok = CharTokenizer()
+    graphs = args.graphs == "on"
+    opts = g.EngineOptions(
+        buffer_gb=args.buffer_gb,
+        max_requests=args.max_requests,
+        max_sequence_length=shape.seq,
+        num_cuda_graphs=args.num_cuda_graphs if graphs else None,
+    )
+    res = g.Results(
+        args.out,
+        bench="colocated_vs_dedicated",
+        role="inprocess",
+        scope=args.scope,
+        graphs=graphs,
+        command=" ".join(["python", "bench/colocated_vs_dedicated.py", "--role", "inprocess", "--scope", args.scope]),
+        machine=g.machine_info("cuda"),
+    )
+    colo = g.build_gpt(shape, "cuda", graphs=graphs, scope=args.scope)
+    trainer = MegatronTrainer(colo, TrainerConfig(lr=1e-5))
+    batch = g.rollouts(TRAIN_BATCH, [TRAIN_COMPLETION])
+    for _ in range(2):
+        trainer.train_step(batch)
+    trainer.offload_buffers()
+    ded = g.build_gpt(shape, "cuda", graphs=graphs, scope=args.scope, reset_rng=False)
+    missing, unexpected = ded.load_state_dict(colo.state_dict(), strict=False)
+    ded.requires_grad_(False)
+    ded.eval()
+    res.put("load_state_dict", {"missing": list(missing), "unexpected": list(unexpected)})
+    engines = {}
+    with res.section("engines") as sec:
+        for name, m in (("colocated", colo), ("dedicated", ded)):
+            engines[name] = g.BenchEngine(m, tok, opts)
+            engines[name].suspend()
+            sec[name] = engines[name].build
+    with res.section("greedy") as sec:
+        eq_prompts = g.prompts(16, 32, seed=7)
+        outs = {}
+        for name, e in engines.items():
+            e.resume()
+            outs[name] = [t for t, _ in e.generate(eq_prompts, 64)]
+            e.suspend()
+        sec["identical"] = outs["colocated"] == outs["dedicated"]
+    rounds: dict[str, dict[int, list[float]]] = {n: {b: [] for b in args.batch_list} for n in engines}
+    with res.section("rounds") as sec:
+        log = []
+        for r in range(args.rounds):
+            order = ["colocated", "dedicated"] if r % 2 == 0 else ["dedicated", "colocated"]
+            for name in order:
+                e = engines[name]
+                e.resume()
+                for b in args.batch_list:
+                    d = e.decode_rate(b, steps=args.steps)
+                    rounds[name][b].append(d["decode_tokens_per_s"])
+                    log.append({"round": r, "instance": name, **d})
+                e.suspend()
+            trainer.restore_buffers()
+            trainer.train_step(batch)  # the colocated model trains between rounds, as in the loop
+            trainer.offload_buffers()
+        sec["log"] = log
+    med = {n: {b: statistics.median(v) for b, v in per.items() if v} for n, per in rounds.items()}
+    ratios = {
+        b: med["colocated"][b] / med["dedicated"][b]
+        for b in args.batch_list
+        if med["colocated"].get(b) and med["dedicated"].get(b)
+    }
+    res.put("median_tokens_per_s", med)
+    res.put("ratios", ratios)
+    res.data["ratios"] = ratios
+    res.data["greedy_identical_before_training_between_rounds"] = (
+        res.data["sections"].get("greedy", {}).get("identical")
+    )
+    res.flush()
+    rows = [
+        {
+            "batch": b,
+            "colocated tok/s": med["colocated"].get(b),
+            "dedicated tok/s": med["dedicated"].get(b),
+            "ratio": ratios.get(b),
+        }
+        for b in args.batch_list
+    ]
+    print(g.table(rows, ["batch", "colocated tok/s", "dedicated tok/s", "ratio"]))
+    print("greedy identical:", res.data["greedy_identical_before_training_between_rounds"])
+    return res.data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--role", default="both", choices=("both", "colocated", "dedicated", "inprocess"))
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (--role inprocess)")
+    ap.add_argument("--out", default="bench/results/colocated_vs_dedicated.json")
+    ap.add_argument("--weights", default=None, help="weights file (written by colocated, read by dedicated)")
+    ap.add_argument("--graphs", default="on", choices=("on", "off"))
+    ap.add_argument("--scope", default="layer", choices=("layer", "block"), help="inference_cuda_graph_scope")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--num-cuda-graphs", type=int, default=16)
+    ap.add_argument("--buffer-gb", type=float, default=4.0)
+    ap.add_argument("--max-requests", type=int, default=64)
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per role process")
+    args = ap.parse_args(argv)
+    args.batch_list = [int(b) for b in args.batches.split(",")]
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("colocated_vs_dedicated: needs a GPU (megatron-core's dynamic engine); nothing measured here")
+        return 0
+    if args.role == "inprocess":
+        run_inprocess(args)
+        return 0
+    if args.role != "both":
+        run_role(args)
+        return 0
+
+    out_path = Path(args.out)
+    tmp = Path(tempfile.mkdtemp(prefix="colo_ded_"))
+    weights = str(tmp / "weights.pt")
+    parts: dict[str, Any] = {}
+    for role in ("colocated", "dedicated"):
+        part = tmp / f"{role}.json"
+        cmd = [
+            sys.executable,
+            __file__,
+            "--role",
+            role,
+            "--out",
+            str(part),
+            "--weights",
+            weights,
+            "--graphs",
+            args.graphs,
+            "--scope",
+            args.scope,
+            "--batches",
+            args.batches,
+            "--steps",
+            str(args.steps),
+            "--num-cuda-graphs",
+            str(args.num_cuda_graphs),
+            "--buffer-gb",
+            str(args.buffer_gb),
+            "--max-requests",
+            str(args.max_requests),
+        ]
+        t = time.perf_counter()
+        print(f"=== {role}: {' '.join(cmd)}", flush=True)
+        try:
+            rc = subprocess.run(cmd, timeout=args.timeout, env=os.environ.copy()).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        parts[role] = json.loads(part.read_text()) if part.exists() else {"missing": True}
+        parts[role]["rc"] = rc
+        parts[role]["wall_s"] = time.perf_counter() - t
+    result = {
+        "bench": "colocated_vs_dedicated",
+        "command": " ".join(
+            ["python", "bench/colocated_vs_dedicated.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "parts": parts,
+    }
+    rows = []
+    co = {d["batch"]: d for d in parts["colocated"].get("sections", {}).get("decode", {}).get("decode", [])}
+    de = {d["batch"]: d for d in parts["dedicated"].get("sections", {}).get("decode", {}).get("decode", [])}
+    ratios = {}
+    for b in sorted(set(co) | set(de)):
+        c = co.get(b, {}).get("decode_tokens_per_s")
+        d = de.get(b, {}).get("decode_tokens_per_s")
+        rows.append({"batch": b, "colocated tok/s": c, "dedicated tok/s": d, "ratio": c / d if c and d else None})
+        if c and d:
+            ratios[b] = c / d
+    result["ratios"] = ratios
+    cg = parts["colocated"].get("sections", {}).get("decode", {}).get("greedy")
+    dg = parts["dedicated"].get("sections", {}).get("decode", {}).get("greedy")
+    if cg and dg:
+        result["greedy_identical"] = [t for t, _ in cg] == [t for t, _ in dg]
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=1, default=str))
+    print(g.table(rows, ["batch", "colocated tok/s", "dedicated tok/s", "ratio"]))
+    print("greedy identical:", result.get("greedy_identical"))
+    mem = parts["colocated"].get("sections", {}).get("memory", {})
+    if mem:
+        print("memory peak allocated GiB:", round(mem.get("peak_allocated_gib", 0), 2), "config:", mem.get("config"))
+    print(f"wrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Measured GPU memory of a colocated run (a KV buffer of a given size plus train steps), with its config.
+
+Runs the ``colocated`` role of ``colocated_vs_dedicated.py`` in this process: the GPT with an AdamW
+trainer, two train steps, the dynamic engine up (KV buffer of ``--buffer-gb``), decode, the engine suspended
+for two more train steps, resumed. Records phase snapshots, ``torch.cuda.max_memory_allocated()`` /
+``max_memory_reserved()`` and ``mem_get_info`` with everything a memory-budget estimate takes as input
+(parameters, dtypes, optimizer, KV buffer, train batch shape), so a prediction can be compared with it.
+
+    python bench/memory_peak.py --graphs off --buffer-gb 8 --out bench/results/memory_peak.json   # GPU, ~30 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _gpu as g
+import colocated_vs_dedicated as cvd
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="bench/results/memory_peak.json")
+    ap.add_argument("--graphs", default="off", choices=("on", "off"))
+    ap.add_argument("--scope", default="layer", choices=("layer", "block"), help="inference_cuda_graph_scope")
+    ap.add_argument("--buffer-gb", type=float, default=8.0)
+    ap.add_argument("--batches", default="16")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--num-cuda-graphs", type=int, default=16)
+    ap.add_argument("--max-requests", type=int, default=64)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("memory_peak: needs a GPU (megatron-core's dynamic engine); nothing measured here")
+        return 0
+    args.role = "colocated"
+    args.weights = None
+    args.batch_list = [int(b) for b in args.batches.split(",")]
+    data = cvd.run_role(args)
+    mem = data.get("sections", {}).get("memory", {})
+    rows = [
+        {
+            "phase": p["tag"],
+            "allocated GiB": p["allocated_gib"],
+            "reserved GiB": p["reserved_gib"],
+            "peak allocated GiB": p["max_allocated_gib"],
+            "device used GiB": p["device_used_gib"],
+        }
+        for p in data.get("sections", {}).get("memory_phases", [])
+    ]
+    print(g.table(rows, ["phase", "allocated GiB", "reserved GiB", "peak allocated GiB", "device used GiB"]))
+    print("config:", mem.get("config"))
+    print("peak allocated GiB:", mem.get("peak_allocated_gib"), "peak reserved GiB:", mem.get("peak_reserved_gib"))
+    if data.get("errors"):
+        print("errors in sections:", ", ".join(data["errors"]))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Lifecycle presets next to the shipped order: :data:`NEMO_RL`, and :func:`resolve_spec` for the command line.
+
+:data:`NEMO_RL` orders a step the way NeMo-RL's GRPO loop does: validation *before* the save (the step's
+validation metrics go into the checkpoint, for top-k retention), validation at start and on the last step, an
+early-stop decision latched once after validation that upgrades the step to save-and-stop, and an asynchronous
+checkpoint save whose finalize is its own action, done before any wake.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from colo_fsm.errors import ConfigError
+from colo_fsm.states.spec import (
+    ACTIONS,
+    LIFECYCLE,
+    STATES,
+    ActionSpec,
+    Collective,
+    CollectorCondition,
+    EngineCondition,
+    Fact,
+    LifecycleSpec,
+    RequestCondition,
+    Role,
+    State,
+    StateSpec,
+    TransitionSpec,
+)
+
+S, F = State, Fact
+
+_NEMO_ACTIONS: tuple[ActionSpec, ...] = (
+    *(
+        dataclasses.replace(
+            a,
+            sets=(F.SAVE_PENDING,),
+            description="Start the distributed checkpoint save (may finish in the background; world-wide collectives).",
+        )
+        if a.role is Role.SAVE
+        else a
+        for a in ACTIONS
+    ),
+    ActionSpec(
+        "latch_run_start",
+        "Decide once whether the run validates before its first step (val_at_start).",
+        role=Role.LATCH,
+        decides=(F.VALIDATE_AT_START,),
+    ),
+    ActionSpec(
+        "latch_early_stop",
+        "After the step's validation, decide once whether to stop early; if so the step saves and is the last.",
+        role=Role.LATCH_STOP,
+        decides=(F.STOP_EARLY,),
+        upgrades=(F.SAVE_THIS_STEP, F.LAST_STEP),
+    ),
+    ActionSpec(
+        "finalize_checkpoint",
+        "Wait until every collective of the (async) save has completed; the trainer's finalize hook.",
+        Collective.CHECKPOINT,
+        role=Role.FINALIZE,
+        calls=("trainer", "finalize_checkpoint"),
+        clears=(F.SAVE_PENDING,),
+    ),
+)
+
+_NEMO_STATES: tuple[StateSpec, ...] = (
+    *STATES[: [s.state for s in STATES].index(S.DONE)],
+    StateSpec(
+        S.CONCLUDING,
+        "Validation done, engine still awake for it: latch early stop, then save, stop, or resume collection.",
+        EngineCondition.AWAKE,
+        CollectorCondition.PAUSED,
+        requests=RequestCondition.RUNNING,
+    ),
+    *STATES[[s.state for s in STATES].index(S.DONE) :],
+)
+
+_HANDOFF = ("drain_device", "barrier")
+_SUSPEND_ALL = ("pause_collector", "suspend_engine", *_HANDOFF)
+_OFFLOAD = ("offload_training_buffers", *_HANDOFF)
+_TEARDOWN = "shutdown_engine"
+
+_NEMO_TRANSITIONS: tuple[TransitionSpec, ...] = (
+    TransitionSpec(
+        "start",
+        S.CREATED,
+        S.STARTING,
+        ("build_engine", "publish_server_urls", "latch_run_start", *_HANDOFF),
+        unless=(F.ENGINE_BUILT,),
+        description="Build the engine once; decide whether to validate first.",
+    ),
+    TransitionSpec(
+        "generate",
+        S.STARTING,
+        S.GENERATING,
+        ("resume_collector",),
+        when=(F.HANDOFF_COMPLETE,),
+        unless=(F.VALIDATE_AT_START,),
+        automatic=True,
+        description="Every rank has the engine up: start collecting.",
+    ),
+    TransitionSpec(
+        "validate",
+        S.STARTING,
+        S.VALIDATING,
+        (),
+        when=(F.HANDOFF_COMPLETE, F.VALIDATE_AT_START),
+        automatic=True,
+        description="val_at_start: validate before the first step (collector still paused).",
+    ),
+    TransitionSpec(
+        "begin_step",
+        S.GENERATING,
+        S.DRAINING,
+        ("latch_step_decisions", *_SUSPEND_ALL),
+        description="Handoff to training: decide once, pause, park requests, drain own device, barrier.",
+    ),
+    TransitionSpec(
+        "train",
+        S.DRAINING,
+        S.TRAINING,
+        ("restore_training_buffers", "train_step", "bump_weight_version"),
+        when=(F.HANDOFF_COMPLETE,),
+        description="One step on the shared model; weight version + 1.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.TRAINING,
+        S.VALIDATING,
+        (*_OFFLOAD, "resume_engine"),
+        when=(F.STEP_TRAINED, F.VALIDATE_THIS_STEP),
+        automatic=True,
+        description="Validate before the save: validation-only wake after drain and barrier (also the last step).",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.TRAINING,
+        S.CHECKPOINTING,
+        (*_OFFLOAD, "save_checkpoint"),
+        when=(F.STEP_TRAINED, F.SAVE_THIS_STEP),
+        unless=(F.VALIDATE_THIS_STEP,),
+        automatic=True,
+        description="Save before any wake: engine and collector stay suspended.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.TRAINING,
+        S.DONE,
+        _OFFLOAD,
+        when=(F.STEP_TRAINED, F.LAST_STEP),
+        unless=(F.VALIDATE_THIS_STEP, F.SAVE_THIS_STEP),
+        automatic=True,
+        description="Last step without a save or validation: never wake the engine.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.TRAINING,
+        S.WAKING,
+        _OFFLOAD,
+        when=(F.STEP_TRAINED,),
+        unless=(F.VALIDATE_THIS_STEP, F.SAVE_THIS_STEP, F.LAST_STEP),
+        automatic=True,
+        description="Handoff to generation: offload, drain own device, barrier.",
+    ),
+    TransitionSpec(
+        "end_validation",
+        S.VALIDATING,
+        S.GENERATING,
+        ("resume_collector",),
+        unless=(F.STEP_TRAINED,),
+        description="Validation at start finished: collection starts.",
+    ),
+    TransitionSpec(
+        "end_validation",
+        S.VALIDATING,
+        S.CONCLUDING,
+        ("latch_early_stop",),
+        when=(F.STEP_TRAINED,),
+        description="The step's validation finished: decide once whether to stop early.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.CONCLUDING,
+        S.CHECKPOINTING,
+        ("suspend_engine", *_HANDOFF, "save_checkpoint"),
+        when=(F.SAVE_THIS_STEP,),
+        automatic=True,
+        description="Drain, barrier and suspend after the validation wake, before the first checkpoint collective.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.CONCLUDING,
+        S.DONE,
+        ("suspend_engine", *_HANDOFF),
+        when=(F.LAST_STEP,),
+        unless=(F.SAVE_THIS_STEP,),
+        automatic=True,
+        description="val_at_end: the last step's validation wake never resumes collection.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.CONCLUDING,
+        S.GENERATING,
+        ("resume_collector",),
+        unless=(F.SAVE_THIS_STEP, F.LAST_STEP),
+        automatic=True,
+        description="No save, not the last step: the engine is awake already, collection resumes.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.CHECKPOINTING,
+        S.DONE,
+        ("finalize_checkpoint", *_HANDOFF),
+        when=(F.LAST_STEP,),
+        automatic=True,
+        description="Last step (or early stop): the save is finalized; the engine stays down.",
+    ),
+    TransitionSpec(
+        "conclude",
+        S.CHECKPOINTING,
+        S.WAKING,
+        ("finalize_checkpoint", *_HANDOFF),
+        unless=(F.LAST_STEP,),
+        automatic=True,
+        description="Finalize the async save (every checkpoint collective done) before any wake.",
+    ),
+    TransitionSpec(
+        "resume",
+        S.WAKING,
+        S.GENERATING,
+        ("resume_engine", "resume_collector"),
+        when=(F.HANDOFF_COMPLETE,),
+        unless=(F.SAVE_PENDING,),
+        automatic=True,
+        description="Resume signal only after drain and barrier, never with a save still pending.",
+    ),
+    TransitionSpec("stop", S.GENERATING, S.STOPPED, (*_SUSPEND_ALL, _TEARDOWN), description="Stop the run."),
+    TransitionSpec("stop", S.VALIDATING, S.STOPPED, (*_SUSPEND_ALL, _TEARDOWN), description="Stop the run."),
+    TransitionSpec("stop", S.DONE, S.STOPPED, (_TEARDOWN,), description="Tear down after the last step."),
+    TransitionSpec(
+        "stop", S.CREATED, S.STOPPED, (_TEARDOWN,), description="Stop before anything was built (nothing to tear down)."
+    ),
+    TransitionSpec(
+        "stop",
+        S.FAILED,
+        S.STOPPED,
+        (_TEARDOWN,),
+        description="Local teardown after a failure (no barrier: a peer may be dead).",
+    ),
+)
+
+NEMO_RL = LifecycleSpec(
+    states=_NEMO_STATES,
+    actions=_NEMO_ACTIONS,
+    transitions=_NEMO_TRANSITIONS,
+    validate_before_save=True,
+    name="nemo_rl",
+)
+"""NeMo-RL's step order: validate before the save, val at start and end, early stop, async save + finalize."""
+
+PRESETS: dict[str, LifecycleSpec] = {"lifecycle": LIFECYCLE, "default": LIFECYCLE, "nemo_rl": NEMO_RL}
+"""Specs known by name on the command line (``--spec NAME``)."""
+
+
+def resolve_spec(name: str | LifecycleSpec) -> LifecycleSpec:
+    """A preset by name (``lifecycle``, ``nemo_rl``) or a user's spec as ``module:attribute``."""
+    if isinstance(name, LifecycleSpec):
+        return name
+    if not isinstance(name, str) or not name:
+        raise ConfigError("spec", name, f"one of {', '.join(PRESETS)} or module:attribute")
+    if name in PRESETS:
+        return PRESETS[name]
+    module, sep, attr = name.partition(":")
+    if not sep or not module or not attr:
+        raise ConfigError("spec", name, f"one of {', '.join(PRESETS)} or module:attribute")
+    try:
+        obj: object = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError("spec", name, f"an importable module ({exc})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError("spec", name, f"an attribute {attr!r} of module {module!r}")
+        obj = getattr(obj, part)
+    if callable(obj) and not isinstance(obj, LifecycleSpec):
+        obj = obj()
+    if not isinstance(obj, LifecycleSpec):
+        raise ConfigError("spec", name, "a colo_fsm.states.spec.LifecycleSpec")
+    return obj
+
+
+__all__ = ["NEMO_RL", "PRESETS", "resolve_spec"]
