@@ -620,7 +620,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "tp-ranks-step-independently",
-        f"{LifecycleRule.ONE_COMMUNICATOR.number}: {LifecycleRule.ONE_COMMUNICATOR.value}, TP ranks decode one schedule",
+        R.ONE_COMMUNICATOR,
         "each tensor-parallel rank's engine loop admits requests and takes the suspend on its own (peers drift by a "
         "decode step and the next handoff desyncs)",
         batcher_class=_independent_tp_batcher,

@@ -510,6 +510,7 @@ def tp_schedules(batcher_class: Callable[..., Any] | None, *, seed: int, lockste
     return logs
 
 
+@checks(R.ONE_COMMUNICATOR)
 def check_tp_lockstep_property(batcher_class: Callable[..., Any] | None = None, seeds: Sequence[int] = (1, 2)) -> None:
     """``LifecycleRule.ONE_COMMUNICATOR`` for tensor-parallel engines: with a lockstep, both ranks of a TP pair
     issue the identical backend call sequence (the same steps over the same rows), whatever their pace."""
