@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from colo_fsm.adapters.lockstep import Lockstep, StepPlan
 from colo_fsm.errors import ConfigError, EngineStopped, LifecycleError, RequestTooLarge
 from colo_fsm.log import get_logger
 
@@ -185,6 +186,7 @@ class _Request:
     tops: list[TopLogprobs] = field(default_factory=list)
     admitted_version: int = 0
     admitted_step: int | None = None
+    detached: bool = False  # lockstep follower: the caller got "abort", the row runs on in step with the leader
     finish_reason: str | None = None
     completion: TokenCompletion | None = None
 
@@ -283,6 +285,8 @@ class ContinuousBatcher:
 
     ``weight_version`` is read at every step and stamped on that step's tokens. ``device_context`` (a callable
     returning a context manager) wraps the engine thread, e.g. to make this rank's GPU current there.
+    ``lockstep`` (tensor-parallel ranks) makes every rank of the group follow the leader's plan of each
+    iteration (:mod:`colo_fsm.adapters.lockstep`); submissions and control calls must then be SPMD.
     ``max_top_logprobs`` bounds the alternatives per token one request may ask for.
     """
 
@@ -297,9 +301,13 @@ class ContinuousBatcher:
         detokenize: Callable[[Sequence[int]], str] | None = None,
         device_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         name: str = "colo-fsm-engine",
+        lockstep: Lockstep | None = None,
+        lockstep_wait_s: float = 300.0,
         max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS,
     ) -> None:
         self._factory = backend_factory
+        self._lockstep = lockstep  # TP > 1: the group's leader plans every iteration (colo_fsm.adapters.lockstep)
+        self._lockstep_wait_s = float(lockstep_wait_s)
         self._weight_version = weight_version or (lambda: 0)
         self.max_active_requests = _positive_int("max_active_requests", max_active_requests)
         self.inflight = parse_inflight(inflight)
@@ -428,8 +436,17 @@ class ContinuousBatcher:
         """Abort one request (queued, running or parked): its future resolves "abort"; False if it was done."""
         with self._cond:
             req = self._find_locked(request_id)
-            if req is None:
+            if req is None or req.detached:
                 return False
+            if self._lockstep is not None and not self._lockstep.leader:
+                # a follower keeps the request in the group's schedule (the leader decides what runs): only the
+                # caller is answered now; the row leaves when the leader aborts it or it finishes
+                req.detached = True
+                done = self._completion_of(req, "abort")
+                self._cond.notify_all()
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    req.future.set_result(done) if not req.future.done() else None
+                return True
             if req.state == "queued":
                 self._queue.remove(req)
             else:
@@ -527,6 +544,8 @@ class ContinuousBatcher:
 
     def _loop_once(self) -> bool:
         """One iteration: a control command, or admissions plus one decode step. False when the loop ends."""
+        if self._lockstep is not None:
+            return self._loop_once_lockstep(self._lockstep)
         with self._cond:
             while True:
                 cmd = self._ready_command_locked()
@@ -561,6 +580,100 @@ class ContinuousBatcher:
         if not self._active:
             return True
         self._step(backend)
+        return True
+
+    # ------------------------------------------------------------------ lockstep (tensor-parallel groups)
+    def _peek_command_locked(self) -> _Command | None:
+        if not self._commands:
+            return None
+        if self._stopping:
+            stop = next((c for c in self._commands if c.kind == "shutdown"), None)
+            if stop is not None:
+                return stop
+        cmd = self._commands[0]
+        if cmd.kind == "suspend" and cmd.drain and self._awake and self._active:
+            return None
+        return cmd
+
+    def _plan_locked(self, cmd: _Command | None, width: int) -> StepPlan:
+        """The leader's plan of this iteration (what the unlocked loop would do)."""
+        if cmd is not None:
+            return StepPlan(cmd.kind, drain=cmd.drain)
+        room = max(0, (width - 4) // 2)
+        aborts = tuple(self._pending_aborts[:room])
+        admit: list[int] = []
+        if self._awake and not self._draining:
+            free = self.max_active_requests - len(self._active)
+            admit = [r.request_id for r in self._queue[: max(0, min(free, room))]]
+        kind = "step" if self._awake and not self._stopping and (self._active or admit) else "noop"
+        return StepPlan(kind, tuple(admit), aborts)
+
+    def _wait_locked(self, what: str, ready: Callable[[], bool]) -> None:
+        if not self._cond.wait_for(ready, timeout=self._lockstep_wait_s):
+            raise LifecycleError(
+                f"lockstep: the group's leader planned {what}, which never reached this rank within "
+                f"{self._lockstep_wait_s:.0f} s (requests and control calls must be the same on every rank of "
+                "the tensor-parallel group)"
+            )
+
+    def _queued_check(self, request_id: int) -> Callable[[], bool]:
+        return lambda: any(r.request_id == request_id for r in self._queue)
+
+    def _loop_once_lockstep(self, lock: Lockstep) -> bool:
+        """One iteration of a tensor-parallel group: agree on the leader's plan, then every rank carries it out."""
+        with self._cond:
+            while True:  # enter the group's agreement only with something to do (the leader does the same)
+                cmd = self._peek_command_locked()
+                has_cmd = bool(self._commands) if not lock.leader else cmd is not None
+                if has_cmd or self._pending_aborts or self._can_step_locked():
+                    break
+                self._cond.wait()
+            mine = self._plan_locked(cmd, lock.width) if lock.leader else StepPlan("noop")
+        plan = lock.agree(mine)
+        backend = self.backend
+        assert backend is not None
+        admit: list[_Request] = []
+        planned: _Command | None = None
+        with self._cond:
+            if lock.leader:
+                self._pending_aborts = [r for r in self._pending_aborts if r not in plan.abort]
+            else:
+                for rid in plan.abort:  # the leader's caller aborted it: leave the schedule here too
+                    req = self._active.pop(rid, None) or next((r for r in self._queue if r.request_id == rid), None)
+                    if req is not None and req.state != "done":
+                        if req in self._queue:
+                            self._queue.remove(req)
+                        self._mark_done_locked(req, "abort")
+                        self._resolve(req)
+            if plan.kind in ("suspend", "resume", "shutdown"):
+                self._wait_locked(f"a {plan.kind}", lambda: any(c.kind == plan.kind for c in self._commands))
+                planned = next(c for c in self._commands if c.kind == plan.kind)
+                self._commands.remove(planned)
+            elif plan.kind == "step":
+                for rid in plan.admit:
+                    self._wait_locked(f"request {rid}", self._queued_check(rid))
+                    req = next(r for r in self._queue if r.request_id == rid)
+                    self._queue.remove(req)
+                    req.state = "running"
+                    req.admitted_version = int(self._weight_version())
+                    req.admitted_step = self.steps
+                    self._active[req.request_id] = req
+                    admit.append(req)
+        for rid in plan.abort:
+            backend.abort(rid)
+        if planned is not None:
+            return self._execute(planned, backend)
+        for req in admit:
+            try:
+                backend.add(req.backend)
+            except Exception as exc:
+                with self._cond:
+                    self._active.pop(req.request_id, None)
+                    req.state = "done"
+                    self.completed += 1
+                req.future.set_exception(exc) if not req.future.done() else None
+        if plan.kind == "step" and self._active:
+            self._step(backend)
         return True
 
     def _step(self, backend: StepBackend) -> None:

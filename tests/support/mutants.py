@@ -224,6 +224,18 @@ def _no_boundary_suspend_batcher() -> type[Any]:
     return NoBoundarySuspendBatcher
 
 
+def _independent_tp_batcher() -> type[Any]:
+    """MUTANT: the engine loop ignores its tensor-parallel lockstep: each TP rank admits and steps on its own."""
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    class IndependentTpBatcher(ContinuousBatcher):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.pop("lockstep", None)
+            super().__init__(*args, **kwargs)
+
+    return IndependentTpBatcher
+
+
 def _dropping_resume_batcher() -> type[Any]:
     """MUTANT: on resume the parked requests are dropped from the engine (their callers wait forever)."""
     from colo_fsm.adapters.batching import ContinuousBatcher
@@ -607,6 +619,14 @@ MUTANTS: tuple[Mutant, ...] = (
         expected=frozenset({"properties"}),
     ),
     Mutant(
+        "tp-ranks-step-independently",
+        R.ONE_COMMUNICATOR,
+        "each tensor-parallel rank's engine loop admits requests and takes the suspend on its own (peers drift by a "
+        "decode step and the next handoff desyncs)",
+        batcher_class=_independent_tp_batcher,
+        expected=frozenset({"properties"}),
+    ),
+    Mutant(
         "parked-request-dropped-on-resume",
         R.PARK_NOT_DRAIN,
         "the resume forgets the parked requests: they never complete",
@@ -787,6 +807,7 @@ def kill_by_properties(m: Mutant) -> str | None:
         ("dual-mode opt-in", lambda: p.check_trainable_property(m.trainable_check)),
         ("replay buffer", lambda: p.check_replay_buffer_property(m.buffer_class() if m.buffer_class else None)),
         ("parking", lambda: p.check_parking_property(m.batcher_class() if m.batcher_class else None)),
+        ("tp lockstep", lambda: p.check_tp_lockstep_property(m.batcher_class() if m.batcher_class else None)),
     ]
     for name, run in checks:
         try:

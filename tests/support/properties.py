@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -400,12 +400,138 @@ def check_parking_property(batcher_class: Callable[..., Any] | None = None, max_
         raise AssertionError(f"parking property broken: {first}") from group
 
 
+class ThreadLockstep:
+    """A :class:`~colo_fsm.adapters.lockstep.Lockstep` for ranks as threads: rank 0's plan, via the wire form."""
+
+    def __init__(self, shared: Any, slot: list[Any], rank: int, width: int = 64) -> None:
+        self.shared, self.slot, self.leader, self.width = shared, slot, rank == 0, width
+
+    def agree(self, plan: Any) -> Any:
+        from colo_fsm.adapters.lockstep import StepPlan
+
+        if self.leader:
+            self.slot[0] = StepPlan.from_ints(plan.to_ints(self.width))
+        self.shared.wait(timeout=30)
+        got = self.slot[0]
+        self.shared.wait(timeout=30)
+        return got
+
+
+class RecordingStepBackend:
+    """A step backend that ends each request after ``len(prompt)`` tokens and records every call in ``log``."""
+
+    name = "recording"
+
+    def __init__(self, log: list[Any]) -> None:
+        self.log: list[Any] = log
+        self.rows: dict[int, int] = {}
+
+    def add(self, req: Any) -> None:
+        self.rows[req.request_id] = len(req.prompt_ids)
+        self.log.append(("add", req.request_id))
+
+    def step(self) -> list[Any]:
+        import time
+
+        from colo_fsm.adapters.batching import StepOutput
+
+        self.log.append(("step", tuple(sorted(self.rows))))
+        out = []
+        for rid in list(self.rows):
+            self.rows[rid] -= 1
+            done = self.rows[rid] == 0
+            out.append(StepOutput(rid, (5,), (0.0,), "length" if done else None))
+            if done:
+                del self.rows[rid]
+        time.sleep(0.001)
+        return out
+
+    def abort(self, rid: int) -> None:
+        self.rows.pop(rid, None)
+        self.log.append(("abort", rid))
+
+    def suspend(self) -> float:
+        self.log.append(("suspend",))
+        return 0.0
+
+    def resume(self) -> float:
+        self.log.append(("resume",))
+        return 0.0
+
+    def shutdown(self) -> None:
+        self.log.append(("shutdown",))
+
+
+def tp_schedules(batcher_class: Callable[..., Any] | None, *, seed: int, lockstep: bool = True) -> list[list[Any]]:
+    """Two TP ranks (threads) run one SPMD program (same requests at different paces, same suspend/resume
+    calls, one SPMD cancel); the backend call sequence of each rank."""
+    import random
+    import threading
+    import time
+
+    from colo_fsm.adapters.batching import ContinuousBatcher
+
+    cls = batcher_class or ContinuousBatcher
+    shared, slot, go = threading.Barrier(2), [None], threading.Barrier(2)
+    logs: list[list[Any]] = [[], []]
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            kw = {"lockstep": ThreadLockstep(shared, slot, r)} if lockstep else {}
+            b = cls(lambda: RecordingStepBackend(logs[r]), max_active_requests=3, **kw)
+            b.start()
+            rng = random.Random(seed * 10 + r)  # each rank submits at its own pace
+            handles = []
+            for cycle in range(4):
+                for i in range(3):
+                    handles.append(b.submit([1] * (1 + (cycle + i) % 4), max_tokens=8))
+                    time.sleep(rng.random() * 0.004 + 0.002 * r)
+                go.wait(timeout=30)  # the SPMD program reaches the handoff on both ranks
+                b.suspend()
+                b.resume()
+            handles[1].cancel()
+            for h in handles:
+                h.result(timeout=30)
+            go.wait(timeout=30)
+            b.shutdown()
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+            shared.abort()
+            go.abort()
+
+    ts = [threading.Thread(target=rank, args=(r,), daemon=True) for r in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in ts), "a rank of the TP pair is stuck"
+    assert not errors, f"a rank failed: {errors[0]!r}"
+    return logs
+
+
+@checks(R.ONE_COMMUNICATOR)
+def check_tp_lockstep_property(batcher_class: Callable[..., Any] | None = None, seeds: Sequence[int] = (1, 2)) -> None:
+    """``LifecycleRule.ONE_COMMUNICATOR`` for tensor-parallel engines: with a lockstep, both ranks of a TP pair
+    issue the identical backend call sequence (the same steps over the same rows), whatever their pace."""
+    for seed in seeds:
+        a, b = tp_schedules(batcher_class, seed=seed)
+        assert a == b, (
+            f"TP ranks decoded different schedules (seed {seed}): {len(a)} vs {len(b)} backend calls, "
+            f"first difference at call {next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))}"
+        )
+
+
 __all__ = [
+    "RecordingStepBackend",
     "ScriptedStepBackend",
+    "ThreadLockstep",
     "check_in_flight_cap_property",
     "check_latch_property",
     "check_parallelism_property",
     "check_parking_property",
+    "check_tp_lockstep_property",
     "check_trainable_property",
     "check_wall_clock_metrics_property",
+    "tp_schedules",
 ]

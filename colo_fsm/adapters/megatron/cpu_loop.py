@@ -46,11 +46,72 @@ def attention_inputs(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return positions, ~allowed.unsqueeze(1)
 
 
+class _GatherVocabShards(torch.autograd.Function):
+    """All-gather the vocab shards of a tensor-parallel output on the CPU; the gradient of each rank is its own
+    slice (what megatron-core's gather does on CUDA, whose buffer it allocates on ``torch.cuda.current_device()``)."""
+
+    @staticmethod
+    def forward(ctx: Any, shard: torch.Tensor, group: Any) -> torch.Tensor:
+        import torch.distributed as dist
+
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        parts = [torch.empty_like(shard) for _ in range(n)]
+        dist.all_gather(parts, shard.contiguous(), group=group)
+        ctx.rank, ctx.width = rank, shard.shape[-1]
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad[..., ctx.rank * ctx.width : (ctx.rank + 1) * ctx.width].contiguous(), None
+
+
+def _cpu_tensor_parallel_group(tokens: torch.Tensor) -> Any:
+    """The tensor-parallel group when ``tokens`` are on the CPU and TP > 1 (None otherwise)."""
+    if tokens.is_cuda:
+        return None
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized() or ps.get_tensor_model_parallel_world_size() == 1:
+        return None
+    return ps.get_tensor_model_parallel_group()
+
+
+_CPU_GATHER_INSTALLED = False
+
+
+def _install_cpu_vocab_gather() -> None:
+    """Let megatron-core's output layer gather TP vocab shards of CPU tensors (its own gather allocates on
+    ``torch.cuda.current_device()``, so on a CPU-only machine it cannot run at all); CUDA tensors still take
+    megatron-core's path unchanged. Idempotent."""
+    global _CPU_GATHER_INSTALLED
+    if _CPU_GATHER_INSTALLED:
+        return
+    from megatron.core.tensor_parallel import layers
+
+    original = layers.gather_from_tensor_model_parallel_region
+
+    def gather(input_: torch.Tensor, group: Any = None) -> torch.Tensor:
+        if input_.is_cuda:
+            return original(input_, group)
+        from megatron.core import parallel_state as ps
+
+        group = group if group is not None else ps.get_tensor_model_parallel_group()
+        return _GatherVocabShards.apply(input_, group)
+
+    layers.gather_from_tensor_model_parallel_region = gather
+    _CPU_GATHER_INSTALLED = True
+
+
 def forward_logits(model: Any, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Full-vocabulary logits ``[batch, seq, vocab]`` (fp32) of ``tokens`` under the padding mask."""
+    """Full-vocabulary logits ``[batch, seq, vocab]`` (fp32) of ``tokens`` under the padding mask.
+
+    On the CPU with TP > 1 the vocab shards are gathered by :class:`_GatherVocabShards` (megatron-core's own
+    gather needs CUDA).
+    """
     positions, mask = attention_inputs(valid)
-    out = model(tokens, positions, mask, runtime_gather_output=True)
-    return out.float()
+    if _cpu_tensor_parallel_group(tokens) is not None:
+        _install_cpu_vocab_gather()
+    return model(tokens, positions, mask, runtime_gather_output=True).float()
 
 
 @torch.no_grad()

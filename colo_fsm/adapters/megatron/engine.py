@@ -85,6 +85,8 @@ class GenerationConfig:
     ``max_request_tokens`` (None: no bound) bounds prompts x max_tokens of one ``generate``/``generate_ids``
     call; ``num_cuda_graphs`` is passed to megatron-core's ``InferenceConfig.num_cuda_graphs`` (the batch shapes
     the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``);
+    ``tp_lockstep`` (TP > 1) has the TP group's leader plan every decode step for the whole group
+    (:mod:`colo_fsm.adapters.lockstep`): off, TP peers drift by a step and the next handoff desyncs;
     ``max_top_logprobs`` bounds the per-token alternatives one request may ask for (``submit(top_logprobs=k)``).
     """
 
@@ -102,9 +104,12 @@ class GenerationConfig:
     max_active_requests: int = 64
     max_request_tokens: int | None = None
     num_cuda_graphs: int | None = None
+    tp_lockstep: bool = True
     max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tp_lockstep, bool):
+            raise ConfigError("tp_lockstep", self.tp_lockstep, "True or False")
         object.__setattr__(self, "kv_cache_mode", parse_kv_cache_mode(self.kv_cache_mode).value)
         object.__setattr__(self, "inflight", parse_inflight(self.inflight).value)
         for name, what in (
@@ -254,6 +259,15 @@ class MegatronEngine:
             raise EngineRebuild("MegatronEngine.bring_up called twice: the colocated engine is built once per run")
         self.memory_estimate = check_engine_budget(self)  # guards: refuse an over-budget build with the numbers
         self.model.eval()
+        from colo_fsm.adapters.lockstep import tensor_parallel_lockstep
+
+        # TP > 1: the TP group's ranks decode one schedule, planned by its leader (colo_fsm/adapters/lockstep.py)
+        lockstep = (
+            tensor_parallel_lockstep(self.device, max_active_requests=self.config.max_active_requests)
+            if self.config.tp_lockstep
+            else None
+        )
+        extra: dict[str, Any] = {"lockstep": lockstep} if lockstep is not None else {}
         batcher = self.batcher_class(
             self._make_backend,
             weight_version=self._weight_version,
@@ -263,6 +277,7 @@ class MegatronEngine:
             detokenize=self.tokenizer.detokenize,
             device_context=lambda: device_context(self.device),
             name=f"colo-fsm-engine-{self.backend_name}",
+            **extra,
             max_top_logprobs=self.config.max_top_logprobs,
         )
         batcher.start()
