@@ -9,7 +9,7 @@ PYTHON ?= python
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-deep lint format bench gpu-check clean nemo-gym-venv
+.PHONY: setup demo test test-deep lint format bench gpu-check clean nemo-gym-venv docs
 
 # nemo-gym's own clients run in a venv of their own: nemo-gym 0.7.0 needs Python 3.13 (the project runs on 3.12).
 # It declares Requires-Python >= 3.13.14 while pyenv here has 3.13.0, hence --ignore-requires-python (its code
@@ -53,6 +53,10 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff check --fix colo_fsm tests bench scripts examples
 	$(VENV)/bin/ruff format colo_fsm tests bench scripts examples
+
+# the docs site with the API reference from the docstrings; warnings are errors; built into a temp dir
+docs: setup
+	d=$$(mktemp -d) && $(VENV)/bin/mkdocs build --strict --quiet -d $$d && echo "docs built in $$d"
 
 bench: setup
 	$(PY) bench/run_all.py

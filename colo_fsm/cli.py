@@ -122,7 +122,7 @@ def _cmd_timeline(args: argparse.Namespace) -> int:
         raise UsageError(
             f"argument -o/--output: expected a file ending in {', '.join('.' + f for f in TIMELINE_FORMATS)}, got {out}"
         )
-    render_timeline(args.traces, out, title=args.title)
+    render_timeline(args.traces, out, title=args.title, steps=args.steps, time_range=args.time)
     print(f"wrote {out}")
     return EXIT_OK
 
@@ -418,6 +418,16 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         help="picture to write: .png, .svg or .pdf (default timeline.png)",
     )
     t.add_argument("--title", default=None, help="picture title")
+    t.add_argument(
+        "--steps",
+        metavar="A:B",
+        help="show training steps A through B only (A:, :B and a single step A also work)",
+    )
+    t.add_argument(
+        "--time",
+        metavar="A:B",
+        help="show seconds A through B since the first transition only (with --steps: where both overlap)",
+    )
     t.set_defaults(func=_cmd_timeline)
 
     s = sub.add_parser("simulate", help="run the lifecycle with recording fakes and print every transition")

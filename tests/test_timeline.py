@@ -15,7 +15,17 @@ from colo_fsm.guards.barrier import SoloBarrier, ThreadBarrier
 from colo_fsm.guards.decision import CheckpointDecision, ValidationDecision
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.testing.fakes import recording_adapters
-from colo_fsm.timeline import TraceFileError, load_rows, read_trace_file, render_timeline, spans
+from colo_fsm.timeline import (
+    TraceFileError,
+    clip,
+    load_rows,
+    parse_range,
+    read_trace_file,
+    render_timeline,
+    spans,
+    step_marks,
+    window,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -181,3 +191,165 @@ def test_missing_empty_and_directory(tmp_path: Path) -> None:
 def test_output_format_checked(two_rank_traces: list[Path], tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="output"):
         render_timeline(two_rank_traces, tmp_path / "x.gif")
+
+
+# ---------------------------------------------------------------------------------------------- windows, labels
+def test_step_marks_follow_the_trace(two_rank_traces: list[Path]) -> None:
+    rows = load_rows(two_rank_traces)
+    marks = step_marks(rows)
+    for label, recs in rows.items():
+        mine = [m for m in marks if m.row == label]
+        assert [m.step for m in mine] == [1, 2, 3, 4]
+        assert [m.version for m in mine] == [1, 2, 3, 4]  # the version each step trains to
+        begins = [r.t_start for r in recs if r.trigger == "begin_step"]
+        assert [m.t_begin for m in mine] == begins
+        assert all(m.t_bump is not None and m.t_begin < m.t_bump for m in mine)
+
+
+def test_step_window_holds_exactly_those_steps(two_rank_traces: list[Path]) -> None:
+    rows = load_rows(two_rank_traces)
+    lo, hi = window(rows, steps=(2, 3))
+    for label, recs in rows.items():
+        trained = [r.step for r in recs if r.trigger == "train" and lo <= r.t_enter <= hi]
+        assert trained == [2, 3], label
+        begun = [r.step + 1 for r in recs if r.trigger == "begin_step" and lo <= r.t_start < hi]
+        # a step runs until the next one begins on every row: a rank that begins step 4 first shows that start
+        assert begun[:2] == [2, 3] and begun[2:] in ([], [4]), label
+    shown = clip(spans(rows), lo, hi)
+    assert shown and all(lo <= s.start <= s.end <= hi for s in shown)
+    assert min(s.start for s in shown) == lo and max(s.end for s in shown) == hi
+    # one step, an open end and an open start
+    one = window(rows, steps=(4, 4))
+    assert one[1] == max(s.end for s in spans(rows))  # the last step runs to the end of the trace
+    assert window(rows, steps=(3, None))[0] == window(rows, steps=(3, 4))[0]
+    assert window(rows, steps=(None, 1))[0] == min(s.start for s in spans(rows))
+
+
+def test_time_window_and_both(two_rank_traces: list[Path]) -> None:
+    rows = load_rows(two_rank_traces)
+    every = spans(rows)
+    t0, t1 = min(s.start for s in every), max(s.end for s in every)
+    mid = (t1 - t0) / 2
+    lo, hi = window(rows, time_range=(mid, None))
+    assert lo == pytest.approx(t0 + mid) and hi == t1
+    shown = clip(every, lo, hi)
+    assert all(s.start >= lo for s in shown) and len(shown) < len(every)
+    s_lo, s_hi = window(rows, steps=(1, 2))
+    both = window(rows, steps=(1, 2), time_range=(0, mid))
+    assert both == (max(s_lo, t0), min(s_hi, t0 + mid))
+
+
+@pytest.mark.parametrize(
+    ("text", "integer", "expected"),
+    [("2:3", True, (2, 3)), ("5", True, (5, 5)), ("3:", True, (3, None)), (":4", True, (None, 4)),
+     ("0.5:1.25", False, (0.5, 1.25)), (":2", False, (None, 2.0))],
+)  # fmt: skip
+def test_parse_range(text: str, integer: bool, expected: tuple[float | None, float | None]) -> None:
+    assert parse_range(text, "steps" if integer else "time", integer=integer) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "integer"), [("4:3", True), ("0:2", True), ("a:b", True), ("1.5:2", True), ("1:2:3", True),
+                          ("", True), ("2", False), ("-1:2", False), ("nan:1", False), ("3:1", False)]
+)  # fmt: skip
+def test_parse_range_rejects(text: str, integer: bool) -> None:
+    field = "steps" if integer else "time"
+    with pytest.raises(ConfigError) as err:
+        parse_range(text, field, integer=integer)
+    assert err.value.field == field and repr(text) in str(err.value)
+
+
+def test_window_outside_the_trace_is_refused(two_rank_traces: list[Path], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"steps='7:9'.*steps 1\.\.4") as err:
+        render_timeline(two_rank_traces, tmp_path / "w.png", steps="7:9")
+    assert err.value.field == "steps" and not (tmp_path / "w.png").exists()
+    with pytest.raises(ConfigError, match="time") as err:
+        render_timeline(two_rank_traces, tmp_path / "w.png", time_range="1000:")
+    assert err.value.field == "time"
+
+
+def test_window_picture_shows_only_the_window(two_rank_traces: list[Path], tmp_path: Path) -> None:
+    from colo_fsm.timeline import _STATE_COLORS
+
+    rows = load_rows(two_rank_traces)
+    lo, hi = window(rows, steps=(2, 2))
+    states = {s.state for s in clip(spans(rows), lo, hi)}
+    assert "Created" not in states and "Stopped" not in states
+    png = render_timeline(two_rank_traces, tmp_path / "step2.png", steps="2", legend=False)
+    colors = _colors_in_png(png)
+    assert _hex(_STATE_COLORS["Training"]) in colors
+    # (Stopped's grey is also a shade of the text's anti-aliasing; Created and Done are not)
+    assert _hex(_STATE_COLORS["Created"]) not in colors and _hex(_STATE_COLORS["Done"]) not in colors
+
+
+@pytest.fixture(scope="module")
+def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """400 steps written as a trace: 100 ms of Generating each, every handoff state 20 us (far below a pixel)."""
+    from colo_fsm.machine.trace import Trace, TraceRecord
+
+    path = tmp_path_factory.mktemp("long") / "rank0.jsonl"
+    trace, t, seq = Trace(path, keep=False), 1_000.0, 0
+
+    def rec(trigger: str, source: str, dest: str, step: int, hold: float) -> None:
+        nonlocal t, seq
+        trace.append(TraceRecord(seq, 0, trigger, source, dest, step, step, t, t, t + hold / 2))
+        seq, t = seq + 1, t + hold
+
+    rec("start", "Created", "Starting", 0, 20e-6)
+    rec("generate", "Starting", "Generating", 0, 0.1)
+    for k in range(1, 401):
+        rec("begin_step", "Generating", "Draining", k - 1, 20e-6)
+        rec("train", "Draining", "Training", k, 20e-6)
+        if k % 4 == 0:
+            rec("conclude", "Training", "Validating", k, 20e-6)
+            rec("end_validation", "Validating", "Generating", k, 0.1)
+        else:
+            rec("conclude", "Training", "Waking", k, 20e-6)
+            rec("resume", "Waking", "Generating", k, 0.1)
+    rec("stop", "Generating", "Stopped", 400, 20e-6)
+    trace.close()
+    return path
+
+
+def test_short_states_stay_visible_in_a_long_run(long_trace: Path, tmp_path: Path) -> None:
+    from colo_fsm.timeline import _STATE_COLORS
+
+    rows = load_rows([long_trace])
+    every = spans(rows)
+    assert len(every) > 300  # a long row: no minimum width, markers instead
+    horizon = max(s.end for s in every) - min(s.start for s in every)
+    waking = [s for s in every if s.state == "Waking"]
+    assert len(waking) == 300 and max(s.end - s.start for s in waking) < horizon / 100_000  # far below a pixel
+    colors = _colors_in_png(render_timeline([long_trace], tmp_path / "long.png", legend=False, labels=False))
+    assert _hex(_STATE_COLORS["Waking"]) in colors and _hex(_STATE_COLORS["Validating"]) in colors
+    # in a window of a few steps the same states are drawn as (minimum-width) bars
+    colors = _colors_in_png(render_timeline([long_trace], tmp_path / "win.png", steps="200:203", legend=False))
+    assert _hex(_STATE_COLORS["Waking"]) in colors
+
+
+def test_cli_timeline_window(two_rank_traces: list[Path], tmp_path: Path) -> None:
+    from colo_fsm.cli import main
+
+    out = tmp_path / "cli.png"
+    assert main(["timeline", *map(str, two_rank_traces), "-o", str(out), "--steps", "2:3", "--time", "0:"]) == 0
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    assert main(["timeline", *map(str, two_rank_traces), "-o", str(tmp_path / "b.png"), "--steps", "3:2"]) == 2
+    assert not (tmp_path / "b.png").exists()
+
+
+def test_step_window_is_cut_row_by_row_for_separate_runs(two_rank_traces: list[Path], long_trace: Path) -> None:
+    from colo_fsm.timeline import row_windows
+
+    rows = load_rows([two_rank_traces[0], long_trace])  # two runs, two clocks
+    own = row_windows(rows, (2, 3))
+    assert set(own) == set(rows)
+    for label, (lo, hi) in own.items():
+        recs = rows[label]
+        begins = [r.t_start for r in recs if r.trigger == "begin_step"]
+        assert lo == begins[1] and hi == begins[3]  # its own step 2 .. its own step 4's begin
+        trained = [r.step for r in recs if r.trigger == "train" and lo <= r.t_enter <= hi]
+        assert trained == [2, 3], label
+    # a single run keeps the one window of window()
+    one = load_rows(two_rank_traces)
+    lo, hi = window(one, steps=(2, 3))
+    assert all(lo <= a < b <= hi for a, b in row_windows(one, (2, 3)).values())
