@@ -479,7 +479,8 @@ def test_long_actions_report_progress(caplog, monkeypatch):
     with caplog.at_level(logging.INFO, logger="colo_fsm"):
         lc.step([1])
     lines = [r.getMessage() for r in caplog.records if "still in train_step" in r.getMessage()]
-    assert lines and "state=Training" in lines[0] and "rank=0" in lines[0]
+    # Threads another test left hanging (a fault test's hung rank) may tick here too: look for this run's line.
+    assert any(line.startswith("[rank=0 state=Training wv=0 step=0] still in train_step") for line in lines), lines
 
 
 def test_component_loggers_carry_the_lifecycle_context(caplog):

@@ -77,9 +77,10 @@ def test_sdpa_never_uses_cudnn_attention(monkeypatch):
     torch.nn.Module.__init__(core)
     core.dropout_p, core.softmax_scale, core.attn_mask_type = 0.0, None, AttnMaskType.causal
     q = torch.randn(3, 1, 2, 4)
+    before = torch.backends.cuda.cudnn_sdp_enabled()  # torch's backend flags are process-wide, not per thread
     core(q, q, q, None)
     assert seen == [(False, True, True, True)]
-    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the call
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before  # restored after the call
 
 
 @pytest.mark.parametrize(

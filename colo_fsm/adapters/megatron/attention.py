@@ -9,7 +9,8 @@ point: :func:`colo_fsm.adapters.megatron.model.build_model` puts :class:`SDPAtte
 The attention kernel is picked among flash, memory-efficient and math (:data:`SDPA_BACKENDS`), never cuDNN's:
 on one H200 (torch 2.11, bf16, boolean padding mask) cuDNN attention built a plan for every new sequence length,
 0.2-2.5 s inside the first train step that saw it, where the others cost nothing extra; with heavy-tailed
-rollout lengths almost every step has a new length.
+rollout lengths almost every step has a new length. torch's backend flags are process-wide: while the engine
+thread and a training thread overlap, one call may see the other's restored flags (it can then pick cuDNN once).
 """
 
 from __future__ import annotations
