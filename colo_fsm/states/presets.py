@@ -13,6 +13,8 @@ import importlib
 
 from colo_fsm.errors import ConfigError
 from colo_fsm.states.spec import (
+    _HANDOFF,
+    _OFFLOAD,
     ACTIONS,
     LIFECYCLE,
     STATES,
@@ -30,6 +32,13 @@ from colo_fsm.states.spec import (
 )
 
 S, F = State, Fact
+
+
+def _shipped(trigger: str, source: State) -> TransitionSpec:
+    """The shipped lifecycle's transition ``trigger`` out of ``source`` (reused where NeMo-RL's step agrees)."""
+    (t,) = (t for t in LIFECYCLE.outgoing(source) if t.trigger == trigger)
+    return t
+
 
 _NEMO_ACTIONS: tuple[ActionSpec, ...] = (
     *(
@@ -77,10 +86,6 @@ _NEMO_STATES: tuple[StateSpec, ...] = (
     *STATES[[s.state for s in STATES].index(S.DONE) :],
 )
 
-_HANDOFF = ("drain_device", "barrier")
-_SUSPEND_ALL = ("pause_collector", "suspend_engine", *_HANDOFF)
-_OFFLOAD = ("offload_training_buffers", *_HANDOFF)
-_TEARDOWN = "shutdown_engine"
 
 _NEMO_TRANSITIONS: tuple[TransitionSpec, ...] = (
     TransitionSpec(
@@ -110,21 +115,8 @@ _NEMO_TRANSITIONS: tuple[TransitionSpec, ...] = (
         automatic=True,
         description="val_at_start: validate before the first step (collector still paused).",
     ),
-    TransitionSpec(
-        "begin_step",
-        S.GENERATING,
-        S.DRAINING,
-        ("latch_step_decisions", *_SUSPEND_ALL),
-        description="Handoff to training: decide once, pause, park requests, drain own device, barrier.",
-    ),
-    TransitionSpec(
-        "train",
-        S.DRAINING,
-        S.TRAINING,
-        ("restore_training_buffers", "train_step", "bump_weight_version"),
-        when=(F.HANDOFF_COMPLETE,),
-        description="One step on the shared model; weight version + 1.",
-    ),
+    _shipped("begin_step", S.GENERATING),
+    _shipped("train", S.DRAINING),
     TransitionSpec(
         "conclude",
         S.TRAINING,
@@ -236,19 +228,7 @@ _NEMO_TRANSITIONS: tuple[TransitionSpec, ...] = (
         automatic=True,
         description="Resume signal only after drain and barrier, never with a save still pending.",
     ),
-    TransitionSpec("stop", S.GENERATING, S.STOPPED, (*_SUSPEND_ALL, _TEARDOWN), description="Stop the run."),
-    TransitionSpec("stop", S.VALIDATING, S.STOPPED, (*_SUSPEND_ALL, _TEARDOWN), description="Stop the run."),
-    TransitionSpec("stop", S.DONE, S.STOPPED, (_TEARDOWN,), description="Tear down after the last step."),
-    TransitionSpec(
-        "stop", S.CREATED, S.STOPPED, (_TEARDOWN,), description="Stop before anything was built (nothing to tear down)."
-    ),
-    TransitionSpec(
-        "stop",
-        S.FAILED,
-        S.STOPPED,
-        (_TEARDOWN,),
-        description="Local teardown after a failure (no barrier: a peer may be dead).",
-    ),
+    *(_shipped("stop", src) for src in (S.GENERATING, S.VALIDATING, S.DONE, S.CREATED, S.FAILED)),
 )
 
 NEMO_RL = LifecycleSpec(

@@ -530,7 +530,7 @@ TRANSITIONS: tuple[TransitionSpec, ...] = (
         S.GENERATING,
         S.DRAINING,
         ("latch_step_decisions", *_SUSPEND_ALL),
-        description="Handoff to training: decide once, pause, suspend, drain own device, barrier.",
+        description="Handoff to training: decide once, pause, park requests, drain own device, barrier.",
     ),
     TransitionSpec(
         "train",
