@@ -132,6 +132,7 @@ def test_run_folder_holds_a_lifecycle_picture_of_its_spec(tmp_path: Path, monkey
 
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no Graphviz
     _write_artifacts(tmp_path, 1, NEMO_RL)  # no trace here: the timeline is skipped with a warning
+    assert (tmp_path / "lifecycle.svg").is_file(), sorted(p.name for p in tmp_path.iterdir())
     svg = (tmp_path / "lifecycle.svg").read_text(encoding="utf-8")
     assert svg == to_svg(NEMO_RL) and "colo-fsm lifecycle (nemo_rl)" in svg and "Concluding" in svg
     assert (tmp_path / "lifecycle.mmd").read_text(encoding="utf-8") == diagram.to_mermaid(NEMO_RL)
