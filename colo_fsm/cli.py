@@ -441,7 +441,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     d.add_argument("--no-actions", action="store_true", help="label edges with trigger and guards only")
     d.add_argument("--no-conditions", action="store_true", help="omit engine/collector conditions from states")
     d.add_argument(
-        "--title", default=None, help="diagram title; {name} is the spec's name (default: 'colo-fsm lifecycle ({name})', '' for none)"
+        "--title",
+        default=None,
+        help="diagram title; {name} is the spec's name (default: 'colo-fsm lifecycle ({name})', '' for none)",
     )
     docs = d.add_mutually_exclusive_group()
     docs.add_argument("--update-docs", metavar="MD", help="regenerate the <!-- BEGIN GENERATED: ... --> blocks of MD")

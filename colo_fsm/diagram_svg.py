@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -237,8 +238,7 @@ def _layout(
         label_lines = edge_label_lines(t, actions=actions)
         lw = max(_text_w(x, _LABEL_PX) for x in label_lines) + 2 * _LABEL_PAD
         lh = len(label_lines) * _LABEL_PX * _LINE + 2 * _LABEL_PAD
-        if a == b:  # a self-loop: its label hangs on the right of the state
-            nodes[a].lines = nodes[a].lines  # drawn in _draw; widen the state so the loop has room
+        if a == b:  # a self-loop: its label sits right of the state (placed there after the ordering)
             e.label = f"loop{i}"
             nodes[e.label] = _Node(e.label, nodes[a].rank, lw, lh, "label", label_lines)
             edges.append(e)
@@ -258,13 +258,18 @@ def _layout(
     for e in edges:
         if e.upper != e.lower:
             path = [e.upper, *e.chain, e.lower]
-            links += list(zip(path, path[1:], strict=False))
+            links += list(pairwise(path))
     depth = max(n.rank for n in nodes.values()) + 1
     layers: list[list[str]] = [[] for _ in range(depth)]
     for n in nodes.values():  # declaration order, then edge order: the starting order of each layer
         layers[n.rank].append(n.key)
     ranks = {k: n.rank for k, n in nodes.items()}
     layers = _order(layers, links, ranks)
+    for e in edges:  # a self-loop's label goes right after its state in the layer
+        if e.upper == e.lower:
+            layer = layers[nodes[e.upper].rank]
+            layer.remove(e.label)
+            layer.insert(layer.index(e.upper) + 1, e.label)
     # x: each layer packed, then nudged toward its neighbours (straight long edges weigh most), layer by layer
     preds: dict[str, list[str]] = {k: [] for k in nodes}
     succs: dict[str, list[str]] = {k: [] for k in nodes}
@@ -274,7 +279,7 @@ def _layout(
 
     def seps(layer: list[str]) -> list[float]:
         out = []
-        for a, b in zip(layer, layer[1:], strict=False):
+        for a, b in pairwise(layer):
             gap = _GAP_REAL if nodes[a].kind == "state" and nodes[b].kind == "state" else _GAP_DUMMY
             out.append((nodes[a].w + nodes[b].w) / 2 + gap)
         return out
@@ -299,11 +304,6 @@ def _layout(
                 desired.append(sum(w * nodes[m].x for w, m in zip(weights, ns, strict=True)) / sum(weights))
             for k, x in zip(layer, _place(desired, seps(layer)), strict=True):
                 nodes[k].x = x
-    # self-loop labels sit right of their state
-    for e in edges:
-        if e.upper == e.lower:
-            st, lab = nodes[e.upper], nodes[e.label]
-            lab.x = st.x + st.w / 2 + 24 + lab.w / 2
     left = min(n.x - n.w / 2 for n in nodes.values())
     for n in nodes.values():
         n.x += _MARGIN - left
@@ -326,11 +326,12 @@ def _path(points: list[tuple[float, float]]) -> str:
     """A smooth curve through ``points`` (a Catmull-Rom spline), leaving the first and entering the last
     vertically."""
     n = len(points)
+    sign = 1.0 if points[-1][1] >= points[0][1] else -1.0
     tangents: list[tuple[float, float]] = []
-    for i, (x, y) in enumerate(points):
-        if i == 0 or i == n - 1:
+    for i, (_x, y) in enumerate(points):
+        if i in (0, n - 1):
             other = points[1] if i == 0 else points[-2]
-            tangents.append((0.0, abs(other[1] - y) * (1.0 if i == 0 else 1.0) * (1 if points[-1][1] > points[0][1] else -1)))
+            tangents.append((0.0, sign * abs(other[1] - y)))
         else:
             tangents.append(((points[i + 1][0] - points[i - 1][0]) / 2, (points[i + 1][1] - points[i - 1][1]) / 2))
     d = [f"M{_f(points[0][0])},{_f(points[0][1])}"]
@@ -364,9 +365,9 @@ def to_svg(
     text_title = spec_title(spec, title)
     head = (_TITLE_PX * 2.2 if text_title else 0.0) + 34.0  # title, then room for the start marker
     legend_h = 34.0
-    width = max(
-        [n.x + n.w / 2 for n in nodes.values()] + [_text_w(text_title or "", _TITLE_PX) + _MARGIN, 640.0]
-    ) + _MARGIN
+    width = (
+        max([n.x + n.w / 2 for n in nodes.values()] + [_text_w(text_title or "", _TITLE_PX) + _MARGIN, 640.0]) + _MARGIN
+    )
     height = head + body_h + legend_h + _MARGIN
     for n in nodes.values():
         n.y += head
@@ -417,8 +418,8 @@ def to_svg(
         marker = "auto" if e.t.automatic else "user"
         if e.upper == e.lower:
             n = nodes[e.upper]
-            x0, y0 = n.x + n.w / 2, n.y - n.h / 4
-            d = f"M{_f(x0)},{_f(y0)} C{_f(x0 + 40)},{_f(y0 - 10)} {_f(x0 + 40)},{_f(y0 + n.h / 2 + 10)} "
+            x0, y0, bulge = n.x + n.w / 2, n.y - n.h / 4, 2 * _GAP_DUMMY + 8
+            d = f"M{_f(x0)},{_f(y0)} C{_f(x0 + bulge)},{_f(y0 - 10)} {_f(x0 + bulge)},{_f(y0 + n.h / 2 + 10)} "
             d += f"{_f(x0)},{_f(y0 + n.h / 2)}"
         else:
             u, lo = nodes[e.upper], nodes[e.lower]
@@ -473,7 +474,7 @@ def to_svg(
         )
         for j, line in enumerate(n.lines):
             ty = y + _NODE_PAD_Y + _NAME_PX * _LINE + (j + 0.85) * _SMALL_PX * _LINE
-            style = ' font-style="italic"' if conditions and j > 0 or not conditions else ""
+            style = ' font-style="italic"' if j > 0 or not conditions else ""  # notes in italics
             out.append(
                 f'<text x="{_f(n.x)}" y="{_f(ty)}" font-size="{_SMALL_PX:g}" text-anchor="middle" fill="#37474f"'
                 f'{style} xml:space="preserve">{escape(line)}</text>'

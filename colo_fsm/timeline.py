@@ -371,10 +371,12 @@ def render_timeline(
         time_range = parse_range(time_range, "time", integer=False)
     if last_steps is not None and (not isinstance(last_steps, int) or isinstance(last_steps, bool) or last_steps < 1):
         raise ConfigError("last_steps", last_steps, "a whole number of steps >= 1 (or full=True for the whole run)")
-    picked = [n for n, v in (("steps", steps), ("time_range", time_range), ("last_steps", last_steps)) if v is not None]
-    if full and picked:
-        raise ConfigError("full", full, f"either full=True (the whole run) or a window, not both (got {', '.join(picked)})")
-    if last_steps is not None and len(picked) > 1:
+    chosen = [n for n, v in (("steps", steps), ("time_range", time_range), ("last_steps", last_steps)) if v is not None]
+    if full and chosen:
+        raise ConfigError(
+            "full", full, f"either full=True (the whole run) or a window, not both (got {', '.join(chosen)})"
+        )
+    if last_steps is not None and len(chosen) > 1:
         raise ConfigError("last_steps", last_steps, "either last_steps or steps/time_range, not both")
     rows = load_rows(traces)
     note = ""

@@ -51,9 +51,7 @@ def test_svg_draws_every_state_and_transition(spec: LifecycleSpec) -> None:
     root = ET.fromstring(svg)
     states, labels = _boxes(svg)
     assert set(states) == {s.state.value for s in spec.states}
-    drawn = Counter(
-        t.text for p in root.findall("s:path", NS) if (t := p.find("s:title", NS)) is not None and t.text
-    )
+    drawn = Counter(t.text for p in root.findall("s:path", NS) if (t := p.find("s:title", NS)) is not None and t.text)
     assert drawn == Counter(f"{t.source.value} -> {t.dest.value}" for t in spec.transitions)
     assert len(labels) == len(spec.transitions)
     texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
@@ -199,3 +197,14 @@ def test_every_mermaid_block_on_the_site_has_its_picture() -> None:
     assert "md_in_html" in mkdocs  # folds the source; the picture needs nothing but an <img>
     shots = sorted((DOCS / "screenshots").glob("*.png"))
     assert len(shots) >= 3 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in shots)
+
+
+def test_a_self_loop_is_drawn_beside_its_state() -> None:
+    t = LIFECYCLE.transitions[3]
+    looped = dataclasses.replace(LIFECYCLE, transitions=(*LIFECYCLE.transitions, dataclasses.replace(t, dest=t.source)))
+    svg = to_svg(looped)
+    assert f"<title>{t.source.value} -&gt; {t.source.value}</title>" in svg
+    states, labels = _boxes(svg)
+    boxes = [*states.values(), *labels]
+    assert len(labels) == len(looped.transitions)
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :] if _overlap(a, b)]

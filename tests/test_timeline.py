@@ -342,9 +342,7 @@ def test_short_states_stay_visible_in_a_long_run(long_trace: Path, tmp_path: Pat
     horizon = max(s.end for s in every) - min(s.start for s in every)
     waking = [s for s in every if s.state == "Waking"]
     assert len(waking) == 300 and max(s.end - s.start for s in waking) < horizon / 100_000  # far below a pixel
-    colors = _colors_in_png(
-        render_timeline([long_trace], tmp_path / "long.png", legend=False, labels=False, full=True)
-    )
+    colors = _colors_in_png(render_timeline([long_trace], tmp_path / "long.png", legend=False, labels=False, full=True))
     assert _hex(_STATE_COLORS["Waking"]) in colors and _hex(_STATE_COLORS["Validating"]) in colors
     # in a window of a few steps the same states are drawn as (minimum-width) bars
     colors = _colors_in_png(render_timeline([long_trace], tmp_path / "win.png", steps="200:203", legend=False))

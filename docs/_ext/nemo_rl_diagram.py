@@ -73,7 +73,9 @@ def annotated_svg() -> str:
     from colo_fsm.diagram_svg import to_svg
     from colo_fsm.states import NEMO_RL
 
-    notes = {state: [f"NeMo-RL: {c}" if i == 0 else c for i, c in enumerate(calls)] for state, calls in NEMO_RL_CALLS.items()}
+    notes = {
+        state: [f"NeMo-RL: {c}" if i == 0 else c for i, c in enumerate(calls)] for state, calls in NEMO_RL_CALLS.items()
+    }
     return to_svg(NEMO_RL, title=TITLE, notes=notes)
 
 
