@@ -2,7 +2,7 @@
 
 Builds the site (``mkdocs build --strict``) into a temporary folder, opens each page that shows a lifecycle
 picture in headless Chromium and saves the part of the page from its diagram's heading down as a PNG under
-``docs/screenshots/``. Needs ``chromium`` (Debian: ``apt-get install chromium``) and Pillow (a matplotlib
+``docs/screenshots/``, then the NEMO_RL picture at its full size (what a click on a picture opens). Needs ``chromium`` (Debian: ``apt-get install chromium``) and Pillow (a matplotlib
 dependency). Run from the repository root: ``python scripts/docs_screenshots.py``.
 """
 
@@ -80,6 +80,14 @@ def main(argv: list[str]) -> int:
         )
         for page, anchor, name in PAGES:
             print(f"wrote {shoot(site, page, anchor, args.out / name, browser)}")
+        # what a click on a picture opens: the SVG at its full size, as the browser draws it
+        svg = site / "diagrams" / "nemo_rl.svg"
+        m = re.search(r'width="([\d.]+)" height="([\d.]+)"', svg.read_text(encoding="utf-8"))
+        assert m, svg
+        size = f"{int(float(m.group(1))) + 1},{int(float(m.group(2))) + 1}"
+        out = args.out / "nemo_rl-full-size.png"
+        _run(browser, f"--window-size={size}", f"--screenshot={out}", svg.as_uri())
+        print(f"wrote {out}")
     return 0
 
 
