@@ -11,7 +11,7 @@ can be checked against the spec by regenerating it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -136,12 +136,11 @@ def _ranks(spec: LifecycleSpec, edges: list[tuple[str, str]]) -> tuple[dict[str,
     return rank, back
 
 
-def _crossings(layers: list[list[str]], pos: dict[str, int], links: list[tuple[str, str]], rank: dict[str, int]) -> int:
-    by_rank: dict[int, list[tuple[int, int]]] = {}
-    for a, b in links:
-        by_rank.setdefault(rank[a], []).append((pos[a], pos[b]))
+def _crossings(pos: dict[str, int], by_upper: dict[int, list[tuple[str, str]]], uppers: Iterable[int]) -> int:
+    """Edge crossings between each layer of ``uppers`` and the layer below it."""
     total = 0
-    for pairs in by_rank.values():
+    for r in uppers:
+        pairs = [(pos[a], pos[b]) for a, b in by_upper.get(r, ())]
         for i, (a1, b1) in enumerate(pairs):
             for a2, b2 in pairs[i + 1 :]:
                 if (a1 - a2) * (b1 - b2) < 0:
@@ -153,15 +152,18 @@ def _order(layers: list[list[str]], links: list[tuple[str, str]], rank: dict[str
     """Reorder each layer to cut crossings: barycenter sweeps, then adjacent swaps; keep the best seen."""
     preds: dict[str, list[str]] = {n: [] for layer in layers for n in layer}
     succs: dict[str, list[str]] = {n: [] for layer in layers for n in layer}
+    by_upper: dict[int, list[tuple[str, str]]] = {}
     for a, b in links:
         succs[a].append(b)
         preds[b].append(a)
+        by_upper.setdefault(rank[a], []).append((a, b))
+    every = range(len(layers))
 
     def positions(ls: list[list[str]]) -> dict[str, int]:
         return {n: i for layer in ls for i, n in enumerate(layer)}
 
     best = [list(layer) for layer in layers]
-    best_c = _crossings(best, positions(best), links, rank)
+    best_c = _crossings(positions(best), by_upper, every)
     cur = [list(layer) for layer in layers]
     for it in range(12):
         down = it % 2 == 0
@@ -175,18 +177,22 @@ def _order(layers: list[list[str]], links: list[tuple[str, str]], rank: dict[str
                 return sum(pos[m] for m in ns) / len(ns) if ns else float(pos[n])
 
             cur[r] = sorted(cur[r], key=key)
+        pos = positions(cur)
         improved = True
-        while improved:
+        while improved:  # swap neighbours while that cuts the crossings next to their layer
             improved = False
-            for r in range(len(cur)):
+            for r in every:
+                near = (r - 1, r)
                 for i in range(len(cur[r]) - 1):
-                    before = _crossings(cur, positions(cur), links, rank)
-                    cur[r][i], cur[r][i + 1] = cur[r][i + 1], cur[r][i]
-                    if _crossings(cur, positions(cur), links, rank) < before:
+                    u, v = cur[r][i], cur[r][i + 1]
+                    before = _crossings(pos, by_upper, near)
+                    pos[u], pos[v] = i + 1, i
+                    if _crossings(pos, by_upper, near) < before:
+                        cur[r][i], cur[r][i + 1] = v, u
                         improved = True
                     else:
-                        cur[r][i], cur[r][i + 1] = cur[r][i + 1], cur[r][i]
-        c = _crossings(cur, positions(cur), links, rank)
+                        pos[u], pos[v] = i, i + 1
+        c = _crossings(pos, by_upper, every)
         if c < best_c:
             best, best_c = [list(layer) for layer in cur], c
     return best
