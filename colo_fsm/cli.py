@@ -22,10 +22,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from colo_fsm.errors import ActionFailed, ColoFsmError, ConfigError, GraphvizNotFound, UsageError
 from colo_fsm.log import get_logger
+
+if TYPE_CHECKING:
+    from colo_fsm.states.spec import LifecycleSpec
 
 log = get_logger(__name__)
 
@@ -79,11 +82,15 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else None
     suffix = output.suffix.lower() if output else ""
     fmt = args.format
+    if fmt == "svg":
+        return _write_builtin_svg(args, spec, output)
     options: dict[str, Any] = {}
     if fmt != "markdown" and suffix not in (".md", ".markdown"):
         options = {"actions": not args.no_actions, "conditions": not args.no_conditions, "failure": args.failure}
         if args.title is not None:
             options["title"] = args.title or None
+    elif args.title is not None:
+        raise UsageError("argument --title: the markdown format has no title (its sections are headed ## Diagram...)")
     if output is not None and suffix in _IMAGE_SUFFIXES:
         if fmt not in (None, "dot"):
             raise UsageError(
@@ -113,6 +120,33 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _write_builtin_svg(args: argparse.Namespace, spec: LifecycleSpec, output: Path | None) -> int:
+    """``--format svg``: colo-fsm's own SVG picture (no Graphviz), to ``output`` or stdout."""
+    from colo_fsm.diagram_svg import to_svg
+
+    if output is not None and output.suffix.lower() != ".svg":
+        raise UsageError(f"argument --output: --format svg writes an .svg file (got {output})")
+    if args.direction != "TB" or args.failure != "note":
+        raise UsageError(
+            "argument --format: svg is drawn top to bottom with the failure transition as a note on Failed; "
+            "for --direction LR or --failure edges use --format dot (or mermaid)"
+        )
+    options: dict[str, Any] = {"actions": not args.no_actions, "conditions": not args.no_conditions}
+    if args.title is not None:
+        options["title"] = args.title or None
+    text = to_svg(spec, **options)
+    if output is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"argument --output: cannot write {output}: {exc.strerror or exc}") from None
+    print(f"wrote {output}")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------------------------- timeline
 def _cmd_timeline(args: argparse.Namespace) -> int:
     from colo_fsm.timeline import TIMELINE_FORMATS, render_timeline
@@ -122,7 +156,9 @@ def _cmd_timeline(args: argparse.Namespace) -> int:
         raise UsageError(
             f"argument -o/--output: expected a file ending in {', '.join('.' + f for f in TIMELINE_FORMATS)}, got {out}"
         )
-    render_timeline(args.traces, out, title=args.title, steps=args.steps, time_range=args.time)
+    render_timeline(
+        args.traces, out, title=args.title, steps=args.steps, time_range=args.time, last_steps=args.last, full=args.full
+    )
     print(f"wrote {out}")
     return EXIT_OK
 
@@ -378,15 +414,17 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--format",
-        choices=("mermaid", "dot", "markdown"),
+        choices=("mermaid", "dot", "markdown", "svg"),
         default=None,
-        help="text format (default: from --output's suffix, else mermaid)",
+        help="text format (default: from --output's suffix, else mermaid); svg: a picture drawn by colo-fsm "
+        "itself, no Graphviz needed",
     )
     d.add_argument(
         "-o",
         "--output",
         metavar="FILE",
-        help="write to FILE: .mmd, .dot, .md, or a picture .png/.svg/.pdf (pictures need Graphviz's dot)",
+        help="write to FILE: .mmd, .dot, .md, or a picture .png/.svg/.pdf (these need Graphviz's dot; "
+        "--format svg draws an .svg without it)",
     )
     d.add_argument("--direction", choices=("TB", "LR"), default="TB", help="layout direction (default TB)")
     d.add_argument(
@@ -402,7 +440,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     )
     d.add_argument("--no-actions", action="store_true", help="label edges with trigger and guards only")
     d.add_argument("--no-conditions", action="store_true", help="omit engine/collector conditions from states")
-    d.add_argument("--title", default=None, help="diagram title ('' for none)")
+    d.add_argument(
+        "--title",
+        default=None,
+        help="diagram title; {name} is the spec's name (default: 'colo-fsm lifecycle ({name})', '' for none)",
+    )
     docs = d.add_mutually_exclusive_group()
     docs.add_argument("--update-docs", metavar="MD", help="regenerate the <!-- BEGIN GENERATED: ... --> blocks of MD")
     docs.add_argument("--check-docs", metavar="MD", help="exit 1 if the generated blocks of MD are out of date")
@@ -428,6 +470,14 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         metavar="A:B",
         help="show seconds A through B since the first transition only (with --steps: where both overlap)",
     )
+    t.add_argument(
+        "--last",
+        type=int,
+        metavar="N",
+        default=None,
+        help="show the last N steps (default: a run longer than 20 steps shows its last 20)",
+    )
+    t.add_argument("--full", action="store_true", help="show the whole run, however long")
     t.set_defaults(func=_cmd_timeline)
 
     s = sub.add_parser("simulate", help="run the lifecycle with recording fakes and print every transition")

@@ -42,6 +42,14 @@ AUTO_MARK = "(auto)"
 
 FailureStyle = Literal["note", "edges"]
 
+DEFAULT_TITLE = "colo-fsm lifecycle ({name})"
+"""The default title of every picture; ``{name}`` stands for the spec's name (``lifecycle``, ``nemo_rl``...)."""
+
+
+def spec_title(spec: LifecycleSpec, title: str | None = DEFAULT_TITLE) -> str | None:
+    """``title`` with ``{name}`` replaced by ``spec.name`` (None or empty: no title)."""
+    return title.replace("{name}", spec.name) if title else None
+
 
 # ---------------------------------------------------------------------------------------------- labels
 def guard_label(t: TransitionSpec) -> str:
@@ -119,7 +127,7 @@ def _mermaid_text(text: str) -> str:
 def to_mermaid(
     spec: LifecycleSpec = LIFECYCLE,
     *,
-    title: str | None = "colo-fsm lifecycle",
+    title: str | None = DEFAULT_TITLE,
     direction: Literal["TB", "LR"] = "TB",
     actions: bool = True,
     conditions: bool = True,
@@ -137,6 +145,7 @@ def to_mermaid(
     if direction not in ("TB", "LR"):
         raise ConfigError("direction", direction, "'TB' or 'LR'")
     out: list[str] = []
+    title = spec_title(spec, title)
     if title:
         out += ["---", f"title: {_mermaid_text(title)}", "---"]
     out += ["stateDiagram-v2", f"    direction {direction}"]
@@ -198,7 +207,7 @@ def _dot_edge_label(t: TransitionSpec, actions: bool) -> str:
 def to_dot(
     spec: LifecycleSpec = LIFECYCLE,
     *,
-    title: str | None = "colo-fsm lifecycle",
+    title: str | None = DEFAULT_TITLE,
     rankdir: Literal["TB", "LR"] = "TB",
     actions: bool = True,
     conditions: bool = True,
@@ -217,6 +226,7 @@ def to_dot(
     failable = set(spec.failable())
     out = ["digraph colo_fsm_lifecycle {"]
     graph_attrs = [f"rankdir={rankdir}", "compound=true", "fontname=Helvetica", "nodesep=0.5", "ranksep=0.6"]
+    title = spec_title(spec, title)
     if title:
         graph_attrs += [f"label={_dot_quote(title)}", "labelloc=t", "fontsize=16"]
     out.append(f"    graph [{', '.join(graph_attrs)}];")
@@ -416,12 +426,20 @@ def facts_table(spec: LifecycleSpec = LIFECYCLE) -> str:
     return "\n".join(rows) + "\n"
 
 
+def picture_path(spec: LifecycleSpec) -> str:
+    """Where the ``picture`` block of a docs page points: ``diagrams/<spec name>.svg`` next to the page."""
+    return f"diagrams/{spec.name}.svg"
+
+
 def docs_sections(spec: LifecycleSpec = LIFECYCLE) -> dict[str, str]:
-    """The generated blocks of the docs, by marker name: ``rules``, ``mermaid``, ``states``, ``transitions``,
-    ``actions`` (``rules`` is :data:`~colo_fsm.states.rules.RULES`, the same for every spec)."""
+    """The generated blocks of the docs, by marker name: ``rules``, ``picture``, ``mermaid``, ``states``,
+    ``transitions``, ``actions``, ``facts`` (``rules`` is :data:`~colo_fsm.states.rules.RULES`, the same for
+    every spec; ``picture`` links the SVG :func:`update_docs` writes at :func:`picture_path`)."""
     spec = _check_spec(spec)
+    alt = spec_title(spec) or spec.name
     return {
         "rules": rules_table(),
+        "picture": f"[![{alt}]({picture_path(spec)})]({picture_path(spec)})\n",
         "mermaid": "```mermaid\n" + to_mermaid(spec) + "```\n",
         "states": states_table(spec),
         "transitions": transitions_table(spec),
@@ -539,13 +557,25 @@ def update_docs(
     """Regenerate the generated blocks of the Markdown file at ``path`` from ``spec``.
 
     With ``check=True`` nothing is written; the result says which blocks are stale. The file must hold
-    at least the ``required`` blocks.
+    at least the ``required`` blocks. A page with a ``picture`` block also gets its SVG (drawn by
+    :func:`colo_fsm.diagram_svg.to_svg`, no Graphviz) at :func:`picture_path` next to it; a missing or
+    different SVG counts as the ``picture`` block being stale.
     """
     p = Path(path)
     if not p.is_file():
         raise ConfigError("docs", str(p), "an existing Markdown file with <!-- BEGIN GENERATED: name --> markers")
     text = p.read_text(encoding="utf-8")
     new, changed, found = regenerate_docs(text, spec, source=str(p), required=required)
+    if "picture" in found:
+        from colo_fsm.diagram_svg import to_svg
+
+        svg_path = p.parent / picture_path(spec)
+        svg = to_svg(spec)
+        if not svg_path.is_file() or svg_path.read_text(encoding="utf-8") != svg:
+            changed = (*changed, "picture") if "picture" not in changed else changed
+            if not check:
+                svg_path.parent.mkdir(parents=True, exist_ok=True)
+                svg_path.write_text(svg, encoding="utf-8")
     if changed and not check:
         p.write_text(new, encoding="utf-8")
         log.info("updated %s: %s", p, ", ".join(changed))
@@ -554,6 +584,7 @@ def update_docs(
 
 __all__ = [
     "AUTO_MARK",
+    "DEFAULT_TITLE",
     "FORMATS",
     "GRAPHVIZ_INSTALL_HINT",
     "IMAGE_FORMATS",
@@ -567,8 +598,10 @@ __all__ = [
     "failure_summary",
     "find_dot",
     "guard_label",
+    "picture_path",
     "regenerate_docs",
     "render",
+    "spec_title",
     "state_conditions",
     "state_kind",
     "states_table",

@@ -14,6 +14,10 @@ since the first transition; given both, the picture shows where they overlap. Th
 where it begins, and each row marks the weight version where training bumps it. States too short to see at
 the picture's scale (Waking, often Validating) are drawn at a minimum width when a row shows few spans and as
 markers above the row otherwise, so no state is invisible and none is drawn wider than it was in a long run.
+
+By default a run longer than :data:`DEFAULT_LAST_STEPS` steps is drawn as a window of its last steps (a
+400-step run at full width is a barcode), with a note at the bottom saying so; ``full=True`` (the CLI's
+``--full``) draws the whole run, ``last_steps=N`` (``--last N``) another number of steps.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ BUMP_TRIGGER = "train"
 """The trigger whose record carries the weight version a training step produced."""
 
 log = get_logger(__name__)
+
+DEFAULT_LAST_STEPS = 20
+"""Steps a long run's timeline shows by default (its last ones); ``full=True`` draws the whole run."""
 
 TIMELINE_FORMATS: tuple[str, ...] = ("png", "svg", "pdf")
 """Picture formats :func:`render_timeline` writes."""
@@ -269,6 +276,20 @@ def row_windows(
     return out
 
 
+def default_window(rows: dict[str, list[TraceRecord]], last_steps: int) -> tuple[int, int] | None:
+    """``(first, total)``: the window of the last ``last_steps`` steps every row has (its first step, and the
+    steps of the shortest row with steps), or None when no row has more steps than that."""
+    counts: dict[str, int] = {}
+    for m in step_marks(rows):
+        counts[m.row] = max(counts.get(m.row, 0), m.step)
+    if not counts:
+        return None
+    total = min(counts.values())
+    if total <= last_steps:
+        return None
+    return total - last_steps + 1, total
+
+
 def clip(all_spans: Sequence[Span], lo: float, hi: float) -> list[Span]:
     """The spans that overlap ``[lo, hi]``, cut to it (a span that only touches an edge is left out)."""
     out: list[Span] = []
@@ -323,6 +344,8 @@ def render_timeline(
     steps: tuple[float | None, float | None] | str | None = None,
     time_range: tuple[float | None, float | None] | str | None = None,
     labels: bool = True,
+    last_steps: int | None = None,
+    full: bool = False,
 ) -> Path:
     """Draw the traces at ``traces`` (JSON-lines files) to ``output`` (.png, .svg or .pdf); return the path.
 
@@ -330,7 +353,9 @@ def render_timeline(
     line up); one row per rank; one colour per state (the legend lists the states present, in lifecycle
     order); failed transitions and Failed are marked. ``steps`` / ``time_range`` (tuples, or ``"A:B"``
     strings as the CLI takes them) pick a window (see :func:`window`); ``labels`` adds the step numbers on
-    the top axis and the weight versions ("v12") where training bumps them.
+    the top axis and the weight versions ("v12") where training bumps them. Given neither, a run longer than
+    ``last_steps`` (default :data:`DEFAULT_LAST_STEPS`) steps shows its last ``last_steps`` steps, and the
+    picture says so; ``full=True`` shows the whole run.
     """
     out = Path(output)
     kind = out.suffix.lstrip(".").lower()
@@ -344,7 +369,26 @@ def render_timeline(
         steps = parse_range(steps, "steps", integer=True)
     if isinstance(time_range, str):
         time_range = parse_range(time_range, "time", integer=False)
+    if last_steps is not None and (not isinstance(last_steps, int) or isinstance(last_steps, bool) or last_steps < 1):
+        raise ConfigError("last_steps", last_steps, "a whole number of steps >= 1 (or full=True for the whole run)")
+    chosen = [n for n, v in (("steps", steps), ("time_range", time_range), ("last_steps", last_steps)) if v is not None]
+    if full and chosen:
+        raise ConfigError(
+            "full", full, f"either full=True (the whole run) or a window, not both (got {', '.join(chosen)})"
+        )
+    if last_steps is not None and len(chosen) > 1:
+        raise ConfigError("last_steps", last_steps, "either last_steps or steps/time_range, not both")
     rows = load_rows(traces)
+    note = ""
+    auto: tuple[int, int] | None = None
+    if not full and steps is None and time_range is None:
+        auto = default_window(rows, last_steps or DEFAULT_LAST_STEPS)
+        if auto is not None:
+            steps = (auto[0], None)
+            note = (
+                f"showing the last {auto[1] - auto[0] + 1} of {auto[1]} steps; the whole run: "
+                "colo-fsm timeline --full (render_timeline(..., full=True))"
+            )
     every = spans(rows)
     t0 = min(s.start for s in every)
     lo, hi = window(rows, steps=steps, time_range=time_range)
@@ -457,7 +501,9 @@ def render_timeline(
             for m in first_row:
                 ax.axvline(m.t_begin - t0, color="#9e9e9e", linewidth=0.4, linestyle=":", zorder=0)
         where = ""
-        if steps is not None:
+        if note and auto is not None:
+            where = f", the last {auto[1] - auto[0] + 1} of {auto[1]} steps"
+        elif steps is not None:
             where = f", steps {_fmt_range(steps)}"
         if time_range is not None:
             where += f", {_fmt_range(time_range)} s"
@@ -474,7 +520,9 @@ def render_timeline(
             if markers_used:
                 handles.append(Line2D([], [], linestyle="none", marker="v", color="#757575", label="too short to see"))
             ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        fig.tight_layout()
+        if note:
+            fig.text(0.995, 0.005, note, fontsize=7, color="#616161", ha="right", va="bottom")
+        fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, format=kind)
     finally:
@@ -485,12 +533,14 @@ def render_timeline(
 
 __all__ = [
     "BUMP_TRIGGER",
+    "DEFAULT_LAST_STEPS",
     "STEP_TRIGGER",
     "TIMELINE_FORMATS",
     "Span",
     "StepMark",
     "TraceFileError",
     "clip",
+    "default_window",
     "load_rows",
     "parse_range",
     "read_trace_file",

@@ -77,7 +77,7 @@ def test_diagram_png_without_graphviz_says_how_to_install(tmp_path: Path) -> Non
         [sys.executable, "-m", "colo_fsm.cli", "diagram", "-o", str(tmp_path / "lifecycle.svg")],
         cwd=ROOT, env={**os.environ, "PATH": str(bare)}, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    assert_user_error(proc, "--output", "apt-get install graphviz", "brew install graphviz", "conda")
+    assert_user_error(proc, "--output", "apt-get install graphviz", "brew install graphviz", "conda", "--format svg")
     assert not (tmp_path / "lifecycle.svg").exists()
 
 

@@ -61,6 +61,7 @@ def test_short_demo_end_to_end_then_resume(tmp_path):
         "trace.rank0.jsonl",
         "metrics.jsonl",
         "lifecycle.mmd",
+        "lifecycle.svg",
         "timeline.png",
         "config.json",
         "checkpoints/latest",

@@ -27,7 +27,7 @@ def test_mermaid_parses_and_declares_every_state() -> None:
     assert set(d.states) == STATE_NAMES
     for s in LIFECYCLE.states:
         assert d.states[s.state.value] == diagram.state_conditions(s)
-    assert d.title == "colo-fsm lifecycle"
+    assert d.title == "colo-fsm lifecycle (lifecycle)"  # the spec's name: see tests/test_diagram_svg.py
     assert d.direction == "TB"
 
 

@@ -13,7 +13,7 @@ from colo_fsm import diagram
 from colo_fsm.states.spec import LIFECYCLE, Fact
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "lifecycle.md"
-REQUIRED = ("rules", "mermaid", "states", "transitions", "actions", "facts")
+REQUIRED = ("rules", "picture", "mermaid", "states", "transitions", "actions", "facts")
 NEMO_DOCS = DOCS.with_name("nemo-rl.md")
 NEMO_REQUIRED = tuple(name for name in REQUIRED if name != "rules")  # the rules table lives on lifecycle.md
 

@@ -299,12 +299,11 @@ def test_window_picture_shows_only_the_window(two_rank_traces: list[Path], tmp_p
     assert _hex(_STATE_COLORS["Created"]) not in colors and _hex(_STATE_COLORS["Done"]) not in colors
 
 
-@pytest.fixture(scope="module")
-def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """400 steps written as a trace: 100 ms of Generating each, every handoff state 20 us (far below a pixel)."""
+def _write_long_trace(path: Path, train_s: float = 20e-6) -> Path:
+    """400 steps written as a trace: 100 ms of Generating each, Training ``train_s``, every other handoff state
+    20 us (far below a pixel)."""
     from colo_fsm.machine.trace import Trace, TraceRecord
 
-    path = tmp_path_factory.mktemp("long") / "rank0.jsonl"
     trace, t, seq = Trace(path, keep=False), 1_000.0, 0
 
     def rec(trigger: str, source: str, dest: str, step: int, hold: float) -> None:
@@ -316,7 +315,7 @@ def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rec("generate", "Starting", "Generating", 0, 0.1)
     for k in range(1, 401):
         rec("begin_step", "Generating", "Draining", k - 1, 20e-6)
-        rec("train", "Draining", "Training", k, 20e-6)
+        rec("train", "Draining", "Training", k, train_s)
         if k % 4 == 0:
             rec("conclude", "Training", "Validating", k, 20e-6)
             rec("end_validation", "Validating", "Generating", k, 0.1)
@@ -328,6 +327,12 @@ def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """400 steps, every handoff state 20 us (far below a pixel)."""
+    return _write_long_trace(tmp_path_factory.mktemp("long") / "rank0.jsonl")
+
+
 def test_short_states_stay_visible_in_a_long_run(long_trace: Path, tmp_path: Path) -> None:
     from colo_fsm.timeline import _STATE_COLORS
 
@@ -337,11 +342,62 @@ def test_short_states_stay_visible_in_a_long_run(long_trace: Path, tmp_path: Pat
     horizon = max(s.end for s in every) - min(s.start for s in every)
     waking = [s for s in every if s.state == "Waking"]
     assert len(waking) == 300 and max(s.end - s.start for s in waking) < horizon / 100_000  # far below a pixel
-    colors = _colors_in_png(render_timeline([long_trace], tmp_path / "long.png", legend=False, labels=False))
+    colors = _colors_in_png(render_timeline([long_trace], tmp_path / "long.png", legend=False, labels=False, full=True))
     assert _hex(_STATE_COLORS["Waking"]) in colors and _hex(_STATE_COLORS["Validating"]) in colors
     # in a window of a few steps the same states are drawn as (minimum-width) bars
     colors = _colors_in_png(render_timeline([long_trace], tmp_path / "win.png", steps="200:203", legend=False))
     assert _hex(_STATE_COLORS["Waking"]) in colors
+
+
+def _longest_run(path: Path, color: str) -> int:
+    """The widest horizontal stretch of ``color`` pixels anywhere in the picture at ``path``."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    img = (mpimg.imread(path)[..., :3] * 255).round().astype(np.uint8)
+    mask = np.all(img == np.array(_hex(color), dtype=np.uint8), axis=-1)
+    best = 0
+    for row in mask:
+        run = 0
+        for on in row:
+            run = run + 1 if on else 0
+            best = max(best, run)
+    return best
+
+
+def test_a_long_run_is_readable_by_default(long_trace: Path, tmp_path: Path) -> None:
+    """400 steps: by default the last 20 are drawn (each step's Generating a wide bar, not a barcode line);
+    full=True (the CLI's --full) draws all 400."""
+    from colo_fsm.timeline import _STATE_COLORS, DEFAULT_LAST_STEPS, default_window
+
+    rows = load_rows([long_trace])
+    assert DEFAULT_LAST_STEPS == 20 and default_window(rows, 20) == (381, 400)
+    assert default_window(rows, 400) is None  # a run no longer than the window is drawn whole
+    # Training takes a third of each step here: at full width each step is a sliver of green and blue
+    visible = _write_long_trace(tmp_path / "visible.jsonl", train_s=0.05)
+    blue = _STATE_COLORS["Training"]
+    default = render_timeline([visible], tmp_path / "default.png", legend=False)
+    full = render_timeline([visible], tmp_path / "full.png", legend=False, full=True)
+    wide, barcode = _longest_run(default, blue), _longest_run(full, blue)
+    assert wide >= 15, f"a step's Training is {wide} px wide by default: still a barcode"
+    assert barcode <= 3 and wide >= 5 * barcode, (wide, barcode)
+    last = render_timeline([visible], tmp_path / "last.png", legend=False, last_steps=100)
+    assert barcode < _longest_run(last, blue) < wide  # last_steps=N: another window
+    with pytest.raises(ConfigError, match="full"):
+        render_timeline([long_trace], tmp_path / "x.png", full=True, steps="1:3")
+    with pytest.raises(ConfigError, match="last_steps"):
+        render_timeline([long_trace], tmp_path / "x.png", last_steps=5, steps="1:3")
+    with pytest.raises(ConfigError, match="last_steps"):
+        render_timeline([long_trace], tmp_path / "x.png", last_steps=0)
+
+
+def test_cli_timeline_full_and_last(long_trace: Path, tmp_path: Path) -> None:
+    from colo_fsm.cli import main
+
+    assert main(["timeline", str(long_trace), "-o", str(tmp_path / "f.png"), "--full"]) == 0
+    assert main(["timeline", str(long_trace), "-o", str(tmp_path / "l.png"), "--last", "5"]) == 0
+    assert main(["timeline", str(long_trace), "-o", str(tmp_path / "b.png"), "--full", "--steps", "2:3"]) == 2
+    assert not (tmp_path / "b.png").exists()
 
 
 def test_cli_timeline_window(two_rank_traces: list[Path], tmp_path: Path) -> None:

@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         f"(backend {res.backend})"
     )
     print(
-        f"run folder: {res.run_dir} (trace.rank*.jsonl, metrics.jsonl, tensorboard/, lifecycle.mmd, "
+        f"run folder: {res.run_dir} (trace.rank*.jsonl, metrics.jsonl, tensorboard/, lifecycle.svg, "
         f"timeline.png, checkpoints/)"
     )
     return EXIT_OK

@@ -23,6 +23,7 @@ from typing import Any
 from colo_fsm.demo.config import DemoConfig
 from colo_fsm.errors import ConfigError, RolloutDeferred
 from colo_fsm.log import get_logger
+from colo_fsm.states.spec import LifecycleSpec
 
 log = get_logger(__name__)
 
@@ -425,7 +426,7 @@ def run_rank(
         dist.barrier()  # every rank's trace is complete before rank 0 draws the timeline
     result_out = None
     if show:
-        _write_artifacts(run_dir, world)
+        _write_artifacts(run_dir, world, lc.spec)
         n = min(10, len(rewards_seen))
         result_out = DemoResult(
             run_dir=str(run_dir),
@@ -445,13 +446,16 @@ def run_rank(
     return result_out
 
 
-def _write_artifacts(run_dir: Path, world: int) -> None:
-    """Lifecycle diagram (Mermaid + DOT text) and the per-rank timeline picture."""
+def _write_artifacts(run_dir: Path, world: int, spec: LifecycleSpec) -> None:
+    """The run's lifecycle as a picture (lifecycle.svg, drawn without Graphviz) and as Mermaid and DOT text,
+    all from the spec the run used, and the per-rank timeline picture."""
     try:
         from colo_fsm.diagram import diagram_text
+        from colo_fsm.diagram_svg import write_svg
 
-        (run_dir / "lifecycle.mmd").write_text(diagram_text("mermaid"), encoding="utf-8")
-        (run_dir / "lifecycle.dot").write_text(diagram_text("dot"), encoding="utf-8")
+        write_svg(run_dir / "lifecycle.svg", spec)
+        (run_dir / "lifecycle.mmd").write_text(diagram_text("mermaid", spec), encoding="utf-8")
+        (run_dir / "lifecycle.dot").write_text(diagram_text("dot", spec), encoding="utf-8")
     except Exception as exc:  # the diagram is a by-product: never fail the run for it
         log.warning("could not write the lifecycle diagram: %s", exc)
     try:

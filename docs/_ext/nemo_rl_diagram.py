@@ -3,8 +3,10 @@
 The diagram is ``colo_fsm.diagram.to_mermaid(NEMO_RL)``: generated from the spec, never drawn by hand. Each
 note names the calls of NeMo-RL's async GRPO step (``nemo_rl/algorithms/grpo.py``, ``async_grpo_train``) that
 happen while the machine is in that state, so a NeMo-RL reviewer finds ``prepare_for_refit``,
-``set_weight_version`` or ``offload_after_refit`` on the picture. ``tests/test_docs_content.py`` checks that
-the page holds exactly what this module generates; ``python docs/_ext/nemo_rl_diagram.py`` rewrites it.
+``set_weight_version`` or ``offload_after_refit`` on the picture. The page shows it as an SVG drawn by
+``colo_fsm.diagram_svg.to_svg`` (at :data:`PICTURE`), with the Mermaid source below it.
+``tests/test_docs_content.py`` checks that the page and the SVG hold exactly what this module generates;
+``python docs/_ext/nemo_rl_diagram.py`` rewrites both.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import sys
 from pathlib import Path
 
 PAGE = Path(__file__).resolve().parents[1] / "embedding.md"
+PICTURE = PAGE.parent / "diagrams" / "nemo_rl_annotated.svg"
+TITLE = "colo-fsm NEMO_RL preset, with NeMo-RL's calls as notes"
 BEGIN, END = "<!-- BEGIN GENERATED: nemo-rl-annotated -->", "<!-- END GENERATED: nemo-rl-annotated -->"
 
 NEMO_RL_CALLS: dict[str, tuple[str, ...]] = {
@@ -54,7 +58,7 @@ def annotated_mermaid() -> str:
     unknown = sorted(set(NEMO_RL_CALLS) - states)
     if unknown:
         raise ValueError(f"NEMO_RL_CALLS names states the NEMO_RL preset does not have: {unknown}")
-    lines = to_mermaid(NEMO_RL, title="colo-fsm NEMO_RL preset, with NeMo-RL's calls as notes").rstrip("\n").split("\n")
+    lines = to_mermaid(NEMO_RL, title=TITLE).rstrip("\n").split("\n")
     at = next(i for i, ln in enumerate(lines) if ln.startswith("    class "))
     notes: list[str] = []
     for state, calls in NEMO_RL_CALLS.items():
@@ -64,9 +68,25 @@ def annotated_mermaid() -> str:
     return "\n".join([*lines[:at], *notes, *lines[at:]]) + "\n"
 
 
+def annotated_svg() -> str:
+    """The same diagram as an SVG picture, the calls written under each state's conditions."""
+    from colo_fsm.diagram_svg import to_svg
+    from colo_fsm.states import NEMO_RL
+
+    notes = {
+        state: [f"NeMo-RL: {c}" if i == 0 else c for i, c in enumerate(calls)] for state, calls in NEMO_RL_CALLS.items()
+    }
+    return to_svg(NEMO_RL, title=TITLE, notes=notes)
+
+
 def block() -> str:
-    """The page's generated section, markers included."""
-    return f"{BEGIN}\n```mermaid\n{annotated_mermaid()}```\n{END}"
+    """The page's generated section, markers included: the picture, then its Mermaid source folded."""
+    link = f"diagrams/{PICTURE.name}"
+    return (
+        f"{BEGIN}\n[![{TITLE}]({link})]({link})\n\n"
+        '<details markdown="1"><summary>The same diagram as Mermaid source (GitHub draws it too)</summary>\n\n'
+        f"```mermaid\n{annotated_mermaid()}```\n\n</details>\n{END}"
+    )
 
 
 def current(text: str) -> str:
@@ -80,15 +100,18 @@ def current(text: str) -> str:
 def main(argv: list[str]) -> int:
     """Rewrite the section (``--check``: only say whether it is up to date)."""
     text = PAGE.read_text(encoding="utf-8")
-    fresh = block()
-    if current(text) == fresh:
+    fresh, svg = block(), annotated_svg()
+    svg_ok = PICTURE.is_file() and PICTURE.read_text(encoding="utf-8") == svg
+    if current(text) == fresh and svg_ok:
         print(f"{PAGE}: up to date")
         return 0
     if "--check" in argv:
         print(f"{PAGE}: the NeMo-RL diagram is out of date; run python docs/_ext/nemo_rl_diagram.py")
         return 1
     PAGE.write_text(text.replace(current(text), fresh), encoding="utf-8")
-    print(f"{PAGE}: updated")
+    PICTURE.parent.mkdir(parents=True, exist_ok=True)
+    PICTURE.write_text(svg, encoding="utf-8")
+    print(f"{PAGE}: updated ({PICTURE.name} too)")
     return 0
 
 
