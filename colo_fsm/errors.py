@@ -302,11 +302,50 @@ class UsageError(ColoFsmError):
 
 
 class BadRequest(ColoFsmError):
-    """A request the server refuses with a 400 naming the field."""
+    """A request the server refuses with a 400 (or the subclass's ``status``) naming the field."""
+
+    status = 400
 
     def __init__(self, param: str, message: str) -> None:
         self.param = param
         super().__init__(f"{param}: {message}")
+
+
+class PayloadTooLarge(BadRequest):
+    """A request body over the server's ``max_body_bytes`` (HTTP 413), refused before it is read whole."""
+
+    status = 413
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__("body", f"{size} bytes or more exceeds the body limit {limit} bytes (max_body_bytes)")
+
+
+class UnsupportedMediaType(BadRequest):
+    """A request body sent without a JSON content type (HTTP 415)."""
+
+    status = 415
+
+    def __init__(self, content_type: str | None) -> None:
+        self.content_type = content_type
+        got = repr(content_type[:60]) if content_type else "none"
+        super().__init__("content-type", f"expected application/json, got {got}")
+
+
+class ServerBusy(ColoFsmError):
+    """The server's HTTP work in tokens stayed at its bound for the whole wait (HTTP 429 with Retry-After)."""
+
+    def __init__(self, cost: int, held: int, limit: int, waited_s: float, what: str = "max_inflight_tokens") -> None:
+        self.cost = cost
+        self.held = held
+        self.limit = limit
+        self.waited_s = waited_s
+        self.what = what
+        super().__init__(
+            f"this request costs {cost} tokens and {held} of the server's {limit} ({what}) are held by other "
+            f"requests; waited {waited_s:.1f} s, retry later"
+        )
 
 
 GRAPHVIZ_INSTALL_HINT = (
@@ -379,15 +418,18 @@ __all__ = [
     "MemoryBudgetExceeded",
     "ModelModeError",
     "ParallelismMismatch",
+    "PayloadTooLarge",
     "RenderError",
     "RequestTooLarge",
     "RolloutDeferred",
     "RolloutFailed",
+    "ServerBusy",
     "ServerStopping",
     "ServerUnavailable",
     "SpecError",
     "TraceFileError",
     "UnsupportedEngine",
+    "UnsupportedMediaType",
     "UsageError",
     "WaitTimeout",
 ]

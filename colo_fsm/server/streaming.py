@@ -1,0 +1,136 @@
+"""Server-sent-event streams of completions and chat completions: one chunk per token (text held back while it
+may still become a stop string), a last chunk per choice with its finish reason, usage on request, ``[DONE]``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from starlette.responses import StreamingResponse
+
+from colo_fsm.server.context import ServerContext
+from colo_fsm.server.formatting import TokenText, sse, usage
+from colo_fsm.server.params import Sampling
+from colo_fsm.server.runner import ChoiceResult, RequestRun, ServerStopping, _cut
+
+
+async def start_stream(
+    ctx: ServerContext, run: RequestRun, s: Sampling, kind: str, model: str, prompts: Sequence[Sequence[int]]
+) -> StreamingResponse:
+    """Admit and hand the request to the engine, then answer 200 with its event stream."""
+    if ctx.stopping():
+        raise ServerStopping("shutting down")
+    ctx.active += 1
+    try:
+        events = await run.events()  # admitted and handed to the engine before the 200 goes out
+    except BaseException:
+        ctx.active -= 1
+        raise
+    return StreamingResponse(stream(ctx, run, events, s, kind, model, prompts), media_type="text/event-stream")
+
+
+async def stream(
+    ctx: ServerContext,
+    run: RequestRun,
+    events: AsyncIterator[tuple[Any, ...]],
+    s: Sampling,
+    kind: str,
+    model: str,
+    prompts: Sequence[Sequence[int]],
+) -> AsyncIterator[bytes]:
+    """The event stream of one request (``kind``: ``"chat"`` or ``"completions"``)."""
+    text_of = TokenText(ctx.tok)
+    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    created = int(time.time())
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    n = len(run.choices)
+    ids: list[list[int]] = [[] for _ in range(n)]
+    sent = [0] * n
+    done: list[ChoiceResult | None] = [None] * n
+    hold = max((len(x) for x in s.stop), default=1) - 1  # text that may still become a stop string
+
+    def chunk(
+        i: int,
+        text: str,
+        lp_ids: Sequence[int],
+        lps: Sequence[float],
+        finish: str | None,
+        tops: Sequence[Any] = (),
+    ) -> bytes:
+        if kind == "chat":
+            delta: dict[str, Any] = {"content": text} if text or finish is None else {}
+            choice: dict[str, Any] = {
+                "index": i,
+                "delta": delta,
+                "logprobs": text_of.chat_logprobs(lp_ids, lps, s, tops) if lp_ids else None,
+                "finish_reason": finish,
+            }
+        else:
+            lpo = None
+            if s.logprobs and lp_ids:
+                lpo = text_of.completion_logprobs(lp_ids, lps, tops, s)
+                lpo["text_offset"] = []
+            choice = {"index": i, "text": text, "logprobs": lpo, "finish_reason": finish}
+        if finish is not None:
+            o = done[i]
+            assert o is not None
+            choice["stop_reason"] = o.stop_reason
+            choice["token_ids"] = list(o.token_ids)
+            choice["weight_versions"] = list(o.weight_versions)
+        return sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]})
+
+    try:
+        if kind == "chat":
+            for i in range(n):
+                first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+                yield sse(
+                    {
+                        "id": rid,
+                        "object": obj,
+                        "created": created,
+                        "model": model,
+                        "choices": [{**first, "finish_reason": None}],
+                    }
+                )
+        async for ev in events:
+            i = ev[1]
+            if ev[0] == "token":
+                if done[i] is not None:
+                    continue
+                ids[i].append(ev[2])
+                text = run.choices[i].detok(ids[i])
+                text, hit = _cut(text, s.stop)
+                upto = len(text) if hit is not None else max(sent[i], len(text) - hold)
+                delta = text[sent[i] : upto]
+                sent[i] = max(sent[i], upto)
+                yield chunk(i, delta, [ev[2]], [ev[3]], None, [ev[5]] if len(ev) > 5 else [])
+            else:
+                o = ev[2]
+                done[i] = o
+                rest = o.text[sent[i] :]
+                sent[i] = len(o.text)
+                yield chunk(i, rest, [], [], o.finish_reason)
+        if s.include_usage:
+            outs = [o for o in done if o is not None]
+            yield sse(
+                {
+                    "id": rid,
+                    "object": obj,
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": usage(prompts, outs, [], ctx.count_tokens),
+                }
+            )
+        yield b"data: [DONE]\n\n"
+    except ServerStopping:
+        err = {"message": "the server is shutting down", "type": "service_unavailable", "param": None}
+        yield sse({"error": {**err, "code": "shutting_down"}})
+    finally:
+        ctx.active -= 1
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+__all__ = ["start_stream", "stream"]
