@@ -334,18 +334,13 @@ class UnsupportedMediaType(BadRequest):
 
 
 class ServerBusy(ColoFsmError):
-    """The server's HTTP work in tokens stayed at its bound for the whole wait (HTTP 429 with Retry-After)."""
+    """The server's bound on HTTP work stayed full for the whole wait, or too many requests wait already
+    (HTTP 429 with Retry-After); names the bound and the numbers."""
 
-    def __init__(self, cost: int, held: int, limit: int, waited_s: float, what: str = "max_inflight_tokens") -> None:
-        self.cost = cost
-        self.held = held
-        self.limit = limit
+    def __init__(self, bound: str, message: str, waited_s: float = 0.0) -> None:
+        self.bound = bound
         self.waited_s = waited_s
-        self.what = what
-        super().__init__(
-            f"this request costs {cost} tokens and {held} of the server's {limit} ({what}) are held by other "
-            f"requests; waited {waited_s:.1f} s, retry later"
-        )
+        super().__init__(f"{message} ({bound}); retry later")
 
 
 GRAPHVIZ_INSTALL_HINT = (

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,11 +12,12 @@ import anyio.to_thread
 from starlette.requests import Request
 
 from colo_fsm.adapters.protocols import Completion, TextGenerator
-from colo_fsm.errors import ConfigError
+from colo_fsm.errors import ConfigError, ServerBusy, ServerUnavailable
 from colo_fsm.log import get_logger
+from colo_fsm.server.admission import TokenBudget, check_request_size
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.server.params import MAX_TOP_LOGPROBS, BadRequest, Body, Sampling, parse_json, short
-from colo_fsm.server.runner import ChoiceResult, ClientGone, RequestRun, ServerStopping, check_request_size
+from colo_fsm.server.runner import ChoiceResult, ClientGone, RequestRun, ServerStopping
 from colo_fsm.server.settings import ServerSettings
 from colo_fsm.server.templates import ChatTemplate
 
@@ -56,7 +58,17 @@ class ServerContext:
         self.max_top = max_top_logprobs(self.engine)
         self.agenerate = getattr(generator, "agenerate", None)
         self.use_async = inspect.iscoroutinefunction(self.agenerate)
-        self.served = {"completions": 0, "chat": 0, "responses": 0, "unavailable": 0, "bad_request": 0, "errors": 0}
+        self.served = {
+            "completions": 0,
+            "chat": 0,
+            "responses": 0,
+            "unavailable": 0,
+            "busy": 0,
+            "bad_request": 0,
+            "errors": 0,
+        }
+        self.max_request_tokens, self.max_inflight_tokens = settings.token_limits(self.engine)
+        self.budget = TokenBudget(self.max_inflight_tokens, settings.max_waiting_requests)
         self.active = 0  # requests handed to the engine and not answered yet (shutdown waits for them)
 
     # ------------------------------------------------------------------ state
@@ -103,19 +115,42 @@ class ServerContext:
                 return [self.check_ids(x, f"prompt.{i}") for i, x in enumerate(value)], True
         raise BadRequest("prompt", f"expected a string, a list of strings or token ids, got {short(value)}")
 
-    def check_fit(self, prompts: Sequence[Sequence[int]], s: Sampling) -> None:
-        """400 when the request is over its size bound or a prompt does not fit the context."""
-        check_request_size(len(prompts), s, self.cfg.max_request_tokens)
-        if self.max_len:
-            for i, p in enumerate(prompts):
-                if not p:
-                    raise BadRequest("prompt", "empty prompt")
-                if len(p) + s.max_tokens > self.max_len:
-                    raise BadRequest(
-                        "max_tokens",
-                        f"this model's maximum context length is {self.max_len} tokens; prompt {i} has {len(p)} "
-                        f"and max_tokens is {s.max_tokens}",
-                    )
+    def check_fit(self, prompts: Sequence[Sequence[int]], s: Sampling, prompt_param: str) -> int:
+        """The request's cost in tokens; 400 when a prompt does not fit the context (naming ``prompt_param``
+        when the prompt alone is too long, else ``max_tokens``) or the cost is over ``max_request_tokens``."""
+        for i, p in enumerate(prompts):
+            if not p:
+                raise BadRequest(prompt_param, "empty prompt")
+            if self.max_len and len(p) + s.max_tokens > self.max_len:
+                where = prompt_param if len(p) >= self.max_len or len(prompts) == 1 else f"{prompt_param}.{i}"
+                raise BadRequest(
+                    where if len(p) >= self.max_len else "max_tokens",
+                    f"this model's maximum context length is {self.max_len} tokens; prompt {i} has {len(p)} "
+                    f"and max_tokens is {s.max_tokens} ({len(p) + s.max_tokens} in all)",
+                )
+        return check_request_size([len(p) for p in prompts], s, self.max_request_tokens, prompt_param)
+
+    def text_cost(self, texts: Sequence[str], s: Sampling, prompt_param: str) -> int:
+        """A text-only generator's request cost (prompt tokens by ``count_tokens``, 0 without it); 400 over
+        ``max_request_tokens``."""
+        lengths = [self.count_tokens(t) if self.count_tokens else 0 for t in texts]
+        return check_request_size(lengths, s, self.max_request_tokens, prompt_param)
+
+    async def hold_tokens(self, cost: int) -> Ticket:
+        """Take ``cost`` tokens of the server's :class:`TokenBudget` (waiting up to ``request_timeout_s``).
+
+        A wait that ends while the server stops is a 503 "shutting down", while the engine is suspended a 503
+        with Retry-After, otherwise a 429 with Retry-After."""
+        t0 = time.monotonic()
+        try:
+            await self.budget.acquire(cost, self.request_timeout_s)
+        except ServerBusy:
+            if self.stopping():
+                raise ServerStopping("shutting down") from None
+            if not self.gate.admissible():
+                raise ServerUnavailable(time.monotonic() - t0, self.gate.state()) from None
+            raise
+        return Ticket(self.budget, cost, max(0.0, self.request_timeout_s - (time.monotonic() - t0)))
 
     def policy(self, s: Sampling) -> None:
         """The on-policy guard, when configured."""
@@ -136,8 +171,8 @@ class ServerContext:
         return Body(parse_json(await request.body()))
 
     # ------------------------------------------------------------------ running
-    def new_run(self, prompts: Sequence[Sequence[int]], s: Sampling) -> RequestRun:
-        """The choices of one request on the engine, not started yet."""
+    def new_run(self, prompts: Sequence[Sequence[int]], s: Sampling, timeout_s: float | None = None) -> RequestRun:
+        """The choices of one request on the engine, not started yet (waits at most ``timeout_s`` at the gate)."""
         assert self.engine is not None and self.tok is not None
         return RequestRun(
             self.engine,
@@ -145,15 +180,17 @@ class ServerContext:
             self.gate,
             prompts,
             s,
-            timeout_s=self.request_timeout_s,
+            timeout_s=self.request_timeout_s if timeout_s is None else timeout_s,
             hold_gate=self.cfg.inflight == "drain",
         )
 
-    async def run(self, request: Request, prompts: list[list[int]], s: Sampling) -> list[ChoiceResult]:
-        """Run a non-streamed request to the end (cancelled in the engine if the client goes away)."""
+    async def run(self, request: Request, prompts: list[list[int]], s: Sampling, cost: int) -> list[ChoiceResult]:
+        """Run a non-streamed request to the end, holding ``cost`` tokens of the budget (cancelled in the engine
+        if the client goes away)."""
         if self.stopping():
             raise ServerStopping("shutting down")
-        run = self.new_run(prompts, s)
+        ticket = await self.hold_tokens(cost)
+        run = self.new_run(prompts, s, ticket.time_left_s)
         self.active += 1
         try:
             await run.start()
@@ -163,9 +200,11 @@ class ServerContext:
             raise
         finally:
             self.active -= 1
+            ticket.release()
 
-    async def legacy(self, prompts: list[str], s: Sampling) -> list[ChoiceResult]:
-        """A TextGenerator without submit(): text in, text out, holding the gate for the whole call."""
+    async def legacy(self, prompts: list[str], s: Sampling, cost: int) -> list[ChoiceResult]:
+        """A TextGenerator without submit(): text in, text out, holding ``cost`` tokens and the gate for the
+        whole call."""
         for param, on in (
             ("stream", s.stream),
             ("logprobs", s.logprobs),
@@ -178,14 +217,12 @@ class ServerContext:
             if on:
                 raise BadRequest(param, "not supported by this generator (needs an engine with submit())")
         expanded = [p for p in prompts for _ in range(s.n)]
-        gen = self.generator
-        async with self.gate.admit_async(self.request_timeout_s):
-            if self.use_async and self.agenerate is not None:
-                outs = await self.agenerate(expanded, max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed)
-            else:
-                outs = await anyio.to_thread.run_sync(
-                    lambda: gen.generate(expanded, max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed)
-                )
+        ticket = await self.hold_tokens(cost)
+        try:
+            async with self.gate.admit_async(ticket.time_left_s):
+                outs = await self._generate_text(expanded, s)
+        finally:
+            ticket.release()
         outs = list(outs)
         if len(outs) != len(expanded) or not all(isinstance(o, Completion) for o in outs):
             raise RuntimeError(
@@ -197,6 +234,30 @@ class ServerContext:
             )
             for i, o in enumerate(outs)
         ]
+
+    async def _generate_text(self, expanded: list[str], s: Sampling) -> Any:
+        if self.use_async and self.agenerate is not None:
+            return await self.agenerate(expanded, max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed)
+        gen = self.generator
+        return await anyio.to_thread.run_sync(
+            lambda: gen.generate(expanded, max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed)
+        )
+
+
+class Ticket:
+    """Tokens held in a :class:`TokenBudget` by one request; :meth:`release` gives them back once."""
+
+    def __init__(self, budget: TokenBudget, cost: int, time_left_s: float) -> None:
+        self.budget = budget
+        self.cost = cost
+        self.time_left_s = time_left_s
+        self._held = True
+
+    def release(self) -> None:
+        """Give the tokens back (a no-op the second time)."""
+        if self._held:
+            self._held = False
+            self.budget.release(self.cost)
 
 
 def max_top_logprobs(engine: Any) -> int:
@@ -213,4 +274,4 @@ def max_top_logprobs(engine: Any) -> int:
     return int(getattr(getattr(engine, "config", None), "max_top_logprobs", MAX_TOP_LOGPROBS))
 
 
-__all__ = ["ChatTemplate", "ServerContext", "max_top_logprobs"]
+__all__ = ["ChatTemplate", "ServerContext", "Ticket", "max_top_logprobs"]

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from colo_fsm.errors import ClientGone, ConfigError, EngineStopped, ServerStopping, ServerUnavailable
+from colo_fsm.errors import ClientGone, ConfigError, EngineStopped, ServerBusy, ServerStopping, ServerUnavailable
 from colo_fsm.log import get_logger
 from colo_fsm.server.context import ServerContext
 from colo_fsm.server.params import BadRequest, short
@@ -60,6 +60,12 @@ def install_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
             return shutting_down()
         headers = {"Retry-After": str(ctx.retry_after_s)}
         return error_response(503, str(exc), "service_unavailable", code="engine_suspended", headers=headers)
+
+    @app.exception_handler(ServerBusy)
+    async def _busy(_request: Request, exc: ServerBusy) -> JSONResponse:
+        ctx.served["busy"] += 1
+        headers = {"Retry-After": str(ctx.retry_after_s)}
+        return error_response(429, str(exc), "rate_limit_error", param=None, code=exc.bound, headers=headers)
 
     @app.exception_handler(EngineStopped)
     @app.exception_handler(ServerStopping)

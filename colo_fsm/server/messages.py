@@ -39,7 +39,10 @@ def read_messages(value: Any, key: str = "messages") -> list[dict[str, str]]:
         role = b.get_str("role", None)
         if role not in ROLES:
             raise BadRequest(f"{key}.{i}.role", f"expected one of {list(ROLES)}, got {short(role)}")
-        text = text_of(b.raw("content"), f"{key}.{i}.content")
+        content = b.raw("content")
+        if content is None and role != "assistant":
+            raise BadRequest(f"{key}.{i}.content", f"is required for a {role} message (a string or text parts)")
+        text = text_of(content, f"{key}.{i}.content")
         b.get_str("name", None)
         b.finish(ignore=("type", "id", "status", "annotations"))
         out.append({"role": role, "content": text})

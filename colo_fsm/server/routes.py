@@ -15,12 +15,32 @@ from colo_fsm.server.formatting import TokenText, usage, versions
 from colo_fsm.server.http_errors import error_response
 from colo_fsm.server.messages import read_messages
 from colo_fsm.server.params import MAX_TOKENS_LIMIT, BadRequest, read_sampling, short
-from colo_fsm.server.runner import ChoiceResult, check_request_size
+from colo_fsm.server.runner import ChoiceResult
 from colo_fsm.server.streaming import start_stream
 
 
 def _unsupported(param: str) -> bool:
     raise BadRequest(param, "is not supported by this server")
+
+
+def _responses_prompt(ctx: ServerContext, msgs: list[dict[str, str]], instructions: str | None, raw: Any) -> str:
+    """The chat template's text for a ``/v1/responses`` request; a refusal names ``instructions`` or
+    ``input[.i...]`` (the fields of this endpoint), not the chat messages they became."""
+    try:
+        return ctx.chat_prompt(msgs)
+    except BadRequest as exc:
+        head, _, rest = exc.param.partition(".")
+        if head != "messages":
+            raise
+        index, _, tail = rest.partition(".")
+        message = str(exc).removeprefix(f"{exc.param}: ")
+        if not index.isdigit():
+            raise BadRequest("input", message) from None
+        i = int(index) - (1 if instructions else 0)
+        if i < 0:
+            raise BadRequest("instructions", message) from None
+        param = f"input.{i}" + (f".{tail}" if tail else "") if isinstance(raw, list) else "input"
+        raise BadRequest(param, message) from None
 
 
 def add_routes(app: FastAPI, ctx: ServerContext) -> None:
@@ -47,15 +67,14 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
             else:
                 ctx.need_engine("prompt", "a token-id prompt")
                 raise AssertionError  # pragma: no cover
-            check_request_size(len(texts), s, cfg.max_request_tokens)
-            outs = await ctx.legacy(texts, s)
+            outs = await ctx.legacy(texts, s, ctx.text_cost(texts, s, "prompt"))
             prompts: list[list[int]] | None = None
         else:
             prompts, _ = ctx.prompt_list(raw_prompt)
-            ctx.check_fit(prompts, s)
+            cost = ctx.check_fit(prompts, s, "prompt")
             if s.stream:
-                return await start_stream(ctx, ctx.new_run(prompts, s), s, "completions", model, prompts)
-            outs = await ctx.run(request, prompts, s)
+                return await start_stream(ctx, prompts, s, "completions", model, cost)
+            outs = await ctx.run(request, prompts, s, cost)
         ctx.served["completions"] += 1
 
         def logprobs(o: ChoiceResult) -> dict[str, Any] | None:
@@ -93,15 +112,14 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
         ctx.policy(s)
         prompt = ctx.chat_prompt(msgs)
         if ctx.engine is None:
-            check_request_size(1, s, cfg.max_request_tokens)
-            outs = await ctx.legacy([prompt], s)
+            outs = await ctx.legacy([prompt], s, ctx.text_cost([prompt], s, "messages"))
             prompts: list[list[int]] | None = None
         else:
             prompts = [ctx.encode(prompt, "messages")]
-            ctx.check_fit(prompts, s)
+            cost = ctx.check_fit(prompts, s, "messages")
             if s.stream:
-                return await start_stream(ctx, ctx.new_run(prompts, s), s, "chat", model, prompts)
-            outs = await ctx.run(request, prompts, s)
+                return await start_stream(ctx, prompts, s, "chat", model, cost)
+            outs = await ctx.run(request, prompts, s, cost)
         ctx.served["chat"] += 1
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
@@ -157,14 +175,13 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
             raise BadRequest("n", "not a /v1/responses parameter")
         body.finish()
         ctx.policy(s)
-        prompt = ctx.chat_prompt(msgs)
+        prompt = _responses_prompt(ctx, msgs, instructions, raw)
         if ctx.engine is None:
-            outs = await ctx.legacy([prompt], s)
+            outs = await ctx.legacy([prompt], s, ctx.text_cost([prompt], s, "input"))
             prompt_len = ctx.count_tokens(prompt) if ctx.count_tokens else 0
         else:
             prompts = [ctx.encode(prompt, "input")]
-            ctx.check_fit(prompts, s)
-            outs = await ctx.run(request, prompts, s)
+            outs = await ctx.run(request, prompts, s, ctx.check_fit(prompts, s, "input"))
             prompt_len = len(prompts[0])
         o = outs[0]
         ctx.served["responses"] += 1

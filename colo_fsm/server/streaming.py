@@ -10,25 +10,30 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from colo_fsm.server.context import ServerContext
+from colo_fsm.server.context import ServerContext, Ticket
 from colo_fsm.server.formatting import TokenText, sse, usage
 from colo_fsm.server.params import Sampling
 from colo_fsm.server.runner import ChoiceResult, RequestRun, ServerStopping, _cut
 
 
 async def start_stream(
-    ctx: ServerContext, run: RequestRun, s: Sampling, kind: str, model: str, prompts: Sequence[Sequence[int]]
+    ctx: ServerContext, prompts: Sequence[Sequence[int]], s: Sampling, kind: str, model: str, cost: int
 ) -> StreamingResponse:
-    """Admit and hand the request to the engine, then answer 200 with its event stream."""
+    """Take ``cost`` tokens of the budget, admit and hand the request to the engine, then answer 200 with its
+    event stream (which gives the tokens back when it ends, however it ends)."""
     if ctx.stopping():
         raise ServerStopping("shutting down")
+    ticket = await ctx.hold_tokens(cost)
+    run = ctx.new_run(prompts, s, ticket.time_left_s)
     ctx.active += 1
     try:
         events = await run.events()  # admitted and handed to the engine before the 200 goes out
     except BaseException:
         ctx.active -= 1
+        ticket.release()
         raise
-    return StreamingResponse(stream(ctx, run, events, s, kind, model, prompts), media_type="text/event-stream")
+    body = stream(ctx, run, events, s, kind, model, prompts, ticket)
+    return StreamingResponse(body, media_type="text/event-stream")
 
 
 async def stream(
@@ -39,8 +44,9 @@ async def stream(
     kind: str,
     model: str,
     prompts: Sequence[Sequence[int]],
+    ticket: Ticket,
 ) -> AsyncIterator[bytes]:
-    """The event stream of one request (``kind``: ``"chat"`` or ``"completions"``)."""
+    """The event stream of one request (``kind``: ``"chat"`` or ``"completions"``); releases ``ticket`` at the end."""
     text_of = TokenText(ctx.tok)
     rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
@@ -130,7 +136,10 @@ async def stream(
         yield sse({"error": {**err, "code": "shutting_down"}})
     finally:
         ctx.active -= 1
-        await events.aclose()  # type: ignore[attr-defined]
+        try:
+            await events.aclose()  # type: ignore[attr-defined]
+        finally:
+            ticket.release()
 
 
 __all__ = ["start_stream", "stream"]
