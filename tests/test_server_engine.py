@@ -283,12 +283,16 @@ def test_on_policy_guard_and_request_bound() -> None:
         gated.shutdown()
 
 
+JSON = {"content-type": "application/json"}
+
+
 def test_errors_use_openais_shape_and_quote_a_short_prefix(served) -> None:
     gated, _ = served
     for r, code in (
         (httpx.post(base(gated) + "/nope", json={}), 404),
         (httpx.get(base(gated) + "/completions"), 405),
-        (httpx.post(base(gated) + "/completions", content=b'{"prompt": "\xff"}'), 400),
+        (httpx.post(base(gated) + "/completions", content=b'{"prompt": "\xff"}', headers=JSON), 400),
+        (httpx.post(base(gated) + "/completions", content=b'{"prompt": "1>"}'), 415),  # no JSON content type
         (httpx.get(base(gated) + "/models/other"), 404),
     ):
         assert r.status_code == code and set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text

@@ -15,8 +15,9 @@ from colo_fsm.adapters.protocols import Completion, TextGenerator
 from colo_fsm.errors import ConfigError, ServerBusy, ServerUnavailable
 from colo_fsm.log import get_logger
 from colo_fsm.server.admission import TokenBudget, check_request_size
+from colo_fsm.server.body import read_json
 from colo_fsm.server.gate import SuspendGate
-from colo_fsm.server.params import MAX_TOP_LOGPROBS, BadRequest, Body, Sampling, parse_json, short
+from colo_fsm.server.params import MAX_TOP_LOGPROBS, BadRequest, Body, Sampling, short
 from colo_fsm.server.runner import ChoiceResult, ClientGone, RequestRun, ServerStopping
 from colo_fsm.server.settings import ServerSettings
 from colo_fsm.server.templates import ChatTemplate
@@ -167,8 +168,8 @@ class ServerContext:
             raise BadRequest("messages", f"the chat template cannot render them: {short(str(exc), 120)}") from None
 
     async def read(self, request: Request) -> Body:
-        """The request body as a JSON object being read."""
-        return Body(parse_json(await request.body()))
+        """The request body as a JSON object being read (415, 413 and 400 as :mod:`~colo_fsm.server.body` says)."""
+        return Body(await read_json(request, self.cfg.max_body_bytes))
 
     # ------------------------------------------------------------------ running
     def new_run(self, prompts: Sequence[Sequence[int]], s: Sampling, timeout_s: float | None = None) -> RequestRun:

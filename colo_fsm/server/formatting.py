@@ -75,20 +75,35 @@ class TokenText:
         padded = list(tops) + [()] * (n - len(tops))
         return [{self.string(t, s): float(v) for t, v in top} for top in padded[:n]]
 
+    def text(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` as a response carries it (special tokens left out)."""
+        return "" if self.tok is None else str(self.tok.detokenize(list(ids)))
+
+    def offsets(self, ids: Sequence[int], text: str) -> list[int]:
+        """Where each token starts in ``text`` (the choice's text, possibly cut at a stop string): the length of
+        the text of the tokens before it, so a special token that ``text`` leaves out takes no room."""
+        if self.tok is None:
+            return [0] * len(ids)
+        lengths = [len(self.text([t])) for t in ids]
+        offs: list[int] = []
+        if sum(lengths) == len(self.text(ids)):  # tokens decode independently (the common case): one pass
+            pos = 0
+            for n in lengths:
+                offs.append(pos)
+                pos += n
+        else:  # merged pieces (e.g. byte-level tokens of one character): the prefix's own text
+            offs = [len(self.text(ids[:i])) for i in range(len(ids))]
+        return [min(o, len(text)) for o in offs]
+
     def completion_logprobs(
-        self, ids: Sequence[int], lps: Sequence[float], tops: Sequence[Any], s: Sampling, start: int = 0
+        self, ids: Sequence[int], lps: Sequence[float], tops: Sequence[Any], s: Sampling, offsets: Sequence[int]
     ) -> dict[str, Any]:
-        """Completions' ``logprobs`` for ``ids``; ``text_offset`` counts from ``start``."""
-        toks = [self.string(t, s) for t in ids]
-        offsets, pos = [], start
-        for t in toks:
-            offsets.append(pos)
-            pos += len(t)
+        """Completions' ``logprobs`` for ``ids`` (``text_offset``: ``offsets``, indexes into the choice's text)."""
         return {
-            "tokens": toks,
+            "tokens": [self.string(t, s) for t in ids],
             "token_logprobs": list(lps),
-            "top_logprobs": self.top_dicts(tops, len(toks), s),
-            "text_offset": offsets,
+            "top_logprobs": self.top_dicts(tops, len(ids), s),
+            "text_offset": list(offsets),
         }
 
     def chat_logprobs(

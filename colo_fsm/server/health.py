@@ -1,4 +1,18 @@
-"""``GET /health``: the server's admission state and counters, answered from what the server holds."""
+"""``GET /health``: the server's state, from what the server itself holds (the gate, its own counters, the
+lifecycle's lock-free status): it never calls into the engine or waits on a lock the engine loop takes.
+
+The status code is what a load balancer or a liveness probe reads:
+
+======================  ========  =================================================================
+``status``              code      meaning
+======================  ========  =================================================================
+``ok``                  200       serving: requests are admitted now
+``handoff``             200       a handoff (training, a checkpoint): requests wait, parked ones live
+``stopping``            503       a teardown began: new requests get 503 "shutting down"
+``stopped``             503       the engine is torn down
+``failed``              503       the lifecycle failed (its ``failure`` is in the body)
+======================  ========  =================================================================
+"""
 
 from __future__ import annotations
 
@@ -11,6 +25,9 @@ from fastapi.responses import JSONResponse
 from colo_fsm.server.context import ServerContext
 from colo_fsm.server.formatting import jsonable
 from colo_fsm.server.params import short
+
+HEALTH_CODES: dict[str, int] = {"ok": 200, "handoff": 200, "stopping": 503, "stopped": 503, "failed": 503}
+"""The status code of ``/health`` per server status."""
 
 
 def admission(ctx: ServerContext) -> str:
@@ -31,20 +48,17 @@ def add_health(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/health", response_model=None)
     async def health() -> Any:
         state = admission(ctx)
+        status = {"open": "ok", "closed": "handoff"}.get(state, state)
         info: dict[str, Any] = {
-            "status": {"open": "ok", "closed": "handoff"}.get(state, state),
             "admission": state,
             "gate": ctx.gate.state(),
             **ctx.gate.counters(),
+            "http_requests_active": ctx.active,
+            "tokens": ctx.budget.counters(),
+            "max_request_tokens": ctx.max_request_tokens,
             "responses": dict(ctx.served),
             "inflight_policy": ctx.cfg.inflight,
         }
-        engine = ctx.engine
-        if engine is not None and callable(getattr(engine, "request_counts", None)):
-            try:
-                info["engine_requests"] = jsonable(engine.request_counts())
-            except Exception as exc:  # health must answer even if the engine is torn down
-                info["engine_requests"] = {"error": type(exc).__name__}
         if ctx.status is not None:
             try:
                 st = jsonable(ctx.status())
@@ -54,8 +68,9 @@ def add_health(app: FastAPI, ctx: ServerContext) -> None:
             if isinstance(st, Mapping):
                 info["lifecycle_state"] = st.get("state")
                 info["weight_version"] = st.get("weight_version")
-        code = 503 if state in ("stopping", "stopped") else 200
-        return JSONResponse(info, status_code=code)
+                if st.get("failure"):
+                    status = "failed"
+        return JSONResponse({"status": status, **info}, status_code=HEALTH_CODES[status])
 
 
-__all__ = ["add_health", "admission"]
+__all__ = ["HEALTH_CODES", "add_health", "admission"]

@@ -78,7 +78,10 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
         ctx.served["completions"] += 1
 
         def logprobs(o: ChoiceResult) -> dict[str, Any] | None:
-            return text_of.completion_logprobs(o.token_ids, o.logprobs, o.top_logprobs, s) if s.logprobs else None
+            if not s.logprobs:
+                return None
+            offsets = text_of.offsets(o.token_ids, o.text)
+            return text_of.completion_logprobs(o.token_ids, o.logprobs, o.top_logprobs, s, offsets)
 
         return {
             "id": f"cmpl-{uuid.uuid4().hex[:24]}",

@@ -54,6 +54,7 @@ async def stream(
     n = len(run.choices)
     ids: list[list[int]] = [[] for _ in range(n)]
     sent = [0] * n
+    texts = [""] * n  # each choice's text so far
     done: list[ChoiceResult | None] = [None] * n
     hold = max((len(x) for x in s.stop), default=1) - 1  # text that may still become a stop string
 
@@ -64,6 +65,7 @@ async def stream(
         lps: Sequence[float],
         finish: str | None,
         tops: Sequence[Any] = (),
+        offsets: Sequence[int] = (),
     ) -> bytes:
         if kind == "chat":
             delta: dict[str, Any] = {"content": text} if text or finish is None else {}
@@ -76,8 +78,7 @@ async def stream(
         else:
             lpo = None
             if s.logprobs and lp_ids:
-                lpo = text_of.completion_logprobs(lp_ids, lps, tops, s)
-                lpo["text_offset"] = []
+                lpo = text_of.completion_logprobs(lp_ids, lps, tops, s, offsets)
             choice = {"index": i, "text": text, "logprobs": lpo, "finish_reason": finish}
         if finish is not None:
             o = done[i]
@@ -105,13 +106,15 @@ async def stream(
             if ev[0] == "token":
                 if done[i] is not None:
                     continue
+                before = len(texts[i])  # where this token starts in the choice's text
                 ids[i].append(ev[2])
-                text = run.choices[i].detok(ids[i])
-                text, hit = _cut(text, s.stop)
+                texts[i] = run.choices[i].detok(ids[i])
+                text, hit = _cut(texts[i], s.stop)
                 upto = len(text) if hit is not None else max(sent[i], len(text) - hold)
                 delta = text[sent[i] : upto]
                 sent[i] = max(sent[i], upto)
-                yield chunk(i, delta, [ev[2]], [ev[3]], None, [ev[5]] if len(ev) > 5 else [])
+                top = [ev[5]] if len(ev) > 5 else []
+                yield chunk(i, delta, [ev[2]], [ev[3]], None, top, [min(before, len(text))])
             else:
                 o = ev[2]
                 done[i] = o
