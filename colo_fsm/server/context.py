@@ -17,6 +17,7 @@ from colo_fsm.log import get_logger
 from colo_fsm.server.admission import TokenBudget, check_request_size
 from colo_fsm.server.body import read_json
 from colo_fsm.server.gate import SuspendGate
+from colo_fsm.server.ledger import LedgerEntry, RequestLedger
 from colo_fsm.server.params import MAX_TOP_LOGPROBS, BadRequest, Body, Sampling, short
 from colo_fsm.server.runner import ChoiceResult, ClientGone, RequestRun, ServerStopping
 from colo_fsm.server.settings import ServerSettings
@@ -70,6 +71,7 @@ class ServerContext:
         }
         self.max_request_tokens, self.max_inflight_tokens = settings.token_limits(self.engine)
         self.budget = TokenBudget(self.max_inflight_tokens, settings.max_waiting_requests)
+        self.ledger = RequestLedger()
         self.active = 0  # requests handed to the engine and not answered yet (shutdown waits for them)
 
     # ------------------------------------------------------------------ state
@@ -193,13 +195,21 @@ class ServerContext:
         ticket = await self.hold_tokens(cost)
         run = self.new_run(prompts, s, ticket.time_left_s)
         self.active += 1
+        entry: LedgerEntry | None = None
         try:
             await run.start()
-            return await run.wait(request.is_disconnected)
+            entry = self.ledger.open()
+            out = await run.wait(request.is_disconnected)
+            entry.end("answered")
+            return out
         except ClientGone:
             log.info("client disconnected: %d choice(s) cancelled in the engine", len(run.choices))
+            if entry is not None:
+                entry.end("aborted")
             raise
         finally:
+            if entry is not None:
+                entry.end_once("failed")
             self.active -= 1
             ticket.release()
 

@@ -54,6 +54,7 @@ def add_health(app: FastAPI, ctx: ServerContext) -> None:
             "gate": ctx.gate.state(),
             **ctx.gate.counters(),
             "http_requests_active": ctx.active,
+            "requests": ctx.ledger.counters(),
             "tokens": ctx.budget.counters(),
             "max_request_tokens": ctx.max_request_tokens,
             "responses": dict(ctx.served),

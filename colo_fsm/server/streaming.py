@@ -12,6 +12,7 @@ from starlette.responses import StreamingResponse
 
 from colo_fsm.server.context import ServerContext, Ticket
 from colo_fsm.server.formatting import TokenText, sse, usage
+from colo_fsm.server.ledger import LedgerEntry
 from colo_fsm.server.params import Sampling
 from colo_fsm.server.runner import ChoiceResult, RequestRun, ServerStopping, _cut
 
@@ -32,8 +33,58 @@ async def start_stream(
         ctx.active -= 1
         ticket.release()
         raise
-    body = stream(ctx, run, events, s, kind, model, prompts, ticket)
-    return StreamingResponse(body, media_type="text/event-stream")
+    end = StreamEnd(ctx, run, events, ticket, ctx.ledger.open())
+    return _Stream(stream(ctx, run, events, s, kind, model, prompts, end), end)
+
+
+class StreamEnd:
+    """What a stream gives back when it ends, however it ends (even if its body never started): its ledger
+    ending, its place in ``ctx.active``, its engine requests (cancelled if unfinished) and its tokens."""
+
+    def __init__(
+        self,
+        ctx: ServerContext,
+        run: RequestRun,
+        events: AsyncIterator[tuple[Any, ...]],
+        ticket: Ticket,
+        entry: LedgerEntry,
+    ) -> None:
+        self.ctx = ctx
+        self.run = run
+        self.events = events
+        self.ticket = ticket
+        self.entry = entry
+        self._done = False
+
+    async def close(self) -> None:
+        """Release everything once; an ending not recorded yet is "aborted" (the client went away)."""
+        if self._done:
+            return
+        self._done = True
+        self.entry.end_once("aborted")
+        self.ctx.active -= 1
+        try:
+            await self.events.aclose()  # type: ignore[attr-defined]
+        finally:
+            self.run.cancel_unfinished()  # a body that never started never ran its own clean-up
+            try:
+                await self.run.release()
+            finally:
+                self.ticket.release()
+
+
+class _Stream(StreamingResponse):
+    """A streaming response that releases its :class:`StreamEnd` when the response ends or is cancelled."""
+
+    def __init__(self, body: AsyncIterator[bytes], end: StreamEnd) -> None:
+        super().__init__(body, media_type="text/event-stream")
+        self._end = end
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._end.close()
 
 
 async def stream(
@@ -44,9 +95,11 @@ async def stream(
     kind: str,
     model: str,
     prompts: Sequence[Sequence[int]],
-    ticket: Ticket,
+    end: StreamEnd,
 ) -> AsyncIterator[bytes]:
-    """The event stream of one request (``kind``: ``"chat"`` or ``"completions"``); releases ``ticket`` at the end."""
+    """The event stream of one request (``kind``: ``"chat"`` or ``"completions"``); ``end`` records it answered,
+    failed, or aborted when the client went away mid-stream, and releases what it holds."""
+    entry = end.entry
     text_of = TokenText(ctx.tok)
     rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
@@ -133,16 +186,14 @@ async def stream(
                     "usage": usage(prompts, outs, [], ctx.count_tokens),
                 }
             )
+        entry.end("answered")
         yield b"data: [DONE]\n\n"
     except ServerStopping:
+        entry.end("failed")
         err = {"message": "the server is shutting down", "type": "service_unavailable", "param": None}
         yield sse({"error": {**err, "code": "shutting_down"}})
     finally:
-        ctx.active -= 1
-        try:
-            await events.aclose()  # type: ignore[attr-defined]
-        finally:
-            ticket.release()
+        await end.close()  # before its end: the client went away, the choices are cancelled
 
 
 __all__ = ["start_stream", "stream"]
