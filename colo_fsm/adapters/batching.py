@@ -11,6 +11,11 @@ the active requests stay parked in the backend and continue after :meth:`Continu
 weights. Every generated token is stamped with the weight version it was produced under.
 :attr:`InflightPolicy.DRAIN` restores the strictly on-policy behaviour (suspend waits for admitted requests).
 
+Cancellation (:meth:`ContinuousBatcher.abort`, ``handle.cancel()``, a cancelled future or awaiting task) is safe
+in every state: it answers the caller at once and removes the request from the backend at the next step
+boundary while awake; while suspended the removal waits for the resume (applied before the first decode step).
+No decode step ever runs on a suspended backend.
+
 Every backend call (build, add, step, abort, suspend, resume, shutdown) runs on the engine thread, so a
 backend needs no locking of its own and an engine with its own event loop (megatron-core's dynamic engine) is
 only ever driven from one thread.
@@ -336,6 +341,8 @@ class ContinuousBatcher:
         self.steps_while_suspended = 0  # must stay 0: a decode step never runs while suspended
         self.completed = 0  # requests resolved (any finish reason)
         self.timings: list[tuple[str, float]] = []  # ("suspend"|"resume", backend seconds)
+        self.idle_waits = 0  # times the engine thread went to sleep with nothing to do (tests wait on it)
+        self.idle = False  # True while the engine thread sleeps with nothing to do
 
     # ------------------------------------------------------------------ lifecycle of the loop
     def start(self) -> None:
@@ -361,6 +368,13 @@ class ContinuousBatcher:
     def decode_in_flight(self) -> bool:
         """True only while a decode step runs on the engine thread."""
         return self._decode_in_flight
+
+    @property
+    def aborts_pending(self) -> int:
+        """Admitted requests already answered "abort" whose removal from the backend waits for a step boundary
+        (while suspended: for the resume)."""
+        with self._cond:
+            return len(self._pending_aborts)
 
     def counts(self) -> RequestCounts:
         """Queued, running and parked requests right now."""
@@ -433,7 +447,13 @@ class ContinuousBatcher:
         return done
 
     def abort(self, request_id: int) -> bool:
-        """Abort one request (queued, running or parked): its future resolves "abort"; False if it was done."""
+        """Abort one request (queued, running or parked): its future resolves "abort" now; False if it was done.
+
+        Safe in every state: a queued request just leaves the queue; an admitted one leaves the backend at the
+        next step boundary while the engine is awake, and while it is suspended the removal is recorded
+        (:attr:`aborts_pending`) and applied after the resume, before the first decode step. The slot is free
+        for admission at once.
+        """
         with self._cond:
             req = self._find_locked(request_id)
             if req is None or req.detached:
@@ -449,6 +469,8 @@ class ContinuousBatcher:
                 return True
             if req.state == "queued":
                 self._queue.remove(req)
+                if self._lockstep is not None:  # the leader: the followers drop their queued copy too
+                    self._pending_aborts.append(request_id)
             else:
                 self._active.pop(request_id, None)
                 self._pending_aborts.append(request_id)
@@ -537,6 +559,25 @@ class ContinuousBatcher:
             return None  # drain: keep stepping the admitted requests until they are all done
         return self._commands.popleft()
 
+    def _sleep_locked(self) -> None:
+        """Wait for work with nothing to do (counted, so a test can tell the loop has seen a change)."""
+        self.idle_waits += 1
+        self.idle = True
+        self._cond.notify_all()
+        self._cond.wait()
+        self.idle = False
+
+    def _aborts_due_locked(self) -> bool:
+        """Aborts to apply now: only while awake (a suspended engine keeps them until the resume)."""
+        return bool(self._pending_aborts) and self._awake and not self._stopping
+
+    def _take_aborts_locked(self) -> list[int]:
+        """The recorded aborts the backend gets before this iteration's step; none while suspended."""
+        if not self._aborts_due_locked():
+            return []
+        aborts, self._pending_aborts = self._pending_aborts, []
+        return aborts
+
     def _can_step_locked(self) -> bool:
         if not self._awake or self._stopping:
             return False
@@ -549,10 +590,10 @@ class ContinuousBatcher:
         with self._cond:
             while True:
                 cmd = self._ready_command_locked()
-                if cmd is not None or self._pending_aborts or self._can_step_locked():
+                if cmd is not None or self._aborts_due_locked() or self._can_step_locked():
                     break
-                self._cond.wait()
-            aborts, self._pending_aborts = self._pending_aborts, []
+                self._sleep_locked()
+            aborts = self._take_aborts_locked()
             admit: list[_Request] = []
             if cmd is None and self._awake and not self._draining:
                 while self._queue and len(self._active) < self.max_active_requests:
@@ -577,9 +618,8 @@ class ContinuousBatcher:
                     req.state = "done"
                     self.completed += 1
                 req.future.set_exception(exc) if not req.future.done() else None
-        if not self._active:
-            return True
-        self._step(backend)
+        if self._active and self._awake and not self._stopping:  # never a decode step on a suspended engine
+            self._step(backend)
         return True
 
     # ------------------------------------------------------------------ lockstep (tensor-parallel groups)
@@ -600,7 +640,7 @@ class ContinuousBatcher:
         if cmd is not None:
             return StepPlan(cmd.kind, drain=cmd.drain)
         room = max(0, (width - 4) // 2)
-        aborts = tuple(self._pending_aborts[:room])
+        aborts = tuple(self._pending_aborts[:room]) if self._aborts_due_locked() else ()
         admit: list[int] = []
         if self._awake and not self._draining:
             free = self.max_active_requests - len(self._active)
@@ -625,9 +665,9 @@ class ContinuousBatcher:
             while True:  # enter the group's agreement only with something to do (the leader does the same)
                 cmd = self._peek_command_locked()
                 has_cmd = bool(self._commands) if not lock.leader else cmd is not None
-                if has_cmd or self._pending_aborts or self._can_step_locked():
+                if has_cmd or self._aborts_due_locked() or self._can_step_locked():
                     break
-                self._cond.wait()
+                self._sleep_locked()
             mine = self._plan_locked(cmd, lock.width) if lock.leader else StepPlan("noop")
         plan = lock.agree(mine)
         backend = self.backend
@@ -672,7 +712,7 @@ class ContinuousBatcher:
                     req.state = "done"
                     self.completed += 1
                 req.future.set_exception(exc) if not req.future.done() else None
-        if plan.kind == "step" and self._active:
+        if plan.kind == "step" and self._active and self._awake:
             self._step(backend)
         return True
 
@@ -780,6 +820,7 @@ class ContinuousBatcher:
             left = [*self._queue, *self._active.values()]
             self._queue.clear()
             self._active.clear()
+            self._pending_aborts.clear()  # the backend's shutdown drops every row
             for req in left:
                 self._mark_done_locked(req, "abort")
         for req in left:
@@ -800,6 +841,7 @@ class ContinuousBatcher:
             left = [*self._queue, *self._active.values()]
             self._queue.clear()
             self._active.clear()
+            self._pending_aborts.clear()
             for req in left:
                 req.state = "done"
                 self.completed += 1
