@@ -6,6 +6,7 @@ the code lives in the :mod:`colo_fsm.adapters.engine` package, one module per jo
 
 from colo_fsm.adapters.engine import (
     DEFAULT_MAX_TOP_LOGPROBS,
+    DEFAULT_SERVER_SHARE,
     BackendRequest,
     ContinuousBatcher,
     InflightPolicy,
@@ -18,6 +19,7 @@ from colo_fsm.adapters.engine import (
     TokenCompletion,
     TopLogprobs,
     check_sampling,
+    check_share,
     check_top_logprobs,
     parse_inflight,
     request_seed,
@@ -25,6 +27,7 @@ from colo_fsm.adapters.engine import (
 
 __all__ = [
     "DEFAULT_MAX_TOP_LOGPROBS",
+    "DEFAULT_SERVER_SHARE",
     "BackendRequest",
     "ContinuousBatcher",
     "InflightPolicy",
@@ -37,6 +40,7 @@ __all__ = [
     "TokenCompletion",
     "TopLogprobs",
     "check_sampling",
+    "check_share",
     "check_top_logprobs",
     "parse_inflight",
     "request_seed",

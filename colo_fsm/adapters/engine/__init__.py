@@ -31,9 +31,11 @@ Modules, one job each: :mod:`~colo_fsm.adapters.engine.protocol` (the backend pr
 from colo_fsm.adapters.engine.loop import ContinuousBatcher
 from colo_fsm.adapters.engine.options import (
     DEFAULT_MAX_TOP_LOGPROBS,
+    DEFAULT_SERVER_SHARE,
     InflightPolicy,
     Priority,
     check_sampling,
+    check_share,
     check_top_logprobs,
     parse_inflight,
     request_seed,
@@ -43,6 +45,7 @@ from colo_fsm.adapters.engine.results import OnToken, RequestCounts, RequestHand
 
 __all__ = [
     "DEFAULT_MAX_TOP_LOGPROBS",
+    "DEFAULT_SERVER_SHARE",
     "BackendRequest",
     "ContinuousBatcher",
     "InflightPolicy",
@@ -55,6 +58,7 @@ __all__ = [
     "TokenCompletion",
     "TopLogprobs",
     "check_sampling",
+    "check_share",
     "check_top_logprobs",
     "parse_inflight",
     "request_seed",

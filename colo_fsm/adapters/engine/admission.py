@@ -2,6 +2,12 @@
 
 Requests are validated when submitted (:meth:`Admission.submit`), queued in ``(priority, arrival)`` order and
 admitted between decode steps while the engine is awake, at most ``max_active_requests`` at a time.
+
+The server's share: :attr:`~colo_fsm.adapters.engine.options.Priority.SERVER` requests (HTTP traffic) hold at
+most ``server_slots`` (``server_share`` of ``max_active_requests``, rounded up) of the active requests at any
+time, whatever is queued, so the trainer's rollouts always find ``max_active_requests - server_slots`` slots that
+no flood of HTTP requests can take. Server work beyond its share waits queued (nothing is dropped);
+``server_share=1`` lifts the cap.
 """
 
 from __future__ import annotations
@@ -24,11 +30,15 @@ class Admission(Cancellation):
     _ids: itertools.count[int]
     _seq: itertools.count[int]
 
-    def counts(self) -> RequestCounts:
-        """Queued, running and parked requests right now."""
+    def counts(self, priority: Priority | int | None = None) -> RequestCounts:
+        """Queued, running and parked requests right now (only those of ``priority`` when given)."""
         with self._cond:
-            n = len(self._active)
-            return RequestCounts(len(self._queue), n if self._awake else 0, 0 if self._awake else n)
+            if priority is None:
+                queued, n = len(self._queue), len(self._active)
+            else:
+                queued = sum(1 for r in self._queue if r.priority == priority)
+                n = sum(1 for r in self._active.values() if r.priority == priority)
+            return RequestCounts(queued, n if self._awake else 0, 0 if self._awake else n)
 
     def submit(
         self,
@@ -88,13 +98,24 @@ class Admission(Cancellation):
         return RequestHandle(self, req)
 
     def _admissible_locked(self, room: int | None = None) -> list[EngineRequest]:
-        """The queued requests admitted at this boundary, in order (none while suspended or draining)."""
+        """The queued requests admitted at this boundary, in order (none while suspended or draining): training
+        first, server requests only up to the server's share of the engine."""
         if not self._awake or self._draining:
             return []
         free = self.max_active_requests - len(self._active)
         if room is not None:
             free = min(free, room)
-        return self._queue[: max(0, free)]
+        server_free = self.server_slots - sum(1 for r in self._active.values() if r.priority >= Priority.SERVER)
+        out: list[EngineRequest] = []
+        for req in self._queue:
+            if len(out) >= free:
+                break
+            if req.priority >= Priority.SERVER:
+                if server_free <= 0:
+                    break  # the queue is in priority order: only server requests follow
+                server_free -= 1
+            out.append(req)
+        return out
 
     def _admit_locked(self, req: EngineRequest) -> None:
         """Move ``req`` from the queue into the active set (stamped with this boundary's version and step)."""

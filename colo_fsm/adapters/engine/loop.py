@@ -16,7 +16,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from colo_fsm.adapters.engine.lockstep_loop import LockstepIteration
-from colo_fsm.adapters.engine.options import DEFAULT_MAX_TOP_LOGPROBS, InflightPolicy, parse_inflight, positive_int
+from colo_fsm.adapters.engine.options import (
+    DEFAULT_MAX_TOP_LOGPROBS,
+    DEFAULT_SERVER_SHARE,
+    InflightPolicy,
+    check_share,
+    parse_inflight,
+    positive_int,
+    share_slots,
+)
 from colo_fsm.adapters.engine.protocol import StepBackend
 from colo_fsm.adapters.engine.results import EngineRequest
 from colo_fsm.adapters.engine.state import Command
@@ -34,7 +42,9 @@ class ContinuousBatcher(LockstepIteration):
     returning a context manager) wraps the engine thread, e.g. to make this rank's GPU current there.
     ``lockstep`` (tensor-parallel ranks) makes every rank of the group follow the leader's plan of each
     iteration (:mod:`colo_fsm.adapters.lockstep`); submissions and control calls must then be SPMD.
-    ``max_top_logprobs`` bounds the alternatives per token one request may ask for.
+    ``max_top_logprobs`` bounds the alternatives per token one request may ask for. ``server_share`` (in (0, 1])
+    bounds the share of ``max_active_requests`` that :attr:`Priority.SERVER` requests may hold at once (see
+    :mod:`colo_fsm.adapters.engine.admission`); 1 lifts the cap.
     """
 
     def __init__(
@@ -51,6 +61,7 @@ class ContinuousBatcher(LockstepIteration):
         lockstep: Lockstep | None = None,
         lockstep_wait_s: float = 300.0,
         max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS,
+        server_share: float = DEFAULT_SERVER_SHARE,
     ) -> None:
         self._factory = backend_factory
         self._lockstep = lockstep  # TP > 1: the group's leader plans every iteration (colo_fsm.adapters.lockstep)
@@ -58,6 +69,8 @@ class ContinuousBatcher(LockstepIteration):
         self._weight_version = weight_version or (lambda: 0)
         self.max_active_requests = positive_int("max_active_requests", max_active_requests)
         self.inflight = parse_inflight(inflight)
+        self.server_share = check_share(server_share)
+        self.server_slots = share_slots(self.server_share, self.max_active_requests)
         if isinstance(max_top_logprobs, bool) or not isinstance(max_top_logprobs, int) or max_top_logprobs < 0:
             raise ConfigError("max_top_logprobs", max_top_logprobs, "a non-negative integer")
         self.max_top_logprobs = max_top_logprobs

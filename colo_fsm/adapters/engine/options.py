@@ -11,6 +11,9 @@ from colo_fsm.errors import ConfigError
 DEFAULT_MAX_TOP_LOGPROBS = 20
 """The default bound of ``top_logprobs`` per request (OpenAI's own limit)."""
 
+DEFAULT_SERVER_SHARE = 0.5
+"""The default share of ``max_active_requests`` that :attr:`Priority.SERVER` requests may hold at once."""
+
 
 class Priority(IntEnum):
     """Admission order between decode steps: lower value is admitted first."""
@@ -32,6 +35,18 @@ def parse_inflight(value: Any) -> InflightPolicy:
         return InflightPolicy(str(value.value if isinstance(value, StrEnum) else value).lower())
     except ValueError:
         raise ConfigError("inflight", value, "one of 'park', 'drain'") from None
+
+
+def check_share(value: Any, name: str = "server_share") -> float:
+    """``value`` as a share in (0, 1]; anything else raises :class:`ConfigError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < float(value) <= 1.0:
+        raise ConfigError(name, value, "a number in (0, 1] (the share of max_active_requests; 1: no cap)")
+    return float(value)
+
+
+def share_slots(share: float, max_active_requests: int) -> int:
+    """The active requests a ``share`` of ``max_active_requests`` allows (rounded up, at least 1)."""
+    return max(1, min(max_active_requests, math.ceil(share * max_active_requests - 1e-9)))
 
 
 def request_seed(seed: int | None, index: int) -> int | None:
@@ -71,11 +86,14 @@ def check_sampling(temperature: Any, top_p: Any, top_k: Any, seed: Any) -> None:
 
 __all__ = [
     "DEFAULT_MAX_TOP_LOGPROBS",
+    "DEFAULT_SERVER_SHARE",
     "InflightPolicy",
     "Priority",
     "check_sampling",
+    "check_share",
     "check_top_logprobs",
     "parse_inflight",
     "positive_int",
     "request_seed",
+    "share_slots",
 ]

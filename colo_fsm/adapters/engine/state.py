@@ -38,6 +38,7 @@ class EngineState:
     _lockstep_wait_s: float
     _weight_version: Callable[[], int]
     max_active_requests: int
+    server_slots: int  # Priority.SERVER requests active at once, at most (the server's share of the engine)
     inflight: InflightPolicy
     max_top_logprobs: int
     max_sequence_length: int | None
