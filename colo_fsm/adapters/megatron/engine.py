@@ -32,6 +32,7 @@ from typing import Any
 
 from colo_fsm.adapters.batching import (
     DEFAULT_MAX_TOP_LOGPROBS,
+    DEFAULT_SERVER_SHARE,
     ContinuousBatcher,
     InflightPolicy,
     OnToken,
@@ -39,9 +40,11 @@ from colo_fsm.adapters.batching import (
     RequestCounts,
     RequestHandle,
     TokenCompletion,
+    check_share,
     parse_inflight,
     request_seed,
 )
+from colo_fsm.adapters.engine.options import share_slots
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import device_context, on_own_device
@@ -87,7 +90,10 @@ class GenerationConfig:
     the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``);
     ``tp_lockstep`` (TP > 1) has the TP group's leader plan every decode step for the whole group
     (:mod:`colo_fsm.adapters.lockstep`): off, TP peers drift by a step and the next handoff desyncs;
-    ``max_top_logprobs`` bounds the per-token alternatives one request may ask for (``submit(top_logprobs=k)``).
+    ``max_top_logprobs`` bounds the per-token alternatives one request may ask for (``submit(top_logprobs=k)``);
+    ``server_share`` (in (0, 1], default 0.5) bounds the share of ``max_active_requests`` that
+    ``Priority.SERVER`` requests (HTTP traffic) hold at once, so the trainer's rollouts always keep the rest
+    (server work beyond it waits queued; 1 lifts the cap).
     """
 
     kv_cache_mode: str = "persist"
@@ -106,12 +112,14 @@ class GenerationConfig:
     num_cuda_graphs: int | None = None
     tp_lockstep: bool = True
     max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS
+    server_share: float = DEFAULT_SERVER_SHARE
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp_lockstep, bool):
             raise ConfigError("tp_lockstep", self.tp_lockstep, "True or False")
         object.__setattr__(self, "kv_cache_mode", parse_kv_cache_mode(self.kv_cache_mode).value)
         object.__setattr__(self, "inflight", parse_inflight(self.inflight).value)
+        object.__setattr__(self, "server_share", check_share(self.server_share))
         for name, what in (
             ("max_active_requests", "a positive integer"),
             ("max_request_tokens", "a positive integer, or None (no bound)"),
@@ -279,6 +287,7 @@ class MegatronEngine:
             name=f"colo-fsm-engine-{self.backend_name}",
             **extra,
             max_top_logprobs=self.config.max_top_logprobs,
+            server_share=self.config.server_share,
         )
         batcher.start()
         self._batcher = batcher
@@ -356,9 +365,16 @@ class MegatronEngine:
         """("suspend"|"resume", seconds the backend took), in order."""
         return list(self._batcher.timings) if self._batcher is not None else []
 
-    def request_counts(self) -> RequestCounts:
-        """Requests queued for admission, running, and parked in a suspended engine."""
-        return self._batcher.counts() if self._batcher is not None else RequestCounts(0, 0, 0)
+    def request_counts(self, priority: Priority | int | None = None) -> RequestCounts:
+        """Requests queued for admission, running, and parked in a suspended engine (of ``priority`` if given)."""
+        return self._batcher.counts(priority) if self._batcher is not None else RequestCounts(0, 0, 0)
+
+    @property
+    def server_slots(self) -> int:
+        """The most ``Priority.SERVER`` requests active at once (``server_share`` of ``max_active_requests``)."""
+        if self._batcher is not None:
+            return self._batcher.server_slots
+        return share_slots(self.config.server_share, self.config.max_active_requests)
 
     def _live(self, what: str) -> ContinuousBatcher:
         if self._batcher is None or not self.built:

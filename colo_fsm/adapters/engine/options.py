@@ -1,0 +1,99 @@
+"""The engine loop's options and request checks: admission priority, in-flight policy, sampling values, seeds."""
+
+from __future__ import annotations
+
+import math
+from enum import IntEnum, StrEnum
+from typing import Any
+
+from colo_fsm.errors import ConfigError
+
+DEFAULT_MAX_TOP_LOGPROBS = 20
+"""The default bound of ``top_logprobs`` per request (OpenAI's own limit)."""
+
+DEFAULT_SERVER_SHARE = 0.5
+"""The default share of ``max_active_requests`` that :attr:`Priority.SERVER` requests may hold at once."""
+
+
+class Priority(IntEnum):
+    """Admission order between decode steps: lower value is admitted first."""
+
+    TRAINING = 0  # the trainer's own rollouts and validation
+    SERVER = 1  # HTTP traffic
+
+
+class InflightPolicy(StrEnum):
+    """What a suspend does with admitted requests."""
+
+    PARK = "park"  # stop at a decode-step boundary, requests kept in the engine (default)
+    DRAIN = "drain"  # close admission and wait until every admitted request finished (strictly on-policy)
+
+
+def parse_inflight(value: Any) -> InflightPolicy:
+    """``value`` as an :class:`InflightPolicy`; anything else raises :class:`ConfigError` naming the choices."""
+    try:
+        return InflightPolicy(str(value.value if isinstance(value, StrEnum) else value).lower())
+    except ValueError:
+        raise ConfigError("inflight", value, "one of 'park', 'drain'") from None
+
+
+def check_share(value: Any, name: str = "server_share") -> float:
+    """``value`` as a share in (0, 1]; anything else raises :class:`ConfigError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < float(value) <= 1.0:
+        raise ConfigError(name, value, "a number in (0, 1] (the share of max_active_requests; 1: no cap)")
+    return float(value)
+
+
+def share_slots(share: float, max_active_requests: int) -> int:
+    """The active requests a ``share`` of ``max_active_requests`` allows (rounded up, at least 1)."""
+    return max(1, min(max_active_requests, math.ceil(share * max_active_requests - 1e-9)))
+
+
+def request_seed(seed: int | None, index: int) -> int | None:
+    """The seed of the ``index``-th request of a call seeded ``seed``: distinct per request and per call seed."""
+    if seed is None:
+        return None
+    return (int(seed) * 0x9E3779B1 + (index + 1) * 0x85EBCA77) % (2**63)
+
+
+def positive_int(name: str, value: Any, what: str = "a positive integer") -> int:
+    """``value`` if it is an int >= 1 (not a bool); else :class:`ConfigError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(name, value, what)
+    return value
+
+
+def check_top_logprobs(top_logprobs: Any, limit: int) -> int:
+    """``top_logprobs`` as an int in [0, ``limit``]; anything else raises :class:`ConfigError` naming the limit."""
+    if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= limit:
+        raise ConfigError("top_logprobs", top_logprobs, f"an integer in [0, {limit}] (max_top_logprobs)")
+    return top_logprobs
+
+
+def check_sampling(temperature: Any, top_p: Any, top_k: Any, seed: Any) -> None:
+    """Raise :class:`ConfigError` naming the first sampling value a backend cannot use."""
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature):
+        raise ConfigError("temperature", temperature, "a finite number >= 0")
+    if temperature < 0:
+        raise ConfigError("temperature", temperature, "a finite number >= 0")
+    if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0.0 < top_p <= 1.0:
+        raise ConfigError("top_p", top_p, "a number in (0, 1]")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ConfigError("top_k", top_k, "an integer >= 0 (0: no top-k filtering)")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigError("seed", seed, "a non-negative integer or None")
+
+
+__all__ = [
+    "DEFAULT_MAX_TOP_LOGPROBS",
+    "DEFAULT_SERVER_SHARE",
+    "InflightPolicy",
+    "Priority",
+    "check_sampling",
+    "check_share",
+    "check_top_logprobs",
+    "parse_inflight",
+    "positive_int",
+    "request_seed",
+    "share_slots",
+]

@@ -1,0 +1,151 @@
+"""Suspension: the control commands (suspend, resume, shutdown) and what a suspend does with requests in flight.
+
+A control call queues a :class:`~colo_fsm.adapters.engine.state.Command` and waits for the engine thread to
+carry it out at a step boundary, so no decode step is ever in flight during a suspend, resume or shutdown.
+``inflight="park"`` suspends at the next boundary with the active requests kept in the backend;
+``inflight="drain"`` first closes admission and steps the admitted requests to their end.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from colo_fsm.adapters.engine.options import InflightPolicy
+from colo_fsm.adapters.engine.protocol import StepBackend
+from colo_fsm.adapters.engine.results import resolve
+from colo_fsm.adapters.engine.state import Command, EngineState
+from colo_fsm.errors import EngineStopped, LifecycleError
+from colo_fsm.log import get_logger
+
+log = get_logger(__name__)
+
+
+class Suspension(EngineState):
+    """The engine loop's control commands (a part of :class:`~colo_fsm.adapters.engine.ContinuousBatcher`)."""
+
+    def suspend(self) -> None:
+        """Stop decoding: park (after the current step) or drain (after admitted requests finish), then suspend.
+
+        On return no decode step is in flight and none starts until :meth:`resume`.
+        """
+        self._command("suspend", drain=self.inflight is InflightPolicy.DRAIN)
+
+    def resume(self) -> None:
+        """Resume the backend; parked requests continue and queued ones are admitted."""
+        self._command("resume")
+
+    def shutdown(self) -> None:
+        """Abort everything left (futures resolve "abort"), tear the backend down and stop the engine thread."""
+        if self._thread is None or self._stopped:
+            self._stopping = self._stopped = True
+            return
+        with self._cond:
+            self._stopping = True
+        self._command("shutdown")
+        self._thread.join()
+
+    def _command(self, kind: str, *, drain: bool = False) -> None:
+        if self._thread is None:
+            raise LifecycleError(f"engine {kind} before start")
+        if threading.current_thread() is self._thread:
+            raise LifecycleError(
+                f"engine {kind} called from the engine thread (e.g. inside on_token): it would deadlock"
+            )
+        if self._stopped:
+            if kind == "shutdown":
+                return
+            raise EngineStopped(f"engine {kind} after shutdown")
+        cmd = Command(kind, drain=drain)
+        with self._cond:
+            if drain:
+                self._draining = True
+            self._commands.append(cmd)
+            self._cond.notify_all()
+        cmd.done.result()
+
+    def _ready_command_locked(self) -> Command | None:
+        if not self._commands:
+            return None
+        if self._stopping:  # shutdown goes first (a drain-mode suspend waiting for requests would block it)
+            stop = next((c for c in self._commands if c.kind == "shutdown"), None)
+            if stop is not None:
+                self._commands.remove(stop)
+                return stop
+        cmd = self._commands[0]
+        if cmd.kind == "suspend" and cmd.drain and self._awake and self._active:
+            return None  # drain: keep stepping the admitted requests until they are all done
+        return self._commands.popleft()
+
+    def _execute(self, cmd: Command, backend: StepBackend) -> bool:
+        try:
+            if cmd.kind == "suspend":
+                if self._awake:
+                    dt = backend.suspend()
+                    with self._cond:
+                        self._awake = False
+                        self._draining = False
+                    self.timings.append(("suspend", float(dt or 0.0)))
+                    log.debug("engine suspended with %d request(s) parked", len(self._active))
+            elif cmd.kind == "resume":
+                if not self._awake:
+                    dt = backend.resume()
+                    with self._cond:
+                        self._awake = True
+                        self._draining = False
+                        self._cond.notify_all()
+                    self.timings.append(("resume", float(dt or 0.0)))
+            elif cmd.kind == "shutdown":
+                self._abort_everything()
+                try:
+                    backend.shutdown()
+                finally:
+                    with self._cond:
+                        self._awake = False
+                        self._stopped = True
+                    self._fail_commands(EngineStopped("engine shut down"))
+                cmd.done.set_result(None)
+                return False
+        except BaseException as exc:
+            cmd.done.set_exception(exc)
+            return True
+        cmd.done.set_result(None)
+        return True
+
+    def _abort_everything(self) -> None:
+        with self._cond:
+            left = [*self._queue, *self._active.values()]
+            self._queue.clear()
+            self._active.clear()
+            self._pending_aborts.clear()  # the backend's shutdown drops every row
+            for req in left:
+                self._mark_done_locked(req, "abort")
+        for req in left:
+            resolve(req)
+
+    def _fail_commands(self, exc: BaseException) -> None:
+        with self._cond:
+            cmds = list(self._commands)
+            self._commands.clear()
+        for c in cmds:  # a suspend or shutdown is satisfied by a stopped engine; a resume is not
+            if not c.done.done():
+                c.done.set_exception(exc) if c.kind == "resume" else c.done.set_result(None)
+
+    def _fail_everything(self, exc: BaseException) -> None:
+        with self._cond:
+            self._stopped = True
+            self._awake = False
+            left = [*self._queue, *self._active.values()]
+            self._queue.clear()
+            self._active.clear()
+            self._pending_aborts.clear()
+            for req in left:
+                req.state = "done"
+                self.completed += 1
+            self._cond.notify_all()
+        for req in left:
+            if not req.future.done():
+                req.future.set_exception(exc)
+        self._fail_commands(exc)
+
+
+__all__ = ["Suspension"]
