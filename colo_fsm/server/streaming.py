@@ -10,11 +10,14 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
+from colo_fsm.log import get_logger
 from colo_fsm.server.context import ServerContext, Ticket
 from colo_fsm.server.formatting import TokenText, sse, usage
 from colo_fsm.server.ledger import LedgerEntry
-from colo_fsm.server.params import Sampling
+from colo_fsm.server.params import Sampling, short
 from colo_fsm.server.runner import ChoiceResult, RequestRun, ServerStopping, _cut
+
+log = get_logger(__name__)
 
 
 async def start_stream(
@@ -192,6 +195,11 @@ async def stream(
         entry.end("failed")
         err = {"message": "the server is shutting down", "type": "service_unavailable", "param": None}
         yield sse({"error": {**err, "code": "shutting_down"}})
+    except Exception as exc:  # the engine failed under the request: the stream ends with an error event
+        entry.end("failed")
+        log.exception("stream failed")
+        msg = f"internal error: {type(exc).__name__}: {short(str(exc), 200)}"
+        yield sse({"error": {"message": msg, "type": "server_error", "param": None, "code": None}})
     finally:
         await end.close()  # before its end: the client went away, the choices are cancelled
 
