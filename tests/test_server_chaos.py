@@ -44,8 +44,10 @@ def check(report: dict[str, Any], steps: int, min_forced: int) -> None:
     # every admitted request ended exactly once: answered or aborted (none failed: the engine never stopped)
     assert led["open"] == 0 and led["ended_twice"] == 0 and led["failed"] == 0, led
     assert led["admitted"] == led["answered"] + led["aborted"], led
-    assert led["answered"] == c["answered"]  # what the server answered, the clients received whole
+    # a request abandoned at random may have been answered already, or never admitted (not in the ledger)
+    assert c["answered"] <= led["answered"] <= c["answered"] + c["abandoned_at_random"], (c, led)
     assert c["forced_handoff_aborts"] <= led["aborted"] <= c["forced_handoff_aborts"] + c["abandoned_at_random"]
+    assert led["admitted"] <= c["answered"] + c["abandoned_at_random"] + c["forced_handoff_aborts"]
     assert c["sent"] == c["answered"] + c["refused_429_503"] + c["abandoned_at_random"] + c["forced_handoff_aborts"]
     left = report["server_requests_in_engine_after_clients"]
     assert left and all(x == [0, 0, 0] for x in left), left  # queued, running, parked HTTP requests in the engine

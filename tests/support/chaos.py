@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             st = chaos.gated._status() if chaos.gated._status is not None else None
             return int(getattr(st, "step", 0) or 0)
 
-        while runner.is_alive() and step() < args.steps - 6:
+        while runner.is_alive() and step() < args.steps - max(6, args.steps // 10):  # steps left to check
             time.sleep(0.05)
         chaos.stop.set()
         for t in threads:
