@@ -44,8 +44,9 @@ def test_many_short_prompts_are_refused_by_their_prompt_tokens() -> None:
     try:
         prompts = [[5] * 30 for _ in range(64)]  # 64 x (30 + 1) = 1984 tokens > 1000, though 64 x 1 x 1 = 64
         r = httpx.post(base(gated) + "/completions", json={"prompt": prompts, "max_tokens": 1}, timeout=30)
+        assert r.status_code == 400, r.text
         err = r.json()["error"]
-        assert r.status_code == 400 and err["param"] == "prompt", r.text  # a smaller max_tokens cannot fit it
+        assert err["param"] == "prompt", err  # a smaller max_tokens cannot fit it
         assert "1984 tokens" in err["message"] and "max_request_tokens=1000" in err["message"]
         chat = {"messages": [{"role": "user", "content": "1" * 40}], "n": 30, "max_tokens": 1}
         r = httpx.post(base(gated) + "/chat/completions", json=chat, timeout=30)
@@ -122,8 +123,11 @@ def test_http_work_over_the_bound_waits_then_429_or_503_and_nothing_is_lost() ->
             eng.suspend()  # the engine holds the first request parked; the gate stays open (admissible)
             first = pool.submit(httpx.post, url + "/completions", json=body, timeout=60)
             wait_until(lambda: gated.server.app.state.ctx.budget.held == 25, "the first request to hold 25 tokens")
+            budget = gated.server.app.state.ctx.budget
             second = pool.submit(httpx.post, url + "/completions", json=body, timeout=60)
-            r = second.result(30)  # 25 + 25 > 40: waits request_timeout_s, then 429 (the gate is admissible)
+            wait_until(lambda: budget.waiting or budget.held > 25, "the second request to wait or be admitted")
+            assert (budget.held, budget.waiting) == (25, 1)  # 25 + 25 > 40: it waits for room, not in the engine
+            r = second.result(30)  # after request_timeout_s: 429 (the gate is admissible)
             assert r.status_code == 429 and r.headers["Retry-After"] == "1", r.text
             err = r.json()["error"]
             assert err["code"] == "max_inflight_tokens" and "costs 25 tokens" in err["message"], err
@@ -141,15 +145,19 @@ def test_http_work_over_the_bound_waits_then_429_or_503_and_nothing_is_lost() ->
 
 def test_a_stream_holds_its_tokens_until_it_ends() -> None:
     eng = FakeEngine()
-    gated, _ = serve_fake(eng, settings=ServerSettings(max_inflight_tokens=40))
+    gated, _ = serve_fake(eng, settings=ServerSettings(max_inflight_tokens=40), request_timeout_s=5.0)
     budget = gated.server.app.state.ctx.budget
     try:
-        with httpx.stream(
-            "POST", base(gated) + "/completions", json={"prompt": "12>", "max_tokens": 9, "stream": True}, timeout=30
-        ) as r:
-            assert r.status_code == 200 and budget.held == 12
-            lines = [x for x in r.iter_lines() if x]
-        assert lines[-1] == "data: [DONE]"
-        wait_until(lambda: budget.held == 0, "the stream to give its tokens back")
+        for abandon in (False, True):
+            with httpx.stream(
+                "POST", base(gated) + "/completions", json={"prompt": "12>", "max_tokens": 9, "stream": True}
+            ) as r:
+                assert r.status_code == 200 and budget.held == 12
+                if not abandon:
+                    lines = [x for x in r.iter_lines() if x]
+                    assert lines[-1] == "data: [DONE]"
+            # the whole budget: served once the stream gave its 12 tokens back (else 429 after 5 s)
+            whole = httpx.post(base(gated) + "/completions", json={"prompt": "1234>", "max_tokens": 35}, timeout=60)
+            assert whole.status_code == 200, whole.text
     finally:
         gated.shutdown()
