@@ -206,7 +206,7 @@ class Chaos:
                 self.broken += 1
                 self.bad.append("a connection closed without an answer")
             else:
-                self.bad.append(f"status {code}: {raw[-300:]!r}")
+                self.bad.append(f"status {code} (stream={stream}): {raw[:200]!r} ... {raw[-1200:]!r}")
 
     def victim_client(self, port: int) -> None:
         rng = random.Random(self.args.seed * 7919)
