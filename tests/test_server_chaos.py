@@ -18,9 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def chaos(tmp_path: Path, steps: int, clients: int, rate: float, seed: int = 0) -> dict[str, Any]:
+def chaos(tmp_path: Path, steps: int, clients: int, rate: float, seed: int = 0, *extra: str) -> dict[str, Any]:
     out = tmp_path / "chaos.json"
-    args = ["--steps", str(steps), "--clients", str(clients), "--rate", str(rate), "--seed", str(seed)]
+    args = ["--steps", str(steps), "--clients", str(clients), "--rate", str(rate), "--seed", str(seed), *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "tests.support.chaos", *args, "--run-dir", str(tmp_path / "run"), "--out", str(out)],
@@ -61,7 +61,8 @@ def test_chaos_short(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_chaos_long(tmp_path: Path) -> None:
-    report = chaos(tmp_path, steps=300, clients=6, rate=4.0, seed=1)
+    # a small token budget and a short wait: some requests wait for room, some get 429 or 503 (Retry-After)
+    report = chaos(tmp_path, 300, 6, 4.0, 1, "--inflight-tokens", "120", "--request-timeout", "0.2")
     check(report, 300, min_forced=30)
     assert report["clients"]["abandoned_at_random"] >= 20
     print(json.dumps({k: report[k] for k in ("steps", "seconds", "clients", "ledger")}))

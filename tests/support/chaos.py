@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,9 @@ class Chaos:
         class ChaosGated(base):  # type: ignore[misc, valid-type]
             def __init__(self, engine: Any, generator: Any, **kw: Any) -> None:
                 kw["record"] = True
+                if chaos.args.inflight_tokens:  # a small budget: requests wait, some get 429 or 503
+                    kw["settings"] = replace(kw["settings"], max_inflight_tokens=chaos.args.inflight_tokens)
+                    kw["request_timeout_s"] = chaos.args.request_timeout
                 super().__init__(engine, Recording(generator), **kw)
                 chaos.gated = self
 
@@ -262,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=4.0, help="requests per second per client (Poisson)")
     ap.add_argument("--abandon", type=float, default=0.25, help="share of requests abandoned at a random point")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--inflight-tokens", type=int, default=0, help="the server's max_inflight_tokens (0: default)")
+    ap.add_argument("--request-timeout", type=float, default=2.0, help="with --inflight-tokens: request_timeout_s")
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
