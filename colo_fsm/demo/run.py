@@ -26,6 +26,12 @@ from colo_fsm.log import get_logger
 
 log = get_logger(__name__)
 
+_INFLIGHT_WORDS = {
+    "park": "parks the rollouts in flight",
+    "drain": "waits for the rollouts in flight",
+    "abort": "ends the rollouts in flight and re-prefills them after the step",
+}
+
 
 @dataclass(frozen=True)
 class DemoResult:
@@ -339,7 +345,7 @@ def run_rank(
         display.event(
             f"engine: backend={engine.backend_name} ({engine.backend_reason}); "
             f"kv_cache_mode={engine.kv_cache_mode.value}; inflight={cfg.inflight} (a handoff "
-            f"{'parks the rollouts in flight' if cfg.inflight == 'park' else 'waits for the rollouts in flight'}); "
+            f"{_INFLIGHT_WORDS.get(cfg.inflight, cfg.inflight)}); "
             f"one model object for training and generation; "
             f"{world} rank(s) over {'NCCL' if cfg.device == 'cuda' else 'gloo'}"
         )

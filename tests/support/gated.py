@@ -3,7 +3,9 @@
 Tests of the engine loop force an interleaving with it instead of sleeping: :meth:`GatedBackend.grant` lets ``n``
 decode steps run (a step waits for its grant), and ``hold("suspend")`` / ``hold("resume")`` /
 ``hold("shutdown")`` make that call wait inside the backend until :meth:`GatedBackend.release`, so a test can do
-something exactly while it runs. Request ``r``'s ``i``-th token is ``(r.prompt_ids[0] + i) % 50``.
+something exactly while it runs. A row's ``i``-th token is ``(prompt[0] + len(prompt) - 1 + i) % 50``: a one-token
+prompt ``[p]`` gives ``p, p+1, ...``, and the same request resubmitted as prompt + its first ``k`` tokens goes on
+with ``p+k`` (a continuation, as a real engine's would be).
 The backend behaves like a real engine where it matters: a step while suspended raises (as the CPU loop and
 megatron-core do), and every call a real engine must never see is recorded in :attr:`GatedBackend.violations`.
 """
@@ -30,6 +32,7 @@ class GatedBackend:
         self.in_step = False
         self.steps = 0
         self.log: list[tuple[Any, ...]] = []  # ("add"|"abort", id), ("step", ids), ("suspend",), ...
+        self.added: list[BackendRequest] = []  # every request added, in order
         self.violations: list[str] = []
         self.entered = {k: threading.Event() for k in ("suspend", "resume", "shutdown")}
         self._release = {k: threading.Event() for k in ("suspend", "resume", "shutdown")}
@@ -87,6 +90,7 @@ class GatedBackend:
         if self.suspended:
             self.violations.append(f"add {request.request_id} while suspended")
         self.rows[request.request_id] = [request, 0]
+        self.added.append(request)
         self.log.append(("add", request.request_id))
 
     def step(self) -> list[StepOutput]:
@@ -105,7 +109,8 @@ class GatedBackend:
             req, i = row
             row[1] = i + 1
             done = "length" if i + 1 >= req.max_tokens else None
-            out.append(StepOutput(rid, ((req.prompt_ids[0] + i) % 50,), (-1.0,), done))
+            tok = (req.prompt_ids[0] + len(req.prompt_ids) - 1 + i) % 50
+            out.append(StepOutput(rid, (tok,), (-1.0,), done))
             if done:
                 del self.rows[rid]
         self.in_step = False

@@ -121,9 +121,13 @@ class Admission(Cancellation):
         """Move ``req`` from the queue into the active set (stamped with this boundary's version and step)."""
         self._queue.remove(req)
         req.state = "running"
-        req.admitted_version = int(self._weight_version())
-        req.admitted_step = self.steps
-        self._active[req.request_id] = req
+        if req.admitted_step is None:  # its first admission (a resubmission keeps the first one's)
+            req.admitted_version = int(self._weight_version())
+            req.admitted_step = self.steps
+        if req.attempt:  # a resubmission (inflight="abort"): prompt + its tokens so far are prefilled again
+            self.reprefills += 1
+            self.reprefill_tokens += len(req.backend.prompt_ids)
+        self._active[req.backend_id] = req
 
     def _add_to_backend(self, backend: StepBackend, admitted: Sequence[EngineRequest]) -> None:
         """``backend.add`` each admitted request; one the backend refuses fails alone (its future gets the error)."""
@@ -132,7 +136,7 @@ class Admission(Cancellation):
                 backend.add(req.backend)
             except Exception as exc:  # this request cannot run; the others are not disturbed
                 with self._cond:
-                    self._active.pop(req.request_id, None)
+                    self._active.pop(req.backend_id, None)
                     req.state = "done"
                     self.completed += 1
                 req.future.set_exception(exc) if not req.future.done() else None

@@ -98,6 +98,8 @@ class ContinuousBatcher(LockstepIteration):
         self.timings: list[tuple[str, float]] = []  # ("suspend"|"resume", backend seconds)
         self.idle_waits = 0  # times the engine thread went to sleep with nothing to do (tests wait on it)
         self.idle = False  # True while the engine thread sleeps with nothing to do
+        self.reprefills = 0  # requests re-admitted after an inflight="abort" suspend ended them
+        self.reprefill_tokens = 0  # prompt + generated tokens those re-admissions prefilled again
 
     # ------------------------------------------------------------------ lifecycle of the loop
     def start(self) -> None:

@@ -23,18 +23,36 @@ class Priority(IntEnum):
 
 
 class InflightPolicy(StrEnum):
-    """What a suspend does with admitted requests."""
+    """What a suspend does with admitted requests (vLLM's and SGLang's pause modes: keep / wait / abort).
 
-    PARK = "park"  # stop at a decode-step boundary, requests kept in the engine (default)
-    DRAIN = "drain"  # close admission and wait until every admitted request finished (strictly on-policy)
+    The values are colo-fsm's names; :func:`parse_inflight` also takes the pause-mode names ``"keep"`` (= park)
+    and ``"wait"`` (= drain).
+    """
+
+    PARK = "park"  # "keep": stop at a decode-step boundary, requests kept in the engine (default)
+    DRAIN = "drain"  # "wait": close admission and wait until every admitted request finished (strictly on-policy)
+    ABORT = "abort"  # end the requests in the engine at the suspend; resubmit prompt + tokens so far after the resume
+
+
+INFLIGHT_ALIASES = {"keep": InflightPolicy.PARK, "wait": InflightPolicy.DRAIN}
+"""The pause-mode names users know from vLLM and SGLang, and the policy each one is."""
+
+INFLIGHT_CHOICES = "one of 'park' (alias 'keep', default), 'drain' (alias 'wait'), 'abort'"
 
 
 def parse_inflight(value: Any) -> InflightPolicy:
-    """``value`` as an :class:`InflightPolicy`; anything else raises :class:`ConfigError` naming the choices."""
+    """``value`` as an :class:`InflightPolicy` (aliases: ``"keep"``, ``"wait"``); anything else raises
+    :class:`ConfigError` naming the field ``inflight`` and the choices."""
+    raw = value.value if isinstance(value, StrEnum) else value
+    if not isinstance(raw, str):
+        raise ConfigError("inflight", value, INFLIGHT_CHOICES)
+    name = raw.strip().lower()
+    if name in INFLIGHT_ALIASES:
+        return INFLIGHT_ALIASES[name]
     try:
-        return InflightPolicy(str(value.value if isinstance(value, StrEnum) else value).lower())
+        return InflightPolicy(name)
     except ValueError:
-        raise ConfigError("inflight", value, "one of 'park', 'drain'") from None
+        raise ConfigError("inflight", value, INFLIGHT_CHOICES) from None
 
 
 def check_share(value: Any, name: str = "server_share") -> float:
@@ -87,6 +105,8 @@ def check_sampling(temperature: Any, top_p: Any, top_k: Any, seed: Any) -> None:
 __all__ = [
     "DEFAULT_MAX_TOP_LOGPROBS",
     "DEFAULT_SERVER_SHARE",
+    "INFLIGHT_ALIASES",
+    "INFLIGHT_CHOICES",
     "InflightPolicy",
     "Priority",
     "check_sampling",

@@ -63,6 +63,8 @@ class EngineState:
     timings: list[tuple[str, float]]
     idle_waits: int
     idle: bool
+    reprefills: int
+    reprefill_tokens: int
 
     @property
     def stopped(self) -> bool:

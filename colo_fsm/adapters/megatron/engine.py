@@ -83,8 +83,9 @@ class GenerationConfig:
 
     Parallel sizes left at None inherit the training model's; set ones must match it (TP/PP/EP/ETP raise
     :class:`~colo_fsm.errors.ParallelismMismatch`, CP warns) because a colocated engine cannot reshard.
-    ``inflight`` is what a suspend does with admitted requests ("park": kept, continued after the resume;
-    "drain": waited for); ``max_active_requests`` bounds the requests decoded together;
+    ``inflight`` is what a suspend does with admitted requests ("park", alias "keep": kept, continued after the
+    resume; "drain", alias "wait": waited for; "abort": ended, then resubmitted as prompt + tokens so far and
+    re-prefilled after the resume); ``max_active_requests`` bounds the requests decoded together;
     ``max_request_tokens`` (None: no bound) bounds prompts x max_tokens of one ``generate``/``generate_ids``
     call; ``num_cuda_graphs`` is passed to megatron-core's ``InferenceConfig.num_cuda_graphs`` (the batch shapes
     the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``);
