@@ -559,6 +559,7 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     be.device = torch.device("cpu")
     be.eod = TOK.eod
     be._tracked, be._want_top = {}, {}
+    be.logprobs_mode = "raw"
     rng = torch.Generator()
     added = []
     be.engine = SimpleNamespace(

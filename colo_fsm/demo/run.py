@@ -191,12 +191,16 @@ def run_rank(
         )
     )
     ckpt_dir = run_dir / "checkpoints"
-    trainer = MegatronTrainer(model, TrainerConfig(lr=cfg.lr, checkpoint_dir=str(ckpt_dir)), pad_id=tok.pad)
+    # the importance ratio compares log-probs of the distribution the rollouts were sampled from: the engine
+    # records "processed" behaviour log-probs (temperature applied) and the trainer computes them at that temperature
+    trainer = MegatronTrainer(
+        model, TrainerConfig(lr=cfg.lr, checkpoint_dir=str(ckpt_dir), temperature=cfg.temperature), pad_id=tok.pad
+    )
     lc_ref: dict[str, Lifecycle] = {}
     engine = MegatronEngine(
         model,
         tok,
-        GenerationConfig(kv_cache_mode=cfg.kv_cache_mode, inflight=cfg.inflight),
+        GenerationConfig(kv_cache_mode=cfg.kv_cache_mode, inflight=cfg.inflight, logprobs_mode="processed"),
         weight_version=lambda: lc_ref["lc"].weight_version,
     )
     buffer = ReplayBuffer(cfg.num_prompts_per_step, cfg.max_trajectory_age_steps)

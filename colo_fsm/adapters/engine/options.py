@@ -34,6 +34,26 @@ class InflightPolicy(StrEnum):
     ABORT = "abort"  # end the requests in the engine at the suspend; resubmit prompt + tokens so far after the resume
 
 
+class LogprobsMode(StrEnum):
+    """Which distribution a token's returned log-prob (and its ``top_logprobs`` alternatives) is taken from
+    (vLLM's ``logprobs_mode`` names, without the ``_logprobs`` suffix)."""
+
+    RAW = "raw"  # the model's own softmax, before temperature / top-k / top-p (vLLM's default; colo-fsm's default)
+    PROCESSED = "processed"  # after temperature, top-k and top-p: the distribution the token was sampled from
+
+
+LOGPROBS_MODE_CHOICES = "'raw' (the untempered model distribution) or 'processed' (the distribution sampled)"
+
+
+def parse_logprobs_mode(value: Any) -> LogprobsMode:
+    """``value`` as a :class:`LogprobsMode`; anything else raises :class:`ConfigError` naming ``logprobs_mode``."""
+    raw = value.value if isinstance(value, StrEnum) else value
+    try:
+        return LogprobsMode(raw.strip().lower() if isinstance(raw, str) else raw)
+    except ValueError:
+        raise ConfigError("logprobs_mode", value, LOGPROBS_MODE_CHOICES) from None
+
+
 INFLIGHT_ALIASES = {"keep": InflightPolicy.PARK, "wait": InflightPolicy.DRAIN}
 """The pause-mode names users know from vLLM and SGLang, and the policy each one is."""
 
@@ -107,12 +127,15 @@ __all__ = [
     "DEFAULT_SERVER_SHARE",
     "INFLIGHT_ALIASES",
     "INFLIGHT_CHOICES",
+    "LOGPROBS_MODE_CHOICES",
     "InflightPolicy",
+    "LogprobsMode",
     "Priority",
     "check_sampling",
     "check_share",
     "check_top_logprobs",
     "parse_inflight",
+    "parse_logprobs_mode",
     "positive_int",
     "request_seed",
     "share_slots",

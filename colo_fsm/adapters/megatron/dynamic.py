@@ -234,7 +234,8 @@ def outputs_from_records(
 
 def sampling_params(request: BackendRequest, eod: int) -> Any:
     """megatron-core ``SamplingParams`` of one request (greedy as top-k 1; top-p 1.0 as megatron's "off" 0.0;
-    ``top_logprobs`` as ``top_n_logprobs``, of the untempered log-softmax like the sampled token's log-prob)."""
+    ``top_logprobs`` as ``top_n_logprobs``, of the same distribution as the sampled token's log-prob: the engine's
+    ``InferenceConfig.logprobs_mode``, see :class:`DynamicStepBackend`)."""
     from megatron.core.inference.sampling_params import SamplingParams
 
     greedy = request.temperature == 0
@@ -286,6 +287,9 @@ class DynamicStepBackend:
     Build it on the thread that will step it (the batcher's engine thread): the engine's asyncio loop and the
     requests' CUDA tensors belong there.
 
+    ``logprobs_mode`` ("raw" or "processed") is megatron-core's ``InferenceConfig.logprobs_mode`` (raw_logprobs /
+    processed_logprobs), one setting for the whole engine: a request asking for the other is refused.
+
     Seeds are *not isolated per request* on this backend: megatron-core 0.19.2 samples every request of a step
     from one generator (``controller.sampling_rng``) and has no per-request seed. A seeded request re-seeds that
     generator when it is admitted, so its tokens are reproducible only when the same requests share its steps
@@ -306,6 +310,7 @@ class DynamicStepBackend:
         max_requests: int | None,
         block_size_tokens: int,
         num_cuda_graphs: int | None = None,
+        logprobs_mode: str = "raw",
     ) -> None:
         from megatron.core.inference.apis.llm import MegatronLLM
         from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
@@ -323,7 +328,9 @@ class DynamicStepBackend:
             kv_cache_management_mode=KVCacheManagementMode(kv_cache_mode),
             materialize_only_last_token_logits=True,
             num_cuda_graphs=num_cuda_graphs,
+            logprobs_mode="processed_logprobs" if logprobs_mode == "processed" else "raw_logprobs",
         )
+        self.logprobs_mode = logprobs_mode
         model.eval()
         self.llm = MegatronLLM(
             model=model, tokenizer=tokenizer, inference_config=self.inference_config, use_coordinator=False
@@ -336,6 +343,13 @@ class DynamicStepBackend:
     @on_own_device
     def add(self, request: BackendRequest) -> None:
         """``add_request`` with the request's own sampling parameters; prefilled at the next step."""
+        if request.logprobs_mode != self.logprobs_mode:
+            raise ConfigError(
+                "logprobs_mode",
+                request.logprobs_mode,
+                f"{self.logprobs_mode!r}: megatron-core's dynamic engine sets it once for every request "
+                "(GenerationConfig.logprobs_mode)",
+            )
         if request.seed is not None and request.temperature > 0:
             reseed_sampler(self.engine, int(request.seed))
         rid = int(request.request_id)
