@@ -64,7 +64,6 @@ def _after_tokens(n):
 def _hold_at(eng, n):
     """An on_token callback that, at the ``n``-th token, waits until a control call (a suspend) is queued: the
     request is still in flight when the suspend lands, however loaded the machine is (ordering, not timing)."""
-    b = eng._batcher
     seen = []
     reached = threading.Event()
 
@@ -72,8 +71,7 @@ def _hold_at(eng, n):
         seen.append(tok)
         if len(seen) == n:
             reached.set()
-            with b._cond:
-                assert b._cond.wait_for(lambda: bool(b._commands), WAIT), "no control call came"
+            assert eng._batcher.wait_for_control(WAIT), "no control call came"
 
     return on_token, reached
 
@@ -418,7 +416,8 @@ def test_inflight_modes_parse():
 
 def test_shutdown_aborts_queued_running_and_parked_requests(model):
     eng = _engine(model, max_active_requests=1)
-    on_token, started = _after_tokens(1)
+    assert _solo(eng, "123>", 1).token_ids != (TOK.eod,)  # its first token does not end it
+    on_token, started = _hold_at(eng, 1)  # held after its first token until the suspend is on its way
     parked = eng.submit(TOK.tokenize("123>"), max_tokens=20, on_token=on_token)
     queued = eng.submit(TOK.tokenize("45>"), max_tokens=20)
     assert started.wait(WAIT)

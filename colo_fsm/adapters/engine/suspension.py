@@ -50,6 +50,21 @@ class Suspension(EngineState):
         self._command("shutdown")
         self._thread.join()
 
+    @property
+    def control_pending(self) -> bool:
+        """True while a control call (suspend, resume, shutdown) waits for the engine thread."""
+        with self._cond:
+            return bool(self._commands)
+
+    def wait_for_control(self, timeout: float) -> bool:
+        """Block until a control call is waiting for the engine thread (False if none came within ``timeout``).
+
+        Callable from ``on_token`` (the engine thread): a test or callback can hold a request mid-generation
+        until a suspend is on its way, so that request is parked by it whatever the machine's load.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: bool(self._commands), timeout)
+
     def _command(self, kind: str, *, drain: bool = False) -> None:
         if self._thread is None:
             raise LifecycleError(f"engine {kind} before start")
