@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from colo_fsm.adapters.batching import ContinuousBatcher, RequestHandle
-from tests.support.gated import WAIT, GatedBackend
+from tests.support.gated import WAIT, GatedBackend, run_calls
 
 
 def _batcher(backend: GatedBackend, **kw) -> ContinuousBatcher:
@@ -34,12 +34,8 @@ def _after(b: ContinuousBatcher, idle: int) -> None:
 
 
 def _suspend_parked(b: ContinuousBatcher, backend: GatedBackend) -> None:
-    """Suspend with the step in flight finishing first (one grant): the running requests are parked."""
-    t = threading.Thread(target=b.suspend)
-    t.start()
-    backend.grant(1)
-    t.join(WAIT)
-    assert not t.is_alive(), "suspend never returned"
+    """Suspend right after the decode step in flight: the running requests are parked."""
+    run_calls([b.suspend], [backend], step_in_flight=True)
 
 
 def _resolutions(h: RequestHandle) -> list[str]:
@@ -164,9 +160,11 @@ def test_cancel_during_the_suspend_call_is_applied_after_the_resume():
     backend.grant(1)
     backend.wait_steps(1)
     backend.hold("suspend")
+    backend.wait_blocked()
     t = threading.Thread(target=b.suspend)
     t.start()
-    backend.grant(1)  # the step in flight
+    assert b.wait_for_control(WAIT)
+    backend.grant(1)  # the step in flight ends, then the suspend
     backend.wait_entered("suspend")  # the engine thread is inside backend.suspend()
     assert a.cancel() is True
     backend.release("suspend")
@@ -245,14 +243,7 @@ def test_tensor_parallel_pair_applies_a_parked_cancel_after_the_resume_on_both_r
     ranks = [ContinuousBatcher(lambda r=r: backends[r], lockstep=ThreadLockstep(shared, slot, r)) for r in (0, 1)]
 
     def both(call: str) -> None:
-        ts = [threading.Thread(target=getattr(b, call)) for b in ranks]
-        for t in ts:
-            t.start()
-        for be in backends:
-            be.grant(1)  # the step in flight, if any
-        for t in ts:
-            t.join(WAIT)
-        assert not any(t.is_alive() for t in ts), f"{call} never returned on both ranks"
+        run_calls([getattr(b, call) for b in ranks], backends, step_in_flight=call == "suspend")
 
     both("start")
     handles = [[b.submit([1], max_tokens=40), b.submit([20], max_tokens=6)] for b in ranks]

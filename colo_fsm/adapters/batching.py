@@ -10,6 +10,7 @@ from colo_fsm.adapters.engine import (
     BackendRequest,
     ContinuousBatcher,
     InflightPolicy,
+    LogprobsMode,
     OnToken,
     Priority,
     RequestCounts,
@@ -22,6 +23,7 @@ from colo_fsm.adapters.engine import (
     check_share,
     check_top_logprobs,
     parse_inflight,
+    parse_logprobs_mode,
     request_seed,
 )
 
@@ -31,6 +33,7 @@ __all__ = [
     "BackendRequest",
     "ContinuousBatcher",
     "InflightPolicy",
+    "LogprobsMode",
     "OnToken",
     "Priority",
     "RequestCounts",
@@ -43,5 +46,6 @@ __all__ = [
     "check_share",
     "check_top_logprobs",
     "parse_inflight",
+    "parse_logprobs_mode",
     "request_seed",
 ]

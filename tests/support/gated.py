@@ -3,7 +3,9 @@
 Tests of the engine loop force an interleaving with it instead of sleeping: :meth:`GatedBackend.grant` lets ``n``
 decode steps run (a step waits for its grant), and ``hold("suspend")`` / ``hold("resume")`` /
 ``hold("shutdown")`` make that call wait inside the backend until :meth:`GatedBackend.release`, so a test can do
-something exactly while it runs. Request ``r``'s ``i``-th token is ``(r.prompt_ids[0] + i) % 50``.
+something exactly while it runs. A row's ``i``-th token is ``(prompt[0] + len(prompt) - 1 + i) % 50``: a one-token
+prompt ``[p]`` gives ``p, p+1, ...``, and the same request resubmitted as prompt + its first ``k`` tokens goes on
+with ``p+k`` (a continuation, as a real engine's would be).
 The backend behaves like a real engine where it matters: a step while suspended raises (as the CPU loop and
 megatron-core do), and every call a real engine must never see is recorded in :attr:`GatedBackend.violations`.
 """
@@ -30,6 +32,7 @@ class GatedBackend:
         self.in_step = False
         self.steps = 0
         self.log: list[tuple[Any, ...]] = []  # ("add"|"abort", id), ("step", ids), ("suspend",), ...
+        self.added: list[BackendRequest] = []  # every request added, in order
         self.violations: list[str] = []
         self.entered = {k: threading.Event() for k in ("suspend", "resume", "shutdown")}
         self._release = {k: threading.Event() for k in ("suspend", "resume", "shutdown")}
@@ -37,6 +40,7 @@ class GatedBackend:
         self._gate = threading.Condition()
         self._budget = 0
         self._free = free
+        self.waiting = False  # a decode step is in flight, waiting for its grant
 
     # ------------------------------------------------------------------ test controls
     def grant(self, n: int) -> None:
@@ -55,6 +59,12 @@ class GatedBackend:
         """Wait (bounded, by assertion) until ``n`` steps in all have run."""
         with self._gate:
             assert self._gate.wait_for(lambda: self.steps >= n, WAIT), f"only {self.steps} of {n} steps ran"
+
+    def wait_blocked(self) -> None:
+        """Wait (bounded) until a decode step is in flight, held at its grant: a suspend requested now lands
+        after that step, never before it."""
+        with self._gate:
+            assert self._gate.wait_for(lambda: self.waiting, WAIT), "no decode step came to its grant"
 
     def hold(self, call: str) -> None:
         """Make the next ``call`` ("suspend", "resume", "shutdown") wait inside the backend until released."""
@@ -87,6 +97,7 @@ class GatedBackend:
         if self.suspended:
             self.violations.append(f"add {request.request_id} while suspended")
         self.rows[request.request_id] = [request, 0]
+        self.added.append(request)
         self.log.append(("add", request.request_id))
 
     def step(self) -> list[StepOutput]:
@@ -94,7 +105,10 @@ class GatedBackend:
             self.violations.append(f"decode step {self.steps} on a suspended engine")
             raise LifecycleError("decode step on a suspended engine (a handoff must stop at a step boundary)")
         with self._gate:
+            self.waiting = True
+            self._gate.notify_all()
             ok = self._gate.wait_for(lambda: self._free or self._budget > 0, WAIT)
+            self.waiting = False
             assert ok, "a decode step waited for a grant that never came"
             if not self._free:
                 self._budget -= 1
@@ -105,7 +119,8 @@ class GatedBackend:
             req, i = row
             row[1] = i + 1
             done = "length" if i + 1 >= req.max_tokens else None
-            out.append(StepOutput(rid, ((req.prompt_ids[0] + i) % 50,), (-1.0,), done))
+            tok = (req.prompt_ids[0] + len(req.prompt_ids) - 1 + i) % 50
+            out.append(StepOutput(rid, (tok,), (-1.0,), done))
             if done:
                 del self.rows[rid]
         self.in_step = False
@@ -141,4 +156,26 @@ class GatedBackend:
         self.log.append(("shutdown",))
 
 
-__all__ = ["WAIT", "GatedBackend"]
+def run_calls(calls: list[Any], backends: list[GatedBackend], *, step_in_flight: bool) -> None:
+    """Run each control ``call`` (e.g. ``batcher.suspend``) on its own thread, as the ranks of one program do.
+
+    With ``step_in_flight`` each backend first has a decode step held at its grant, and that step is let go
+    only once every call is queued for its engine thread: the call lands right after that step, on every run.
+    """
+    if step_in_flight:
+        for be in backends:
+            be.wait_blocked()
+    ts = [threading.Thread(target=c) for c in calls]
+    for t in ts:
+        t.start()
+    if step_in_flight:
+        for c in calls:
+            assert c.__self__.wait_for_control(WAIT), "the control call never reached the engine thread"
+        for be in backends:
+            be.grant(1)
+    for t in ts:
+        t.join(WAIT)
+    assert not any(t.is_alive() for t in ts), "a control call never returned"
+
+
+__all__ = ["WAIT", "GatedBackend", "run_calls"]

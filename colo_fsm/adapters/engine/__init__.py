@@ -33,11 +33,13 @@ from colo_fsm.adapters.engine.options import (
     DEFAULT_MAX_TOP_LOGPROBS,
     DEFAULT_SERVER_SHARE,
     InflightPolicy,
+    LogprobsMode,
     Priority,
     check_sampling,
     check_share,
     check_top_logprobs,
     parse_inflight,
+    parse_logprobs_mode,
     request_seed,
 )
 from colo_fsm.adapters.engine.protocol import BackendRequest, StepBackend, StepOutput, TopLogprobs
@@ -49,6 +51,7 @@ __all__ = [
     "BackendRequest",
     "ContinuousBatcher",
     "InflightPolicy",
+    "LogprobsMode",
     "OnToken",
     "Priority",
     "RequestCounts",
@@ -61,5 +64,6 @@ __all__ = [
     "check_share",
     "check_top_logprobs",
     "parse_inflight",
+    "parse_logprobs_mode",
     "request_seed",
 ]

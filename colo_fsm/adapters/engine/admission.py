@@ -17,7 +17,14 @@ import itertools
 from collections.abc import Sequence
 
 from colo_fsm.adapters.engine.cancellation import Cancellation
-from colo_fsm.adapters.engine.options import Priority, check_sampling, check_top_logprobs, positive_int
+from colo_fsm.adapters.engine.options import (
+    LogprobsMode,
+    Priority,
+    check_sampling,
+    check_top_logprobs,
+    parse_logprobs_mode,
+    positive_int,
+)
 from colo_fsm.adapters.engine.protocol import BackendRequest, StepBackend
 from colo_fsm.adapters.engine.results import EngineRequest, OnToken, RequestCounts, RequestHandle
 from colo_fsm.errors import ConfigError, EngineStopped, RequestTooLarge
@@ -53,13 +60,16 @@ class Admission(Cancellation):
         priority: Priority | int = Priority.TRAINING,
         on_token: OnToken | None = None,
         top_logprobs: int = 0,
+        logprobs_mode: LogprobsMode | str | None = None,
     ) -> RequestHandle:
         """Queue one request; it is admitted at the next step boundary (after resume if suspended).
 
         ``top_logprobs`` (0 to ``max_top_logprobs``) records that many most likely alternatives per generated
         token (:attr:`TokenCompletion.top_logprobs`; also passed to ``on_token`` as a fourth argument). Raises
         :class:`EngineStopped` after shutdown, :class:`RequestTooLarge` when prompt + ``max_tokens`` exceeds the
-        sequence length, :class:`ConfigError` for a bad value.
+        sequence length, :class:`ConfigError` for a bad value. ``logprobs_mode`` (None: the engine's) picks the
+        distribution the returned log-probs come from: "raw" (the model's untempered softmax) or "processed"
+        (after temperature, top-k and top-p: the distribution the token was sampled from).
         """
         if self.stopped:
             raise EngineStopped("request submitted after the engine was shut down")
@@ -69,6 +79,7 @@ class Admission(Cancellation):
         positive_int("max_tokens", max_tokens)
         check_sampling(temperature, top_p, top_k, seed)
         check_top_logprobs(top_logprobs, self.max_top_logprobs)
+        mode = self.logprobs_mode if logprobs_mode is None else parse_logprobs_mode(logprobs_mode)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigError("priority", priority, "a Priority (TRAINING or SERVER)")
         if self.max_sequence_length is not None and len(prompt) + max_tokens > self.max_sequence_length:
@@ -80,7 +91,15 @@ class Admission(Cancellation):
             )
         req = EngineRequest(
             backend=BackendRequest(
-                next(self._ids), prompt, max_tokens, float(temperature), float(top_p), top_k, seed, top_logprobs
+                next(self._ids),
+                prompt,
+                max_tokens,
+                float(temperature),
+                float(top_p),
+                top_k,
+                seed,
+                top_logprobs,
+                mode.value,
             ),
             priority=int(priority),
             seq=next(self._seq),
@@ -121,9 +140,13 @@ class Admission(Cancellation):
         """Move ``req`` from the queue into the active set (stamped with this boundary's version and step)."""
         self._queue.remove(req)
         req.state = "running"
-        req.admitted_version = int(self._weight_version())
-        req.admitted_step = self.steps
-        self._active[req.request_id] = req
+        if req.admitted_step is None:  # its first admission (a resubmission keeps the first one's)
+            req.admitted_version = int(self._weight_version())
+            req.admitted_step = self.steps
+        if req.attempt:  # a resubmission (inflight="abort"): prompt + its tokens so far are prefilled again
+            self.reprefills += 1
+            self.reprefill_tokens += len(req.backend.prompt_ids)
+        self._active[req.backend_id] = req
 
     def _add_to_backend(self, backend: StepBackend, admitted: Sequence[EngineRequest]) -> None:
         """``backend.add`` each admitted request; one the backend refuses fails alone (its future gets the error)."""
@@ -132,7 +155,7 @@ class Admission(Cancellation):
                 backend.add(req.backend)
             except Exception as exc:  # this request cannot run; the others are not disturbed
                 with self._cond:
-                    self._active.pop(req.request_id, None)
+                    self._active.pop(req.backend_id, None)
                     req.state = "done"
                     self.completed += 1
                 req.future.set_exception(exc) if not req.future.done() else None

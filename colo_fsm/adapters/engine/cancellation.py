@@ -51,10 +51,10 @@ class Cancellation(EngineState):
             if req.state == "queued":
                 self._queue.remove(req)
                 if self._lockstep is not None:  # the leader: the followers drop their queued copy too
-                    self._pending_aborts.append(request_id)
+                    self._pending_aborts.append(req.backend_id)
             else:
-                self._active.pop(request_id, None)
-                self._pending_aborts.append(request_id)
+                self._active.pop(req.backend_id, None)
+                self._pending_aborts.append(req.backend_id)
             self._mark_done_locked(req, "abort")
             self._cond.notify_all()
         resolve(req)
@@ -69,6 +69,8 @@ class Cancellation(EngineState):
 
     def _find_locked(self, request_id: int) -> EngineRequest | None:
         req = self._active.get(request_id)
+        if req is None or req.request_id != request_id:  # keyed by backend id, which a resubmission changes
+            req = next((r for r in self._active.values() if r.request_id == request_id), None)
         if req is None:
             req = next((r for r in self._queue if r.request_id == request_id), None)
         return req if req is not None and req.state != "done" else None

@@ -39,7 +39,7 @@ class LockstepIteration(Admission, Suspension, Stepping):
             return StepPlan(cmd.kind, drain=cmd.drain)
         room = max(0, (width - 4) // 2)
         aborts = tuple(self._pending_aborts[:room]) if self._aborts_due_locked() else ()
-        admit = [r.request_id for r in self._admissible_locked(room)]
+        admit = [r.backend_id for r in self._admissible_locked(room)]
         kind = "step" if self._awake and not self._stopping and (self._active or admit) else "noop"
         return StepPlan(kind, tuple(admit), aborts)
 
@@ -52,7 +52,7 @@ class LockstepIteration(Admission, Suspension, Stepping):
             )
 
     def _queued_check(self, request_id: int) -> Callable[[], bool]:
-        return lambda: any(r.request_id == request_id for r in self._queue)
+        return lambda: any(r.backend_id == request_id for r in self._queue)
 
     def _loop_once_lockstep(self, lock: Lockstep) -> bool:
         """One iteration of a tensor-parallel group: agree on the leader's plan, then every rank carries it out."""
@@ -74,7 +74,7 @@ class LockstepIteration(Admission, Suspension, Stepping):
                 self._pending_aborts = [r for r in self._pending_aborts if r not in plan.abort]
             else:
                 for rid in plan.abort:  # the leader's caller aborted it: leave the schedule here too
-                    req = self._active.pop(rid, None) or next((r for r in self._queue if r.request_id == rid), None)
+                    req = self._active.pop(rid, None) or next((r for r in self._queue if r.backend_id == rid), None)
                     if req is not None and req.state != "done":
                         if req in self._queue:
                             self._queue.remove(req)
@@ -87,7 +87,7 @@ class LockstepIteration(Admission, Suspension, Stepping):
             elif plan.kind == "step":
                 for rid in plan.admit:
                     self._wait_locked(f"request {rid}", self._queued_check(rid))
-                    req = next(r for r in self._queue if r.request_id == rid)
+                    req = next(r for r in self._queue if r.backend_id == rid)
                     self._admit_locked(req)
                     admit.append(req)
         for rid in plan.abort:

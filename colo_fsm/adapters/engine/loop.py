@@ -20,8 +20,10 @@ from colo_fsm.adapters.engine.options import (
     DEFAULT_MAX_TOP_LOGPROBS,
     DEFAULT_SERVER_SHARE,
     InflightPolicy,
+    LogprobsMode,
     check_share,
     parse_inflight,
+    parse_logprobs_mode,
     positive_int,
     share_slots,
 )
@@ -44,7 +46,8 @@ class ContinuousBatcher(LockstepIteration):
     iteration (:mod:`colo_fsm.adapters.lockstep`); submissions and control calls must then be SPMD.
     ``max_top_logprobs`` bounds the alternatives per token one request may ask for. ``server_share`` (in (0, 1])
     bounds the share of ``max_active_requests`` that :attr:`Priority.SERVER` requests may hold at once (see
-    :mod:`colo_fsm.adapters.engine.admission`); 1 lifts the cap.
+    :mod:`colo_fsm.adapters.engine.admission`); 1 lifts the cap. ``logprobs_mode`` ("raw" or "processed") is
+    the default distribution of every request's returned log-probs (``submit(logprobs_mode=...)`` overrides it).
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class ContinuousBatcher(LockstepIteration):
         lockstep_wait_s: float = 300.0,
         max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS,
         server_share: float = DEFAULT_SERVER_SHARE,
+        logprobs_mode: LogprobsMode | str = LogprobsMode.RAW,
     ) -> None:
         self._factory = backend_factory
         self._lockstep = lockstep  # TP > 1: the group's leader plans every iteration (colo_fsm.adapters.lockstep)
@@ -70,6 +74,7 @@ class ContinuousBatcher(LockstepIteration):
         self.max_active_requests = positive_int("max_active_requests", max_active_requests)
         self.inflight = parse_inflight(inflight)
         self.server_share = check_share(server_share)
+        self.logprobs_mode = parse_logprobs_mode(logprobs_mode)
         self.server_slots = share_slots(self.server_share, self.max_active_requests)
         if isinstance(max_top_logprobs, bool) or not isinstance(max_top_logprobs, int) or max_top_logprobs < 0:
             raise ConfigError("max_top_logprobs", max_top_logprobs, "a non-negative integer")
@@ -98,6 +103,8 @@ class ContinuousBatcher(LockstepIteration):
         self.timings: list[tuple[str, float]] = []  # ("suspend"|"resume", backend seconds)
         self.idle_waits = 0  # times the engine thread went to sleep with nothing to do (tests wait on it)
         self.idle = False  # True while the engine thread sleeps with nothing to do
+        self.reprefills = 0  # requests re-admitted after an inflight="abort" suspend ended them
+        self.reprefill_tokens = 0  # prompt + generated tokens those re-admissions prefilled again
 
     # ------------------------------------------------------------------ lifecycle of the loop
     def start(self) -> None:

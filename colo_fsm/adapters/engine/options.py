@@ -23,18 +23,56 @@ class Priority(IntEnum):
 
 
 class InflightPolicy(StrEnum):
-    """What a suspend does with admitted requests."""
+    """What a suspend does with admitted requests (vLLM's and SGLang's pause modes: keep / wait / abort).
 
-    PARK = "park"  # stop at a decode-step boundary, requests kept in the engine (default)
-    DRAIN = "drain"  # close admission and wait until every admitted request finished (strictly on-policy)
+    The values are colo-fsm's names; :func:`parse_inflight` also takes the pause-mode names ``"keep"`` (= park)
+    and ``"wait"`` (= drain).
+    """
+
+    PARK = "park"  # "keep": stop at a decode-step boundary, requests kept in the engine (default)
+    DRAIN = "drain"  # "wait": close admission and wait until every admitted request finished (strictly on-policy)
+    ABORT = "abort"  # end the requests in the engine at the suspend; resubmit prompt + tokens so far after the resume
+
+
+class LogprobsMode(StrEnum):
+    """Which distribution a token's returned log-prob (and its ``top_logprobs`` alternatives) is taken from
+    (vLLM's ``logprobs_mode`` names, without the ``_logprobs`` suffix)."""
+
+    RAW = "raw"  # the model's own softmax, before temperature / top-k / top-p (vLLM's default; colo-fsm's default)
+    PROCESSED = "processed"  # after temperature, top-k and top-p: the distribution the token was sampled from
+
+
+LOGPROBS_MODE_CHOICES = "'raw' (the untempered model distribution) or 'processed' (the distribution sampled)"
+
+
+def parse_logprobs_mode(value: Any) -> LogprobsMode:
+    """``value`` as a :class:`LogprobsMode`; anything else raises :class:`ConfigError` naming ``logprobs_mode``."""
+    raw = value.value if isinstance(value, StrEnum) else value
+    try:
+        return LogprobsMode(raw.strip().lower() if isinstance(raw, str) else raw)
+    except ValueError:
+        raise ConfigError("logprobs_mode", value, LOGPROBS_MODE_CHOICES) from None
+
+
+INFLIGHT_ALIASES = {"keep": InflightPolicy.PARK, "wait": InflightPolicy.DRAIN}
+"""The pause-mode names users know from vLLM and SGLang, and the policy each one is."""
+
+INFLIGHT_CHOICES = "one of 'park' (alias 'keep', default), 'drain' (alias 'wait'), 'abort'"
 
 
 def parse_inflight(value: Any) -> InflightPolicy:
-    """``value`` as an :class:`InflightPolicy`; anything else raises :class:`ConfigError` naming the choices."""
+    """``value`` as an :class:`InflightPolicy` (aliases: ``"keep"``, ``"wait"``); anything else raises
+    :class:`ConfigError` naming the field ``inflight`` and the choices."""
+    raw = value.value if isinstance(value, StrEnum) else value
+    if not isinstance(raw, str):
+        raise ConfigError("inflight", value, INFLIGHT_CHOICES)
+    name = raw.strip().lower()
+    if name in INFLIGHT_ALIASES:
+        return INFLIGHT_ALIASES[name]
     try:
-        return InflightPolicy(str(value.value if isinstance(value, StrEnum) else value).lower())
+        return InflightPolicy(name)
     except ValueError:
-        raise ConfigError("inflight", value, "one of 'park', 'drain'") from None
+        raise ConfigError("inflight", value, INFLIGHT_CHOICES) from None
 
 
 def check_share(value: Any, name: str = "server_share") -> float:
@@ -87,12 +125,17 @@ def check_sampling(temperature: Any, top_p: Any, top_k: Any, seed: Any) -> None:
 __all__ = [
     "DEFAULT_MAX_TOP_LOGPROBS",
     "DEFAULT_SERVER_SHARE",
+    "INFLIGHT_ALIASES",
+    "INFLIGHT_CHOICES",
+    "LOGPROBS_MODE_CHOICES",
     "InflightPolicy",
+    "LogprobsMode",
     "Priority",
     "check_sampling",
     "check_share",
     "check_top_logprobs",
     "parse_inflight",
+    "parse_logprobs_mode",
     "positive_int",
     "request_seed",
     "share_slots",

@@ -19,6 +19,7 @@ class BackendRequest:
     top_k: int = 0
     seed: int | None = None
     top_logprobs: int = 0  # alternatives to record per generated token (0: none)
+    logprobs_mode: str = "raw"  # "raw": log-probs of the untempered distribution; "processed": of the one sampled
 
 
 TopLogprobs = tuple[tuple[int, float], ...]

@@ -29,6 +29,7 @@ class TokenCompletion:
     finish_reason: str  # "stop" (eod / stop token / on_token returned False), "length" or "abort"
     admitted_version: int = 0  # the weight version when the request was admitted
     top_logprobs: tuple[TopLogprobs, ...] = ()  # per token, when asked: its top alternatives (token_id, logprob)
+    resubmissions: int = 0  # times a suspend ended it and it was re-prefilled after the resume (inflight="abort")
 
     @property
     def first_weight_version(self) -> int:
@@ -84,10 +85,27 @@ class EngineRequest:
     detached: bool = False  # lockstep follower: the caller got "abort", the row runs on in step with the leader
     finish_reason: str | None = None
     completion: TokenCompletion | None = None
+    origin: BackendRequest | None = None  # the request as submitted (``backend`` changes when it is resubmitted)
+    attempt: int = 0  # times it was ended at a suspend and resubmitted (``inflight="abort"``)
+
+    def __post_init__(self) -> None:
+        if self.origin is None:
+            self.origin = self.backend
+
+    @property
+    def submitted(self) -> BackendRequest:
+        """The request as its caller submitted it (prompt, total ``max_tokens``, sampling)."""
+        assert self.origin is not None
+        return self.origin
 
     @property
     def request_id(self) -> int:
-        """The engine-wide id of this request."""
+        """The id the caller knows (its handle's), stable across resubmissions."""
+        return self.submitted.request_id
+
+    @property
+    def backend_id(self) -> int:
+        """The id the backend knows this request by now (a resubmission gets a new one)."""
         return self.backend.request_id
 
 
@@ -150,7 +168,7 @@ def completion_of(req: EngineRequest, reason: str, detokenize: Callable[[Sequenc
     toks = tuple(req.token_ids)
     return TokenCompletion(
         request_id=req.request_id,
-        prompt_ids=req.backend.prompt_ids,
+        prompt_ids=req.submitted.prompt_ids,
         token_ids=toks,
         logprobs=tuple(req.logprobs),
         weight_versions=tuple(req.versions),
@@ -158,6 +176,7 @@ def completion_of(req: EngineRequest, reason: str, detokenize: Callable[[Sequenc
         finish_reason=reason,
         admitted_version=req.admitted_version,
         top_logprobs=tuple(req.tops),
+        resubmissions=req.attempt,
     )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from colo_fsm.adapters.engine.options import InflightPolicy
+from colo_fsm.adapters.engine.options import InflightPolicy, LogprobsMode
 from colo_fsm.adapters.engine.protocol import StepBackend
 from colo_fsm.adapters.engine.results import EngineRequest, TokenCompletion, completion_of
 from colo_fsm.adapters.lockstep import Lockstep
@@ -41,6 +41,7 @@ class EngineState:
     server_slots: int  # Priority.SERVER requests active at once, at most (the server's share of the engine)
     inflight: InflightPolicy
     max_top_logprobs: int
+    logprobs_mode: LogprobsMode  # the default of submit(logprobs_mode=None)
     max_sequence_length: int | None
     _detokenize: Callable[[Sequence[int]], str]
     _device_context: Callable[[], contextlib.AbstractContextManager[Any]]
@@ -63,6 +64,8 @@ class EngineState:
     timings: list[tuple[str, float]]
     idle_waits: int
     idle: bool
+    reprefills: int
+    reprefill_tokens: int
 
     @property
     def stopped(self) -> bool:

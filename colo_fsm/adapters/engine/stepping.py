@@ -38,11 +38,11 @@ class Stepping(EngineState):
             reason = self._take_tokens(req, out, version)
             if reason is not None:
                 if out.finished is None:
-                    backend.abort(req.request_id)  # we ended it (stop token, on_token, length): free its slot
+                    backend.abort(req.backend_id)  # we ended it (stop token, on_token, length): free its slot
                 with self._cond:
                     if req.state != "running":
                         continue  # a caller aborted it meanwhile: it is already resolved, and only once
-                    self._active.pop(req.request_id, None)
+                    self._active.pop(req.backend_id, None)
                     self._mark_done_locked(req, reason)
                 finished.append(req)
         for req in finished:
@@ -56,7 +56,7 @@ class Stepping(EngineState):
         want_top = req.backend.top_logprobs > 0
         tops = list(out.top_logprobs) + [()] * (len(out.token_ids) - len(out.top_logprobs))
         for tok, lp, top in zip(out.token_ids, lps, tops):
-            if len(req.token_ids) >= req.backend.max_tokens:
+            if len(req.token_ids) >= req.submitted.max_tokens:
                 return "length"
             req.token_ids.append(int(tok))
             req.logprobs.append(float(lp))
@@ -78,7 +78,7 @@ class Stepping(EngineState):
                     return "stop"
         if out.finished is not None:
             return out.finished
-        if len(req.token_ids) >= req.backend.max_tokens:
+        if len(req.token_ids) >= req.submitted.max_tokens:
             return "length"
         return None
 

@@ -3,14 +3,19 @@
 A control call queues a :class:`~colo_fsm.adapters.engine.state.Command` and waits for the engine thread to
 carry it out at a step boundary, so no decode step is ever in flight during a suspend, resume or shutdown.
 ``inflight="park"`` suspends at the next boundary with the active requests kept in the backend;
-``inflight="drain"`` first closes admission and steps the admitted requests to their end.
+``inflight="drain"`` first closes admission and steps the admitted requests to their end;
+``inflight="abort"`` (the peers' colocated-async way) ends the active requests in the backend at the boundary and
+queues each again as prompt + the tokens it already has, with the rest of its ``max_tokens``: after the resume
+it is re-prefilled under the new weights and continues. Its caller sees one completion with every token, each
+stamped with the weight version it was generated under (the oldest counts for its age).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
-from colo_fsm.adapters.engine.options import InflightPolicy
+from colo_fsm.adapters.engine.options import InflightPolicy, request_seed
 from colo_fsm.adapters.engine.protocol import StepBackend
 from colo_fsm.adapters.engine.results import resolve
 from colo_fsm.adapters.engine.state import Command, EngineState
@@ -24,7 +29,8 @@ class Suspension(EngineState):
     """The engine loop's control commands (a part of :class:`~colo_fsm.adapters.engine.ContinuousBatcher`)."""
 
     def suspend(self) -> None:
-        """Stop decoding: park (after the current step) or drain (after admitted requests finish), then suspend.
+        """Stop decoding at a step boundary, then suspend: park (requests kept in the backend), drain (after the
+        admitted requests finish) or abort (requests ended in the backend, resubmitted after the resume).
 
         On return no decode step is in flight and none starts until :meth:`resume`.
         """
@@ -43,6 +49,21 @@ class Suspension(EngineState):
             self._stopping = True
         self._command("shutdown")
         self._thread.join()
+
+    @property
+    def control_pending(self) -> bool:
+        """True while a control call (suspend, resume, shutdown) waits for the engine thread."""
+        with self._cond:
+            return bool(self._commands)
+
+    def wait_for_control(self, timeout: float) -> bool:
+        """Block until a control call is waiting for the engine thread (False if none came within ``timeout``).
+
+        Callable from ``on_token`` (the engine thread): a test or callback can hold a request mid-generation
+        until a suspend is on its way, so that request is parked by it whatever the machine's load.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: bool(self._commands), timeout)
 
     def _command(self, kind: str, *, drain: bool = False) -> None:
         if self._thread is None:
@@ -80,12 +101,18 @@ class Suspension(EngineState):
         try:
             if cmd.kind == "suspend":
                 if self._awake:
+                    ended = self._end_for_resubmission(backend) if self.inflight is InflightPolicy.ABORT else 0
                     dt = backend.suspend()
                     with self._cond:
                         self._awake = False
                         self._draining = False
                     self.timings.append(("suspend", float(dt or 0.0)))
-                    log.debug("engine suspended with %d request(s) parked", len(self._active))
+                    log.debug(
+                        "engine suspended at weight version %d: %d request(s) parked, %d ended for resubmission",
+                        int(self._weight_version()),
+                        len(self._active),
+                        ended,
+                    )
             elif cmd.kind == "resume":
                 if not self._awake:
                     dt = backend.resume()
@@ -110,6 +137,30 @@ class Suspension(EngineState):
             return True
         cmd.done.set_result(None)
         return True
+
+    def _end_for_resubmission(self, backend: StepBackend) -> int:
+        """``inflight="abort"``: end every active request in the backend and queue it again as prompt + its
+        tokens so far (the rest of its ``max_tokens`` to go); the number ended."""
+        with self._cond:
+            ended = sorted(self._active.values(), key=lambda r: r.seq)
+            old_ids = [r.backend_id for r in ended]
+            self._active.clear()
+            for req in ended:
+                req.attempt += 1
+                sub = req.submitted
+                req.backend = dataclasses.replace(
+                    sub,
+                    request_id=sub.request_id + (req.attempt << 40),  # the same on every rank of a TP group
+                    prompt_ids=sub.prompt_ids + tuple(req.token_ids),
+                    max_tokens=sub.max_tokens - len(req.token_ids),
+                    seed=request_seed(sub.seed, req.attempt),
+                )
+                req.state = "queued"
+                self._queue.append(req)
+            self._queue.sort(key=lambda r: (r.priority, r.seq))
+        for rid in old_ids:
+            backend.abort(rid)
+        return len(ended)
 
     def _abort_everything(self) -> None:
         with self._cond:

@@ -42,6 +42,7 @@ from colo_fsm.adapters.batching import (
     TokenCompletion,
     check_share,
     parse_inflight,
+    parse_logprobs_mode,
     request_seed,
 )
 from colo_fsm.adapters.engine.options import share_slots
@@ -83,8 +84,9 @@ class GenerationConfig:
 
     Parallel sizes left at None inherit the training model's; set ones must match it (TP/PP/EP/ETP raise
     :class:`~colo_fsm.errors.ParallelismMismatch`, CP warns) because a colocated engine cannot reshard.
-    ``inflight`` is what a suspend does with admitted requests ("park": kept, continued after the resume;
-    "drain": waited for); ``max_active_requests`` bounds the requests decoded together;
+    ``inflight`` is what a suspend does with admitted requests ("park", alias "keep": kept, continued after the
+    resume; "drain", alias "wait": waited for; "abort": ended, then resubmitted as prompt + tokens so far and
+    re-prefilled after the resume); ``max_active_requests`` bounds the requests decoded together;
     ``max_request_tokens`` (None: no bound) bounds prompts x max_tokens of one ``generate``/``generate_ids``
     call; ``num_cuda_graphs`` is passed to megatron-core's ``InferenceConfig.num_cuda_graphs`` (the batch shapes
     the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``);
@@ -93,7 +95,11 @@ class GenerationConfig:
     ``max_top_logprobs`` bounds the per-token alternatives one request may ask for (``submit(top_logprobs=k)``);
     ``server_share`` (in (0, 1], default 0.5) bounds the share of ``max_active_requests`` that
     ``Priority.SERVER`` requests (HTTP traffic) hold at once, so the trainer's rollouts always keep the rest
-    (server work beyond it waits queued; 1 lifts the cap).
+    (server work beyond it waits queued; 1 lifts the cap); ``logprobs_mode`` is the distribution every returned
+    log-prob comes from: "raw" (default, vLLM's default: the model's untempered softmax) or "processed" (after
+    temperature, top-k and top-p: the distribution each token was sampled from, what an importance ratio against
+    a trainer computing log-probs at the sampling temperature needs). On the CPU path a request may ask for
+    either (``submit(logprobs_mode=...)``); megatron-core's dynamic engine has one mode for all its requests.
     """
 
     kv_cache_mode: str = "persist"
@@ -113,6 +119,7 @@ class GenerationConfig:
     tp_lockstep: bool = True
     max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS
     server_share: float = DEFAULT_SERVER_SHARE
+    logprobs_mode: str = "raw"
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp_lockstep, bool):
@@ -120,6 +127,7 @@ class GenerationConfig:
         object.__setattr__(self, "kv_cache_mode", parse_kv_cache_mode(self.kv_cache_mode).value)
         object.__setattr__(self, "inflight", parse_inflight(self.inflight).value)
         object.__setattr__(self, "server_share", check_share(self.server_share))
+        object.__setattr__(self, "logprobs_mode", parse_logprobs_mode(self.logprobs_mode).value)
         for name, what in (
             ("max_active_requests", "a positive integer"),
             ("max_request_tokens", "a positive integer, or None (no bound)"),
@@ -249,6 +257,7 @@ class MegatronEngine:
                 max_requests=self.config.max_requests,
                 block_size_tokens=self.config.block_size_tokens,
                 num_cuda_graphs=self.config.num_cuda_graphs,
+                logprobs_mode=self.config.logprobs_mode,
             )
         from colo_fsm.adapters.megatron.cpu_loop import CpuStepLoop
 
@@ -288,6 +297,7 @@ class MegatronEngine:
             **extra,
             max_top_logprobs=self.config.max_top_logprobs,
             server_share=self.config.server_share,
+            logprobs_mode=self.config.logprobs_mode,
         )
         batcher.start()
         self._batcher = batcher
@@ -397,6 +407,7 @@ class MegatronEngine:
         priority: Priority | int = Priority.TRAINING,
         on_token: OnToken | None = None,
         top_logprobs: int = 0,
+        logprobs_mode: str | None = None,
     ) -> RequestHandle:
         """Add one request to the running engine; returns its handle (future, cancel).
 
@@ -407,7 +418,10 @@ class MegatronEngine:
         and passes them to ``on_token`` as a fourth argument. May be called while suspended: the request waits
         queued and starts after the resume. Raises :class:`~colo_fsm.errors.EngineStopped` after shutdown,
         :class:`~colo_fsm.errors.RequestTooLarge` when prompt + ``max_tokens`` > ``max_sequence_length``.
+        ``logprobs_mode`` (None: ``GenerationConfig.logprobs_mode``) picks the distribution of the returned
+        log-probs ("raw" or "processed"; see :class:`GenerationConfig`).
         """
+        self._check_logprobs_mode(logprobs_mode)
         return self._live("submit").submit(
             prompt_ids,
             max_tokens=max_tokens,
@@ -419,7 +433,21 @@ class MegatronEngine:
             priority=priority,
             on_token=on_token,
             top_logprobs=top_logprobs,
+            logprobs_mode=logprobs_mode,
         )
+
+    def _check_logprobs_mode(self, logprobs_mode: str | None) -> None:
+        """Refuse a per-request ``logprobs_mode`` the backend cannot give (the dynamic engine has one mode)."""
+        if logprobs_mode is None:
+            return
+        mode = parse_logprobs_mode(logprobs_mode).value
+        if self.backend_name == "dynamic" and mode != self.config.logprobs_mode:
+            raise ConfigError(
+                "logprobs_mode",
+                logprobs_mode,
+                f"{self.config.logprobs_mode!r}: megatron-core's dynamic engine has one mode for every request "
+                "(set GenerationConfig.logprobs_mode)",
+            )
 
     def generate_ids(
         self,
@@ -433,6 +461,7 @@ class MegatronEngine:
         stop_token_ids: Sequence[int] = (),
         priority: Priority | int = Priority.TRAINING,
         top_logprobs: int = 0,
+        logprobs_mode: str | None = None,
     ) -> list[TokenCompletion]:
         """Submit every prompt and wait for all; each result carries per-token log-probs and weight versions.
 
@@ -440,6 +469,7 @@ class MegatronEngine:
         these requests (they finish after the resume). A seeded call gives each request its own derived seed.
         """
         batcher = self._live("generate")
+        self._check_logprobs_mode(logprobs_mode)
         limit = self.config.max_request_tokens
         if limit is not None and isinstance(max_tokens, int) and len(prompts) * max_tokens > limit:
             raise RequestTooLarge(
@@ -463,6 +493,7 @@ class MegatronEngine:
                         stop_token_ids=stop_token_ids,
                         priority=priority,
                         top_logprobs=top_logprobs,
+                        logprobs_mode=logprobs_mode,
                     )
                 )
         except BaseException:
