@@ -302,11 +302,45 @@ class UsageError(ColoFsmError):
 
 
 class BadRequest(ColoFsmError):
-    """A request the server refuses with a 400 naming the field."""
+    """A request the server refuses with a 400 (or the subclass's ``status``) naming the field."""
+
+    status = 400
 
     def __init__(self, param: str, message: str) -> None:
         self.param = param
         super().__init__(f"{param}: {message}")
+
+
+class PayloadTooLarge(BadRequest):
+    """A request body over the server's ``max_body_bytes`` (HTTP 413), refused before it is read whole."""
+
+    status = 413
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__("body", f"{size} bytes or more exceeds the body limit {limit} bytes (max_body_bytes)")
+
+
+class UnsupportedMediaType(BadRequest):
+    """A request body sent without a JSON content type (HTTP 415)."""
+
+    status = 415
+
+    def __init__(self, content_type: str | None) -> None:
+        self.content_type = content_type
+        got = repr(content_type[:60]) if content_type else "none"
+        super().__init__("content-type", f"expected application/json, got {got}")
+
+
+class ServerBusy(ColoFsmError):
+    """The server's bound on HTTP work stayed full for the whole wait, or too many requests wait already
+    (HTTP 429 with Retry-After); names the bound and the numbers."""
+
+    def __init__(self, bound: str, message: str, waited_s: float = 0.0) -> None:
+        self.bound = bound
+        self.waited_s = waited_s
+        super().__init__(f"{message} ({bound}); retry later")
 
 
 GRAPHVIZ_INSTALL_HINT = (
@@ -380,15 +414,18 @@ __all__ = [
     "MemoryBudgetExceeded",
     "ModelModeError",
     "ParallelismMismatch",
+    "PayloadTooLarge",
     "RenderError",
     "RequestTooLarge",
     "RolloutDeferred",
     "RolloutFailed",
+    "ServerBusy",
     "ServerStopping",
     "ServerUnavailable",
     "SpecError",
     "TraceFileError",
     "UnsupportedEngine",
+    "UnsupportedMediaType",
     "UsageError",
     "WaitTimeout",
 ]

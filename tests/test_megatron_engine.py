@@ -197,6 +197,72 @@ def test_dynamic_engine_parks_requests_across_a_train_step_on_gpu(mode):
     eng.shutdown()
 
 
+def _gpu_engine_or_skip(**cfg):
+    from colo_fsm.adapters.megatron.dynamic import dynamic_engine_available
+
+    ok, why = dynamic_engine_available()
+    if not ok:
+        pytest.skip(f"megatron-core's dynamic engine cannot run here: {why}")
+    from colo_fsm.adapters.megatron.parallel import init_distributed
+
+    init_distributed(1, device="cuda")
+    model = tiny(TOK, device="cuda", max_sequence_length=128, hidden_size=128, num_attention_heads=2)
+    version = {"v": 0}
+    eng = MegatronEngine(model, TOK, GenerationConfig(buffer_size_gb=0.5, **cfg), weight_version=lambda: version["v"])
+    assert eng.backend_name == "dynamic"
+    eng.bring_up()
+    return model, eng, version
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["persist", "recompute"])
+def test_dynamic_engine_abort_mode_resubmits_after_the_resume_on_gpu(mode):
+    """inflight="abort" on megatron-core's engine: the request ended at the suspend is re-prefilled after the
+    resume and completes with every token, versions per token, nothing left in the engine."""
+    import threading
+
+    model, eng, version = _gpu_engine_or_skip(kv_cache_mode=mode, inflight="abort")
+    reached = threading.Event()
+    seen = []
+
+    def hold(tok, lp, v):
+        seen.append(tok)
+        if len(seen) == 4:
+            reached.set()
+            assert eng._batcher.wait_for_control(120), "no suspend came"
+
+    h = eng.submit(TOK.tokenize("123>"), max_tokens=48, temperature=1.0, top_k=5, on_token=hold)
+    assert reached.wait(120)
+    eng.suspend()
+    assert eng.request_counts() == (1, 0, 0)  # ended in the engine, waiting for its resubmission
+    version["v"] = 1
+    eng.resume()
+    c = h.result(timeout=300)
+    assert c.finish_reason in ("length", "stop") and (c.finish_reason == "stop" or len(c.token_ids) == 48)
+    assert c.weight_versions[:4] == (0,) * 4 and set(c.weight_versions[4:]) <= {1} and c.resubmissions == 1
+    assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)  # none missing (nan)
+    assert eng._batcher.reprefills == 1 and eng._batcher.reprefill_tokens == len(TOK.tokenize("123>")) + 4
+    eng.generate(["12>"], max_tokens=2)  # one more step lets the engine's bookkeeping release the ended row
+    assert eng.request_counts() == (0, 0, 0) and not eng._batcher.backend.engine.requests
+    eng.shutdown()
+
+
+@pytest.mark.gpu
+def test_dynamic_engine_processed_logprobs_give_ratio_one_at_temperature_2_on_gpu():
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig
+
+    model, eng, _ = _gpu_engine_or_skip(logprobs_mode="processed")
+    c = eng.submit(TOK.tokenize("3141>"), max_tokens=16, temperature=2.0).result(timeout=300)
+    with pytest.raises(ConfigError):
+        eng.submit(TOK.tokenize("1>"), max_tokens=2, logprobs_mode="raw")  # one mode for the whole engine
+    eng.suspend()
+    trainer = MegatronTrainer(model, TrainerConfig(temperature=2.0))
+    ratios, comp = trainer.importance_ratios([Rollout(c.prompt_ids, c.token_ids, 0.0, 0, c.logprobs)])
+    assert ratios[comp].tolist() == pytest.approx([1.0] * len(c.token_ids), abs=2e-2)
+    eng.resume()
+    eng.shutdown()
+
+
 def test_dynamic_engine_head_dim_check():
     from types import SimpleNamespace
 
@@ -368,10 +434,10 @@ def _record(rid, *chunks, status="ACTIVE_AND_GENERATING_TOKENS"):
 def test_dynamic_records_become_per_step_outputs_across_a_recompute_checkpoint():
     import math
 
-    from colo_fsm.adapters.megatron.dynamic import outputs_from_records, record_tokens
+    from colo_fsm.adapters.megatron.dynamic import RecordCursor, outputs_from_records, record_tokens
 
     eod = TOK.eod
-    tracked = {1: 0, 2: 0, 3: 0}
+    tracked = {1: RecordCursor(), 2: RecordCursor(), 3: RecordCursor()}
     live = {1: _record(1, ([5], [-0.5])), 2: _record(2, ([6], [-0.25])), 3: _record(3, ([7, 8], [-1.0]))}
     out = outputs_from_records(tracked, live, [], eod)
     assert [(o.request_id, o.token_ids, o.finished) for o in out] == [
@@ -388,7 +454,7 @@ def test_dynamic_records_become_per_step_outputs_across_a_recompute_checkpoint()
         (1, (4,), (-0.1,), None),
         (2, (eod,), (-0.3,), "stop"),
     ]
-    assert tracked == {1: 2, 3: 2}  # the finished one left; 3 had nothing new and reported nothing
+    assert {r: c.reported for r, c in tracked.items()} == {1: 2, 3: 2}  # 2 left; 3 had nothing new
     failed = [_record(3, ([7, 8], [-1.0, -1.0]), status="FAILED")]
     assert [(o.request_id, o.finished) for o in outputs_from_records(tracked, {}, failed, eod)] == [(3, "abort")]
     assert record_tokens(_record(9, ([1, 2], [-1.0, -2.0]), ([3], [-3.0]))) == ([1, 2, 3], [-1.0, -2.0, -3.0])
@@ -412,7 +478,7 @@ def test_dynamic_abort_dequeues_a_waiting_request_and_finishes_an_active_one():
     from collections import deque
     from types import SimpleNamespace
 
-    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend
+    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend, RecordCursor
 
     class Fut:
         def __init__(self):
@@ -434,7 +500,7 @@ def test_dynamic_abort_dequeues_a_waiting_request_and_finishes_an_active_one():
         resume_request_ids=None,
         context=SimpleNamespace(),
     )
-    be._tracked = {1: 3, 2: 0}
+    be._tracked = {1: RecordCursor(offset=3, reported=3), 2: RecordCursor()}
     be._want_top = {1: 2}
     be.abort(2)
     assert 2 not in be.engine.requests and not be.engine.waiting_request_ids and waiting_future.cancelled
@@ -508,6 +574,7 @@ def test_top_logprobs_per_token_on_the_cpu_engine(model):
 def test_dynamic_top_n_logprobs_from_text_keyed_records():
     from colo_fsm.adapters.batching import BackendRequest
     from colo_fsm.adapters.megatron.dynamic import (
+        RecordCursor,
         outputs_from_records,
         record_top_logprobs,
         sampling_params,
@@ -530,7 +597,7 @@ def test_dynamic_top_n_logprobs_from_text_keyed_records():
     assert record_top_logprobs(r1, index.get) == [((five, -0.1), (six, -2.0)), ((six, -0.3), (TOK.eod, -1.5))]
     short_tops = rec(2, ([five, six], [-0.1, -0.2], [{"5": -0.1}]))  # fewer entries than tokens: empty, not invented
     assert record_top_logprobs(short_tops, index.get) == [((five, -0.1),), ()]
-    tracked = {1: 1, 2: 0, 3: 0}
+    tracked = {1: RecordCursor(offset=1, reported=1), 2: RecordCursor(), 3: RecordCursor()}
     out = outputs_from_records(
         tracked,
         {1: r1, 2: short_tops, 3: rec(3, ([seven], [-0.5], [{"7": -0.5}]))},
@@ -548,7 +615,7 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     from types import SimpleNamespace
 
     from colo_fsm.adapters.batching import BackendRequest
-    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend
+    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend, RecordCursor
 
     class Fut:
         def done(self):
@@ -558,6 +625,7 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     be.device = torch.device("cpu")
     be.eod = TOK.eod
     be._tracked, be._want_top = {}, {}
+    be.logprobs_mode = "raw"
     rng = torch.Generator()
     added = []
     be.engine = SimpleNamespace(
@@ -569,4 +637,4 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     be.add(BackendRequest(4, (1, 2), 3, temperature=1.0, seed=11, top_logprobs=2))
     expect = torch.Generator().manual_seed(11)
     assert torch.rand(3, generator=rng).tolist() == torch.rand(3, generator=expect).tolist()
-    assert touched == [] and added == [(4, 2)] and be._want_top == {4: 2} and be._tracked == {4: 0}
+    assert touched == [] and added == [(4, 2)] and be._want_top == {4: 2} and be._tracked == {4: RecordCursor()}

@@ -275,11 +275,15 @@ def test_on_policy_guard_and_request_bound() -> None:
         r = httpx.post(base(gated) + "/completions", json={"prompt": "12>", "top_p": 0.9})
         assert r.status_code == 400 and r.json()["error"]["param"] == "top_p"
         r = httpx.post(base(gated) + "/completions", json={"prompt": ["1>", "2>"], "n": 6, "max_tokens": 10})
-        err = r.json()["error"]
-        assert r.status_code == 400 and err["param"] == "max_tokens" and "2 x 6 x 10 = 120" in err["message"]
+        err = r.json()["error"]  # (2 + 10) x 6 x 2 prompts = 144 tokens; (2 + 1) x 6 x 2 = 36 would fit
+        assert r.status_code == 400 and err["param"] == "max_tokens", err
+        assert "costs the engine 144 tokens" in err["message"] and "max_request_tokens=100" in err["message"]
         assert httpx.post(base(gated) + "/completions", json={"prompt": "12>", "max_tokens": 5}).status_code == 200
     finally:
         gated.shutdown()
+
+
+JSON = {"content-type": "application/json"}
 
 
 def test_errors_use_openais_shape_and_quote_a_short_prefix(served) -> None:
@@ -287,7 +291,8 @@ def test_errors_use_openais_shape_and_quote_a_short_prefix(served) -> None:
     for r, code in (
         (httpx.post(base(gated) + "/nope", json={}), 404),
         (httpx.get(base(gated) + "/completions"), 405),
-        (httpx.post(base(gated) + "/completions", content=b'{"prompt": "\xff"}'), 400),
+        (httpx.post(base(gated) + "/completions", content=b'{"prompt": "\xff"}', headers=JSON), 400),
+        (httpx.post(base(gated) + "/completions", content=b'{"prompt": "1>"}'), 415),  # no JSON content type
         (httpx.get(base(gated) + "/models/other"), 404),
     ):
         assert r.status_code == code and set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text

@@ -8,7 +8,6 @@ short prefix of a value.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -180,20 +179,6 @@ class Body:
             raise BadRequest(self.name(key), "unknown or unsupported parameter")
 
 
-def parse_json(raw: bytes) -> Any:
-    """The request body as JSON; a 400 naming ``body`` for invalid UTF-8 or JSON."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRequest("body", f"not valid UTF-8 (byte {exc.start})") from None
-    if not text.strip():
-        raise BadRequest("body", "empty; expected a JSON object")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadRequest("body", f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-
-
 def _stop(body: Body) -> tuple[str, ...]:
     v = body.raw("stop")
     if v is None:
@@ -327,7 +312,6 @@ __all__ = [
     "Body",
     "OnPolicy",
     "Sampling",
-    "parse_json",
     "read_sampling",
     "short",
 ]

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from colo_fsm.errors import ClientGone, ServerStopping
 from colo_fsm.log import get_logger
 from colo_fsm.server.gate import SuspendGate
-from colo_fsm.server.params import BadRequest, Sampling
+from colo_fsm.server.params import Sampling
 
 log = get_logger(__name__)
 
@@ -272,17 +272,6 @@ def _bridge(fut: Any) -> asyncio.Future[Any]:
     return out
 
 
-def check_request_size(n_prompts: int, sampling: Sampling, bound: int) -> None:
-    """400 when ``prompts x n x max_tokens`` exceeds the per-request bound (one request must not hold the engine)."""
-    total = n_prompts * sampling.n * sampling.max_tokens
-    if total > bound:
-        raise BadRequest(
-            "max_tokens",
-            f"prompts x n x max_tokens = {n_prompts} x {sampling.n} x {sampling.max_tokens} = {total} exceeds the "
-            f"per-request bound {bound} (max_request_tokens)",
-        )
-
-
 __all__ = [
     "SERVER_PRIORITY",
     "ChoiceResult",
@@ -290,5 +279,4 @@ __all__ = [
     "RequestRun",
     "ServerStopping",
     "TokenEngine",
-    "check_request_size",
 ]

@@ -300,7 +300,7 @@ class GatedEngine:
     def _active_http(self) -> int:
         if self.server is None:
             return 0
-        return int(getattr(self.server.app.state, "active", 0))
+        return int(self.server.app.state.ctx.active)
 
     def shutdown(self) -> None:
         """Stop admitting (waiting requests get a 503 at once), give in-flight requests ``shutdown_grace_s`` to

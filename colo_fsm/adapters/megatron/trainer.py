@@ -38,7 +38,10 @@ log = get_logger(__name__)
 @dataclass(frozen=True)
 class TrainerConfig:
     """Optimizer and loss settings. ``clip_eps`` is the PPO-style ratio clip (used when rollouts carry the
-    behaviour policy's log-probs); ``checkpoint_dir`` is where :meth:`MegatronTrainer.save_checkpoint` writes."""
+    behaviour policy's log-probs); ``checkpoint_dir`` is where :meth:`MegatronTrainer.save_checkpoint` writes.
+    ``temperature`` is the sampling temperature of the rollouts: the trainer's log-probs are of ``logits /
+    temperature``, the distribution the tokens were sampled from, to match behaviour log-probs recorded with the
+    engine's ``logprobs_mode="processed"`` (leave 1.0 with ``"raw"``; top-k / top-p truncation is not modelled)."""
 
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -49,9 +52,10 @@ class TrainerConfig:
     allow_inference_optimized_training: bool = False
     checkpoint_dir: str | None = None
     checkpoint_format: str = "auto"  # "megatron" (dist_checkpointing; default on CUDA) or "dcp" (default on CPU)
+    temperature: float = 1.0  # the rollouts' sampling temperature: log-probs of logits / temperature
 
     def __post_init__(self) -> None:
-        for name in ("lr", "grad_clip", "clip_eps"):
+        for name in ("lr", "grad_clip", "clip_eps", "temperature"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or not math.isfinite(v):
                 raise ConfigError(name, v, "a positive finite number")
@@ -202,7 +206,7 @@ class MegatronTrainer:
     def token_logprobs(self, rollouts: Sequence[Rollout]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Log-probs of every completion token under the current weights (``[batch, seq]``, 0 elsewhere)."""
         t = self._batch_tensors(rollouts)
-        logits = forward_logits(self.model, t["tokens"], t["valid"])
+        logits = forward_logits(self.model, t["tokens"], t["valid"]) / self.config.temperature
         logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, t["tokens"][:, 1:].unsqueeze(2)).squeeze(2)
         logp = torch.nn.functional.pad(logp, (1, 0))  # align: position j holds log p(token_j | < j)
         return logp * t["comp"], t
