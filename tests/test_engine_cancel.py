@@ -273,3 +273,33 @@ def test_tensor_parallel_pair_applies_a_parked_cancel_after_the_resume_on_both_r
         t.start()
     for t in ts:
         t.join(WAIT)
+
+
+def test_tensor_parallel_pair_drops_a_queued_cancel_on_every_rank():
+    """The leader's cancel of a queued request reaches the followers too: no copy stays queued there."""
+    from tests.support.properties import ThreadLockstep
+
+    shared, slot = threading.Barrier(2), [None]
+    backends = [GatedBackend(free=True), GatedBackend(free=True)]
+    ranks = [
+        ContinuousBatcher(lambda r=r: backends[r], max_active_requests=1, lockstep=ThreadLockstep(shared, slot, r))
+        for r in (0, 1)
+    ]
+    run_calls([b.start for b in ranks], backends, step_in_flight=False)
+    for be in backends:
+        be._free = False  # from here on, steps wait for grants
+    handles = [[b.submit([1], max_tokens=4), b.submit([9], max_tokens=4)] for b in ranks]
+    for be in backends:
+        be.wait_blocked()  # the first step is in flight on both ranks: its admissions are done
+    assert [b.counts() for b in ranks] == [(1, 1, 0), (1, 1, 0)]
+    assert [h[1].cancel() for h in handles] == [True, True]  # the queued one, on both ranks (SPMD)
+    for be in backends:
+        be.run_free()
+    for hs in handles:
+        assert hs[0].result(timeout=WAIT).token_ids == (1, 2, 3, 4)
+        assert hs[1].result(timeout=WAIT).finish_reason == "abort"
+    for b in ranks:
+        _quiet(b)
+    assert [b.counts() for b in ranks] == [(0, 0, 0), (0, 0, 0)]
+    assert backends[0].log == backends[1].log
+    run_calls([b.shutdown for b in ranks], backends, step_in_flight=False)
