@@ -1,0 +1,846 @@
+"""megatron-core's coordinator mode as the colocated engine (``GenerationEngine``, ``TextGenerator``, token engine).
+
+:class:`CoordinatorEngine` builds ``MegatronAsyncLLM(model=..., use_coordinator=True)`` once: the dynamic
+engine over the training model object, its loop in a background event loop, the ZMQ data-parallel coordinator
+(a child process) and an ``InferenceClient`` on global rank 0. This is the path NeMo-RL's colocated
+``MegatronGeneration`` and Megatron-LM's RL run, and the only one megatron-core allows with expert parallelism
+(``MegatronLLM(use_coordinator=False)`` refuses ``expert_model_parallel_size > 1``).
+
+The handoff is megatron's own (see :mod:`colo_fsm.adapters.megatron.coordinator_states`):
+
+* ``suspend()``: pause -> wait PAUSED -> suspend -> wait SUSPENDED, then the shared model back to its training
+  mode. Requests in flight stay in the engine (parked: KV kept in persist, re-prefilled in recompute).
+* ``resume()``: decode-side model switches back, the generation epoch set to the lifecycle's weight version,
+  resume -> wait RESUMED -> unpause -> wait RUNNING. The lifecycle drains this rank's device and meets the
+  barrier before calling it (and after ``suspend()``), as for every engine.
+
+Each token's weight version comes from megatron's own ``policy_epoch`` stamps (checked against the epochs this
+engine set). The engine loop is watched: if it ends (megatron turns an exception in its loop into
+``sys.exit`` on the loop thread, so nothing else would ever answer), every pending request fails at once with
+:class:`~colo_fsm.errors.EngineLoopDied` and every later call raises it. The lifecycle sees megatron's
+``EngineState`` through :meth:`CoordinatorEngine.engine_state` and refuses a disagreement.
+
+The coordinator is started with multiprocessing *spawn*, which re-imports the entry script: the script that
+builds this engine must be import-safe (everything under ``if __name__ == "__main__":``). Needs the
+``coordinator`` extra (pyzmq, msgpack) and a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from colo_fsm.adapters.batching import OnToken, Priority, RequestCounts, TokenCompletion, request_seed
+from colo_fsm.adapters.megatron.coordinator_states import (
+    SLEEP,
+    WAKE,
+    condition_of,
+    natives_by_condition,
+    token_versions,
+)
+from colo_fsm.adapters.megatron.engine import KVCacheMode, to_completion
+from colo_fsm.adapters.megatron.memory import check_engine_budget
+from colo_fsm.adapters.megatron.mode import mode_control
+from colo_fsm.adapters.megatron.parallel import device_context, rank_device_index
+from colo_fsm.adapters.protocols import Completion
+from colo_fsm.errors import (
+    ConfigError,
+    EngineLoopDied,
+    EngineRebuild,
+    EngineStopped,
+    LifecycleError,
+    RequestTooLarge,
+    WaitTimeout,
+)
+from colo_fsm.guards.engine_state import EngineStateReport
+from colo_fsm.guards.memory import MemoryBudget, MemoryEstimate
+from colo_fsm.guards.mode import ModeReport
+from colo_fsm.guards.parallelism import check_parallelism
+from colo_fsm.log import get_logger
+from colo_fsm.states.spec import EngineCondition
+
+log = get_logger(__name__)
+
+ENGINE_NAME = "megatron-core"
+SPAWN_HINT = (
+    "an import-safe entry script: megatron-core starts its inference coordinator with multiprocessing 'spawn', "
+    "which re-imports the script that built the engine; put the run under `if __name__ == \"__main__\":`"
+)
+
+
+def _positive(name: str, value: Any, what: str, *, none_ok: bool = False) -> None:
+    if value is None and none_ok:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(name, value, what)
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Settings of the coordinator-mode engine.
+
+    ``kv_cache_mode``, ``buffer_size_gb``, ``max_requests``, ``block_size_tokens`` and ``num_cuda_graphs`` go to
+    megatron-core's ``InferenceConfig``; parallel sizes left at None inherit the training model's (set ones must
+    match it); ``max_request_tokens`` bounds prompts x max_tokens of one ``generate_ids`` call;
+    ``coordinator_host``/``coordinator_port`` are megatron's (None: its defaults); ``control_timeout_s`` bounds
+    each pause/suspend/resume/unpause wait; ``watch_interval_s`` is how often the engine loop is checked.
+    """
+
+    kv_cache_mode: str = "persist"
+    buffer_size_gb: float = 1.0
+    max_requests: int | None = None
+    block_size_tokens: int = 256
+    num_cuda_graphs: int | None = None
+    max_request_tokens: int | None = None
+    coordinator_host: str | None = None
+    coordinator_port: int | None = None
+    control_timeout_s: float = 600.0
+    watch_interval_s: float = 0.05
+    tensor_model_parallel_size: int | None = None
+    pipeline_model_parallel_size: int | None = None
+    expert_model_parallel_size: int | None = None
+    expert_tensor_parallel_size: int | None = None
+    context_parallel_size: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kv_cache_mode", KVCacheMode(_kv_mode(self.kv_cache_mode)).value)
+        for name in ("buffer_size_gb", "control_timeout_s", "watch_interval_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or not math.isfinite(v):
+                raise ConfigError(name, v, "a positive number")
+        _positive("block_size_tokens", self.block_size_tokens, "a positive integer")
+        for name in ("max_requests", "num_cuda_graphs", "max_request_tokens", "coordinator_port"):
+            _positive(name, getattr(self, name), "a positive integer, or None", none_ok=True)
+        if self.coordinator_host is not None and (not isinstance(self.coordinator_host, str) or not self.coordinator_host):
+            raise ConfigError("coordinator_host", self.coordinator_host, "a host name or address, or None")
+        for name in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "expert_model_parallel_size",
+            "expert_tensor_parallel_size",
+            "context_parallel_size",
+        ):
+            _positive(name, getattr(self, name), "a positive integer, or None (inherit the training model's)", none_ok=True)
+        if self.kv_cache_mode == "offload" and self.num_cuda_graphs is not None:
+            # megatron-core 0.19.2 recaptures graphs at an offload resume and resets the context after the capture:
+            # requests parked in the context would be lost (recompute re-adds them after the capture).
+            raise ConfigError(
+                "kv_cache_mode",
+                self.kv_cache_mode,
+                "'persist' or 'recompute' with num_cuda_graphs (an offload resume recaptures the graphs and resets "
+                "the context, which drops the parked requests)",
+            )
+
+    @property
+    def max_top_logprobs(self) -> int:
+        """Alternatives per token this engine records: none (the coordinator path returns no top-n ids here)."""
+        return 0
+
+
+def _kv_mode(value: Any) -> str:
+    from colo_fsm.adapters.megatron.engine import parse_kv_cache_mode
+
+    return parse_kv_cache_mode(value).value
+
+
+def coordinator_dependencies() -> tuple[bool, str]:
+    """Whether pyzmq and msgpack (the coordinator's transport) are importable here, and if not, which is missing."""
+    import importlib.util
+
+    missing = [m for m, mod in (("pyzmq", "zmq"), ("msgpack", "msgpack")) if importlib.util.find_spec(mod) is None]
+    if missing:
+        return False, f"{' and '.join(missing)} not installed (pip install 'colo-fsm[coordinator]')"
+    return True, "pyzmq and msgpack found"
+
+
+def _in_spawn_bootstrap() -> bool:
+    """True inside a spawned child that is re-importing the parent's entry script (its ``__main__``)."""
+    main = sys.modules.get("__main__")
+    return getattr(main, "__name__", "__main__") == "__mp_main__"
+
+
+def _entry_script() -> str:
+    main = sys.modules.get("__main__")
+    return str(getattr(main, "__file__", "<interactive>"))
+
+
+def _megatron_async_llm(**kwargs: Any) -> Any:
+    from megatron.core.inference.apis import MegatronAsyncLLM
+
+    return MegatronAsyncLLM(**kwargs)
+
+
+def _state_name(state: Any) -> str:
+    return str(getattr(state, "name", state))
+
+
+def _as_list(x: Any) -> list[Any]:
+    if x is None:
+        return []
+    tolist = getattr(x, "tolist", None)
+    return list(tolist()) if callable(tolist) else list(x)
+
+
+class CoordinatorHandle:
+    """One submitted request: ``future`` resolves to a :class:`~colo_fsm.adapters.batching.TokenCompletion`.
+
+    ``cancel()`` resolves it at once with finish "abort" and no tokens; megatron-core 0.19.2 has no per-request
+    abort, so the engine still decodes the request to its end and the reply is dropped.
+    """
+
+    def __init__(
+        self,
+        request_id: int,
+        prompt_ids: tuple[int, ...],
+        *,
+        on_token: OnToken | None,
+        stop_token_ids: frozenset[int],
+        admitted_version: int,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.on_token = on_token
+        self.stop_token_ids = stop_token_ids
+        self.admitted_version = admitted_version
+        self.future: concurrent.futures.Future[TokenCompletion] = concurrent.futures.Future()
+
+    def _abort(self) -> TokenCompletion:
+        return TokenCompletion(self.request_id, self.prompt_ids, (), (), (), "", "abort", self.admitted_version)
+
+    def cancel(self) -> bool:
+        """Resolve with finish "abort" (False if already done); the engine finishes the request on its own."""
+        try:
+            self.future.set_result(self._abort())
+        except concurrent.futures.InvalidStateError:
+            return False
+        return True
+
+    def done(self) -> bool:
+        """Whether the request finished, failed or was cancelled."""
+        return self.future.done()
+
+    def result(self, timeout: float | None = None) -> TokenCompletion:
+        """Wait for the completion (a cancelled future gives the "abort" completion)."""
+        try:
+            return self.future.result(timeout)
+        except concurrent.futures.CancelledError:
+            return self._abort()
+
+    async def wait(self) -> TokenCompletion:
+        """Await the completion from asyncio code."""
+        try:
+            return await asyncio.wrap_future(self.future)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return self._abort()
+
+
+def _settle(fut: concurrent.futures.Future[Any], *, result: Any = None, exc: BaseException | None = None) -> None:
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass  # cancelled by its caller meanwhile
+
+
+class CoordinatorEngine:
+    """megatron-core's coordinator mode over the training model object (see the module docstring).
+
+    ``weight_version`` (a callable, e.g. ``lambda: lifecycle.weight_version``) is set as megatron's generation
+    epoch at bring-up and at every resume. ``llm_factory`` builds the engine (default: megatron-core's
+    ``MegatronAsyncLLM``; tests pass a scripted stand-in with the same surface).
+    """
+
+    reads_weights_in_place = True
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: CoordinatorConfig | None = None,
+        *,
+        training_config: Any = None,
+        max_sequence_length: int | None = None,
+        weight_version: Callable[[], int] | None = None,
+        server_urls: Sequence[str] = (),
+        llm_factory: Callable[..., Any] | None = None,
+        rank: int | None = None,
+    ) -> None:
+        if config is not None and not isinstance(config, CoordinatorConfig):
+            raise ConfigError("config", config, "a CoordinatorConfig or None")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or CoordinatorConfig()
+        self.training_config = training_config if training_config is not None else getattr(model, "config", None)
+        self.parallelism = check_parallelism(self.training_config, self.config)
+        self.device = next(model.parameters()).device
+        self.max_sequence_length = int(max_sequence_length or getattr(model, "max_sequence_length", 0) or 0)
+        if self.max_sequence_length < 2:
+            raise ConfigError("max_sequence_length", max_sequence_length, "an integer >= 2 (or a model with one)")
+        self.rank = _global_rank() if rank is None else int(rank)
+        self.is_primary = self.rank == 0
+        self._weight_version = weight_version or (lambda: 0)
+        self._urls = list(server_urls)
+        self._factory = llm_factory or _megatron_async_llm
+        self._llm: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.built = False
+        self.torn_down = False
+        self._stopping = False
+        self._dead: EngineLoopDied | None = None
+        self._lock = threading.Lock()
+        self._pending: dict[int, CoordinatorHandle] = {}
+        self._next_id = 0
+        self._done_q: queue.SimpleQueue[tuple[CoordinatorHandle, concurrent.futures.Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._worker: threading.Thread | None = None
+        self._worker_stop = threading.Event()
+        self.epochs_sent: list[int] = []
+        self.timings: list[tuple[str, float]] = []  # ("suspend"|"resume", seconds), in order
+        self.transitions: list[tuple[str, str]] = []  # (call, EngineState after it), in order
+        self.loop_device: int | None = None
+        self.seeds_not_applied = 0
+        self.cancelled_still_decoding = 0
+        self.generate_calls = 0
+        self.mode = mode_control(model)  # guards: the shared model's inference-only switches
+        self.memory_budget: MemoryBudget | None = None
+        self.memory_estimate: MemoryEstimate | None = None
+
+    # ------------------------------------------------------------------ GenerationEngine
+    def bring_up(self) -> None:
+        """Build megatron-core's engine, coordinator and client once; pin the loop's CUDA device; set epoch."""
+        if self.built:
+            raise EngineRebuild("CoordinatorEngine.bring_up called twice: the colocated engine is built once per run")
+        if _in_spawn_bootstrap():
+            raise ConfigError("__main__", _entry_script(), SPAWN_HINT)
+        ok, why = coordinator_dependencies()
+        if not ok and self._factory is _megatron_async_llm:
+            raise ConfigError("coordinator", why, "pyzmq and msgpack importable (the 'coordinator' extra)")
+        self.memory_estimate = check_engine_budget(self)  # guards: refuse an over-budget build with the numbers
+        self.model.eval()
+        kwargs: dict[str, Any] = {}
+        if self.config.coordinator_host is not None:
+            kwargs["coordinator_host"] = self.config.coordinator_host
+        if self.config.coordinator_port is not None:
+            kwargs["coordinator_port"] = self.config.coordinator_port
+        t0 = time.perf_counter()
+        with device_context(self.device):  # megatron's loop thread inherits the constructing thread's device
+            try:
+                llm = self._factory(
+                    model=self.model,
+                    tokenizer=self.tokenizer,
+                    inference_config=self._inference_config(),
+                    use_coordinator=True,
+                    **kwargs,
+                )
+            except RuntimeError as exc:
+                if "exited unexpectedly" in str(exc):
+                    raise ConfigError(
+                        "__main__", _entry_script(), f"{SPAWN_HINT} (the coordinator process exited during start-up)"
+                    ) from exc
+                raise
+        self._llm = llm
+        self._loop = llm.engine.engine_loop_task.get_loop()
+        self.built = True
+        self._worker = threading.Thread(target=self._work, name="colo-fsm-coordinator-watch", daemon=True)
+        self._worker.start()
+        self.loop_device = self._call(self._pin_device(), "pin the engine loop's CUDA device")
+        self._set_epoch(int(self._weight_version()))
+        self.build_s = time.perf_counter() - t0
+        log.info(
+            "coordinator engine up in %.2f s: %s EngineState=%s, kv_cache_mode=%s, loop device %s, rank %d%s",
+            self.build_s,
+            ENGINE_NAME,
+            self.native_state(),
+            self.config.kv_cache_mode,
+            self.loop_device,
+            self.rank,
+            " (holds the InferenceClient)" if self.is_primary else "",
+        )
+
+    def suspend(self) -> None:
+        """Park every request: pause -> PAUSED -> suspend -> SUSPENDED; then the model back to training mode."""
+        llm = self._live("suspend")
+        t0 = time.perf_counter()
+        if self.native_state() != "SUSPENDED":
+            for call, want in SLEEP:
+                self._call(getattr(llm, call)(), f"{call} (to {want})")
+                self.transitions.append((call, self.native_state()))
+        with device_context(self.device):
+            self.mode.to_training()  # guards: every rank back in the training mode, identically
+        self.timings.append(("suspend", time.perf_counter() - t0))
+
+    def resume(self) -> None:
+        """Decode switches back, epoch = weight version, resume -> RESUMED -> unpause -> RUNNING."""
+        llm = self._live("resume")
+        t0 = time.perf_counter()
+        with device_context(self.device):
+            self.mode.to_inference()  # guards: decode-side switches back on
+        self._set_epoch(int(self._weight_version()))
+        for call, want in WAKE:
+            self._call(getattr(llm, call)(), f"{call} (to {want})")
+            self.transitions.append((call, self.native_state()))
+        self.timings.append(("resume", time.perf_counter() - t0))
+
+    def shutdown(self) -> None:
+        """Stop megatron's engine and coordinator (only on the way to Stopped); requests left resolve "abort"."""
+        if not self.built or self.torn_down:
+            self.torn_down = True
+            return
+        self._stopping = True
+        llm = self._llm
+        try:
+            if self._dead is None and self._loop is not None and self._loop.is_running():
+                # shutdown() joins megatron's loop thread: await it from a loop of our own, never from that one
+                _run_elsewhere(lambda: llm.shutdown(), self.config.control_timeout_s)
+            else:
+                _stop_process(getattr(llm.engine, "inference_coordinator_process", None))
+        finally:
+            self._abort_pending()
+            self._worker_stop.set()
+            with device_context(self.device):
+                self.mode.to_training()
+            self.torn_down = True
+
+    def server_base_urls(self) -> Sequence[str]:
+        """Base URLs of OpenAI-compatible servers over this engine (none unless given)."""
+        return list(self._urls)
+
+    def set_server_urls(self, urls: Sequence[str]) -> None:
+        """Record the URLs of servers started over this engine (published by the lifecycle at start)."""
+        self._urls = list(urls)
+
+    # ------------------------------------------------------------------ state
+    def native_state(self) -> str:
+        """megatron-core's ``EngineState`` name now ("" before bring-up)."""
+        return _state_name(self._llm.engine.state) if self._llm is not None else ""
+
+    def engine_state(self) -> EngineStateReport | None:
+        """megatron's ``EngineState`` and its lifecycle condition (the lifecycle checks it at every action)."""
+        if self._llm is None:
+            return None
+        native = self.native_state()
+        cond = condition_of(native)
+        if self._dead is not None:
+            native, cond = f"{native} (engine loop ended)", EngineCondition.TORN_DOWN
+        return EngineStateReport(native, cond, ENGINE_NAME, natives_by_condition())  # type: ignore[arg-type]
+
+    def model_mode(self) -> ModeReport:
+        """The shared model's inference-only switches now, and their training values (guards)."""
+        return self.mode.report()
+
+    @property
+    def awake(self) -> bool:
+        """True while megatron's engine is RUNNING."""
+        return self.native_state() == "RUNNING" and self._dead is None
+
+    def request_counts(self) -> RequestCounts:
+        """Requests this rank submitted and not answered yet: running while RUNNING, else parked."""
+        with self._lock:
+            n = len(self._pending)
+        return RequestCounts(0, n, 0) if self.native_state() == "RUNNING" else RequestCounts(0, 0, n)
+
+    def timing_summary(self) -> dict[str, float]:
+        """Median suspend and resume seconds so far."""
+        out: dict[str, float] = {}
+        for kind in ("suspend", "resume"):
+            xs = sorted(t for k, t in self.timings if k == kind)
+            if xs:
+                out[f"{kind}_median_s"] = xs[len(xs) // 2]
+        return out
+
+    # ------------------------------------------------------------------ generation
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] = (),
+        priority: Priority | int = Priority.TRAINING,
+        on_token: OnToken | None = None,
+        top_logprobs: int = 0,
+    ) -> CoordinatorHandle:
+        """Send one request to megatron's coordinator; returns its handle (``future``, ``cancel()``).
+
+        Token ids, log-probs and per-token weight versions arrive when the request finishes (megatron-core
+        0.19.2 replies once per request); ``on_token`` is then called for each token in order (returning False
+        ends the completion there, finish "stop"), as are ``stop_token_ids``. megatron-core schedules requests
+        first come, first served (``priority`` orders nothing here) and samples every request from one
+        generator: a ``seed`` on a sampled request is logged and counted (``seeds_not_applied``), not applied.
+        Only global rank 0 holds the client; ``top_logprobs`` must be 0.
+        """
+        self._live("submit")
+        if not self.is_primary:
+            raise ConfigError(
+                "rank", self.rank, "0: in coordinator mode only global rank 0 holds megatron-core's InferenceClient"
+            )
+        ids = _prompt(prompt_ids)
+        _positive("max_tokens", max_tokens, "a positive integer")
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
+            raise ConfigError("temperature", temperature, "a number >= 0 (0: greedy)")
+        if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
+            raise ConfigError("top_p", top_p, "a number in (0, 1]")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise ConfigError("top_k", top_k, "an integer >= 0 (0: off)")
+        if top_logprobs:
+            raise ConfigError("top_logprobs", top_logprobs, "0 (the coordinator engine records no alternatives)")
+        if len(ids) + max_tokens > self.max_sequence_length:
+            raise RequestTooLarge(
+                "prompt+max_tokens", len(ids) + max_tokens, self.max_sequence_length, "max_sequence_length"
+            )
+        if seed is not None and temperature > 0:
+            self.seeds_not_applied += 1
+            if self.seeds_not_applied == 1:
+                log.warning(
+                    "seed=%s not applied: megatron-core 0.19.2 samples every request from one generator "
+                    "(counted in seeds_not_applied)",
+                    seed,
+                )
+        sp = _sampling_params(max_tokens, temperature, top_p, top_k, int(self.tokenizer.eod))
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            handle = CoordinatorHandle(
+                rid,
+                ids,
+                on_token=on_token,
+                stop_token_ids=frozenset(int(t) for t in stop_token_ids),
+                admitted_version=int(self._weight_version()),
+            )
+            self._pending[rid] = handle
+        assert self._loop is not None
+        fut = asyncio.run_coroutine_threadsafe(self._llm.generate(list(ids), sp), self._loop)
+        fut.add_done_callback(lambda f, h=handle: self._done_q.put((h, f)))  # processed off megatron's loop
+        return handle
+
+    def generate_ids(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_token_ids: Sequence[int] = (),
+        priority: Priority | int = Priority.TRAINING,
+        top_logprobs: int = 0,
+    ) -> list[TokenCompletion]:
+        """Submit every prompt and wait for all (a suspend in between parks them; they finish after the resume)."""
+        self._live("generate")
+        limit = self.config.max_request_tokens
+        if limit is not None and isinstance(max_tokens, int) and len(prompts) * max_tokens > limit:
+            raise RequestTooLarge("prompts*max_tokens", len(prompts) * max_tokens, limit, "max_request_tokens")
+        self.generate_calls += 1
+        handles: list[CoordinatorHandle] = []
+        try:
+            for i, p in enumerate(prompts):
+                handles.append(
+                    self.submit(
+                        p,
+                        max_tokens=max_tokens,
+                        temperature=temperature,
+                        top_p=top_p,
+                        top_k=top_k,
+                        seed=request_seed(seed, i),
+                        stop_token_ids=stop_token_ids,
+                        priority=priority,
+                        top_logprobs=top_logprobs,
+                    )
+                )
+            return [h.result() for h in handles]
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        priority: Priority | int = Priority.TRAINING,
+    ) -> list[Completion]:
+        """Text in, text out (the ``TextGenerator`` protocol), with per-token versions and log-probs."""
+        ids = [self.tokenizer.tokenize(p) for p in prompts]
+        outs = self.generate_ids(
+            ids, max_tokens=max_tokens, temperature=temperature, seed=seed, top_p=top_p, top_k=top_k, priority=priority
+        )
+        return [to_completion(c) for c in outs]
+
+    # ------------------------------------------------------------------ internals
+    def _inference_config(self) -> Any:
+        from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
+
+        return InferenceConfig(
+            block_size_tokens=self.config.block_size_tokens,
+            buffer_size_gb=self.config.buffer_size_gb,
+            max_requests=self.config.max_requests if self.config.max_requests is not None else 128,
+            max_sequence_length=self.max_sequence_length,
+            kv_cache_management_mode=KVCacheManagementMode(self.config.kv_cache_mode),
+            materialize_only_last_token_logits=True,  # so every request sets skip_prompt_log_probs (_sampling_params)
+            num_cuda_graphs=self.config.num_cuda_graphs,
+        )
+
+    async def _pin_device(self) -> int | None:
+        """On megatron's loop thread: make this rank's GPU its current device (the current device is per thread)."""
+        index = rank_device_index(self.device)
+        if index is None:
+            return None
+        import torch
+
+        torch.cuda.set_device(index)
+        return int(torch.cuda.current_device())
+
+    async def _send_epoch(self, epoch: int) -> None:
+        client = _client_of(self._llm)
+        if client is not None:  # primary rank only; every rank's engine receives it through the coordinator
+            client.set_generation_epoch(epoch)
+
+    def _set_epoch(self, epoch: int) -> None:
+        self._call(self._send_epoch(epoch), f"set generation epoch {epoch}")
+        self.epochs_sent.append(epoch)
+
+    def _live(self, what: str) -> Any:
+        if self._dead is not None:
+            raise self._dead
+        if self._llm is None or not self.built:
+            raise LifecycleError(f"coordinator engine {what} before bring_up")
+        if self.torn_down:
+            raise EngineStopped(f"coordinator engine {what} after shutdown")
+        death = self._loop_death()
+        if death is not None:
+            self._on_death(death)
+            assert self._dead is not None
+            raise self._dead
+        return self._llm
+
+    def _call(self, coro: Coroutine[Any, Any, Any], what: str) -> Any:
+        """Run ``coro`` on megatron's loop and wait, checking the loop is alive; bounded by control_timeout_s."""
+        assert self._loop is not None
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        deadline = time.monotonic() + self.config.control_timeout_s
+        while True:
+            try:
+                return fut.result(timeout=self.config.watch_interval_s)
+            except TimeoutError:
+                death = self._loop_death()
+                if death is not None:
+                    fut.cancel()
+                    self._on_death(death)
+                    assert self._dead is not None
+                    raise self._dead from None
+                if time.monotonic() > deadline:
+                    fut.cancel()
+                    raise WaitTimeout(what, self.config.control_timeout_s, f"EngineState {self.native_state()}") from None
+
+    def _loop_death(self) -> str | None:
+        """How megatron's engine loop ended (None while it runs, or once we are shutting it down)."""
+        if self._llm is None or self._stopping:
+            return None
+        task = self._llm.engine.engine_loop_task
+        if task.done():
+            if task.cancelled():
+                return "engine loop task cancelled"
+            exc = task.exception()
+            cause = getattr(exc, "__context__", None) or exc  # megatron turns the loop's exception into SystemExit
+            return f"engine loop task ended: {type(cause).__name__}: {cause}" if cause else "engine loop task returned"
+        if self._loop is not None and not self._loop.is_running():
+            return "megatron's background event loop stopped"
+        return None
+
+    def _on_death(self, detail: str) -> None:
+        with self._lock:
+            if self._dead is not None:
+                return
+            pending = list(self._pending.values())
+            self._pending.clear()
+            self._dead = EngineLoopDied(detail, pending=len(pending), state=self.native_state(), rank=self.rank)
+        log.error("%s; failing %d pending request(s)", detail, len(pending))
+        for h in pending:
+            _settle(h.future, exc=self._dead)
+
+    def _abort_pending(self) -> None:
+        with self._lock:
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for h in pending:
+            h.cancel()
+
+    def _work(self) -> None:
+        """Completions are turned into TokenCompletions here (off megatron's loop); the loop is watched."""
+        while not self._worker_stop.is_set():
+            try:
+                handle, fut = self._done_q.get(timeout=self.config.watch_interval_s)
+            except queue.Empty:
+                death = self._loop_death()
+                if death is not None:
+                    self._on_death(death)
+                    return
+                continue
+            self._finish(handle, fut)
+
+    def _finish(self, handle: CoordinatorHandle, fut: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._pending.pop(handle.request_id, None)
+        if handle.future.done():
+            self.cancelled_still_decoding += 1
+            return
+        if fut.cancelled():  # megatron cancelled its futures at shutdown
+            handle.cancel()
+            return
+        exc = fut.exception()
+        if exc is not None:
+            _settle(handle.future, exc=exc)
+            return
+        try:
+            completion = self._completion(handle, fut.result())
+        except Exception as err:
+            _settle(handle.future, exc=err)
+        else:
+            _settle(handle.future, result=completion)
+
+    def _completion(self, handle: CoordinatorHandle, req: Any) -> TokenCompletion:
+        toks = [int(t) for t in _as_list(req.generated_tokens)]
+        lps = [float(x) for x in _as_list(getattr(req, "generated_log_probs", None))]
+        lps = (lps + [math.nan] * len(toks))[: len(toks)]
+        versions = list(
+            token_versions(
+                req.policy_epoch, len(handle.prompt_ids), len(toks), sent=self.epochs_sent, request_id=handle.request_id
+            )
+        )
+        status = _state_name(getattr(req, "status", "")) or ""
+        finish = "abort" if status.endswith("FAILED") else ""
+        if finish:
+            log.warning("megatron-core failed request %d: %s", handle.request_id, getattr(req, "events", ""))
+        cut = len(toks)
+        for i, t in enumerate(toks):
+            if t in handle.stop_token_ids:
+                cut, finish = i + 1, "stop"
+                break
+        if handle.on_token is not None:
+            for i in range(cut):
+                if handle.on_token(toks[i], lps[i], versions[i]) is False:
+                    cut, finish = i + 1, "stop"
+                    break
+        toks, lps, versions = toks[:cut], lps[:cut], versions[:cut]
+        if not finish:
+            finish = "stop" if toks and toks[-1] == int(self.tokenizer.eod) else "length"
+        return TokenCompletion(
+            handle.request_id,
+            handle.prompt_ids,
+            tuple(toks),
+            tuple(lps),
+            tuple(versions),
+            self.tokenizer.detokenize(toks),
+            finish,
+            handle.admitted_version,
+        )
+
+
+def _prompt(prompt_ids: Sequence[int]) -> tuple[int, ...]:
+    if isinstance(prompt_ids, str | bytes) or not isinstance(prompt_ids, Sequence) or not prompt_ids:
+        raise ConfigError("prompt_ids", prompt_ids, "a non-empty sequence of token ids")
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt_ids):
+        raise ConfigError("prompt_ids", list(prompt_ids)[:8], "non-negative integer token ids")
+    return tuple(int(t) for t in prompt_ids)
+
+
+def _sampling_params(max_tokens: int, temperature: float, top_p: float, top_k: int, eod: int) -> Any:
+    """megatron-core ``SamplingParams``: greedy as top-k 1, top-p 1.0 as megatron's "off" (0.0), log-probs of the
+    generated tokens only (prompt log-probs cannot be computed with only the last token's logits materialized,
+    and megatron asserts on it inside its engine loop)."""
+    from megatron.core.inference.sampling_params import SamplingParams
+
+    greedy = temperature == 0
+    return SamplingParams(
+        temperature=1.0 if greedy else float(temperature),
+        top_k=1 if greedy else int(top_k),
+        top_p=0.0 if greedy or top_p >= 1.0 else float(top_p),
+        num_tokens_to_generate=int(max_tokens),
+        termination_id=int(eod),
+        return_log_probs=True,
+        skip_prompt_log_probs=True,
+    )
+
+
+def _client_of(llm: Any) -> Any:
+    """megatron's ``InferenceClient`` on the primary rank (None elsewhere).
+
+    megatron-core 0.19.2 exposes the generation epoch only on the client (``set_generation_epoch``), which
+    ``MegatronAsyncLLM`` keeps in its coordinator runtime; a version without it is refused by name.
+    """
+    runtime = getattr(llm, "_coord_runtime", None)
+    if runtime is None or not hasattr(runtime, "client"):
+        raise ConfigError(
+            "megatron-core",
+            type(llm).__name__,
+            "a MegatronAsyncLLM with a coordinator runtime holding the InferenceClient (megatron-core 0.19.2)",
+        )
+    return runtime.client
+
+
+def _run_elsewhere(make: Callable[[], Coroutine[Any, Any, Any]], timeout_s: float) -> None:
+    """Run ``make()`` to completion on a fresh event loop in a thread of its own (the caller may be inside a loop)."""
+    box: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(asyncio.wait_for(make(), timeout_s))
+        except BaseException as exc:
+            box.append(exc)
+
+    t = threading.Thread(target=run, name="colo-fsm-coordinator-shutdown", daemon=True)
+    t.start()
+    t.join(timeout_s + 5)
+    if t.is_alive():
+        raise WaitTimeout("the coordinator engine's shutdown", timeout_s)
+    if box:
+        raise box[0]
+
+
+def _stop_process(proc: Any) -> None:
+    if proc is not None and proc.is_alive():
+        proc.terminate()
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+
+
+def _global_rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0
+    except ImportError:  # pragma: no cover - torch is a dependency of the megatron extra
+        return 0
+
+
+__all__ = [
+    "SPAWN_HINT",
+    "CoordinatorConfig",
+    "CoordinatorEngine",
+    "CoordinatorHandle",
+    "coordinator_dependencies",
+]

@@ -1,0 +1,279 @@
+"""The coordinator-mode adapter on a scripted stand-in of megatron-core's ``MegatronAsyncLLM`` surface (CPU).
+
+What is checked: megatron's own handoff (pause -> PAUSED -> suspend -> SUSPENDED, resume -> RESUMED ->
+unpause -> RUNNING) under the lifecycle with requests parked across a training step and their per-token weight
+versions read from ``policy_epoch``; the lifecycle refusing a training step while megatron's engine runs
+(naming both states) and recording the engine's state in the trace; every pending request failing at once
+when the engine loop dies; the spawn/import-safety refusal; request validation; the docs' state table. The
+real engine runs in ``tests/test_megatron_coordinator_gpu.py`` (``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from colo_fsm.adapters.megatron.coordinator import SPAWN_HINT, CoordinatorConfig, CoordinatorEngine
+from colo_fsm.adapters.megatron.coordinator_states import state_table, token_versions
+from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+from colo_fsm.errors import (
+    ConfigError,
+    EngineLoopDied,
+    EngineRebuild,
+    EngineStateMismatch,
+    LifecycleError,
+    RequestTooLarge,
+)
+from colo_fsm.guards.drain import NoDeviceDrain
+from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+from colo_fsm.states.spec import LIFECYCLE, EngineCondition
+from colo_fsm.testing.fakes import RecordingCollector, RecordingTrainer
+
+pytest.importorskip("megatron.core.inference.sampling_params", reason="megatron-core (the megatron extra)")
+from _coordinator_fake import FakeAsyncLLM  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class TinyModel(torch.nn.Module):
+    """Just what the adapter reads off a model: parameters (device), config (parallel sizes), max length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Linear(4, 4)
+        self.config = types.SimpleNamespace(tensor_model_parallel_size=1)
+        self.max_sequence_length = 64
+
+
+def make(**kw: Any) -> tuple[CoordinatorEngine, dict[str, int]]:
+    version = {"v": 0}
+    eng = CoordinatorEngine(
+        TinyModel(),
+        CharTokenizer(),
+        CoordinatorConfig(watch_interval_s=0.01, control_timeout_s=30.0),
+        weight_version=lambda: version["v"],
+        llm_factory=FakeAsyncLLM,
+        **kw,
+    )
+    return eng, version
+
+
+def fake(eng: CoordinatorEngine) -> Any:
+    return eng._llm
+
+
+def wait_for(cond: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def engine():
+    eng, version = make()
+    yield eng, version
+    eng.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- pure pieces
+def test_token_versions_follow_policy_epoch_boundaries() -> None:
+    # prompt of 4; 3 tokens generated under epoch 0, then epoch 1 set: boundary at the last token (index 6)
+    assert token_versions([(0, 0), (6, 1)], 4, 6, sent=[0, 1]) == (0, 0, 0, 1, 1, 1)
+    assert token_versions([(0, 2)], 4, 2) == (2, 2)
+    assert token_versions(None, 4, 0) == ()
+    with pytest.raises(LifecycleError, match="without policy_epoch"):
+        token_versions(None, 4, 3, request_id=7)
+    with pytest.raises(LifecycleError, match=r"stamps \[5\] were never set"):
+        token_versions([(0, 0), (6, 5)], 4, 6, sent=[0, 1])
+    with pytest.raises(LifecycleError, match="backwards"):
+        token_versions([(0, 1), (6, 0)], 4, 6)
+
+
+def test_docs_show_the_state_mapping_read_from_the_spec() -> None:
+    text = (ROOT / "docs" / "coordinator.md").read_text()
+    for state, cond, natives in state_table(LIFECYCLE):
+        want = ", ".join(natives) if natives else "-"
+        row = re.search(rf"^\| {state.value} \| {cond.value} \| ([^|]+) \|", text, re.M)
+        assert row is not None, f"docs/coordinator.md has no row for {state.value}"
+        assert row.group(1).strip() == want, (state, row.group(1), want)
+
+
+# ---------------------------------------------------------------------------------------------- the handoff
+def test_park_across_suspend_train_resume_records_versions_and_engine_states(engine) -> None:
+    eng, version = engine
+    trainer = RecordingTrainer()
+    lc = Lifecycle(eng, trainer, RecordingCollector(), config=LifecycleConfig(num_steps=3), drain=NoDeviceDrain())
+    eng._weight_version = lambda: lc.weight_version
+    lc.start()
+    llm = fake(eng)
+    llm.engine.allow_steps = 3  # exactly three decode steps before the handoff
+    handles = [eng.submit([5, 6, 7, 8], max_tokens=8) for _ in range(4)]
+    wait_for(lambda: llm.engine.steps == 3 and len(llm.engine.requests) == 4, "three decode steps")
+    steps_at_train: list[int] = []
+
+    def train_step(batch: Any) -> Any:
+        llm.engine.allow_steps = None  # would decode now if the engine were not suspended
+        time.sleep(0.05)
+        steps_at_train.append(llm.engine.steps)
+        assert eng.native_state() == "SUSPENDED"
+        return RecordingTrainer.train_step(trainer, batch)
+
+    trainer.train_step = train_step  # type: ignore[method-assign]
+    lc.step([1, 2])
+    outs = [h.result(timeout=20) for h in handles]
+    assert steps_at_train == [3]  # no decode step while the lifecycle trained
+    for c in outs:
+        assert len(c.token_ids) == 8 and c.finish_reason == "length"
+        assert c.weight_versions == (0, 0, 0, 1, 1, 1, 1, 1) and c.version_span == 1
+        assert c.logprobs == (-0.25,) * 8
+    assert [t for t in eng.transitions] == [
+        ("pause", "PAUSED"),
+        ("suspend", "SUSPENDED"),
+        ("resume", "PAUSED"),
+        ("unpause", "RUNNING"),
+    ]
+    assert eng.epochs_sent == [0, 1] and llm._coord_runtime.client.epochs == [0, 1]
+    states = {(r.trigger, r.dest): r.engine_state for r in lc.trace.records}
+    assert states[("start", "Starting")] == "RUNNING"
+    assert states[("begin_step", "Draining")] == "SUSPENDED"
+    assert states[("train", "Training")] == "SUSPENDED"
+    assert states[("resume", "Generating")] == "RUNNING"
+    lc.stop()
+    assert eng.native_state() == "STOPPED" and eng.engine_state().condition is EngineCondition.TORN_DOWN
+
+
+def test_a_training_step_is_refused_while_the_engine_runs_naming_both_states(engine) -> None:
+    eng, _ = engine
+    trainer = RecordingTrainer()
+    lc = Lifecycle(eng, trainer, RecordingCollector(), config=LifecycleConfig(num_steps=3), drain=NoDeviceDrain())
+    lc.start()
+    lc.begin_step()
+    assert eng.native_state() == "SUSPENDED"
+    llm = fake(eng)
+    eng._call(llm.resume(), "resume behind the lifecycle's back")
+    eng._call(llm.unpause(), "unpause behind the lifecycle's back")
+    assert eng.native_state() == "RUNNING"
+    with pytest.raises(EngineStateMismatch) as info:
+        lc.train([1, 2])
+    err = info.value
+    assert err.lifecycle_state == "Training" and err.expected == "suspended" and err.engine_state == "RUNNING"
+    assert "Training" in str(err) and "RUNNING" in str(err) and "SUSPENDED" in str(err)
+    assert trainer.steps == 0 and lc.state.value == "Failed"
+
+
+def test_a_suspend_that_leaves_the_engine_running_is_caught_after_the_action(engine) -> None:
+    eng, _ = engine
+    lc = Lifecycle(eng, RecordingTrainer(), RecordingCollector(), config=LifecycleConfig(), drain=NoDeviceDrain())
+    lc.start()
+    eng.suspend = lambda: None  # type: ignore[method-assign]  # a broken adapter: returns, engine still RUNNING
+    with pytest.raises(EngineStateMismatch, match="after suspend_engine"):
+        lc.begin_step()
+    assert lc.state.value == "Failed"
+
+
+# ---------------------------------------------------------------------------------------------- loop death
+def test_engine_loop_death_fails_every_pending_request_at_once(engine) -> None:
+    eng, _ = engine
+    eng.bring_up()
+    llm = fake(eng)
+    llm.engine.allow_steps = 0  # nothing finishes
+    handles = [eng.submit([5, 6, 7], max_tokens=4) for _ in range(3)]
+    wait_for(lambda: len(llm.engine.requests) == 3, "three requests admitted")
+    llm.engine.die_with = AssertionError("Prompt log probs cannot be calculated")  # megatron's add_request assert
+    done, not_done = concurrent.futures.wait([h.future for h in handles], timeout=20)
+    assert not not_done, f"{len(not_done)} request(s) still waiting after the engine loop died"
+    for h in handles:
+        err = h.future.exception()
+        assert isinstance(err, EngineLoopDied) and "AssertionError" in str(err) and err.pending == 3
+    with pytest.raises(EngineLoopDied):
+        eng.submit([5], max_tokens=2)
+    with pytest.raises(EngineLoopDied):
+        eng.suspend()
+    report = eng.engine_state()
+    assert report is not None and report.condition is EngineCondition.TORN_DOWN and "loop ended" in report.native
+
+
+def test_loop_death_during_a_suspend_raises_instead_of_waiting(engine) -> None:
+    eng, _ = engine
+    eng.bring_up()
+    llm = fake(eng)
+    llm.engine.die_with = RuntimeError("boom")
+    with pytest.raises(EngineLoopDied, match="RuntimeError: boom"):
+        eng.suspend()
+
+
+# ---------------------------------------------------------------------------------------------- bring-up, input
+def test_spawned_child_reimporting_the_entry_script_is_refused(monkeypatch) -> None:
+    eng, _ = make()
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__name__="__mp_main__", __file__="run.py"))
+    with pytest.raises(ConfigError) as info:
+        eng.bring_up()
+    assert info.value.field == "__main__" and info.value.value == "run.py" and "spawn" in str(info.value)
+    assert not eng.built
+
+
+def test_coordinator_process_exiting_at_start_up_names_import_safety() -> None:
+    def factory(**_: Any) -> Any:
+        raise RuntimeError("Process SpawnProcess-1 (pid 4242) has exited unexpectedly.")
+
+    eng = CoordinatorEngine(TinyModel(), CharTokenizer(), llm_factory=factory)
+    with pytest.raises(ConfigError, match=re.escape(SPAWN_HINT)) as info:
+        eng.bring_up()
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_built_once_and_bad_requests_are_refused_by_name(engine) -> None:
+    eng, _ = engine
+    with pytest.raises(LifecycleError, match="before bring_up"):
+        eng.submit([1, 2], max_tokens=2)
+    eng.bring_up()
+    with pytest.raises(EngineRebuild):
+        eng.bring_up()
+    with pytest.raises(ConfigError, match="top_logprobs"):
+        eng.submit([5, 6], max_tokens=2, top_logprobs=3)
+    with pytest.raises(RequestTooLarge):
+        eng.submit([5] * 60, max_tokens=8)
+    with pytest.raises(ConfigError, match="prompt_ids"):
+        eng.submit([], max_tokens=2)
+    follower, _ = make(rank=1)
+    follower.bring_up()
+    try:
+        with pytest.raises(ConfigError, match="rank=1"):
+            follower.submit([5, 6], max_tokens=2)
+    finally:
+        follower.shutdown()
+    with pytest.raises(ConfigError, match="kv_cache_mode"):
+        CoordinatorConfig(kv_cache_mode="offload", num_cuda_graphs=8)
+
+
+def test_on_token_stop_ids_cancel_and_seed_are_applied_or_counted(engine) -> None:
+    eng, _ = engine
+    eng.bring_up()
+    seen: list[tuple[int, float, int]] = []
+
+    def on_token(t: int, lp: float, v: int) -> bool | None:
+        seen.append((t, lp, v))
+        return False if len(seen) == 2 else None
+
+    a = eng.submit([5, 6], max_tokens=6, on_token=on_token).result(timeout=20)
+    assert len(a.token_ids) == 2 and a.finish_reason == "stop" and [s[0] for s in seen] == list(a.token_ids)
+    full = eng.submit([5, 6], max_tokens=6).result(timeout=20)
+    b = eng.submit([5, 6], max_tokens=6, stop_token_ids=[full.token_ids[2]]).result(timeout=20)
+    assert b.token_ids == full.token_ids[:3] and b.finish_reason == "stop"
+    llm = fake(eng)
+    llm.engine.allow_steps = 0
+    h = eng.submit([5, 6], max_tokens=3)
+    assert h.cancel() and h.result().finish_reason == "abort" and not h.cancel()
+    llm.engine.allow_steps = None
+    wait_for(lambda: eng.cancelled_still_decoding == 1, "the cancelled request's reply to be dropped")
+    eng.submit([5, 6], max_tokens=2, temperature=1.0, seed=3).result(timeout=20)
+    assert eng.seeds_not_applied == 1
