@@ -277,3 +277,36 @@ def test_on_token_stop_ids_cancel_and_seed_are_applied_or_counted(engine) -> Non
     wait_for(lambda: eng.cancelled_still_decoding == 1, "the cancelled request's reply to be dropped")
     eng.submit([5, 6], max_tokens=2, temperature=1.0, seed=3).result(timeout=20)
     assert eng.seeds_not_applied == 1
+
+
+# ---------------------------------------------------------------------------------------------- the server
+def test_server_over_the_coordinator_engine_keeps_the_gym_contract() -> None:
+    import httpx
+
+    from colo_fsm.server import GatedEngine
+
+    eng, _ = make()
+    gated = GatedEngine(eng, eng, serve=True, request_timeout_s=20.0, model_name="coord")
+    gated.bring_up()
+    try:
+        (base,) = gated.server_base_urls()
+        tok = CharTokenizer()
+        r = httpx.post(
+            base + "/completions",
+            json={"prompt": "12+3=", "max_tokens": 5, "logprobs": 0, "return_tokens_as_token_ids": True},
+            timeout=20,
+        ).json()
+        c = r["choices"][0]
+        assert c["prompt_token_ids"] == tok.tokenize("12+3=") and len(c["token_ids"]) == 5
+        assert c["logprobs"]["token_logprobs"] == [-0.25] * 5
+        assert c["logprobs"]["tokens"] == [f"token_id:{t}" for t in c["token_ids"]]
+        assert httpx.post(base + "/tokenize", json={"prompt": "12"}, timeout=20).json()["tokens"] == tok.tokenize("12")
+        with httpx.stream(
+            "POST", base + "/completions", json={"prompt": "12", "max_tokens": 4, "stream": True}, timeout=20
+        ) as s:
+            events = [line for line in s.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and len(events) >= 3
+        bad = httpx.post(base + "/completions", json={"prompt": "1", "max_tokens": 2, "logprobs": 3}, timeout=20)
+        assert bad.status_code == 400 and "logprobs" in bad.text
+    finally:
+        gated.shutdown()

@@ -47,6 +47,10 @@ class ModelConfig:
     records a training-graph runner per new sequence length and scans every captured runner per call). On one
     H200 (202M GPT, bf16) ``"block"`` decoded about 2x faster than ``"layer"``, captured in a third of the time
     and left the train step at its eager cost (``"layer"``: about 3x).
+    ``num_moe_experts`` makes every MLP a mixture of experts (top-``moe_router_topk`` routing, all-to-all token
+    dispatcher on CUDA and all-gather on the CPU, no auxiliary loss), sharded over ``expert_model_parallel_size`` ranks (initialize the groups
+    with the same size: :func:`~colo_fsm.adapters.megatron.parallel.init_distributed`); with EP > 1 megatron-core
+    generates only in coordinator mode (:mod:`colo_fsm.adapters.megatron.coordinator`).
     """
 
     vocab_size: int = 64
@@ -65,6 +69,9 @@ class ModelConfig:
     seed: int = 1234
     cuda_graphs: bool = False
     cuda_graph_scope: str = "block"
+    num_moe_experts: int | None = None  # None: dense MLPs; n: every MLP a mixture of n experts (local spec)
+    moe_router_topk: int = 2
+    expert_model_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for name in (
@@ -112,6 +119,21 @@ class ModelConfig:
             raise ConfigError("cuda_graphs", self.cuda_graphs, "False on the CPU (CUDA graphs need device='cuda')")
         if self.cuda_graph_scope not in _GRAPH_SCOPES:
             raise ConfigError("cuda_graph_scope", self.cuda_graph_scope, f"one of {_GRAPH_SCOPES}")
+        if self.num_moe_experts is not None:
+            _pos_int("num_moe_experts", self.num_moe_experts)
+            _pos_int("moe_router_topk", self.moe_router_topk)
+            if self.moe_router_topk > self.num_moe_experts:
+                raise ConfigError(
+                    "moe_router_topk", self.moe_router_topk, f"at most num_moe_experts={self.num_moe_experts}"
+                )
+            if self.num_moe_experts % _pos_int("expert_model_parallel_size", self.expert_model_parallel_size):
+                raise ConfigError(
+                    "expert_model_parallel_size",
+                    self.expert_model_parallel_size,
+                    f"a divisor of num_moe_experts={self.num_moe_experts}",
+                )
+        elif self.expert_model_parallel_size != 1:
+            raise ConfigError("expert_model_parallel_size", self.expert_model_parallel_size, "1 for a dense model")
         if self.bf16 is not None and not isinstance(self.bf16, bool):
             raise ConfigError("bf16", self.bf16, "True, False or None (bf16 on CUDA, fp32 on CPU)")
 
@@ -183,6 +205,15 @@ def transformer_config(cfg: ModelConfig) -> Any:
         )
         paged = {}
     kwargs.update(paged)
+    if cfg.num_moe_experts is not None:  # token-choice top-k routing, no auxiliary loss, no token dropping
+        kwargs.update(
+            num_moe_experts=cfg.num_moe_experts,
+            moe_router_topk=cfg.moe_router_topk,
+            # all-to-all on the GPU (what expert-parallel runs use); it creates CUDA streams, so all-gather on the CPU
+            moe_token_dispatcher_type="alltoall" if cfg.device == "cuda" else "allgather",
+            moe_aux_loss_coeff=0.0,
+            expert_model_parallel_size=cfg.expert_model_parallel_size,
+        )
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -218,7 +249,7 @@ def layer_spec(cfg: ModelConfig) -> Any:
 
     from colo_fsm.adapters.megatron.attention import SDPAttention
 
-    spec = get_gpt_layer_local_spec()
+    spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
     return spec
 
@@ -237,6 +268,12 @@ def build_model(cfg: ModelConfig) -> Any:
             "tensor_model_parallel_size",
             cfg.tensor_model_parallel_size,
             f"the initialized TP size {ps.get_tensor_model_parallel_world_size()}",
+        )
+    if ps.get_expert_model_parallel_world_size() != cfg.expert_model_parallel_size:
+        raise ConfigError(
+            "expert_model_parallel_size",
+            cfg.expert_model_parallel_size,
+            f"the initialized EP size {ps.get_expert_model_parallel_world_size()}",
         )
     if cfg.transformer_impl == "inference_optimized":
         _register_export_types()
