@@ -264,6 +264,7 @@ class CoordinatorEngine:
     """
 
     reads_weights_in_place = True
+    backend_name = "coordinator"
 
     def __init__(
         self,
@@ -349,7 +350,10 @@ class CoordinatorEngine:
             except RuntimeError as exc:
                 if "exited unexpectedly" in str(exc):
                     raise ConfigError(
-                        "__main__", _entry_script(), f"{SPAWN_HINT} (the coordinator process exited during start-up)"
+                        "__main__",
+                        _entry_script(),
+                        f"{SPAWN_HINT} (the coordinator process exited during start-up; its traceback is above it: "
+                        "the other usual cause is a tokenizer that cannot be pickled into the child)",
                     ) from exc
                 raise
         self._llm = llm
@@ -446,6 +450,13 @@ class CoordinatorEngine:
     def awake(self) -> bool:
         """True while megatron's engine is RUNNING."""
         return self.native_state() == "RUNNING" and self._dead is None
+
+    @property
+    def steps(self) -> int:
+        """Engine steps megatron ran so far (its context's step count; 0 before bring-up)."""
+        if self._llm is None:
+            return 0
+        return int(getattr(getattr(self._llm.engine, "context", None), "step_count", 0) or 0)
 
     def request_counts(self) -> RequestCounts:
         """Requests this rank submitted and not answered yet: running while RUNNING, else parked."""
