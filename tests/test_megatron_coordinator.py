@@ -38,7 +38,7 @@ from colo_fsm.states.spec import LIFECYCLE, EngineCondition
 from colo_fsm.testing.fakes import RecordingCollector, RecordingTrainer
 
 pytest.importorskip("megatron.core.inference.sampling_params", reason="megatron-core (the megatron extra)")
-from _coordinator_fake import FakeAsyncLLM  # noqa: E402
+from _coordinator_fake import FakeAsyncLLM
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -310,3 +310,15 @@ def test_server_over_the_coordinator_engine_keeps_the_gym_contract() -> None:
         assert bad.status_code == 400 and "logprobs" in bad.text
     finally:
         gated.shutdown()
+
+
+def test_an_engine_left_between_two_of_its_states_is_a_mismatch(engine) -> None:
+    eng, _ = engine
+    lc = Lifecycle(eng, RecordingTrainer(), RecordingCollector(), config=LifecycleConfig(), drain=NoDeviceDrain())
+    lc.start()
+    llm = fake(eng)
+    eng.suspend = lambda: eng._call(llm.pause(), "pause only")  # type: ignore[method-assign]
+    with pytest.raises(EngineStateMismatch) as info:
+        lc.begin_step()
+    assert info.value.engine_state == "PAUSED" and info.value.engine_condition == "between two conditions"
+    assert "SUSPENDED" in str(info.value)

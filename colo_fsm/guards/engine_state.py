@@ -24,11 +24,12 @@ CHECKED_CONDITIONS = frozenset({EngineCondition.AWAKE, EngineCondition.SUSPENDED
 
 @dataclass(frozen=True)
 class EngineStateReport:
-    """An engine's own state: its native name (e.g. ``"SUSPENDED"``), what it means to the lifecycle, and
-    the native states that mean the same (shown in a mismatch error)."""
+    """An engine's own state: its native name (e.g. ``"SUSPENDED"``), what it means to the lifecycle (None: in
+    between two conditions, a step of the engine's own machine), and the native states of each condition
+    (shown in a mismatch error)."""
 
     native: str
-    condition: EngineCondition
+    condition: EngineCondition | None
     engine: str = "engine"
     matching: dict[EngineCondition, tuple[str, ...]] | None = None
 
@@ -79,7 +80,7 @@ def check_engine_state(
         expected=expected.value,
         engine=report.engine,
         engine_state=report.native,
-        engine_condition=report.condition.value,
+        engine_condition=report.condition.value if report.condition is not None else "between two conditions",
         accepted=report.natives_for(expected),
         when=when,
         rank=rank,

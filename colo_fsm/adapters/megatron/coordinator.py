@@ -72,7 +72,7 @@ log = get_logger(__name__)
 ENGINE_NAME = "megatron-core"
 SPAWN_HINT = (
     "an import-safe entry script: megatron-core starts its inference coordinator with multiprocessing 'spawn', "
-    "which re-imports the script that built the engine; put the run under `if __name__ == \"__main__\":`"
+    'which re-imports the script that built the engine; put the run under `if __name__ == "__main__":`'
 )
 
 
@@ -119,7 +119,9 @@ class CoordinatorConfig:
         _positive("block_size_tokens", self.block_size_tokens, "a positive integer")
         for name in ("max_requests", "num_cuda_graphs", "max_request_tokens", "coordinator_port"):
             _positive(name, getattr(self, name), "a positive integer, or None", none_ok=True)
-        if self.coordinator_host is not None and (not isinstance(self.coordinator_host, str) or not self.coordinator_host):
+        if self.coordinator_host is not None and (
+            not isinstance(self.coordinator_host, str) or not self.coordinator_host
+        ):
             raise ConfigError("coordinator_host", self.coordinator_host, "a host name or address, or None")
         for name in (
             "tensor_model_parallel_size",
@@ -128,7 +130,9 @@ class CoordinatorConfig:
             "expert_tensor_parallel_size",
             "context_parallel_size",
         ):
-            _positive(name, getattr(self, name), "a positive integer, or None (inherit the training model's)", none_ok=True)
+            _positive(
+                name, getattr(self, name), "a positive integer, or None (inherit the training model's)", none_ok=True
+            )
         if self.kv_cache_mode == "offload" and self.num_cuda_graphs is not None:
             # megatron-core 0.19.2 recaptures graphs at an offload resume and resets the context after the capture:
             # requests parked in the context would be lost (recompute re-adds them after the capture).
@@ -304,9 +308,7 @@ class CoordinatorEngine:
         self._lock = threading.Lock()
         self._pending: dict[int, CoordinatorHandle] = {}
         self._next_id = 0
-        self._done_q: queue.SimpleQueue[tuple[CoordinatorHandle, concurrent.futures.Future[Any]]] = (
-            queue.SimpleQueue()
-        )
+        self._done_q: queue.SimpleQueue[tuple[CoordinatorHandle, concurrent.futures.Future[Any]]] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._worker_stop = threading.Event()
         self.epochs_sent: list[int] = []
@@ -440,7 +442,7 @@ class CoordinatorEngine:
         cond = condition_of(native)
         if self._dead is not None:
             native, cond = f"{native} (engine loop ended)", EngineCondition.TORN_DOWN
-        return EngineStateReport(native, cond, ENGINE_NAME, natives_by_condition())  # type: ignore[arg-type]
+        return EngineStateReport(native, cond, ENGINE_NAME, natives_by_condition())
 
     def model_mode(self) -> ModeReport:
         """The shared model's inference-only switches now, and their training values (guards)."""
@@ -538,7 +540,11 @@ class CoordinatorEngine:
             self._pending[rid] = handle
         assert self._loop is not None
         fut = asyncio.run_coroutine_threadsafe(self._llm.generate(list(ids), sp), self._loop)
-        fut.add_done_callback(lambda f, h=handle: self._done_q.put((h, f)))  # processed off megatron's loop
+
+        def finished(f: concurrent.futures.Future[Any], h: CoordinatorHandle = handle) -> None:
+            self._done_q.put((h, f))  # turned into a completion on the watch thread, off megatron's loop
+
+        fut.add_done_callback(finished)
         return handle
 
     def generate_ids(
@@ -664,7 +670,9 @@ class CoordinatorEngine:
                     raise self._dead from None
                 if time.monotonic() > deadline:
                     fut.cancel()
-                    raise WaitTimeout(what, self.config.control_timeout_s, f"EngineState {self.native_state()}") from None
+                    raise WaitTimeout(
+                        what, self.config.control_timeout_s, f"EngineState {self.native_state()}"
+                    ) from None
 
     def _loop_death(self) -> str | None:
         """How megatron's engine loop ended (None while it runs, or once we are shutting it down)."""

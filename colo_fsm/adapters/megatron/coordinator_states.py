@@ -19,6 +19,7 @@ at or before ``p - 1`` (:func:`token_versions`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 
 from colo_fsm.errors import LifecycleError
 from colo_fsm.states.spec import LIFECYCLE, EngineCondition, LifecycleSpec, State
@@ -87,7 +88,7 @@ def token_versions(
         )
     bounds = sorted((int(i), int(e)) for i, e in policy_epoch)
     epochs = [e for _, e in bounds]
-    if any(b < a for a, b in zip(epochs, epochs[1:])):
+    if any(b < a for a, b in pairwise(epochs)):
         raise LifecycleError(f"request {request_id}: policy_epoch goes backwards: {bounds}")
     if sent is not None:
         allowed = set(sent)
