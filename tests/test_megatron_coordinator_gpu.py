@@ -4,7 +4,8 @@ Bring-up once; requests parked across suspend -> train -> resume in persist and 
 stamped with the weight version megatron recorded for it; a training step refused while megatron's engine runs;
 a small MoE GPT (EP=1) that generates, trains after a resume with the mode guard checked before the training
 forward, and generates again; the OpenAI-compatible server over the engine answering with the request fields
-nemo-gym's RL path sends (nemo-gym itself needs Python 3.13: the ``openai`` client sends the same fields here).
+nemo-gym's RL path sends (nemo-gym itself needs Python 3.13, which the GPU machine lacks: the same fields are
+posted here with the standard library's HTTP client).
 
 pytest as the entry point is import-safe for megatron's spawned coordinator (``python -m pytest`` re-imports
 ``pytest.__main__``, which is guarded).
@@ -202,10 +203,19 @@ def test_moe_generates_trains_after_a_resume_and_generates_again(moe) -> None:
         lc.stop()
 
 
-def test_openai_server_over_the_coordinator_gives_token_ids_and_logprobs(dense) -> None:
-    import httpx
-    from openai import OpenAI
+def _post(url: str, body: dict[str, Any], *, stream: bool = False) -> Any:
+    """POST JSON with the standard library (the GPU machine has no HTTP client package)."""
+    import json
+    import urllib.request
 
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=180) as r:
+        if stream:
+            return [line.decode().strip() for line in r if line.strip()]
+        return json.loads(r.read())
+
+
+def test_openai_server_over_the_coordinator_gives_token_ids_and_logprobs(dense) -> None:
     from colo_fsm.server import GatedEngine
 
     eng = CoordinatorEngine(dense, TOK, CoordinatorConfig(buffer_size_gb=1.0), max_sequence_length=SEQ)
@@ -213,35 +223,43 @@ def test_openai_server_over_the_coordinator_gives_token_ids_and_logprobs(dense) 
     gated.bring_up()
     try:
         (base,) = gated.server_base_urls()
-        client = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120.0)
         prompt = "12+34="
-        tok = httpx.post(base.removesuffix("/v1") + "/tokenize", json={"model": "coord", "prompt": prompt}).json()
-        assert tok["tokens"] == TOK.tokenize(prompt)
-        # nemo-gym's completions call (VLLMModel with use_completions_api, return_token_id_information=True)
-        r = client.completions.create(
-            model="coord",
-            prompt=prompt,
-            max_tokens=8,
-            temperature=1.0,
-            logprobs=0,
-            extra_body={"return_tokens_as_token_ids": True},
+        assert _post(base.removesuffix("/v1") + "/tokenize", {"model": "coord", "prompt": prompt})["tokens"] == (
+            TOK.tokenize(prompt)
         )
-        c = r.choices[0].model_dump()
+        # the fields nemo-gym's RL path sends (VLLMModel, return_token_id_information=True, completions API)
+        r = _post(
+            base + "/completions",
+            {
+                "model": "coord",
+                "prompt": prompt,
+                "max_tokens": 8,
+                "temperature": 1.0,
+                "logprobs": 0,
+                "return_tokens_as_token_ids": True,
+            },
+        )
+        c = r["choices"][0]
         assert c["prompt_token_ids"] == TOK.tokenize(prompt)
         assert len(c["token_ids"]) == len(c["logprobs"]["token_logprobs"]) > 0
         assert all(t.startswith("token_id:") for t in c["logprobs"]["tokens"])
-        # nemo-gym's chat call (logprobs=True, top_logprobs=0)
-        chat = client.chat.completions.create(
-            model="coord",
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=8,
-            temperature=1.0,
-            logprobs=True,
-            top_logprobs=0,
+        # and its chat call (logprobs=True, top_logprobs=0)
+        chat = _post(
+            base + "/chat/completions",
+            {
+                "model": "coord",
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 8,
+                "temperature": 1.0,
+                "logprobs": True,
+                "top_logprobs": 0,
+            },
         )
-        assert chat.choices[0].logprobs is not None and len(chat.choices[0].logprobs.content) > 0
-        # streaming (megatron-core 0.19.2 answers once per request: the chunks arrive together at its end)
-        chunks = list(client.completions.create(model="coord", prompt=prompt, max_tokens=8, stream=True))
-        assert "".join(ch.choices[0].text for ch in chunks if ch.choices) != ""
+        assert len(chat["choices"][0]["logprobs"]["content"]) > 0
+        # streaming: megatron-core 0.19.2 answers once per request, so the chunks arrive together at its end
+        lines = _post(
+            base + "/completions", {"model": "coord", "prompt": prompt, "max_tokens": 8, "stream": True}, stream=True
+        )
+        assert lines[-1] == "data: [DONE]" and len(lines) >= 3
     finally:
         gated.shutdown()
