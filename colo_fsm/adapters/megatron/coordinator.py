@@ -29,24 +29,36 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import math
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from colo_fsm.adapters.batching import OnToken, Priority, RequestCounts, TokenCompletion, request_seed
-from colo_fsm.adapters.megatron.coordinator_states import (
-    SLEEP,
-    WAKE,
-    condition_of,
-    natives_by_condition,
-    token_versions,
+from colo_fsm.adapters.megatron.coordinator_config import (
+    SPAWN_HINT,
+    CoordinatorConfig,
+    check_positive,
+    client_of,
+    coordinator_dependencies,
+    entry_script,
+    global_rank,
+    in_spawn_bootstrap,
+    megatron_async_llm,
+    run_elsewhere,
+    stop_process,
 )
-from colo_fsm.adapters.megatron.engine import KVCacheMode, to_completion
+from colo_fsm.adapters.megatron.coordinator_requests import (
+    CoordinatorHandle,
+    build_completion,
+    check_prompt,
+    sampling_params,
+    settle,
+    state_name,
+)
+from colo_fsm.adapters.megatron.coordinator_states import SLEEP, WAKE, condition_of, natives_by_condition
+from colo_fsm.adapters.megatron.engine import to_completion
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import device_context, rank_device_index
@@ -70,193 +82,6 @@ from colo_fsm.states.spec import EngineCondition
 log = get_logger(__name__)
 
 ENGINE_NAME = "megatron-core"
-SPAWN_HINT = (
-    "an import-safe entry script: megatron-core starts its inference coordinator with multiprocessing 'spawn', "
-    'which re-imports the script that built the engine; put the run under `if __name__ == "__main__":`'
-)
-
-
-def _positive(name: str, value: Any, what: str, *, none_ok: bool = False) -> None:
-    if value is None and none_ok:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(name, value, what)
-
-
-@dataclass(frozen=True)
-class CoordinatorConfig:
-    """Settings of the coordinator-mode engine.
-
-    ``kv_cache_mode``, ``buffer_size_gb``, ``max_requests``, ``block_size_tokens`` and ``num_cuda_graphs`` go to
-    megatron-core's ``InferenceConfig``; parallel sizes left at None inherit the training model's (set ones must
-    match it); ``max_request_tokens`` bounds prompts x max_tokens of one ``generate_ids`` call;
-    ``coordinator_host``/``coordinator_port`` are megatron's (None: its defaults); ``control_timeout_s`` bounds
-    each pause/suspend/resume/unpause wait; ``watch_interval_s`` is how often the engine loop is checked.
-    """
-
-    kv_cache_mode: str = "persist"
-    buffer_size_gb: float = 1.0
-    max_requests: int | None = None
-    block_size_tokens: int = 256
-    num_cuda_graphs: int | None = None
-    max_request_tokens: int | None = None
-    coordinator_host: str | None = None
-    coordinator_port: int | None = None
-    control_timeout_s: float = 600.0
-    watch_interval_s: float = 0.05
-    tensor_model_parallel_size: int | None = None
-    pipeline_model_parallel_size: int | None = None
-    expert_model_parallel_size: int | None = None
-    expert_tensor_parallel_size: int | None = None
-    context_parallel_size: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kv_cache_mode", KVCacheMode(_kv_mode(self.kv_cache_mode)).value)
-        for name in ("buffer_size_gb", "control_timeout_s", "watch_interval_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or not math.isfinite(v):
-                raise ConfigError(name, v, "a positive number")
-        _positive("block_size_tokens", self.block_size_tokens, "a positive integer")
-        for name in ("max_requests", "num_cuda_graphs", "max_request_tokens", "coordinator_port"):
-            _positive(name, getattr(self, name), "a positive integer, or None", none_ok=True)
-        if self.coordinator_host is not None and (
-            not isinstance(self.coordinator_host, str) or not self.coordinator_host
-        ):
-            raise ConfigError("coordinator_host", self.coordinator_host, "a host name or address, or None")
-        for name in (
-            "tensor_model_parallel_size",
-            "pipeline_model_parallel_size",
-            "expert_model_parallel_size",
-            "expert_tensor_parallel_size",
-            "context_parallel_size",
-        ):
-            _positive(
-                name, getattr(self, name), "a positive integer, or None (inherit the training model's)", none_ok=True
-            )
-        if self.kv_cache_mode == "offload" and self.num_cuda_graphs is not None:
-            # megatron-core 0.19.2 recaptures graphs at an offload resume and resets the context after the capture:
-            # requests parked in the context would be lost (recompute re-adds them after the capture).
-            raise ConfigError(
-                "kv_cache_mode",
-                self.kv_cache_mode,
-                "'persist' or 'recompute' with num_cuda_graphs (an offload resume recaptures the graphs and resets "
-                "the context, which drops the parked requests)",
-            )
-
-    @property
-    def max_top_logprobs(self) -> int:
-        """Alternatives per token this engine records: none (the coordinator path returns no top-n ids here)."""
-        return 0
-
-
-def _kv_mode(value: Any) -> str:
-    from colo_fsm.adapters.megatron.engine import parse_kv_cache_mode
-
-    return parse_kv_cache_mode(value).value
-
-
-def coordinator_dependencies() -> tuple[bool, str]:
-    """Whether pyzmq and msgpack (the coordinator's transport) are importable here, and if not, which is missing."""
-    import importlib.util
-
-    missing = [m for m, mod in (("pyzmq", "zmq"), ("msgpack", "msgpack")) if importlib.util.find_spec(mod) is None]
-    if missing:
-        return False, f"{' and '.join(missing)} not installed (pip install 'colo-fsm[coordinator]')"
-    return True, "pyzmq and msgpack found"
-
-
-def _in_spawn_bootstrap() -> bool:
-    """True inside a spawned child that is re-importing the parent's entry script (its ``__main__``)."""
-    main = sys.modules.get("__main__")
-    return getattr(main, "__name__", "__main__") == "__mp_main__"
-
-
-def _entry_script() -> str:
-    main = sys.modules.get("__main__")
-    return str(getattr(main, "__file__", "<interactive>"))
-
-
-def _megatron_async_llm(**kwargs: Any) -> Any:
-    from megatron.core.inference.apis import MegatronAsyncLLM
-
-    return MegatronAsyncLLM(**kwargs)
-
-
-def _state_name(state: Any) -> str:
-    return str(getattr(state, "name", state))
-
-
-def _as_list(x: Any) -> list[Any]:
-    if x is None:
-        return []
-    tolist = getattr(x, "tolist", None)
-    return list(tolist()) if callable(tolist) else list(x)
-
-
-class CoordinatorHandle:
-    """One submitted request: ``future`` resolves to a :class:`~colo_fsm.adapters.batching.TokenCompletion`.
-
-    ``cancel()`` resolves it at once with finish "abort" and no tokens; megatron-core 0.19.2 has no per-request
-    abort, so the engine still decodes the request to its end and the reply is dropped.
-    """
-
-    def __init__(
-        self,
-        request_id: int,
-        prompt_ids: tuple[int, ...],
-        *,
-        on_token: OnToken | None,
-        stop_token_ids: frozenset[int],
-        admitted_version: int,
-    ) -> None:
-        self.request_id = request_id
-        self.prompt_ids = prompt_ids
-        self.on_token = on_token
-        self.stop_token_ids = stop_token_ids
-        self.admitted_version = admitted_version
-        self.future: concurrent.futures.Future[TokenCompletion] = concurrent.futures.Future()
-
-    def _abort(self) -> TokenCompletion:
-        return TokenCompletion(self.request_id, self.prompt_ids, (), (), (), "", "abort", self.admitted_version)
-
-    def cancel(self) -> bool:
-        """Resolve with finish "abort" (False if already done); the engine finishes the request on its own."""
-        try:
-            self.future.set_result(self._abort())
-        except concurrent.futures.InvalidStateError:
-            return False
-        return True
-
-    def done(self) -> bool:
-        """Whether the request finished, failed or was cancelled."""
-        return self.future.done()
-
-    def result(self, timeout: float | None = None) -> TokenCompletion:
-        """Wait for the completion (a cancelled future gives the "abort" completion)."""
-        try:
-            return self.future.result(timeout)
-        except concurrent.futures.CancelledError:
-            return self._abort()
-
-    async def wait(self) -> TokenCompletion:
-        """Await the completion from asyncio code."""
-        try:
-            return await asyncio.wrap_future(self.future)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            return self._abort()
-
-
-def _settle(fut: concurrent.futures.Future[Any], *, result: Any = None, exc: BaseException | None = None) -> None:
-    try:
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)
-    except concurrent.futures.InvalidStateError:
-        pass  # cancelled by its caller meanwhile
 
 
 class CoordinatorEngine:
@@ -294,11 +119,11 @@ class CoordinatorEngine:
         self.max_sequence_length = int(max_sequence_length or getattr(model, "max_sequence_length", 0) or 0)
         if self.max_sequence_length < 2:
             raise ConfigError("max_sequence_length", max_sequence_length, "an integer >= 2 (or a model with one)")
-        self.rank = _global_rank() if rank is None else int(rank)
+        self.rank = global_rank() if rank is None else int(rank)
         self.is_primary = self.rank == 0
         self._weight_version = weight_version or (lambda: 0)
         self._urls = list(server_urls)
-        self._factory = llm_factory or _megatron_async_llm
+        self._factory = llm_factory or megatron_async_llm
         self._llm: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.built = False
@@ -327,10 +152,10 @@ class CoordinatorEngine:
         """Build megatron-core's engine, coordinator and client once; pin the loop's CUDA device; set epoch."""
         if self.built:
             raise EngineRebuild("CoordinatorEngine.bring_up called twice: the colocated engine is built once per run")
-        if _in_spawn_bootstrap():
-            raise ConfigError("__main__", _entry_script(), SPAWN_HINT)
+        if in_spawn_bootstrap():
+            raise ConfigError("__main__", entry_script(), SPAWN_HINT)
         ok, why = coordinator_dependencies()
-        if not ok and self._factory is _megatron_async_llm:
+        if not ok and self._factory is megatron_async_llm:
             raise ConfigError("coordinator", why, "pyzmq and msgpack importable (the 'coordinator' extra)")
         self.memory_estimate = check_engine_budget(self)  # guards: refuse an over-budget build with the numbers
         self.model.eval()
@@ -353,7 +178,7 @@ class CoordinatorEngine:
                 if "exited unexpectedly" in str(exc):
                     raise ConfigError(
                         "__main__",
-                        _entry_script(),
+                        entry_script(),
                         f"{SPAWN_HINT} (the coordinator process exited during start-up; its traceback is above it: "
                         "the other usual cause is a tokenizer that cannot be pickled into the child)",
                     ) from exc
@@ -411,9 +236,9 @@ class CoordinatorEngine:
         try:
             if self._dead is None and self._loop is not None and self._loop.is_running():
                 # shutdown() joins megatron's loop thread: await it from a loop of our own, never from that one
-                _run_elsewhere(lambda: llm.shutdown(), self.config.control_timeout_s)
+                run_elsewhere(lambda: llm.shutdown(), self.config.control_timeout_s)
             else:
-                _stop_process(getattr(llm.engine, "inference_coordinator_process", None))
+                stop_process(getattr(llm.engine, "inference_coordinator_process", None))
         finally:
             self._abort_pending()
             self._worker_stop.set()
@@ -432,7 +257,7 @@ class CoordinatorEngine:
     # ------------------------------------------------------------------ state
     def native_state(self) -> str:
         """megatron-core's ``EngineState`` name now ("" before bring-up)."""
-        return _state_name(self._llm.engine.state) if self._llm is not None else ""
+        return state_name(self._llm.engine.state) if self._llm is not None else ""
 
     def engine_state(self) -> EngineStateReport | None:
         """megatron's ``EngineState`` and its lifecycle condition (the lifecycle checks it at every action)."""
@@ -504,8 +329,8 @@ class CoordinatorEngine:
             raise ConfigError(
                 "rank", self.rank, "0: in coordinator mode only global rank 0 holds megatron-core's InferenceClient"
             )
-        ids = _prompt(prompt_ids)
-        _positive("max_tokens", max_tokens, "a positive integer")
+        ids = check_prompt(prompt_ids)
+        check_positive("max_tokens", max_tokens, "a positive integer")
         if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
             raise ConfigError("temperature", temperature, "a number >= 0 (0: greedy)")
         if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
@@ -526,7 +351,7 @@ class CoordinatorEngine:
                     "(counted in seeds_not_applied)",
                     seed,
                 )
-        sp = _sampling_params(max_tokens, temperature, top_p, top_k, int(self.tokenizer.eod))
+        sp = sampling_params(max_tokens, temperature, top_p, top_k, int(self.tokenizer.eod))
         with self._lock:
             rid = self._next_id
             self._next_id += 1
@@ -616,7 +441,7 @@ class CoordinatorEngine:
             max_requests=self.config.max_requests if self.config.max_requests is not None else 128,
             max_sequence_length=self.max_sequence_length,
             kv_cache_management_mode=KVCacheManagementMode(self.config.kv_cache_mode),
-            materialize_only_last_token_logits=True,  # so every request sets skip_prompt_log_probs (_sampling_params)
+            materialize_only_last_token_logits=True,  # so every request sets skip_prompt_log_probs (sampling_params)
             num_cuda_graphs=self.config.num_cuda_graphs,
         )
 
@@ -631,7 +456,7 @@ class CoordinatorEngine:
         return int(torch.cuda.current_device())
 
     async def _send_epoch(self, epoch: int) -> None:
-        client = _client_of(self._llm)
+        client = client_of(self._llm)
         if client is not None:  # primary rank only; every rank's engine receives it through the coordinator
             client.set_generation_epoch(epoch)
 
@@ -698,7 +523,7 @@ class CoordinatorEngine:
             self._dead = EngineLoopDied(detail, pending=len(pending), state=self.native_state(), rank=self.rank)
         log.error("%s; failing %d pending request(s)", detail, len(pending))
         for h in pending:
-            _settle(h.future, exc=self._dead)
+            settle(h.future, exc=self._dead)
 
     def _abort_pending(self) -> None:
         with self._lock:
@@ -731,129 +556,20 @@ class CoordinatorEngine:
             return
         exc = fut.exception()
         if exc is not None:
-            _settle(handle.future, exc=exc)
+            settle(handle.future, exc=exc)
             return
         try:
-            completion = self._completion(handle, fut.result())
-        except Exception as err:
-            _settle(handle.future, exc=err)
-        else:
-            _settle(handle.future, result=completion)
-
-    def _completion(self, handle: CoordinatorHandle, req: Any) -> TokenCompletion:
-        toks = [int(t) for t in _as_list(req.generated_tokens)]
-        lps = [float(x) for x in _as_list(getattr(req, "generated_log_probs", None))]
-        lps = (lps + [math.nan] * len(toks))[: len(toks)]
-        versions = list(
-            token_versions(
-                req.policy_epoch, len(handle.prompt_ids), len(toks), sent=self.epochs_sent, request_id=handle.request_id
+            completion = build_completion(
+                handle,
+                fut.result(),
+                eod=int(self.tokenizer.eod),
+                detokenize=self.tokenizer.detokenize,
+                sent=self.epochs_sent,
             )
-        )
-        status = _state_name(getattr(req, "status", "")) or ""
-        finish = "abort" if status.endswith("FAILED") else ""
-        if finish:
-            log.warning("megatron-core failed request %d: %s", handle.request_id, getattr(req, "events", ""))
-        cut = len(toks)
-        for i, t in enumerate(toks):
-            if t in handle.stop_token_ids:
-                cut, finish = i + 1, "stop"
-                break
-        if handle.on_token is not None:
-            for i in range(cut):
-                if handle.on_token(toks[i], lps[i], versions[i]) is False:
-                    cut, finish = i + 1, "stop"
-                    break
-        toks, lps, versions = toks[:cut], lps[:cut], versions[:cut]
-        if not finish:
-            finish = "stop" if toks and toks[-1] == int(self.tokenizer.eod) else "length"
-        return TokenCompletion(
-            handle.request_id,
-            handle.prompt_ids,
-            tuple(toks),
-            tuple(lps),
-            tuple(versions),
-            self.tokenizer.detokenize(toks),
-            finish,
-            handle.admitted_version,
-        )
-
-
-def _prompt(prompt_ids: Sequence[int]) -> tuple[int, ...]:
-    if isinstance(prompt_ids, str | bytes) or not isinstance(prompt_ids, Sequence) or not prompt_ids:
-        raise ConfigError("prompt_ids", prompt_ids, "a non-empty sequence of token ids")
-    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt_ids):
-        raise ConfigError("prompt_ids", list(prompt_ids)[:8], "non-negative integer token ids")
-    return tuple(int(t) for t in prompt_ids)
-
-
-def _sampling_params(max_tokens: int, temperature: float, top_p: float, top_k: int, eod: int) -> Any:
-    """megatron-core ``SamplingParams``: greedy as top-k 1, top-p 1.0 as megatron's "off" (0.0), log-probs of the
-    generated tokens only (prompt log-probs cannot be computed with only the last token's logits materialized,
-    and megatron asserts on it inside its engine loop)."""
-    from megatron.core.inference.sampling_params import SamplingParams
-
-    greedy = temperature == 0
-    return SamplingParams(
-        temperature=1.0 if greedy else float(temperature),
-        top_k=1 if greedy else int(top_k),
-        top_p=0.0 if greedy or top_p >= 1.0 else float(top_p),
-        num_tokens_to_generate=int(max_tokens),
-        termination_id=int(eod),
-        return_log_probs=True,
-        skip_prompt_log_probs=True,
-    )
-
-
-def _client_of(llm: Any) -> Any:
-    """megatron's ``InferenceClient`` on the primary rank (None elsewhere).
-
-    megatron-core 0.19.2 exposes the generation epoch only on the client (``set_generation_epoch``), which
-    ``MegatronAsyncLLM`` keeps in its coordinator runtime; a version without it is refused by name.
-    """
-    runtime = getattr(llm, "_coord_runtime", None)
-    if runtime is None or not hasattr(runtime, "client"):
-        raise ConfigError(
-            "megatron-core",
-            type(llm).__name__,
-            "a MegatronAsyncLLM with a coordinator runtime holding the InferenceClient (megatron-core 0.19.2)",
-        )
-    return runtime.client
-
-
-def _run_elsewhere(make: Callable[[], Coroutine[Any, Any, Any]], timeout_s: float) -> None:
-    """Run ``make()`` to completion on a fresh event loop in a thread of its own (the caller may be inside a loop)."""
-    box: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            asyncio.run(asyncio.wait_for(make(), timeout_s))
-        except BaseException as exc:
-            box.append(exc)
-
-    t = threading.Thread(target=run, name="colo-fsm-coordinator-shutdown", daemon=True)
-    t.start()
-    t.join(timeout_s + 5)
-    if t.is_alive():
-        raise WaitTimeout("the coordinator engine's shutdown", timeout_s)
-    if box:
-        raise box[0]
-
-
-def _stop_process(proc: Any) -> None:
-    if proc is not None and proc.is_alive():
-        proc.terminate()
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-
-
-def _global_rank() -> int:
-    try:
-        import torch.distributed as dist
-
-        return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0
-    except ImportError:  # pragma: no cover - torch is a dependency of the megatron extra
-        return 0
+        except Exception as err:
+            settle(handle.future, exc=err)
+        else:
+            settle(handle.future, result=completion)
 
 
 __all__ = [
