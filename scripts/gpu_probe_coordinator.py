@@ -11,6 +11,7 @@ with its traceback):
              step on the same model, generation epoch set, resume -> RESUMED(PAUSED) -> unpause -> RUNNING, every
              request finishes; EngineState, timings and ``policy_epoch`` printed at each point.
              Run in persist and in recompute (a second engine on the same model, after shutdown).
+  adapter-lifecycle  colo-fsm's CoordinatorEngine under the Lifecycle (start, requests parked across lc.step, stop)
   moe        the same cycle on a small MoE GPT (4 experts, top-2, EP=1) with the model-mode report before the
              training forward
   death      a request megatron's add_request asserts on (log-probs with prompt log-probs, while only the
@@ -377,6 +378,44 @@ def main() -> int:
         state_holder["moe"] = model
         return cycle(model, "persist", label="moe")
 
+    @section("adapter-lifecycle")
+    def adapter() -> dict[str, Any]:
+        """colo-fsm's CoordinatorEngine under the Lifecycle (only on a checkout that has the adapter)."""
+        from colo_fsm.adapters.megatron.coordinator import CoordinatorConfig, CoordinatorEngine
+        from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+        from colo_fsm.adapters.megatron.trainer import MegatronTrainer
+        from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+
+        model = state_holder.get("dense") or build_dense(args.hidden, args.layers, 1024)
+        box: dict[str, Any] = {}
+        eng = CoordinatorEngine(
+            model,
+            CharTokenizer(),
+            CoordinatorConfig(buffer_size_gb=2.0, control_timeout_s=60.0),
+            max_sequence_length=1024,
+            weight_version=lambda: box["lc"].weight_version if "lc" in box else 0,
+        )
+        lc = box["lc"] = Lifecycle(eng, MegatronTrainer(model), None, config=LifecycleConfig())
+        t = time.perf_counter()
+        lc.start()
+        res: dict[str, Any] = {"start_s": round(time.perf_counter() - t, 3), "loop_device": eng.loop_device}
+        try:
+            handles = [eng.submit(list(range(3, 35)), max_tokens=n) for n in (64, 256, 512)]
+            time.sleep(0.3)
+            t = time.perf_counter()
+            lc.step(rollouts(8))
+            res["step_s"] = round(time.perf_counter() - t, 3)
+            outs = [h.result(timeout=120) for h in handles]
+            res["lengths"] = [len(c.token_ids) for c in outs]
+            res["versions_first_last"] = [(c.weight_versions[:1], c.weight_versions[-1:]) for c in outs]
+            res["trace_engine_states"] = [(r.trigger, r.dest, r.engine_state) for r in lc.trace.records]
+            res["timings"] = eng.timings
+            res["transitions"] = eng.transitions
+        finally:
+            lc.stop()
+        say(f"  [adapter] {res}")
+        return res
+
     @section("frontend")
     def frontend() -> dict[str, Any]:
         from megatron.core.inference.text_generation_server.dynamic_text_gen_server import (  # noqa: F401
@@ -429,6 +468,7 @@ def main() -> int:
         return res
 
     dense_persist()
+    adapter()
     dense_recompute()
     moe()
     frontend()
