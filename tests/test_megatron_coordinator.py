@@ -322,3 +322,22 @@ def test_an_engine_left_between_two_of_its_states_is_a_mismatch(engine) -> None:
         lc.begin_step()
     assert info.value.engine_state == "PAUSED" and info.value.engine_condition == "between two conditions"
     assert "SUSPENDED" in str(info.value)
+
+
+def test_the_gated_server_engine_passes_the_engine_state_through(engine) -> None:
+    from colo_fsm.server import GatedEngine
+
+    eng, _ = engine
+    gated = GatedEngine(eng, eng)
+    lc = Lifecycle(gated, RecordingTrainer(), RecordingCollector(), config=LifecycleConfig(), drain=NoDeviceDrain())
+    lc.start()
+    lc.begin_step()
+    assert [(r.trigger, r.engine_state) for r in lc.trace.records] == [
+        ("start", "RUNNING"),
+        ("generate", "RUNNING"),
+        ("begin_step", "SUSPENDED"),
+    ]
+    llm = fake(eng)
+    eng._call(llm.resume(), "resume behind the lifecycle's back")
+    with pytest.raises(EngineStateMismatch, match="reports PAUSED"):
+        lc.train([1])
