@@ -32,6 +32,9 @@ for s in $only; do
         --model gpt200m --engine batcher,coordinator ${BENCH_ARGS:---quick --steps 5 --warmup 1 --rounds 1 --buffer-gb 4} \
         --out "$out/inflight_handoff_coordinator.json" ;;
     probe) step probe 240 120 python3 scripts/gpu_probe_coordinator.py --out "$out" ;;
+    # more than one GPU (not in the default list): experts over 2 GPUs, then tensor parallel
+    multi_ep) step multi_ep 240 120 torchrun --nproc-per-node 2 scripts/gpu_coordinator_multi.py --ep 2 ;;
+    multi_tp) step multi_tp 240 120 torchrun --nproc-per-node 2 scripts/gpu_coordinator_multi.py --tp 2 ;;
   esac
 done
 grep -E '^\||^===|PASSED|FAILED|passed|failed|Error|wrote|ratio|step_wall|suspend/resume|^ *(park|drain|sync|batcher|coordinator)' "$log" \

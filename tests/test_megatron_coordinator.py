@@ -39,6 +39,9 @@ from colo_fsm.testing.fakes import RecordingCollector, RecordingTrainer
 
 pytest.importorskip("megatron.core.inference.sampling_params", reason="megatron-core (the megatron extra)")
 from _coordinator_fake import FakeAsyncLLM
+from _megatron_util import dist1  # noqa: F401
+
+from colo_fsm.adapters.megatron.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -341,3 +344,26 @@ def test_the_gated_server_engine_passes_the_engine_state_through(engine) -> None
     eng._call(llm.resume(), "resume behind the lifecycle's back")
     with pytest.raises(EngineStateMismatch, match="reports PAUSED"):
         lc.train([1])
+
+
+# ---------------------------------------------------------------------------------------------- the MoE model
+def test_moe_model_config_is_checked_by_name() -> None:
+    with pytest.raises(ConfigError, match="moe_router_topk"):
+        ModelConfig(num_moe_experts=2, moe_router_topk=3)
+    with pytest.raises(ConfigError, match="expert_model_parallel_size"):
+        ModelConfig(num_moe_experts=4, expert_model_parallel_size=3)
+    with pytest.raises(ConfigError, match="expert_model_parallel_size"):
+        ModelConfig(expert_model_parallel_size=2)
+
+
+def test_moe_gpt_on_the_cpu_has_expert_layers_in_the_training_mode(dist1) -> None:  # noqa: F811
+    from colo_fsm.adapters.megatron.mode import MegatronModeControl
+    from colo_fsm.adapters.megatron.model import build_model
+
+    tok = CharTokenizer()
+    model = build_model(
+        ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_attention_heads=4, num_moe_experts=4)
+    )
+    control = MegatronModeControl(model)
+    assert len(control.moe) == 2 and control.report().off_training() == []
+    assert control.read().expert_padding is False and model.config.moe_router_topk == 2
