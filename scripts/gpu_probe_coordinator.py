@@ -139,6 +139,7 @@ def build_moe(hidden: int, layers: int, seq: int, experts: int = 4) -> Any:
         moe_router_topk=2,
         moe_token_dispatcher_type="alltoall",
         moe_aux_loss_coeff=0.0,
+        add_bias_linear=False,  # the expert MLP's in-place bias add on a parallel-region view fails in training
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
         bf16=True,

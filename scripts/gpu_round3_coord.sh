@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 3 on one H200, megatron-core's coordinator mode (~6 min): the coordinator adapter's GPU tests, then
+# Round 3 on one H200, megatron-core's coordinator mode (~6-7 min; each coordinator bring-up costs ~20 s there): the coordinator adapter's GPU tests, then
 # bench/inflight_handoff.py with both engine paths side by side (park = megatron's pause, drain, sync).
 # Run from the folder holding colo_fsm/, tests/ and bench/, with megatron-core + flash-attn-4, pyzmq and
 # msgpack (wheelhouse.sh pyzmq==27.3.0 msgpack==1.2.4) and fastapi/uvicorn importable, OUT set.
@@ -9,7 +9,7 @@ out=${OUT:-gpu-coord-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 OMP_NUM_THREADS=4 NCCL_NVLS_ENABLE=0
 export PYTHONPATH="${PYTHONPATH:-}:$PWD"
-budget=${BUDGET_S:-370}
+budget=${BUDGET_S:-420}
 log="$out/coord.log"
 { date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; cat COMMIT 2>/dev/null
   python3 -c 'import torch, megatron.core as m, zmq, msgpack; print("torch", torch.__version__, "megatron-core", m.__version__, "pyzmq", zmq.__version__, "msgpack", msgpack.version)'; } 2>&1 | tee -a "$log"
@@ -26,10 +26,10 @@ step() {  # step NAME TIMEOUT MIN_LEFT CMD...
 only=${ONLY:-"pytest bench"}
 for s in $only; do
   case $s in
-    pytest) step pytest_coordinator "${PYTEST_T:-200}" 60 python3 -m pytest -q -m gpu -rA -s -p no:cacheprovider \
+    pytest) step pytest_coordinator "${PYTEST_T:-240}" 60 python3 -m pytest -q -m gpu -rA -s -p no:cacheprovider \
         tests/test_megatron_coordinator_gpu.py --junitxml "$out/pytest_coordinator.xml" ;;
-    bench) step inflight_handoff_coordinator "${BENCH_T:-300}" 120 python3 bench/inflight_handoff.py --device cuda \
-        --model gpt200m --engine batcher,coordinator ${BENCH_ARGS:---quick --steps 5 --warmup 1 --rounds 1 --buffer-gb 4} \
+    bench) step inflight_handoff_coordinator "${BENCH_T:-260}" 120 python3 bench/inflight_handoff.py --device cuda \
+        --model gpt200m --engine batcher,coordinator ${BENCH_ARGS:---quick --steps 4 --warmup 1 --rounds 1 --buffer-gb 4} \
         --out "$out/inflight_handoff_coordinator.json" ;;
     probe) step probe 240 120 python3 scripts/gpu_probe_coordinator.py --out "$out" ;;
     # more than one GPU (not in the default list): experts over 2 GPUs, then tensor parallel

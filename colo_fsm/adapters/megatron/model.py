@@ -48,7 +48,7 @@ class ModelConfig:
     H200 (202M GPT, bf16) ``"block"`` decoded about 2x faster than ``"layer"``, captured in a third of the time
     and left the train step at its eager cost (``"layer"``: about 3x).
     ``num_moe_experts`` makes every MLP a mixture of experts (top-``moe_router_topk`` routing, all-to-all token
-    dispatcher on CUDA and all-gather on the CPU, no auxiliary loss), sharded over ``expert_model_parallel_size`` ranks (initialize the groups
+    dispatcher on CUDA and all-gather on the CPU, no auxiliary loss, no linear biases), sharded over ``expert_model_parallel_size`` ranks (initialize the groups
     with the same size: :func:`~colo_fsm.adapters.megatron.parallel.init_distributed`); with EP > 1 megatron-core
     generates only in coordinator mode (:mod:`colo_fsm.adapters.megatron.coordinator`).
     """
@@ -213,6 +213,9 @@ def transformer_config(cfg: ModelConfig) -> Any:
             moe_token_dispatcher_type="alltoall" if cfg.device == "cuda" else "allgather",
             moe_aux_loss_coeff=0.0,
             expert_model_parallel_size=cfg.expert_model_parallel_size,
+            # no linear biases: megatron-core 0.19.2's expert MLP adds its bias in place to a view returned by the
+            # model-parallel reduce, which autograd refuses in a training forward (seen on one H200)
+            add_bias_linear=False,
         )
     return TransformerConfig(
         num_layers=cfg.num_layers,
