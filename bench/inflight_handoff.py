@@ -24,13 +24,6 @@ Usage::
     python bench/inflight_handoff.py --quick                   # CPU, tiny GPT, < 3 min on 2 shared cores
     python bench/inflight_handoff.py                           # CPU, longer
     python bench/inflight_handoff.py --device cuda --model gpt200m   # one GPU, megatron-core's dynamic engine
-    python bench/inflight_handoff.py --device cuda --engine batcher,coordinator   # + megatron's coordinator mode
-
-``--engine`` picks the engine path (``bench/_coordinator.py``): ``batcher`` (colo-fsm's continuous batcher, the
-default) or ``coordinator`` (megatron-core's coordinator mode: park is megatron's own pause/suspend); several,
-comma-separated, run side by side in one run (rows ``engine:mode``, ratios coordinator over batcher per mode).
-``step_wall_ms`` is the wall-clock per engine step while the engine had work: the forward plus every host cost
-of a step (colo-fsm's bookkeeping on the batcher path, megatron's own on both).
 
 Writes ``bench/results/inflight_handoff.json`` (``--out`` to change).
 """
@@ -147,12 +140,10 @@ class Meter:
             return [r for r in self.rows if t0 <= r[0] <= t1]
 
 
-def run_mode(mode: str, args: argparse.Namespace, shape: Shape, engine_kind: str = "batcher") -> dict[str, Any]:
-    """One mode from a fresh model on one engine path (``bench/_coordinator.py``): returns its measured row."""
-    from _coordinator import build_engine, engine_row
-
+def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any]:
+    """One mode from a fresh model: returns its measured row."""
     from colo_fsm.adapters.batching import Priority
-    from colo_fsm.adapters.megatron.engine import to_completion
+    from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine, to_completion
     from colo_fsm.adapters.megatron.model import ModelConfig, build_model
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig
@@ -184,16 +175,18 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape, engine_kind: str
         lc = holder.get("lc")
         return lc.weight_version if lc is not None else 0
 
-    engine = build_engine(
-        engine_kind,
+    engine = MegatronEngine(
         model,
         tok,
-        mode=mode,
+        GenerationConfig(
+            inflight="drain" if mode == "drain" else "park",
+            max_active_requests=shape.max_active_requests,
+            backend="auto",
+            num_cuda_graphs=args.cuda_graphs,
+            buffer_size_gb=args.buffer_gb,
+        ),
         weight_version=version,
         max_sequence_length=seq_len,
-        max_active_requests=shape.max_active_requests,
-        buffer_gb=args.buffer_gb,
-        cuda_graphs=args.cuda_graphs,
     )
     meter = Meter()
     target = base_tok.tokenize(alphabet[0])[0]
@@ -346,8 +339,6 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape, engine_kind: str
         "engine_backend": engine.backend_name,
         "run_s": time.monotonic() - t_start,
     }
-    busy_s = (t1 - t0) * (1 - run["idle_samples"] / max(1, run["occupancy_samples"]))
-    run.update(engine_row(engine, busy_s=busy_s, decode_steps=run["decode_steps"]), busy_s=busy_s)
     if collector is not None:
         run["collector"] = {
             k: v for k, v in asdict(collector.stats()).items() if k in ("started", "completed", "spanning", "failed")
@@ -384,8 +375,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "state_share": {k: v / total for k, v in state_s.items()} if total else {},
         "per_round_samples_per_s": [r["trained_samples"] / r["measured_s"] for r in runs],
         "engine_backend": runs[0]["engine_backend"],
-        "engine": runs[0].get("engine", "batcher"),
-        "step_wall_ms": 1e3 * sum(r.get("busy_s", 0.0) for r in runs) / max(1, sum(r["decode_steps"] for r in runs)),
         "rounds": len(runs),
     }
 
@@ -423,19 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         help="CUDA-graph decode (GPU): ModelConfig(cuda_graphs=True), GenerationConfig(num_cuda_graphs=N)",
     )
     ap.add_argument("--buffer-gb", type=float, default=1.0, help="KV buffer of the dynamic engine (GiB)")
-    from _coordinator import ENGINES, check_engine_args
-
-    ap.add_argument(
-        "--engine",
-        default="batcher",
-        help=f"engine path(s), comma-separated, each run side by side: {', '.join(ENGINES)} (coordinator: GPU only)",
-    )
     args = ap.parse_args(argv)
-    engines = [e.strip() for e in args.engine.split(",") if e.strip()]
-    if not engines or any(e not in ENGINES for e in engines):
-        ap.error(f"--engine {args.engine!r}: each one of {ENGINES}")
-    for e in engines:
-        check_engine_args(ap, argparse.Namespace(engine=e, device=args.device))
     model_name = args.model or ("gpt200m" if args.device == "cuda" else "small")
     shape = MODELS[model_name]
     if args.quick:
@@ -483,17 +460,15 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     rounds = args.rounds or (4 if args.quick else 3)
-    # one engine: rows keyed by mode (as before); several: by "engine:mode", run side by side
-    keys = [(e, m, m if len(engines) == 1 else f"{e}:{m}") for e in engines for m in modes]
-    runs: dict[str, list[dict[str, Any]]] = {key: [] for _, _, key in keys}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     t_all = time.monotonic()
     try:
         for k in range(rounds):  # interleaved, so a busy moment of a shared machine hits every mode alike
-            for engine_kind, mode, key in keys:
-                r = run_mode(mode, args, shape, engine_kind)
-                runs[key].append(r)
+            for mode in modes:
+                r = run_mode(mode, args, shape)
+                runs[mode].append(r)
                 print(
-                    f"  round {k + 1}/{rounds} {key}: {r['trained_samples'] / r['measured_s']:.1f} samples/s, "
+                    f"  round {k + 1}/{rounds} {mode}: {r['trained_samples'] / r['measured_s']:.1f} samples/s, "
                     f"draining {sum(r['draining_s']):.2f} of {r['measured_s']:.2f} s, run {r['run_s']:.1f} s",
                     flush=True,
                 )
@@ -513,13 +488,12 @@ def main(argv: list[str] | None = None) -> int:
         ("spanning_rollouts", "{}"),
         ("max_version_span", "{}"),
         ("decode_tokens_per_s", "{:.0f}"),
-        ("step_wall_ms", "{:.2f}"),
     ]
     print()
-    print("  ".join(f"{c:>19}" if i else f"{c:<16}" for i, (c, _) in enumerate(cols)))
+    print("  ".join(f"{c:>19}" if i else f"{c:<6}" for i, (c, _) in enumerate(cols)))
     for m, r in results.items():
         cells = [m] + [fmt.format(r[c]) for c, fmt in cols[1:]]
-        print("  ".join(f"{x:>19}" if i else f"{x:<16}" for i, x in enumerate(cells)))
+        print("  ".join(f"{x:>19}" if i else f"{x:<6}" for i, x in enumerate(cells)))
     out: dict[str, Any] = {
         "benchmark": "inflight_handoff",
         "command": " ".join([Path(sys.executable).name, "bench/inflight_handoff.py", *(argv or sys.argv[1:])]),
@@ -534,7 +508,6 @@ def main(argv: list[str] | None = None) -> int:
             "torch_threads": torch.get_num_threads(),
         },
         "model": model_name,
-        "engines": engines,
         "rounds": rounds,
         "shape": asdict(shape),
         "output_lengths": {
@@ -551,13 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         out["ratio_park_over_drain"] = results["park"]["samples_per_s"] / results["drain"]["samples_per_s"]
     if "park" in results and "sync" in results:
         out["ratio_park_over_sync"] = results["park"]["samples_per_s"] / results["sync"]["samples_per_s"]
-    for m in modes:  # the coordinator path against the batcher, mode by mode (same run)
-        a, b = results.get(f"coordinator:{m}"), results.get(f"batcher:{m}")
-        if a and b:
-            out[f"ratio_coordinator_over_batcher_{m}"] = a["samples_per_s"] / b["samples_per_s"]
-            out[f"step_wall_ms_coordinator_over_batcher_{m}"] = a["step_wall_ms"] / b["step_wall_ms"]
     print()
-    for k in [k for k in out if k.startswith(("ratio_", "step_wall_ms_"))]:
+    for k in ("ratio_park_over_drain", "ratio_park_over_sync"):
         if k in out:
             print(f"{k} = {out[k]:.2f}")
     print(f"total {out['total_s']:.0f} s")
