@@ -241,9 +241,7 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(
-    root_or_path: str | Path, *, model: Any, optimizer: Any = None
-) -> CheckpointInfo:
+def load_checkpoint(root_or_path: str | Path, *, model: Any, optimizer: Any = None) -> CheckpointInfo:
     """Load the checkpoint at ``root_or_path`` (a checkpoint directory, or a root whose ``latest`` is used)
     into ``model`` and ``optimizer`` in place; returns its step, weight version and this rank's extra state."""
     p = Path(root_or_path)

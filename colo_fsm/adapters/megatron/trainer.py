@@ -33,8 +33,8 @@ import torch
 
 from colo_fsm.adapters.megatron import train_backend
 from colo_fsm.adapters.megatron.checkpoint import FORMATS, CheckpointInfo, load_checkpoint, save_checkpoint
-from colo_fsm.adapters.megatron.microbatch import MicroBatchPlan, plan_microbatches
 from colo_fsm.adapters.megatron.cpu_loop import forward_logits
+from colo_fsm.adapters.megatron.microbatch import MicroBatchPlan, plan_microbatches
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.model import check_trainable
 from colo_fsm.adapters.megatron.parallel import on_own_device
@@ -115,7 +115,9 @@ class TrainerConfig:
         if self.backend == "torch":
             on = [n for n in (*_MEGATRON_ONLY, "ddp_bucket_size") if getattr(self, n) not in (False, None)]
             if on:
-                raise ConfigError(on[0], getattr(self, on[0]), "unset with backend='torch' (a megatron-core DDP option)")
+                raise ConfigError(
+                    on[0], getattr(self, on[0]), "unset with backend='torch' (a megatron-core DDP option)"
+                )
         if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, str | Path):
             raise ConfigError("checkpoint_dir", self.checkpoint_dir, "a directory path (str or Path), or None")
 
@@ -169,7 +171,9 @@ class MegatronTrainer:
         self.backend = train_backend.resolve_backend(self.config.backend, self.device)
         if self.backend == "megatron" and self.device.type != "cuda":
             raise ConfigError(
-                "backend", "megatron", "'torch' or 'auto' on the CPU (megatron-core's DistributedDataParallel needs CUDA)"
+                "backend",
+                "megatron",
+                "'torch' or 'auto' on the CPU (megatron-core's DistributedDataParallel needs CUDA)",
             )
         if self.backend == "torch":
             on = [n for n in (*_MEGATRON_ONLY, "ddp_bucket_size") if getattr(self.config, n) not in (False, None)]
@@ -183,7 +187,9 @@ class MegatronTrainer:
         if self.backend == "megatron":
             if data_parallel_group is not None:
                 raise ConfigError(
-                    "data_parallel_group", data_parallel_group, "None with the megatron backend (DDP uses parallel_state)"
+                    "data_parallel_group",
+                    data_parallel_group,
+                    "None with the megatron backend (DDP uses parallel_state)",
                 )
             self.ddp = train_backend.wrap_ddp(model, self.config)
             self.optimizer = train_backend.build_optimizer(self.ddp, self.config)
@@ -205,9 +211,7 @@ class MegatronTrainer:
             "trainer: backend=%s micro_batch_tokens=%d ddp=%s",
             self.backend,
             self.config.micro_batch_tokens,
-            None
-            if self.ddp is None
-            else {k: getattr(self.config, k) for k in (*_MEGATRON_ONLY, "ddp_bucket_size")},
+            None if self.ddp is None else {k: getattr(self.config, k) for k in (*_MEGATRON_ONLY, "ddp_bucket_size")},
         )
 
     # ------------------------------------------------------------------ helpers
@@ -359,7 +363,9 @@ class MegatronTrainer:
         acc["tokens"] += float(comp.sum())
         return (per_tok * comp).sum(dim=1).div(ntok).sum() / n_total
 
-    def _run_torch(self, rollouts: list[Rollout], plan: MicroBatchPlan, adv: torch.Tensor, acc: dict[str, float]) -> float:
+    def _run_torch(
+        self, rollouts: list[Rollout], plan: MicroBatchPlan, adv: torch.Tensor, acc: dict[str, float]
+    ) -> float:
         """Micro-batches one after another, then DP all-reduce, clip and AdamW; returns the grad norm."""
         self.optimizer.zero_grad(set_to_none=True)
         for rows in plan.batches:
