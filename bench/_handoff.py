@@ -106,6 +106,48 @@ class Meter:
             return [r for r in self.rows if t0 <= r[0] <= t1]
 
 
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's row over its rounds: totals over the measured windows (samples and tokens per wall-clock
+    second, Draining's share of wall-clock from the lifecycle trace), the median handoff over every step."""
+    measured_s = sum(r["measured_s"] for r in runs)
+    state_s: dict[str, float] = {}
+    for r in runs:
+        for k, v in r["state_s"].items():
+            state_s[k] = state_s.get(k, 0.0) + v
+    total = sum(state_s.values())
+    draining = [x for r in runs for x in r["draining_s"]]
+    return {
+        "samples_per_s": sum(r["trained_samples"] for r in runs) / measured_s,
+        "draining_share": state_s.get("Draining", 0.0) / total if total else float("nan"),
+        "handoff_p50_ms": pct(draining, 50) * 1e3,
+        "handoff_max_ms": max(draining) * 1e3 if draining else float("nan"),
+        "spanning_rollouts": sum(r["spanning_rollouts"] for r in runs),
+        "max_version_span": max(r["max_version_span"] for r in runs),
+        "decode_tokens_per_s": sum(r["decode_tokens"] for r in runs) / measured_s,
+        "decode_steps_per_s": sum(r["decode_steps"] for r in runs) / measured_s,
+        # tokens per second while the engine may decode (Generating + Draining): what graph decode is compared to
+        "engine_decode_tokens_per_s": sum(r["decode_tokens"] for r in runs)
+        / max(1e-9, state_s.get("Generating", 0.0) + state_s.get("Draining", 0.0)),
+        "tokens_per_decode_step": sum(r["decode_tokens"] for r in runs) / max(1, sum(r["decode_steps"] for r in runs)),
+        "mean_running_requests": sum(r["active_sum"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
+        "engine_idle_share": sum(r["idle_samples"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
+        "spanning_groups_trained": sum(r["spanning_groups_trained"] for r in runs),
+        "measured_steps": sum(r["measured_steps"] for r in runs),
+        "measured_s": measured_s,
+        "trained_samples": sum(r["trained_samples"] for r in runs),
+        "state_share": {k: v / total for k, v in state_s.items()} if total else {},
+        "per_round_samples_per_s": [r["trained_samples"] / r["measured_s"] for r in runs],
+        # load-independent on the CPU (one torch thread): trained samples per second of this process's CPU time
+        "samples_per_cpu_s": sum(r["trained_samples"] for r in runs) / max(1e-9, sum(r["cpu_s"] for r in runs)),
+        "cpu_share": sum(r["cpu_s"] for r in runs) / measured_s,  # CPU time / wall-clock: low when contended
+        "loadavg": [round(x, 2) for r in runs for x in (r["loadavg_start"], r["loadavg_end"])],
+        "cut_by_budget": any(r["cut_by_budget"] for r in runs),
+        "warmup_steps": runs[0]["warmup_steps"],
+        "engine_backend": runs[0]["engine_backend"],
+        "rounds": len(runs),
+    }
+
+
 EngineFactory = Callable[..., Any]
 
 
@@ -261,4 +303,5 @@ __all__ = [
     "graph_decode_baseline",
     "mode_unavailable",
     "pct",
+    "summarize",
 ]

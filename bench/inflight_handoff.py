@@ -62,6 +62,7 @@ from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     graph_decode_baseline,
     mode_unavailable,
     pct,
+    summarize,
 )
 from colo_fsm.adapters.megatron.model import MODEL_PRESETS  # noqa: E402
 
@@ -271,13 +272,11 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
         cpu_ready = time.process_time()
         sampler.start()
         while not lc.finished:
-            if (
-                args.mode_budget_s is not None
-                and len(step_ends) > w
-                and time.monotonic() - t_start > args.mode_budget_s
-            ):
-                cut = True  # the mode's budget is spent: stop after the last whole step
-                break
+            if args.mode_budget_s is not None and len(step_ends) > w:
+                last = step_ends[-1] - (step_ends[-2] if len(step_ends) > 1 else t_ready)
+                if time.monotonic() - t_start + last > args.mode_budget_s:
+                    cut = True  # another step like the last would overrun the mode's budget: stop here
+                    break
             if buffer is not None:
                 groups = buffer.sample(lc.weight_version, timeout=args.sample_timeout)
             else:  # sync: the whole batch, tail included, then train
@@ -347,48 +346,6 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
     return run
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One mode's row over its rounds: totals over the measured windows (samples and tokens per wall-clock
-    second, Draining's share of wall-clock from the lifecycle trace), the median handoff over every step."""
-    measured_s = sum(r["measured_s"] for r in runs)
-    state_s: dict[str, float] = {}
-    for r in runs:
-        for k, v in r["state_s"].items():
-            state_s[k] = state_s.get(k, 0.0) + v
-    total = sum(state_s.values())
-    draining = [x for r in runs for x in r["draining_s"]]
-    return {
-        "samples_per_s": sum(r["trained_samples"] for r in runs) / measured_s,
-        "draining_share": state_s.get("Draining", 0.0) / total if total else float("nan"),
-        "handoff_p50_ms": pct(draining, 50) * 1e3,
-        "handoff_max_ms": max(draining) * 1e3 if draining else float("nan"),
-        "spanning_rollouts": sum(r["spanning_rollouts"] for r in runs),
-        "max_version_span": max(r["max_version_span"] for r in runs),
-        "decode_tokens_per_s": sum(r["decode_tokens"] for r in runs) / measured_s,
-        "decode_steps_per_s": sum(r["decode_steps"] for r in runs) / measured_s,
-        # tokens per second while the engine may decode (Generating + Draining): what graph decode is compared to
-        "engine_decode_tokens_per_s": sum(r["decode_tokens"] for r in runs)
-        / max(1e-9, state_s.get("Generating", 0.0) + state_s.get("Draining", 0.0)),
-        "tokens_per_decode_step": sum(r["decode_tokens"] for r in runs) / max(1, sum(r["decode_steps"] for r in runs)),
-        "mean_running_requests": sum(r["active_sum"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
-        "engine_idle_share": sum(r["idle_samples"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
-        "spanning_groups_trained": sum(r["spanning_groups_trained"] for r in runs),
-        "measured_steps": sum(r["measured_steps"] for r in runs),
-        "measured_s": measured_s,
-        "trained_samples": sum(r["trained_samples"] for r in runs),
-        "state_share": {k: v / total for k, v in state_s.items()} if total else {},
-        "per_round_samples_per_s": [r["trained_samples"] / r["measured_s"] for r in runs],
-        # load-independent on the CPU (one torch thread): trained samples per second of this process's CPU time
-        "samples_per_cpu_s": sum(r["trained_samples"] for r in runs) / max(1e-9, sum(r["cpu_s"] for r in runs)),
-        "cpu_share": sum(r["cpu_s"] for r in runs) / measured_s,  # CPU time / wall-clock: low when contended
-        "loadavg": [round(x, 2) for r in runs for x in (r["loadavg_start"], r["loadavg_end"])],
-        "cut_by_budget": any(r["cut_by_budget"] for r in runs),
-        "warmup_steps": runs[0]["warmup_steps"],
-        "engine_backend": runs[0]["engine_backend"],
-        "rounds": len(runs),
-    }
-
-
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, list[str]]:
     """The command line: arguments, model name, the run's shape (model + workload + overrides), modes."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -415,7 +372,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
     ap.add_argument("--max-active", type=int, default=None, help="the engine's max_active_requests")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (small: 0, gpt200m: 1)")
     ap.add_argument("--micro-batch-tokens", type=int, default=None, help="the trainer's padded tokens per micro-batch")
-    ap.add_argument("--mode-budget-s", type=float, default=None, help="stop a mode after the step that passes this")
+    ap.add_argument(
+        "--mode-budget-s", type=float, default=None, help="seconds per mode: stop before a step that would overrun it"
+    )
     ap.add_argument(
         "--rounds", type=int, default=None, help="rounds of the modes, interleaved (default 3; --quick 4; reasoning 1)"
     )
