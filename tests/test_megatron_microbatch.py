@@ -96,3 +96,66 @@ def test_megatron_only_options_are_refused_on_the_cpu(dist1):  # noqa: F811
         TrainerConfig(micro_batch_tokens=0)
     with pytest.raises(ConfigError, match="backend"):
         TrainerConfig(backend="apex")
+
+
+class _DDPStandIn(torch.nn.Module):
+    """What the schedule needs of megatron-core's DDP on the CPU: forward, set_input_tensor, a grad-buffer reset."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def set_input_tensor(self, t) -> None:
+        self.module.set_input_tensor(t)
+
+    def zero_grad_buffer(self) -> None:
+        pass
+
+
+class _OptimizerStandIn:
+    """megatron-core's optimizer interface over the trainer's torch AdamW: ``step() -> (ok, grad_norm, zeros)``."""
+
+    def __init__(self, trainer: MegatronTrainer) -> None:
+        self.trainer, self.inner = trainer, trainer.optimizer
+
+    def zero_grad(self) -> None:
+        self.inner.zero_grad(set_to_none=True)
+
+    def step(self):
+        return True, self.trainer._clip_grad_norm(), None
+
+
+@pytest.mark.parametrize("with_logprobs", [False, True])
+def test_megatron_schedule_path_equals_the_one_pass_step(dist1, monkeypatch, with_logprobs):  # noqa: F811
+    """The megatron backend's use of ``get_forward_backward_func()`` (its per-micro-batch loss handed over times
+    the micro-batch count, which the schedule averages) gives the one-pass loss and gradients. On the CPU:
+    megatron-core's DDP needs CUDA, so a stand-in takes its place, and the schedule's one CUDA allocation (its
+    token counter) is redirected to the CPU for this test only."""
+    real_zeros = torch.zeros
+
+    def zeros(*a, **k):
+        if k.get("device") == "cuda":
+            k["device"] = "cpu"
+        return real_zeros(*a, **k)
+
+    monkeypatch.setattr(torch, "zeros", zeros)
+    batch = _batch(with_logprobs)
+    got = {}
+    for kind in ("one-pass", "schedule"):
+        model = tiny(TOK)
+        budget = 30 if kind == "schedule" else 10**6
+        tr = MegatronTrainer(model, TrainerConfig(micro_batch_tokens=budget, grad_clip=1e9, lr=1e-9))
+        if kind == "schedule":
+            tr.backend, tr.ddp, tr.optimizer = "megatron", _DDPStandIn(model), _OptimizerStandIn(tr)
+            monkeypatch.setattr(model.config, "finalize_model_grads_func", None, raising=False)
+        res = tr.train_step(batch)
+        got[kind] = (res.metrics, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    (m1, g1), (m2, g2) = got["one-pass"], got["schedule"]
+    assert m2["train/micro_batches"] >= 4 and m1["train/micro_batches"] == 1
+    assert m2["train/loss"] == pytest.approx(m1["train/loss"], rel=1e-5, abs=1e-6)
+    assert g2.keys() == g1.keys() and g1
+    for name, g in g1.items():
+        torch.testing.assert_close(g2[name], g, rtol=1e-4, atol=1e-6, msg=name)
