@@ -143,6 +143,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "loadavg": [round(x, 2) for r in runs for x in (r["loadavg_start"], r["loadavg_end"])],
         "cut_by_budget": any(r["cut_by_budget"] for r in runs),
         "warmup_steps": runs[0]["warmup_steps"],
+        "peak_allocated_gib": max((r["peak_allocated_gib"] or 0.0) for r in runs) or None,
         "engine_backend": runs[0]["engine_backend"],
         "rounds": len(runs),
     }

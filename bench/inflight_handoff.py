@@ -31,6 +31,7 @@ Writes ``bench/results/inflight_handoff.json`` (``--out`` to change).
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import math
 import os
@@ -127,6 +128,15 @@ def output_length(seed: int, prompt: int, sample: int, shape: Shape) -> int:
     rng = random.Random(seed * 1_000_003 + prompt * 1009 + sample)
     x = rng.lognormvariate(math.log(shape.median_tokens), shape.sigma)
     return max(1, min(shape.max_tokens, round(x)))
+
+
+def _peak_gib(device: str) -> float | None:
+    """The CUDA allocator's peak since the mode started (GiB), None on the CPU."""
+    if device != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30
 
 
 def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any]:
@@ -260,6 +270,10 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
     decode_steps: list[int] = []
     consumed: list[int] = []
     spans: list[int] = []
+    if args.device == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
     t_start = time.monotonic()
     cpu_start = time.process_time()
     load_start = os.getloadavg()
@@ -337,6 +351,7 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
         "loadavg_end": os.getloadavg()[0],
         "cut_by_budget": cut,
         "warmup_steps": w,
+        "peak_allocated_gib": _peak_gib(args.device),
         "cpu_s_total": time.process_time() - cpu_start,
     }
     if collector is not None:
@@ -521,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
                     report.write()
                     continue
                 r = run_mode(mode, args, shape)
+                gc.collect()  # the mode's model, engine and trainer refer to each other: free them (KV buffer
+                if args.device == "cuda":  # included) before the next mode builds its own
+                    torch.cuda.empty_cache()
                 runs[mode].append(r)
                 print(
                     f"  round {k + 1}/{rounds} {mode}: {r['trained_samples'] / r['measured_s']:.2f} samples/s, "

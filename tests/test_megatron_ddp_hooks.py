@@ -72,3 +72,17 @@ def test_hooks_follow_the_lifecycle_for_a_ddp_made_after_the_engine(dist1):  # n
         eng.generate(["12>"], max_tokens=2)
         assert ddp.hook_calls == calls
     eng.shutdown()
+
+
+def test_the_mode_control_does_not_keep_a_model_alive(dist1):  # noqa: F811
+    """A run that builds a model per phase (the benches do) frees each one: its control lives on the model."""
+    import gc
+    import weakref
+
+    model = tiny(TOK)
+    control = mode_control(HookedDDP(model))
+    assert mode_control(model) is control
+    ref = weakref.ref(model)
+    del model, control
+    gc.collect()
+    assert ref() is None

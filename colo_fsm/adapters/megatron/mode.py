@@ -24,7 +24,6 @@ rank-local) and re-applies the decode-side switches the engine does not set itse
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Any
 
 from colo_fsm.guards.mode import ModelMode, ModeReport
@@ -190,15 +189,18 @@ class MegatronModeControl:
                 cfg.moe_expert_capacity_factor = capacity_factor
 
 
-_CONTROLS: weakref.WeakKeyDictionary[Any, MegatronModeControl] = weakref.WeakKeyDictionary()
+_ATTR = "_colo_fsm_mode_control"
+"""Where a model keeps its control: an attribute of the model itself, so the two live and die together (a global
+weak-keyed registry would keep every model alive: its value refers to the key)."""
 
 
 def mode_control(model: Any, **kwargs: Any) -> MegatronModeControl:
     """The one :class:`MegatronModeControl` of ``model`` (engine and trainer share it; made on first use)."""
     inner, wrappers = _unwrap(model)
-    control = _CONTROLS.get(inner)
+    control = inner.__dict__.get(_ATTR)
     if control is None:
-        control = _CONTROLS[inner] = MegatronModeControl(model, **kwargs)
+        control = MegatronModeControl(model, **kwargs)
+        object.__setattr__(inner, _ATTR, control)  # a plain attribute, not a submodule or a buffer
     else:
         control.adopt_wrappers(wrappers)
     return control
