@@ -149,6 +149,28 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def release_model_graphs(model: Any) -> None:
+    """Free what megatron-core still holds of ``model``'s CUDA graphs once its mode is over: the process-wide graph
+    records (``delete_cuda_graphs``), the graph runners of its managers (each keeps the inference context, the KV
+    buffer, of its capture) and ``toggle_cuda_graphs``'s module cache entry, keyed by ``id(model)`` (it would
+    keep the model alive, and a later model at the same address would be toggled through the dead one's modules)."""
+    from megatron.core.transformer import utils as mutils
+    from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
+
+    delete_cuda_graphs()
+    managers = [m.cudagraph_manager for m in model.modules() if getattr(m, "cudagraph_manager", None) is not None]
+    cache = getattr(mutils, "cuda_graph_attr_cache", None)
+    entry = cache.pop(id(model), None) if isinstance(cache, dict) else None
+    if entry:
+        managers += [pair[1] for pair in entry.get("cudagraph_manager", []) if pair[1] is not None]
+    for mgr in managers:
+        if hasattr(mgr, "cudagraph_runners"):
+            mgr.cudagraph_runners = []
+        table = getattr(mgr, "custom_cudagraphs_lookup_table", None)
+        if table is not None:
+            table.clear()
+
+
 EngineFactory = Callable[..., Any]
 
 
@@ -304,5 +326,6 @@ __all__ = [
     "graph_decode_baseline",
     "mode_unavailable",
     "pct",
+    "release_model_graphs",
     "summarize",
 ]

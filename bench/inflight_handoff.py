@@ -63,6 +63,7 @@ from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     graph_decode_baseline,
     mode_unavailable,
     pct,
+    release_model_graphs,
     summarize,
 )
 from colo_fsm.adapters.megatron.model import MODEL_PRESETS  # noqa: E402
@@ -319,11 +320,9 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
             if collector is not None:
                 collector.close()
             if args.cuda_graphs is not None:
-                # megatron-core keeps a process-wide record of the captured graphs, and with it the engine's
-                # inference context (its KV buffer): free it before the next mode builds its own
-                from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
-
-                delete_cuda_graphs()
+                # megatron-core keeps the captured graphs, and with them the engine's inference context (its KV
+                # buffer), in process-wide records: free them before the next mode builds its own
+                release_model_graphs(model)
     times = timer.pop_completed()
     t0, t1 = step_ends[w - 1] if w else t_ready, step_ends[-1]
     c0, c1 = step_cpu[w - 1] if w else cpu_ready, step_cpu[-1]

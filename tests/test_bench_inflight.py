@@ -78,3 +78,19 @@ def test_ratios_compare_park_with_the_graph_decode_at_its_concurrency():
     assert out["ratio_park_over_sync"] == 3.0 and "ratio_park_over_abort" not in out
     assert out["graph_decode_batch"] == 128 and out["graph_decode_tokens_per_s"] == 20000.0
     assert out["ratio_park_decode_over_graph_decode"] == pytest.approx(0.7)
+
+
+def test_release_model_graphs_drops_megatrons_cache_entry_and_runners(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+    from megatron.core.transformer import utils as mutils
+
+    from bench._handoff import release_model_graphs
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    mgr = SimpleNamespace(cudagraph_runners=["runner bound to a KV buffer"], custom_cudagraphs_lookup_table={1: 2})
+    monkeypatch.setattr(mutils, "cuda_graph_attr_cache", {id(model): {"cudagraph_manager": [[model[0], mgr]]}})
+    release_model_graphs(model)
+    assert id(model) not in mutils.cuda_graph_attr_cache
+    assert mgr.cudagraph_runners == [] and mgr.custom_cudagraphs_lookup_table == {}
