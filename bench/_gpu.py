@@ -324,6 +324,12 @@ class BenchEngine:
         if opts.decode_only_graphs:
             icfg_kwargs["use_cuda_graphs_for_non_decode_steps"] = False
         self.inference_config = InferenceConfig(**icfg_kwargs)
+        from colo_fsm.adapters.megatron.mode import mode_control
+
+        # the shared model's mode switches (made before this engine captures graphs, if it is the first): suspend
+        # and resume switch them as colo-fsm's engine does, so a train step in between runs in training mode
+        self.mode = mode_control(model)
+        self.mode.to_inference()  # decode-side switches on (graph managers back after a training phase)
         model.eval()
         mem0 = torch.cuda.memory_allocated()
         torch.cuda.synchronize()
@@ -423,9 +429,13 @@ class BenchEngine:
 
     # ------------------------------------------------------------------ lifecycle
     def suspend(self) -> None:
+        """Suspend the engine, then put the shared model in training mode (as the lifecycle's suspend does)."""
         self.engine.suspend()
+        self.mode.to_training()
 
     def resume(self) -> None:
+        """Put the decode-side switches back, then resume the engine (as the lifecycle's resume does)."""
+        self.mode.to_inference()
         self.engine.resume()
 
     def shutdown(self, *, graphs: bool) -> None:
@@ -433,8 +443,9 @@ class BenchEngine:
         import torch
 
         self.engine.suspend()
-        if graphs:
+        if graphs:  # while the layers still hold their graph managers (to_training removes them)
             release_cuda_graphs(self.model)
+        self.mode.to_training()
         self.engine = None
         self.controller = None
         self.context = None

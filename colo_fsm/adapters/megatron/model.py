@@ -143,6 +143,22 @@ class ModelConfig:
         return self.device == "cuda" if self.bf16 is None else bool(self.bf16)
 
 
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    # ~202M parameters at a small vocabulary: the GPT of the H200 benches
+    "gpt200m": {"hidden_size": 1024, "num_layers": 16, "num_attention_heads": 16},
+    # ~1.0B parameters (12 x hidden^2 x layers): the "about 1B" shape of the reasoning bench
+    "gpt1b": {"hidden_size": 2048, "num_layers": 20, "num_attention_heads": 16},
+}
+"""Named model shapes (hidden size, layers, heads); :func:`preset_config` builds a :class:`ModelConfig` from one."""
+
+
+def preset_config(name: str, **overrides: Any) -> ModelConfig:
+    """A :class:`ModelConfig` of the preset ``name`` (see :data:`MODEL_PRESETS`), with ``overrides`` applied."""
+    if name not in MODEL_PRESETS:
+        raise ConfigError("model preset", name, f"one of {sorted(MODEL_PRESETS)}")
+    return ModelConfig(**{**MODEL_PRESETS[name], **overrides})
+
+
 def have_transformer_engine() -> bool:
     """Whether Transformer Engine is importable (needed by ``transformer_impl="inference_optimized"``)."""
     import importlib.util
@@ -343,11 +359,13 @@ def check_trainable(config: Any, *, allow_inference_optimized_training: bool) ->
 
 
 __all__ = [
+    "MODEL_PRESETS",
     "ModelConfig",
     "build_model",
     "check_trainable",
     "have_transformer_engine",
     "layer_spec",
     "paged_attention_kwargs",
+    "preset_config",
     "transformer_config",
 ]
