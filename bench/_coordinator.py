@@ -1,53 +1,22 @@
-"""The engine paths the benchmarks can run (``--engine``), kept out of each benchmark's own file.
+"""``--engine coordinator`` for the handoff benchmarks: megatron-core's coordinator mode as the engine.
 
-* ``batcher``: colo-fsm's :class:`~colo_fsm.adapters.megatron.engine.MegatronEngine` (its continuous batcher
-  over megatron-core's dynamic engine on a GPU, the batched CPU loop otherwise);
-* ``coordinator``: megatron-core's coordinator mode through
-  :class:`~colo_fsm.adapters.megatron.coordinator.CoordinatorEngine` (GPU only; pyzmq and msgpack). Park is
-  megatron's own pause/suspend; drain is the collector waiting for its rollouts before the pause; sync is
-  unchanged. megatron-core 0.19.2 samples every request from one generator, so a per-request seed is not
-  applied on this path (counted by the engine).
-
-:func:`add_engine_flag` adds ``--engine`` to a benchmark's parser; :func:`build_engine` builds the chosen one;
-:func:`engine_row` is what a benchmark records about it (the per-step host cost is derived from the decode
-steps the engine reports and the wall-clock it was busy).
+:func:`coordinator_engine` has the factory signature of ``bench/_handoff.py``'s ``ENGINES`` (``--engine``):
+it builds :class:`~colo_fsm.adapters.megatron.coordinator.CoordinatorEngine` over the mode's model. Park is
+megatron's own pause/suspend (requests kept in the engine); drain is the collector waiting for its rollouts
+before the pause (the engine has nothing to drain on its own); sync is unchanged. GPU only, with pyzmq and
+msgpack. megatron-core 0.19.2 samples every request from one generator: a per-request seed is not applied on
+this path (the engine counts them), so sampled outputs differ from the direct path's.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import Any
-
-ENGINES = ("batcher", "coordinator")
-
-
-def add_engine_flag(ap: argparse.ArgumentParser) -> None:
-    """``--engine batcher|coordinator`` (default batcher)."""
-    ap.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default="batcher",
-        help="batcher: colo-fsm's MegatronEngine; coordinator: megatron-core's coordinator mode (GPU, pyzmq, msgpack)",
-    )
-
-
-def check_engine_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse ``--engine coordinator`` where it cannot run (no GPU, no pyzmq/msgpack), naming why."""
-    if getattr(args, "engine", "batcher") != "coordinator":
-        return
-    if getattr(args, "device", "cuda") != "cuda":
-        ap.error("--engine coordinator needs --device cuda (megatron-core's dynamic engine runs on a GPU)")
-    from colo_fsm.adapters.megatron.coordinator import coordinator_dependencies
-
-    ok, why = coordinator_dependencies()
-    if not ok:
-        ap.error(f"--engine coordinator: {why}")
 
 
 class EodOutsideTokenizer:
     """A character tokenizer whose end-of-document id lies outside the vocabulary (each request stops at its
-    drawn length), picklable: megatron's coordinator process receives the tokenizer."""
+    drawn length); a plain class, so it pickles into megatron's coordinator process."""
 
     def __init__(self, alphabet: str) -> None:
         from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
@@ -56,92 +25,68 @@ class EodOutsideTokenizer:
 
     @property
     def eod(self) -> int:
+        """One past the vocabulary: never sampled."""
         return int(self.base.vocab_size)
 
     @property
     def vocab_size(self) -> int:
+        """The base tokenizer's vocabulary size."""
         return int(self.base.vocab_size)
 
     @property
     def pad(self) -> int:
+        """The base tokenizer's padding id."""
         return int(self.base.pad)
 
     @property
     def bos(self) -> int:
+        """The base tokenizer's beginning-of-sequence id."""
         return int(self.base.bos)
 
     def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text``."""
         return self.base.tokenize(text)
 
     def detokenize(self, ids: Any, skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``."""
         return self.base.detokenize(ids, skip_special_tokens)
 
     def offsets(self, ids: Any, text: str) -> list[int]:
+        """Character offset of each token in ``text``."""
         return self.base.offsets(ids, text)
 
 
-def build_engine(
-    kind: str,
+def coordinator_engine(
+    mode: str,
+    args: Any,
+    shape: Any,
     model: Any,
     tokenizer: Any,
-    *,
-    mode: str,
     weight_version: Callable[[], int],
     max_sequence_length: int,
-    max_active_requests: int,
-    buffer_gb: float,
-    cuda_graphs: int | None,
 ) -> Any:
-    """The engine of ``kind`` over ``model`` for one bench mode (park, drain or sync)."""
-    if kind == "coordinator":
-        from colo_fsm.adapters.megatron.coordinator import CoordinatorConfig, CoordinatorEngine
+    """The coordinator-mode engine for one bench mode (see the module docstring)."""
+    from colo_fsm.adapters.megatron.coordinator import CoordinatorConfig, CoordinatorEngine, coordinator_dependencies
 
-        alphabet = getattr(getattr(tokenizer, "_base", tokenizer), "alphabet", None)
-        tok = EodOutsideTokenizer(alphabet) if alphabet is not None else tokenizer
-        return CoordinatorEngine(
-            model,
-            tok,
-            CoordinatorConfig(
-                kv_cache_mode="persist",
-                buffer_size_gb=buffer_gb,
-                max_requests=max_active_requests,
-                num_cuda_graphs=cuda_graphs,
-            ),
-            weight_version=weight_version,
-            max_sequence_length=max_sequence_length,
-        )
-    from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine
-
-    return MegatronEngine(
+    if getattr(args, "device", "cuda") != "cuda":
+        raise SystemExit("--engine coordinator needs --device cuda (megatron-core's dynamic engine runs on a GPU)")
+    ok, why = coordinator_dependencies()
+    if not ok:
+        raise SystemExit(f"--engine coordinator: {why}")
+    alphabet = getattr(getattr(tokenizer, "_base", tokenizer), "alphabet", None)
+    tok = EodOutsideTokenizer(alphabet) if alphabet is not None else tokenizer
+    return CoordinatorEngine(
         model,
-        tokenizer,
-        GenerationConfig(
-            inflight="drain" if mode == "drain" else "park",
-            max_active_requests=max_active_requests,
-            backend="auto",
-            num_cuda_graphs=cuda_graphs,
-            buffer_size_gb=buffer_gb,
+        tok,
+        CoordinatorConfig(
+            kv_cache_mode="persist",
+            buffer_size_gb=args.buffer_gb,
+            max_requests=shape.max_active_requests,
+            num_cuda_graphs=args.cuda_graphs,
         ),
         weight_version=weight_version,
         max_sequence_length=max_sequence_length,
     )
 
 
-def engine_row(engine: Any, *, busy_s: float, decode_steps: int) -> dict[str, Any]:
-    """What a benchmark records about the engine: its path, and the wall-clock per engine step while busy
-    (``step_wall_ms``: forward plus every host cost of a step, the engine's bookkeeping included)."""
-    row: dict[str, Any] = {
-        "engine": "coordinator" if getattr(engine, "backend_name", "") == "coordinator" else "batcher",
-        "engine_backend": getattr(engine, "backend_name", "?"),
-        "step_wall_ms": 1e3 * busy_s / decode_steps if decode_steps else float("nan"),
-    }
-    for k in ("seeds_not_applied", "cancelled_still_decoding"):
-        if hasattr(engine, k):
-            row[k] = int(getattr(engine, k))
-    timings = getattr(engine, "timing_summary", None)
-    if callable(timings):
-        row.update({f"engine_{k}": v for k, v in timings().items()})
-    return row
-
-
-__all__ = ["ENGINES", "EodOutsideTokenizer", "add_engine_flag", "build_engine", "check_engine_args", "engine_row"]
+__all__ = ["EodOutsideTokenizer", "coordinator_engine"]

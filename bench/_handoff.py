@@ -203,7 +203,14 @@ def direct_engine(
     )
 
 
-ENGINES: dict[str, EngineFactory] = {"direct": direct_engine}
+def coordinator_engine(*args: Any, **kwargs: Any) -> Any:
+    """megatron-core's coordinator mode (``bench/_coordinator.py``; GPU, pyzmq and msgpack)."""
+    from bench._coordinator import coordinator_engine as build
+
+    return build(*args, **kwargs)
+
+
+ENGINES: dict[str, EngineFactory] = {"direct": direct_engine, "coordinator": coordinator_engine}
 """``--engine`` choices: name -> factory ``(mode, args, shape, model, tokenizer, weight_version, max_len)``."""
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Round 3 on one H200, megatron-core's coordinator mode (~6-7 min; each coordinator bring-up costs ~20 s there): the coordinator adapter's GPU tests, then
-# bench/inflight_handoff.py with both engine paths side by side (park = megatron's pause, drain, sync).
+# bench/engine_paths.py: bench/inflight_handoff.py with both engine paths, direct and coordinator (park = megatron's
+# pause, drain, sync), side by side in one run.
 # Run from the folder holding colo_fsm/, tests/ and bench/, with megatron-core + flash-attn-4, pyzmq and
 # msgpack (wheelhouse.sh pyzmq==27.3.0 msgpack==1.2.4) and fastapi/uvicorn importable, OUT set.
 # ONLY="pytest bench" picks steps; each has its own timeout; no new step starts past BUDGET_S seconds.
@@ -26,11 +27,11 @@ step() {  # step NAME TIMEOUT MIN_LEFT CMD...
 only=${ONLY:-"pytest bench"}
 for s in $only; do
   case $s in
-    pytest) step pytest_coordinator "${PYTEST_T:-240}" 60 python3 -m pytest -q -m gpu -rA -s -p no:cacheprovider \
+    pytest) step pytest_coordinator "${PYTEST_T:-220}" 60 python3 -m pytest -q -m gpu -rA -s -p no:cacheprovider \
         tests/test_megatron_coordinator_gpu.py --junitxml "$out/pytest_coordinator.xml" ;;
-    bench) step inflight_handoff_coordinator "${BENCH_T:-260}" 120 python3 bench/inflight_handoff.py --device cuda \
-        --model gpt200m --engine batcher,coordinator ${BENCH_ARGS:---quick --steps 4 --warmup 1 --rounds 1 --buffer-gb 4} \
-        --out "$out/inflight_handoff_coordinator.json" ;;
+    bench) step engine_paths "${BENCH_T:-280}" 120 python3 bench/engine_paths.py --device cuda --model gpt200m \
+        ${BENCH_ARGS:---quick --steps 4 --warmup 1 --rounds 1 --buffer-gb 4 --modes park,drain,sync --mode-budget-s 35} \
+        --out "$out/engine_paths_coordinator.json" ;;
     probe) step probe 240 120 python3 scripts/gpu_probe_coordinator.py --out "$out" ;;
     # more than one GPU (not in the default list): experts over 2 GPUs, then tensor parallel
     multi_ep) step multi_ep 240 120 torchrun --nproc-per-node 2 scripts/gpu_coordinator_multi.py --ep 2 ;;

@@ -11,6 +11,7 @@ real engine runs in ``tests/test_megatron_coordinator_gpu.py`` (``-m gpu``).
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import re
 import sys
 import time
@@ -367,3 +368,16 @@ def test_moe_gpt_on_the_cpu_has_expert_layers_in_the_training_mode(dist1) -> Non
     control = MegatronModeControl(model)
     assert len(control.moe) == 2 and control.report().off_training() == []
     assert control.read().expert_padding is False and model.config.moe_router_topk == 2
+
+
+def test_engine_paths_bench_compares_mode_by_mode() -> None:
+    from bench.engine_paths import compare, step_wall_ms
+
+    row = {"samples_per_s": 2.0, "decode_steps_per_s": 50.0, "engine_idle_share": 0.5, "handoff_p50_ms": 1.0}
+    assert step_wall_ms(row) == pytest.approx(10.0) and math.isnan(step_wall_ms({"decode_steps_per_s": 0}))
+    faster = {**row, "samples_per_s": 3.0, "decode_steps_per_s": 100.0}
+    out = compare(
+        {"direct": {"modes": {"park": row, "abort": {"skipped": "x"}}}, "coordinator": {"modes": {"park": faster}}}
+    )
+    assert list(out) == ["park"]
+    assert out["park"]["ratio_samples_per_s"] == pytest.approx(1.5) and out["park"]["ratio_step_wall_ms"] == 0.5

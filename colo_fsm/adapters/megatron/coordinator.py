@@ -158,6 +158,8 @@ class CoordinatorEngine:
         if not ok and self._factory is megatron_async_llm:
             raise ConfigError("coordinator", why, "pyzmq and msgpack importable (the 'coordinator' extra)")
         self.memory_estimate = check_engine_budget(self)  # guards: refuse an over-budget build with the numbers
+        with device_context(self.device):
+            self.mode.to_inference()  # guards: decode-side switches on (e.g. DDP param-gather hooks off) first
         self.model.eval()
         kwargs: dict[str, Any] = {}
         if self.config.coordinator_host is not None:
