@@ -207,7 +207,7 @@ def cycle(model: Any, mode: str, *, label: str, n_req: int = 8, seq: int = 1024)
 
     tok = CharTokenizer()
     control = mode_control(model)
-    trainer = MegatronTrainer(model, TrainerConfig(lr=1e-3))
+    trainer = MegatronTrainer(model, TrainerConfig(lr=1e-3, backend="torch"))
     icfg = InferenceConfig(
         block_size_tokens=256,
         buffer_size_gb=2.0,
@@ -384,7 +384,7 @@ def main() -> int:
         """colo-fsm's CoordinatorEngine under the Lifecycle (only on a checkout that has the adapter)."""
         from colo_fsm.adapters.megatron.coordinator import CoordinatorConfig, CoordinatorEngine
         from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
-        from colo_fsm.adapters.megatron.trainer import MegatronTrainer
+        from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
         from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 
         model = state_holder.get("dense") or build_dense(args.hidden, args.layers, 1024)
@@ -396,7 +396,9 @@ def main() -> int:
             max_sequence_length=1024,
             weight_version=lambda: box["lc"].weight_version if "lc" in box else 0,
         )
-        lc = box["lc"] = Lifecycle(eng, MegatronTrainer(model), None, config=LifecycleConfig())
+        lc = box["lc"] = Lifecycle(
+            eng, MegatronTrainer(model, TrainerConfig(backend="torch")), None, config=LifecycleConfig()
+        )
         t = time.perf_counter()
         lc.start()
         res: dict[str, Any] = {"start_s": round(time.perf_counter() - t, 3), "loop_device": eng.loop_device}

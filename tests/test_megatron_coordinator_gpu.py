@@ -97,7 +97,9 @@ class _Run:
     """A lifecycle over a coordinator engine and the real trainer on one model."""
 
     def __init__(self, model: Any, mode: str) -> None:
-        self.trainer = MegatronTrainer(model, TrainerConfig(lr=1e-3))
+        self.trainer = MegatronTrainer(
+            model, TrainerConfig(lr=1e-3, backend="torch")
+        )  # the adapter under test, not DDP
         self.box: dict[str, Lifecycle] = {}
         self.engine = CoordinatorEngine(
             model,
