@@ -242,6 +242,8 @@ def test_built_once_and_bad_requests_are_refused_by_name(engine) -> None:
     eng.bring_up()
     with pytest.raises(EngineRebuild):
         eng.bring_up()
+    eng.resume()  # already RUNNING: a no-op (megatron ignores RESUME there and would never answer the wait)
+    assert eng.transitions == [] and eng.epochs_sent == [0]
     with pytest.raises(ConfigError, match="top_logprobs"):
         eng.submit([5, 6], max_tokens=2, top_logprobs=3)
     with pytest.raises(RequestTooLarge):

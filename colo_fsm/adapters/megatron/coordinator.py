@@ -219,6 +219,8 @@ class CoordinatorEngine:
     def resume(self) -> None:
         """Decode switches back, epoch = weight version, resume -> RESUMED -> unpause -> RUNNING."""
         llm = self._live("resume")
+        if self.native_state() == "RUNNING":  # already awake: megatron would ignore RESUME and never answer
+            return
         t0 = time.perf_counter()
         with device_context(self.device):
             self.mode.to_inference()  # guards: decode-side switches back on
