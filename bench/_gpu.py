@@ -393,12 +393,18 @@ class BenchEngine:
         import torch
 
         eng = self.engine
-        sp = self.sampling(warm_steps + steps + 4, logprobs=False)
+        per_step = int(getattr(self.context, "max_tokens", 0) or 16384)
+        prefill_steps = -(-batch * prompt_len // per_step)  # ceil: every prompt prefilled before the window
+        sp = self.sampling(warm_steps + prefill_steps + steps + 4, logprobs=False)
         for p in prompts(batch, prompt_len, seed=batch):
             eng.add_request(int(next(eng.request_counter)), p, sp)
-        for _ in range(warm_steps):  # the first step prefills every prompt
+        for _ in range(warm_steps):  # the first step prefills every prompt (when they fit one step's tokens)
             eng.step_modern()
         ctx = self.context
+        for _ in range(1000):  # long prompts: prefill spans several steps (a step takes at most max_tokens)
+            if not getattr(ctx, "num_prefill_requests", 0) and not getattr(eng, "waiting_request_ids", None):
+                break
+            eng.step_modern()
         before = {
             "prefill_requests": getattr(ctx, "num_prefill_requests", None),
             "decode_requests": getattr(ctx, "num_decode_requests", None),

@@ -1,6 +1,6 @@
-"""Park vs drain vs sync: what a handoff that keeps in-flight rollouts is worth, with heavy-tailed output lengths.
+"""Park vs drain vs sync vs abort: what a handoff that keeps in-flight rollouts is worth, with heavy-tailed lengths.
 
-One run, three modes, the same model (rebuilt from the same seed for each mode), prompts, output lengths and
+One run, up to four modes, the same model (rebuilt from the same seed for each mode), prompts, output lengths and
 sampling seeds:
 
 * ``park``: the colocation :class:`~colo_fsm.machine.lifecycle.Lifecycle` with an
@@ -9,7 +9,14 @@ sampling seeds:
   decode-step boundary, the rollouts in flight stay parked and finish after the step under the new weights;
 * ``drain``: the same with ``inflight="drain"`` on both: each handoff waits for every rollout in flight, so
   every step waits for the slowest one;
-* ``sync``: no collector: generate the whole batch (tail included), then train; the same lifecycle handoffs.
+* ``sync``: no collector: generate the whole batch (tail included), then train; the same lifecycle handoffs;
+* ``abort``: the peers' colocated async (``inflight="abort"`` on both): each handoff ends the requests in
+  flight, and after it each is resubmitted as prompt + the tokens it had, re-prefilled under the new weights.
+
+``--workload reasoning`` is the shape of RL for reasoning models (see ``bench/_handoff.py``: 32 x 8 per step,
+lengths lognormal median 768 cut at ``--max-len``, 256 active, 40 GiB KV, CUDA graphs, a pure graph-decode
+baseline first); ``--smoke`` runs its code path on the CPU in seconds. ``--mode-budget-s`` bounds each mode; the
+JSON is rewritten after every mode.
 
 Output lengths are lognormal (``--median-tokens``, ``--sigma``), cut at ``--max-tokens``; each request stops
 at its drawn length (the bench's tokenizer has an end-of-document id the model never samples), so the tail is
@@ -24,8 +31,11 @@ Usage::
     python bench/inflight_handoff.py --quick                   # CPU, tiny GPT, < 3 min on 2 shared cores
     python bench/inflight_handoff.py                           # CPU, longer
     python bench/inflight_handoff.py --device cuda --model gpt200m   # one GPU, megatron-core's dynamic engine
+    python bench/inflight_handoff.py --workload reasoning --mode-budget-s 80   # one GPU, reasoning shape
+    python bench/inflight_handoff.py --workload reasoning --smoke              # its code path, CPU, seconds
 
-Writes ``bench/results/inflight_handoff.json`` (``--out`` to change).
+Writes ``bench/results/inflight_handoff.json`` (reasoning: ``inflight_handoff_reasoning_<model>_cut<N>_age<A>
+.json``; ``--out`` to change).
 """
 
 from __future__ import annotations

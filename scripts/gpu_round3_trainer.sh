@@ -5,8 +5,10 @@
 #   OUT=/tmp/out bash scripts/gpu_round3_trainer.sh           # on the H200 (megatron-core + flash-attn importable)
 #   OUT=/tmp/out bash scripts/gpu_round3_trainer.sh --dry     # the same plumbing on the CPU in seconds
 #
-# Knobs (environment): PYTHON (python3), MODEL (gpt200m), MODES (park,sync,drain,abort), MODE_BUDGET_S (80),
-# MAX_LEN (8192), MAX_AGE (2), STEPS (6), TEST_TIMEOUT_S (150), BENCH_TIMEOUT_S (420).
+# Knobs (environment): PYTHON (python3), TOTAL_S (540: the whole script's budget), MODEL (gpt200m), MODES
+# (park,sync,drain,abort), MODE_BUDGET_S (default: what is left after the tests, split over the modes), MAX_LEN
+# (8192), MAX_AGE (2), STEPS (6), TEST_TIMEOUT_S (150), CGD=1 (also re-run bench/cuda_graph_decode.py, layer
+# scope, if at least 200 s are left at the end).
 # Every stage has its own timeout; the bench rewrites its JSON after each mode, so a cut run keeps its data.
 set -uo pipefail
 
@@ -18,16 +20,17 @@ OUT="${OUT:-$ROOT/gpu-round3-trainer-out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export LOCAL_RANK="${LOCAL_RANK:-0}"
+export LOCAL_RANK="${LOCAL_RANK:-0}" PYTHONUNBUFFERED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}" NCCL_NVLS_ENABLE=0
+TOTAL_S="${TOTAL_S:-540}"
 MODEL="${MODEL:-gpt200m}"
 MODES="${MODES:-park,sync,drain,abort}"
-MODE_BUDGET_S="${MODE_BUDGET_S:-80}"
 MAX_LEN="${MAX_LEN:-8192}"
 MAX_AGE="${MAX_AGE:-2}"
 STEPS="${STEPS:-6}"
 TEST_TIMEOUT_S="${TEST_TIMEOUT_S:-150}"
-BENCH_TIMEOUT_S="${BENCH_TIMEOUT_S:-420}"
 T0=$(date +%s)
+left() { echo $((TOTAL_S - ($(date +%s) - T0))); }
 
 stage() { echo "=== [$(($(date +%s) - T0)) s] $*" | tee -a "$OUT/stages.log"; }
 
@@ -56,6 +59,12 @@ echo "pytest rc=$?" | tee -a "$OUT/stages.log"
 tail -n 15 "$OUT/pytest_trainer.log"
 
 # 2. the reasoning workload: graph-decode baseline first, then each mode within MODE_BUDGET_S
+N_MODES=$(echo "$MODES" | tr ',' '\n' | grep -c .)
+BENCH_TIMEOUT_S=$(($(left) - 20))
+if [ -z "${MODE_BUDGET_S:-}" ]; then  # start-up + graph baseline ~60 s, each mode's build + capture ~25 s
+  MODE_BUDGET_S=$(((BENCH_TIMEOUT_S - 60) / N_MODES - 25))
+  [ "$MODE_BUDGET_S" -lt 40 ] && MODE_BUDGET_S=40
+fi
 stage "bench: reasoning workload ($MODEL, cut $MAX_LEN, max age $MAX_AGE, modes $MODES, ${MODE_BUDGET_S}s/mode)"
 JSON="$OUT/inflight_handoff_reasoning_${MODEL}_cut${MAX_LEN}_age${MAX_AGE}.json"
 if [ "$DRY" = 1 ]; then
@@ -69,6 +78,13 @@ timeout "$BENCH_TIMEOUT_S" "$PY" bench/inflight_handoff.py "${ARGS[@]}" --out "$
 echo "bench rc=$?" | tee -a "$OUT/stages.log"
 grep -v -i -E "warn|deprecat" "$OUT/bench_reasoning.log" | tail -n 30
 
+if [ "${CGD:-0}" = 1 ] && [ "$DRY" = 0 ] && [ "$(left)" -ge 200 ]; then
+  stage "cuda_graph_decode (layer scope)"
+  timeout $(($(left) - 10)) "$PY" bench/cuda_graph_decode.py --scopes layer --train-steps 2 \
+    --out "$OUT/cuda_graph_decode_layer.json" >"$OUT/cuda_graph_decode.log" 2>&1
+  echo "cuda_graph_decode rc=$?" | tee -a "$OUT/stages.log"
+fi
+
 stage "summary"
 "$PY" - "$JSON" <<'EOF' | tee "$OUT/summary.txt"
 import json, sys
@@ -81,7 +97,7 @@ for m, r in d.get("modes", {}).items():
     if "samples_per_s" in r:
         print(f"{m:6} {r['samples_per_s']:8.2f} samples/s  decode {r['decode_tokens_per_s']:8.0f} tok/s  "
               f"engine {r['engine_decode_tokens_per_s']:8.0f} tok/s  steps {r['measured_steps']}  "
-              f"draining {r['draining_share']:.2f}")
+              f"draining {r['draining_share']:.2f}  peak {r.get('peak_allocated_gib')} GiB")
     else:
         print(f"{m:6} {r}")
 for k in sorted(d):

@@ -194,7 +194,7 @@ def test_park_pause_does_not_wait_for_a_stuck_rollout_but_drain_times_out() -> N
         gate.set()
         collector.close()
     with pytest.raises(ConfigError, match="inflight"):
-        AsyncCollector(stuck, prompts(), ReplayBuffer(1, 0), lambda: 0, inflight="wait")
+        AsyncCollector(stuck, prompts(), ReplayBuffer(1, 0), lambda: 0, inflight="pause")
 
 
 def test_groups_carry_the_weight_version_of_generation_and_a_target() -> None:

@@ -137,7 +137,7 @@ def test_short_demo_end_to_end_then_resume(tmp_path):
         (["--hidden-size", "30"], "hidden_size=30: expected a multiple of num_attention_heads=4"),
         (["--samples-per-group", "1"], "samples_per_group=1: expected an integer >= 2"),
         (["--device", "tpu"], "--device"),
-        (["--inflight", "wait"], "--inflight"),
+        (["--inflight", "pause"], "--inflight"),
     ],
 )
 def test_bad_arguments_one_line_exit_2(args, needle, tmp_path):

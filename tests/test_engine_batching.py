@@ -61,6 +61,21 @@ def _after_tokens(n):
     return on_token, ev
 
 
+def _hold_at(eng, n):
+    """An on_token callback that, at the ``n``-th token, waits until a control call (a suspend) is queued: the
+    request is still in flight when the suspend lands, however loaded the machine is (ordering, not timing)."""
+    seen = []
+    reached = threading.Event()
+
+    def on_token(tok, lp, v):
+        seen.append(tok)
+        if len(seen) == n:
+            reached.set()
+            assert eng._batcher.wait_for_control(WAIT), "no control call came"
+
+    return on_token, reached
+
+
 def _check_length(c: TokenCompletion, n: int) -> None:
     assert c.finish_reason in ("length", "stop"), c
     if c.finish_reason == "length":
@@ -284,6 +299,31 @@ def test_drain_mode_suspend_waits_for_admitted_requests_and_keeps_the_queue(mode
     eng.shutdown()
 
 
+def test_abort_mode_resubmits_prompt_plus_tokens_and_the_real_model_continues_them(model):
+    """inflight="abort" on the real CPU model: with the weights unchanged, ending a request at the suspend and
+    re-prefilling prompt + its tokens after the resume gives exactly the uninterrupted greedy run."""
+    version = {"v": 0}
+    eng = _engine(model, version, inflight="abort")
+    n = 12
+    prompt = next(p for p in PROMPTS if _solo(eng, p, n).finish_reason == "length")
+    ref = _solo(eng, prompt, n)
+    on_token, reached = _hold_at(eng, 4)
+    h = eng.submit(TOK.tokenize(prompt), max_tokens=n, on_token=on_token)
+    assert reached.wait(WAIT)
+    eng.suspend()
+    assert eng.request_counts() == (1, 0, 0)  # ended in the engine, waiting for its resubmission
+    assert eng._batcher.backend.active_ids() == []
+    version["v"] = 1
+    eng.resume()
+    c = h.result(timeout=WAIT)
+    assert c.token_ids == ref.token_ids and c.finish_reason == "length"
+    assert c.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+    assert c.weight_versions == (0,) * 4 + (1,) * (n - 4) and c.weight_version == 0 and c.resubmissions == 1
+    assert (eng._batcher.reprefills, eng._batcher.reprefill_tokens) == (1, len(TOK.tokenize(prompt)) + 4)
+    assert eng.steps_while_suspended == 0
+    eng.shutdown()
+
+
 def test_training_requests_are_admitted_before_server_requests(model):
     eng = _engine(model, max_active_requests=1)
     eng.suspend()
@@ -356,7 +396,7 @@ def test_bad_input_is_refused_with_typed_errors_and_nothing_else_is_disturbed(mo
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("inflight", "wait"),
+        ("inflight", "pause"),
         ("inflight", None),
         ("max_active_requests", 0),
         ("max_request_tokens", -5),
@@ -376,7 +416,8 @@ def test_inflight_modes_parse():
 
 def test_shutdown_aborts_queued_running_and_parked_requests(model):
     eng = _engine(model, max_active_requests=1)
-    on_token, started = _after_tokens(1)
+    assert _solo(eng, "123>", 1).token_ids != (TOK.eod,)  # its first token does not end it
+    on_token, started = _hold_at(eng, 1)  # held after its first token until the suspend is on its way
     parked = eng.submit(TOK.tokenize("123>"), max_tokens=20, on_token=on_token)
     queued = eng.submit(TOK.tokenize("45>"), max_tokens=20)
     assert started.wait(WAIT)

@@ -368,10 +368,10 @@ def _record(rid, *chunks, status="ACTIVE_AND_GENERATING_TOKENS"):
 def test_dynamic_records_become_per_step_outputs_across_a_recompute_checkpoint():
     import math
 
-    from colo_fsm.adapters.megatron.dynamic import outputs_from_records, record_tokens
+    from colo_fsm.adapters.megatron.dynamic import RecordCursor, outputs_from_records, record_tokens
 
     eod = TOK.eod
-    tracked = {1: 0, 2: 0, 3: 0}
+    tracked = {1: RecordCursor(), 2: RecordCursor(), 3: RecordCursor()}
     live = {1: _record(1, ([5], [-0.5])), 2: _record(2, ([6], [-0.25])), 3: _record(3, ([7, 8], [-1.0]))}
     out = outputs_from_records(tracked, live, [], eod)
     assert [(o.request_id, o.token_ids, o.finished) for o in out] == [
@@ -388,7 +388,7 @@ def test_dynamic_records_become_per_step_outputs_across_a_recompute_checkpoint()
         (1, (4,), (-0.1,), None),
         (2, (eod,), (-0.3,), "stop"),
     ]
-    assert tracked == {1: 2, 3: 2}  # the finished one left; 3 had nothing new and reported nothing
+    assert {r: c.reported for r, c in tracked.items()} == {1: 2, 3: 2}  # 2 left; 3 had nothing new
     failed = [_record(3, ([7, 8], [-1.0, -1.0]), status="FAILED")]
     assert [(o.request_id, o.finished) for o in outputs_from_records(tracked, {}, failed, eod)] == [(3, "abort")]
     assert record_tokens(_record(9, ([1, 2], [-1.0, -2.0]), ([3], [-3.0]))) == ([1, 2, 3], [-1.0, -2.0, -3.0])
@@ -412,7 +412,7 @@ def test_dynamic_abort_dequeues_a_waiting_request_and_finishes_an_active_one():
     from collections import deque
     from types import SimpleNamespace
 
-    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend
+    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend, RecordCursor
 
     class Fut:
         def __init__(self):
@@ -434,7 +434,7 @@ def test_dynamic_abort_dequeues_a_waiting_request_and_finishes_an_active_one():
         resume_request_ids=None,
         context=SimpleNamespace(),
     )
-    be._tracked = {1: 3, 2: 0}
+    be._tracked = {1: RecordCursor(offset=3, reported=3), 2: RecordCursor()}
     be._want_top = {1: 2}
     be.abort(2)
     assert 2 not in be.engine.requests and not be.engine.waiting_request_ids and waiting_future.cancelled
@@ -508,6 +508,7 @@ def test_top_logprobs_per_token_on_the_cpu_engine(model):
 def test_dynamic_top_n_logprobs_from_text_keyed_records():
     from colo_fsm.adapters.batching import BackendRequest
     from colo_fsm.adapters.megatron.dynamic import (
+        RecordCursor,
         outputs_from_records,
         record_top_logprobs,
         sampling_params,
@@ -530,7 +531,7 @@ def test_dynamic_top_n_logprobs_from_text_keyed_records():
     assert record_top_logprobs(r1, index.get) == [((five, -0.1), (six, -2.0)), ((six, -0.3), (TOK.eod, -1.5))]
     short_tops = rec(2, ([five, six], [-0.1, -0.2], [{"5": -0.1}]))  # fewer entries than tokens: empty, not invented
     assert record_top_logprobs(short_tops, index.get) == [((five, -0.1),), ()]
-    tracked = {1: 1, 2: 0, 3: 0}
+    tracked = {1: RecordCursor(offset=1, reported=1), 2: RecordCursor(), 3: RecordCursor()}
     out = outputs_from_records(
         tracked,
         {1: r1, 2: short_tops, 3: rec(3, ([seven], [-0.5], [{"7": -0.5}]))},
@@ -548,7 +549,7 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     from types import SimpleNamespace
 
     from colo_fsm.adapters.batching import BackendRequest
-    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend
+    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend, RecordCursor
 
     class Fut:
         def done(self):
@@ -558,6 +559,7 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     be.device = torch.device("cpu")
     be.eod = TOK.eod
     be._tracked, be._want_top = {}, {}
+    be.logprobs_mode = "raw"
     rng = torch.Generator()
     added = []
     be.engine = SimpleNamespace(
@@ -569,4 +571,4 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     be.add(BackendRequest(4, (1, 2), 3, temperature=1.0, seed=11, top_logprobs=2))
     expect = torch.Generator().manual_seed(11)
     assert torch.rand(3, generator=rng).tolist() == torch.rand(3, generator=expect).tolist()
-    assert touched == [] and added == [(4, 2)] and be._want_top == {4: 2} and be._tracked == {4: 0}
+    assert touched == [] and added == [(4, 2)] and be._want_top == {4: 2} and be._tracked == {4: RecordCursor()}

@@ -101,13 +101,14 @@ def test_megatron_loss_equals_the_one_pass_torch_loss_on_gpu():
     assert meg.metrics["train/grad_norm"] == pytest.approx(one.metrics["train/grad_norm"], rel=5e-2)
 
 
-def test_megatron_optimizer_checkpoint_roundtrip_on_gpu(tmp_path):
+@pytest.mark.parametrize("distributed", [False, True], ids=["optimizer", "distributed-optimizer"])
+def test_megatron_optimizer_checkpoint_roundtrip_on_gpu(tmp_path, distributed):
     """megatron-core's optimizer saves and loads through dist_checkpointing (its own sharded state dict)."""
     _setup()
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig
 
     model = tiny(TOK, device="cuda", max_sequence_length=64, hidden_size=128, num_attention_heads=2)
-    tr = MegatronTrainer(model, TrainerConfig(checkpoint_dir=str(tmp_path), use_distributed_optimizer=True))
+    tr = MegatronTrainer(model, TrainerConfig(checkpoint_dir=str(tmp_path), use_distributed_optimizer=distributed))
     rs = [Rollout((1, 2, 3), (4, 5, 6, 7), float(i % 2), i // 2) for i in range(8)]
     tr.train_step(rs)
     tr.save_checkpoint(1, 1, {"k": 1})

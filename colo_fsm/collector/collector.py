@@ -43,16 +43,18 @@ log = get_logger(__name__)
 STATE_DICT_FORMAT = 2
 """Version of :meth:`AsyncCollector.state_dict` (1: deferred prompts only; 2: also parked prompts and the buffer)."""
 
-INFLIGHT_POLICIES = ("park", "drain")
-"""What :meth:`AsyncCollector.pause` does with rollouts in flight: leave them parked (default) or wait for them."""
+INFLIGHT_POLICIES = ("park", "drain", "abort")
+"""What :meth:`AsyncCollector.pause` does with rollouts in flight: leave them in the engine (default "park"; with
+"abort" the engine ends their requests at the suspend and resubmits them after the resume, so for the collector
+it is the same as "park") or wait for them ("drain")."""
 
 
 def parse_inflight(value: Any) -> str:
-    """``value`` (a string or an ``InflightPolicy``) as ``"park"`` or ``"drain"``; anything else raises ConfigError."""
-    raw = getattr(value, "value", value)
-    if isinstance(raw, str) and raw.lower() in INFLIGHT_POLICIES:
-        return raw.lower()
-    raise ConfigError("inflight", value, "'park' (default) or 'drain'")
+    """``value`` (a string or an ``InflightPolicy``; aliases "keep" and "wait") as "park", "drain" or "abort";
+    anything else raises ConfigError naming the field and the choices."""
+    from colo_fsm.adapters.engine.options import parse_inflight as parse_policy
+
+    return parse_policy(value).value
 
 
 _DEFER_RETRY_S = 0.05

@@ -123,10 +123,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-mode", default=d.kv_cache_mode, help="persist | offload | recompute (GPU engine)")
     p.add_argument(
         "--inflight",
-        choices=("park", "drain"),
+        choices=("park", "drain", "abort", "keep", "wait"),
         default=d.inflight,
         help="what a handoff does with the rollouts in flight: park them in the engine, finished after the step "
-        "under the new weights (default), or drain (wait for them: strictly on-policy, slower)",
+        "under the new weights (default; alias keep), drain (wait for them: strictly on-policy, slower; alias "
+        "wait), or abort (end them at the handoff, re-prefill prompt + tokens so far after it)",
     )
     p.add_argument("--seed", type=_nonneg_int, default=d.seed)
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads per rank")

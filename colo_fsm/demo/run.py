@@ -26,6 +26,12 @@ from colo_fsm.log import get_logger
 
 log = get_logger(__name__)
 
+_INFLIGHT_WORDS = {
+    "park": "parks the rollouts in flight",
+    "drain": "waits for the rollouts in flight",
+    "abort": "ends the rollouts in flight and re-prefills them after the step",
+}
+
 
 @dataclass(frozen=True)
 class DemoResult:
@@ -185,12 +191,16 @@ def run_rank(
         )
     )
     ckpt_dir = run_dir / "checkpoints"
-    trainer = MegatronTrainer(model, TrainerConfig(lr=cfg.lr, checkpoint_dir=str(ckpt_dir)), pad_id=tok.pad)
+    # the importance ratio compares log-probs of the distribution the rollouts were sampled from: the engine
+    # records "processed" behaviour log-probs (temperature applied) and the trainer computes them at that temperature
+    trainer = MegatronTrainer(
+        model, TrainerConfig(lr=cfg.lr, checkpoint_dir=str(ckpt_dir), temperature=cfg.temperature), pad_id=tok.pad
+    )
     lc_ref: dict[str, Lifecycle] = {}
     engine = MegatronEngine(
         model,
         tok,
-        GenerationConfig(kv_cache_mode=cfg.kv_cache_mode, inflight=cfg.inflight),
+        GenerationConfig(kv_cache_mode=cfg.kv_cache_mode, inflight=cfg.inflight, logprobs_mode="processed"),
         weight_version=lambda: lc_ref["lc"].weight_version,
     )
     buffer = ReplayBuffer(cfg.num_prompts_per_step, cfg.max_trajectory_age_steps)
@@ -339,7 +349,7 @@ def run_rank(
         display.event(
             f"engine: backend={engine.backend_name} ({engine.backend_reason}); "
             f"kv_cache_mode={engine.kv_cache_mode.value}; inflight={cfg.inflight} (a handoff "
-            f"{'parks the rollouts in flight' if cfg.inflight == 'park' else 'waits for the rollouts in flight'}); "
+            f"{_INFLIGHT_WORDS.get(cfg.inflight, cfg.inflight)}); "
             f"one model object for training and generation; "
             f"{world} rank(s) over {'NCCL' if cfg.device == 'cuda' else 'gloo'}"
         )

@@ -42,7 +42,7 @@ import ray
 from colo_fsm.adapters.batching import request_seed
 from colo_fsm.adapters.protocols import Completion, GenerationEngine, StepResult, TextGenerator, Trainer
 from colo_fsm.collector.buffer import ReplayBuffer, TrajectoryGroup
-from colo_fsm.collector.collector import AsyncCollector, Prompt
+from colo_fsm.collector.collector import AsyncCollector, Prompt, parse_inflight
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.guards.capacity import RAY_ASYNC_ACTOR_DEFAULT_MAX_CONCURRENCY, InFlightCap
 from colo_fsm.guards.drain import default_drain, local_rank_from_env
@@ -168,8 +168,9 @@ class RolloutWorkerBody:
     ``offload_buffers``, ``restore_buffers``, ``save_checkpoint``; one at a time, and only while the engine is
     suspended with no rollout being handed over), and report info, health and a log of control calls.
     ``inflight`` is ``"park"`` (a suspend parks the rollouts' requests in a request-level engine; they finish
-    after the resume) or ``"drain"`` (a suspend waits for them); None takes the engine's own ``inflight``
-    (default park). ``adapters_factory(rank)`` is called here, inside the actor; ``local_rank`` defaults to
+    after the resume), ``"abort"`` (the engine ends them at the suspend and resubmits them after the resume: for
+    the gate the same as park) or ``"drain"`` (a suspend waits for them); aliases "keep" and "wait"; None takes
+    the engine's own ``inflight`` (default park). ``adapters_factory(rank)`` is called here, inside the actor; ``local_rank`` defaults to
     ``LOCAL_RANK`` (a malformed value raises :class:`~colo_fsm.errors.ConfigError`).
     """
 
@@ -207,8 +208,7 @@ class RolloutWorkerBody:
         self._saves = 0
         if inflight is None:
             inflight = str(getattr(getattr(adapters.engine, "inflight", None), "value", None) or "park")
-        if inflight not in ("park", "drain"):
-            raise ConfigError("inflight", inflight, "'park' (keep requests in the engine) or 'drain', or None")
+        inflight = parse_inflight(inflight)  # ConfigError naming the field and the choices
         self.inflight = inflight
         self.gated = GatedEngine(
             adapters.engine,
@@ -216,7 +216,7 @@ class RolloutWorkerBody:
             serve=serve,
             request_timeout_s=request_timeout_s,
             drain_timeout_s=drain_timeout_s,
-            inflight=inflight,
+            inflight="drain" if inflight == "drain" else "park",  # the gate holds requests only to drain them
             **server_kwargs,
         )
         submit = getattr(generator, "submit", None)
@@ -292,7 +292,7 @@ class RolloutWorkerBody:
                     h.cancel()
                 raise
             self._requests += len(handles)
-            if self.inflight == "park":
+            if self.inflight != "drain":
                 await stack.aclose()  # handed over: a suspend may come now and parks these requests
             self._active += 1
             self._max_active = max(self._max_active, self._active)

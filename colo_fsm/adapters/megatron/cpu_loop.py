@@ -208,6 +208,18 @@ def sample_token(logits: torch.Tensor, request: BackendRequest, generator: torch
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def processed_logprobs(logits: torch.Tensor, request: BackendRequest) -> torch.Tensor:
+    """Log-probs (1-D) of the distribution :func:`sample_token` draws ``request``'s next token from: the
+    temperature-scaled softmax over the top-k / top-p survivors (``-inf`` elsewhere); greedy (temperature 0) is
+    the point mass on the argmax (the chosen token's log-prob is 0), as megatron-core's top-k 1 gives."""
+    if request.temperature == 0:
+        out = torch.full_like(logits, float("-inf"), dtype=torch.float32)
+        out[int(logits.argmax())] = 0.0
+        return out
+    filtered = filter_logits(logits.float(), top_k=request.top_k, top_p=request.top_p)
+    return torch.log_softmax(filtered / float(request.temperature), dim=-1)
+
+
 @dataclass(eq=False)
 class _Row:
     request: BackendRequest
@@ -219,8 +231,9 @@ class _Row:
 class CpuStepLoop:
     """A :class:`~colo_fsm.adapters.batching.StepBackend` on the model object itself (no KV cache).
 
-    Log-probs are of the model's untempered distribution (what the trainer's importance ratio compares
-    against); so are a request's ``top_logprobs`` alternatives (a top-k over the same log-softmax). A request
+    A request's log-probs, and its ``top_logprobs`` alternatives, are of the model's untempered distribution
+    (``logprobs_mode="raw"``, the default) or of the distribution its token was sampled from
+    (``logprobs_mode="processed"``: temperature, top-k and top-p applied; :func:`processed_logprobs`). A request
     with a ``seed`` samples from its own generator, so its tokens do not depend on which
     other requests share its steps. ``InferenceMode`` is set while awake and cleared while suspended.
     """
@@ -273,7 +286,8 @@ class CpuStepLoop:
             valid[i, longest - len(r.tokens) :] = True
         logits = forward_logits(self.model, tokens, valid)[:, -1, :]
         logp = torch.log_softmax(logits, dim=-1)
-        k_max = min(max(r.request.top_logprobs for r in self.rows), logp.shape[-1])
+        raw_rows = [i for i, r in enumerate(self.rows) if r.request.logprobs_mode != "processed"]
+        k_max = min(max((self.rows[i].request.top_logprobs for i in raw_rows), default=0), logp.shape[-1])
         top_v = top_i = None
         if k_max > 0:  # one topk over the batch's log-softmax, cut per row to what each request asked for
             top = torch.topk(logp, k_max, dim=-1)
@@ -286,10 +300,18 @@ class CpuStepLoop:
             r.generated += 1
             finished = "stop" if tok == self.eod else ("length" if r.generated >= r.request.max_tokens else None)
             alts: tuple[tuple[tuple[int, float], ...], ...] = ()
-            if r.request.top_logprobs > 0 and top_v is not None and top_i is not None:
-                k = r.request.top_logprobs
-                alts = (tuple((int(t), float(v)) for t, v in zip(top_i[i][:k], top_v[i][:k])),)
-            outs.append(StepOutput(r.request.request_id, (tok,), (float(logp[i, tok]),), finished, alts))
+            k = r.request.top_logprobs
+            if r.request.logprobs_mode == "processed":
+                row = processed_logprobs(logits[i], r.request)
+                lp = float(row[tok])
+                if k > 0:  # the sampled distribution's most likely tokens (filtered-out ones are not offered)
+                    pv, pi = torch.topk(row, min(k, row.numel()))
+                    alts = (tuple((int(t), float(v)) for t, v in zip(pi.tolist(), pv.tolist()) if v > float("-inf")),)
+            else:
+                lp = float(logp[i, tok])
+                if k > 0 and top_v is not None and top_i is not None:
+                    alts = (tuple((int(t), float(v)) for t, v in zip(top_i[i][:k], top_v[i][:k])),)
+            outs.append(StepOutput(r.request.request_id, (tok,), (lp,), finished, alts))
             if finished is None:
                 keep.append(r)
         self.rows = keep
@@ -332,5 +354,6 @@ __all__ = [
     "filter_logits",
     "forward_logits",
     "generate_tokens",
+    "processed_logprobs",
     "sample_token",
 ]

@@ -8,9 +8,10 @@ process-wide ``InferenceMode`` flag on ``suspend()`` and sets it again on ``resu
 :class:`DynamicStepBackend` drives that engine request by request (a
 :class:`~colo_fsm.adapters.batching.StepBackend`): ``add_request(id, token_ids, SamplingParams)`` per admitted
 request, one ``step_modern()`` per decode step, and after each step the new tokens and log-probs of every
-request are read off its ``DynamicInferenceRequestRecord`` (a record holds more than one request after a
-recompute-mode resume or an eviction checkpointed it: the generated tokens of all of them, in order, are the
-request's tokens). megatron-core has no abort call; a running request is finished through the engine's
+request are read off its ``DynamicInferenceRequestRecord`` from where the last step's reading stopped
+(:class:`RecordCursor`: O(tokens that step produced), not O(tokens so far)). A record holds more than one
+request after a recompute-mode resume or an eviction checkpointed it: the generated tokens of all of them, in
+order, are the request's tokens. megatron-core has no abort call; a running request is finished through the engine's
 stop-word hook (its id goes into ``stop_word_finished_request_ids``: the controller marks it finished at the
 next bookkeeping and its KV blocks are released), and a waiting one is taken off the waiting queue.
 A request is *kept* across ``suspend()``/``resume()`` in every mode: persist leaves the KV buffer in place,
@@ -37,6 +38,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -112,13 +114,7 @@ def record_top_logprobs(record: Any, text_to_id: Callable[[str], int | None]) ->
         n = len(_as_list(r.generated_tokens))
         tops = list(getattr(r, "generated_top_n_logprobs", None) or [])
         for d in (tops + [{}] * n)[:n]:
-            pairs = []
-            for text, lp in dict(d or {}).items():
-                tid = text_to_id(str(text))
-                if tid is not None:
-                    pairs.append((int(tid), float(lp)))
-            pairs.sort(key=lambda p: -p[1])
-            out.append(tuple(pairs))
+            out.append(top_pairs(d, len(d or {}), text_to_id))
     return out
 
 
@@ -129,8 +125,72 @@ def record_status(record: Any) -> str:
     return str(getattr(status, "name", status or ""))
 
 
+def _slice(x: Any, start: int, stop: int) -> list[Any]:
+    """``x[start:stop]`` as a list (a list, a tuple or a tensor; None is empty): O(stop - start)."""
+    if x is None:
+        return []
+    part = x[start:stop]
+    return list(part.tolist()) if torch.is_tensor(part) else list(part)
+
+
+@dataclass
+class RecordCursor:
+    """Where one request's reading of its ``DynamicInferenceRequestRecord`` stands, so each engine step reads only
+    the tokens that step produced (O(new tokens), never the whole generation so far).
+
+    A record holds one request per recompute checkpoint; every request but the last is complete, so the cursor
+    keeps the index of the request being read (``part``) and how many of its generated tokens were reported
+    (``offset``). ``reported`` counts every token reported, ``last_token`` is the latest one.
+    """
+
+    part: int = 0
+    offset: int = 0
+    reported: int = 0
+    last_token: int | None = None
+
+    def advance(self, record: Any, top_k: int = 0) -> tuple[list[int], list[float], list[Any]]:
+        """The tokens, log-probs (``nan`` where missing) and raw top-n entries (when ``top_k > 0``) generated
+        since the last call; the cursor moves past them."""
+        reqs = getattr(record, "requests", None) or [record]
+        toks: list[int] = []
+        lps: list[float] = []
+        tops: list[Any] = []
+        while self.part < len(reqs):
+            r = reqs[self.part]
+            gen = r.generated_tokens
+            n = len(gen) if gen is not None else 0
+            if n > self.offset:
+                t = [int(x) for x in _slice(gen, self.offset, n)]
+                lp = [float(x) for x in _slice(getattr(r, "generated_log_probs", None), self.offset, n)]
+                toks.extend(t)
+                lps.extend(lp + [math.nan] * (len(t) - len(lp)))
+                if top_k > 0:
+                    raw = _slice(getattr(r, "generated_top_n_logprobs", None), self.offset, n)
+                    tops.extend(raw + [{}] * (len(t) - len(raw)))
+            if self.part == len(reqs) - 1:
+                self.offset = max(self.offset, n)
+                break
+            self.part += 1  # a checkpointed request is complete: go on with the next one in the record
+            self.offset = 0
+        if toks:
+            self.reported += len(toks)
+            self.last_token = toks[-1]
+        return toks, lps, tops
+
+
+def top_pairs(raw: Any, k: int, text_to_id: Callable[[str], int | None]) -> TopLogprobs:
+    """One token's top-``k`` alternatives from megatron-core's text-keyed dict (see :func:`record_top_logprobs`)."""
+    pairs = []
+    for text, lp in dict(raw or {}).items():
+        tid = text_to_id(str(text))
+        if tid is not None:
+            pairs.append((int(tid), float(lp)))
+    pairs.sort(key=lambda p: -p[1])
+    return tuple(pairs[:k])
+
+
 def outputs_from_records(
-    tracked: dict[int, int],
+    tracked: dict[int, RecordCursor],
     live: dict[int, Any],
     finished: Sequence[Any],
     eod: int,
@@ -138,12 +198,12 @@ def outputs_from_records(
     want_top: Mapping[int, int] | None = None,
     text_to_id: Callable[[str], int | None] | None = None,
 ) -> list[StepOutput]:
-    """New tokens per tracked request since the last step (``tracked``: request id -> tokens reported so far).
+    """New tokens per tracked request since the last step (``tracked``: request id -> its :class:`RecordCursor`).
 
     ``live`` maps request ids to records still in the engine, ``finished`` are the records the step returned.
-    ``tracked`` is updated in place; finished requests leave it. Requests not tracked are ignored (aborted).
-    Requests in ``want_top`` (request id -> k) also get their new tokens' top alternatives (see
-    :func:`record_top_logprobs`; ``text_to_id`` is required then).
+    The cursors move in place; finished requests leave ``tracked``. Requests not tracked are ignored (aborted).
+    Requests in ``want_top`` (request id -> k) also get their new tokens' top alternatives (``text_to_id`` is
+    required then). The work per call is O(tokens produced since the last call), not O(tokens so far).
     """
     out: list[StepOutput] = []
     done = {int(r.request_id): r for r in finished}
@@ -151,14 +211,13 @@ def outputs_from_records(
         record = done.get(rid, live.get(rid))
         if record is None:
             continue
-        toks, lps = record_tokens(record)
-        start = tracked[rid]
-        new_t, new_lp = toks[start:], lps[start:]
-        new_top: tuple[TopLogprobs, ...] = ()
+        cursor = tracked[rid]
         k = (want_top or {}).get(rid, 0)
+        new_t, new_lp, raw_top = cursor.advance(record, k)
+        new_top: tuple[TopLogprobs, ...] = ()
         if k > 0 and new_t:
             assert text_to_id is not None, "text_to_id is needed for top log-probs"
-            new_top = tuple(t[:k] for t in record_top_logprobs(record, text_to_id)[start : start + len(new_t)])
+            new_top = tuple(top_pairs(d, k, text_to_id) for d in raw_top)
         reason: str | None = None
         if rid in done:
             status = record_status(record)
@@ -166,10 +225,8 @@ def outputs_from_records(
                 log.warning("dynamic engine failed request %d: %s", rid, getattr(record[-1], "events", ""))
                 reason = "abort"
             else:
-                reason = "stop" if toks and toks[-1] == eod else "length"
+                reason = "stop" if cursor.last_token == eod else "length"
             del tracked[rid]
-        else:
-            tracked[rid] = len(toks)
         if new_t or reason is not None:
             out.append(StepOutput(rid, tuple(new_t), tuple(new_lp), reason, new_top))
     return out
@@ -177,7 +234,8 @@ def outputs_from_records(
 
 def sampling_params(request: BackendRequest, eod: int) -> Any:
     """megatron-core ``SamplingParams`` of one request (greedy as top-k 1; top-p 1.0 as megatron's "off" 0.0;
-    ``top_logprobs`` as ``top_n_logprobs``, of the untempered log-softmax like the sampled token's log-prob)."""
+    ``top_logprobs`` as ``top_n_logprobs``, of the same distribution as the sampled token's log-prob: the engine's
+    ``InferenceConfig.logprobs_mode``, see :class:`DynamicStepBackend`)."""
     from megatron.core.inference.sampling_params import SamplingParams
 
     greedy = request.temperature == 0
@@ -229,6 +287,9 @@ class DynamicStepBackend:
     Build it on the thread that will step it (the batcher's engine thread): the engine's asyncio loop and the
     requests' CUDA tensors belong there.
 
+    ``logprobs_mode`` ("raw" or "processed") is megatron-core's ``InferenceConfig.logprobs_mode`` (raw_logprobs /
+    processed_logprobs), one setting for the whole engine: a request asking for the other is refused.
+
     Seeds are *not isolated per request* on this backend: megatron-core 0.19.2 samples every request of a step
     from one generator (``controller.sampling_rng``) and has no per-request seed. A seeded request re-seeds that
     generator when it is admitted, so its tokens are reproducible only when the same requests share its steps
@@ -249,6 +310,7 @@ class DynamicStepBackend:
         max_requests: int | None,
         block_size_tokens: int,
         num_cuda_graphs: int | None = None,
+        logprobs_mode: str = "raw",
     ) -> None:
         from megatron.core.inference.apis.llm import MegatronLLM
         from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
@@ -266,19 +328,28 @@ class DynamicStepBackend:
             kv_cache_management_mode=KVCacheManagementMode(kv_cache_mode),
             materialize_only_last_token_logits=True,
             num_cuda_graphs=num_cuda_graphs,
+            logprobs_mode="processed_logprobs" if logprobs_mode == "processed" else "raw_logprobs",
         )
+        self.logprobs_mode = logprobs_mode
         model.eval()
         self.llm = MegatronLLM(
             model=model, tokenizer=tokenizer, inference_config=self.inference_config, use_coordinator=False
         )
         self.engine: Any = self.llm.engine
-        self._tracked: dict[int, int] = {}  # request id -> generated tokens reported so far
+        self._tracked: dict[int, RecordCursor] = {}  # request id -> where reading its record stands
         self._want_top: dict[int, int] = {}  # request id -> top alternatives asked for
         self._text_ids: dict[str, int] | None = None  # built on the first request asking for alternatives
 
     @on_own_device
     def add(self, request: BackendRequest) -> None:
         """``add_request`` with the request's own sampling parameters; prefilled at the next step."""
+        if request.logprobs_mode != self.logprobs_mode:
+            raise ConfigError(
+                "logprobs_mode",
+                request.logprobs_mode,
+                f"{self.logprobs_mode!r}: megatron-core's dynamic engine sets it once for every request "
+                "(GenerationConfig.logprobs_mode)",
+            )
         if request.seed is not None and request.temperature > 0:
             reseed_sampler(self.engine, int(request.seed))
         rid = int(request.request_id)
@@ -289,7 +360,7 @@ class DynamicStepBackend:
             entry = self.engine.requests.pop(rid, None)
             events = [str(e) for e in getattr(entry.record[-1], "events", [])] if entry is not None else []
             raise LifecycleError(f"the dynamic engine refused request {rid}: {'; '.join(events) or 'no reason given'}")
-        self._tracked[rid] = 0
+        self._tracked[rid] = RecordCursor()
         if request.top_logprobs > 0:
             self._want_top[rid] = int(request.top_logprobs)
 
@@ -374,6 +445,7 @@ class DynamicStepBackend:
 
 __all__ = [
     "DynamicStepBackend",
+    "RecordCursor",
     "check_head_dim",
     "dynamic_engine_available",
     "outputs_from_records",
@@ -383,4 +455,5 @@ __all__ = [
     "reseed_sampler",
     "sampling_params",
     "token_text_index",
+    "top_pairs",
 ]

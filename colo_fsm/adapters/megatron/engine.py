@@ -32,6 +32,7 @@ from typing import Any
 
 from colo_fsm.adapters.batching import (
     DEFAULT_MAX_TOP_LOGPROBS,
+    DEFAULT_SERVER_SHARE,
     ContinuousBatcher,
     InflightPolicy,
     OnToken,
@@ -39,9 +40,12 @@ from colo_fsm.adapters.batching import (
     RequestCounts,
     RequestHandle,
     TokenCompletion,
+    check_share,
     parse_inflight,
+    parse_logprobs_mode,
     request_seed,
 )
+from colo_fsm.adapters.engine.options import share_slots
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import device_context, on_own_device
@@ -80,14 +84,22 @@ class GenerationConfig:
 
     Parallel sizes left at None inherit the training model's; set ones must match it (TP/PP/EP/ETP raise
     :class:`~colo_fsm.errors.ParallelismMismatch`, CP warns) because a colocated engine cannot reshard.
-    ``inflight`` is what a suspend does with admitted requests ("park": kept, continued after the resume;
-    "drain": waited for); ``max_active_requests`` bounds the requests decoded together;
+    ``inflight`` is what a suspend does with admitted requests ("park", alias "keep": kept, continued after the
+    resume; "drain", alias "wait": waited for; "abort": ended, then resubmitted as prompt + tokens so far and
+    re-prefilled after the resume); ``max_active_requests`` bounds the requests decoded together;
     ``max_request_tokens`` (None: no bound) bounds prompts x max_tokens of one ``generate``/``generate_ids``
     call; ``num_cuda_graphs`` is passed to megatron-core's ``InferenceConfig.num_cuda_graphs`` (the batch shapes
     the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``);
     ``tp_lockstep`` (TP > 1) has the TP group's leader plan every decode step for the whole group
     (:mod:`colo_fsm.adapters.lockstep`): off, TP peers drift by a step and the next handoff desyncs;
-    ``max_top_logprobs`` bounds the per-token alternatives one request may ask for (``submit(top_logprobs=k)``).
+    ``max_top_logprobs`` bounds the per-token alternatives one request may ask for (``submit(top_logprobs=k)``);
+    ``server_share`` (in (0, 1], default 0.5) bounds the share of ``max_active_requests`` that
+    ``Priority.SERVER`` requests (HTTP traffic) hold at once, so the trainer's rollouts always keep the rest
+    (server work beyond it waits queued; 1 lifts the cap); ``logprobs_mode`` is the distribution every returned
+    log-prob comes from: "raw" (default, vLLM's default: the model's untempered softmax) or "processed" (after
+    temperature, top-k and top-p: the distribution each token was sampled from, what an importance ratio against
+    a trainer computing log-probs at the sampling temperature needs). On the CPU path a request may ask for
+    either (``submit(logprobs_mode=...)``); megatron-core's dynamic engine has one mode for all its requests.
     """
 
     kv_cache_mode: str = "persist"
@@ -106,12 +118,16 @@ class GenerationConfig:
     num_cuda_graphs: int | None = None
     tp_lockstep: bool = True
     max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS
+    server_share: float = DEFAULT_SERVER_SHARE
+    logprobs_mode: str = "raw"
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp_lockstep, bool):
             raise ConfigError("tp_lockstep", self.tp_lockstep, "True or False")
         object.__setattr__(self, "kv_cache_mode", parse_kv_cache_mode(self.kv_cache_mode).value)
         object.__setattr__(self, "inflight", parse_inflight(self.inflight).value)
+        object.__setattr__(self, "server_share", check_share(self.server_share))
+        object.__setattr__(self, "logprobs_mode", parse_logprobs_mode(self.logprobs_mode).value)
         for name, what in (
             ("max_active_requests", "a positive integer"),
             ("max_request_tokens", "a positive integer, or None (no bound)"),
@@ -241,6 +257,7 @@ class MegatronEngine:
                 max_requests=self.config.max_requests,
                 block_size_tokens=self.config.block_size_tokens,
                 num_cuda_graphs=self.config.num_cuda_graphs,
+                logprobs_mode=self.config.logprobs_mode,
             )
         from colo_fsm.adapters.megatron.cpu_loop import CpuStepLoop
 
@@ -280,6 +297,8 @@ class MegatronEngine:
             name=f"colo-fsm-engine-{self.backend_name}",
             **extra,
             max_top_logprobs=self.config.max_top_logprobs,
+            server_share=self.config.server_share,
+            logprobs_mode=self.config.logprobs_mode,
         )
         batcher.start()
         self._batcher = batcher
@@ -357,9 +376,16 @@ class MegatronEngine:
         """("suspend"|"resume", seconds the backend took), in order."""
         return list(self._batcher.timings) if self._batcher is not None else []
 
-    def request_counts(self) -> RequestCounts:
-        """Requests queued for admission, running, and parked in a suspended engine."""
-        return self._batcher.counts() if self._batcher is not None else RequestCounts(0, 0, 0)
+    def request_counts(self, priority: Priority | int | None = None) -> RequestCounts:
+        """Requests queued for admission, running, and parked in a suspended engine (of ``priority`` if given)."""
+        return self._batcher.counts(priority) if self._batcher is not None else RequestCounts(0, 0, 0)
+
+    @property
+    def server_slots(self) -> int:
+        """The most ``Priority.SERVER`` requests active at once (``server_share`` of ``max_active_requests``)."""
+        if self._batcher is not None:
+            return self._batcher.server_slots
+        return share_slots(self.config.server_share, self.config.max_active_requests)
 
     def _live(self, what: str) -> ContinuousBatcher:
         if self._batcher is None or not self.built:
@@ -382,6 +408,7 @@ class MegatronEngine:
         priority: Priority | int = Priority.TRAINING,
         on_token: OnToken | None = None,
         top_logprobs: int = 0,
+        logprobs_mode: str | None = None,
     ) -> RequestHandle:
         """Add one request to the running engine; returns its handle (future, cancel).
 
@@ -392,7 +419,10 @@ class MegatronEngine:
         and passes them to ``on_token`` as a fourth argument. May be called while suspended: the request waits
         queued and starts after the resume. Raises :class:`~colo_fsm.errors.EngineStopped` after shutdown,
         :class:`~colo_fsm.errors.RequestTooLarge` when prompt + ``max_tokens`` > ``max_sequence_length``.
+        ``logprobs_mode`` (None: ``GenerationConfig.logprobs_mode``) picks the distribution of the returned
+        log-probs ("raw" or "processed"; see :class:`GenerationConfig`).
         """
+        self._check_logprobs_mode(logprobs_mode)
         return self._live("submit").submit(
             prompt_ids,
             max_tokens=max_tokens,
@@ -404,7 +434,21 @@ class MegatronEngine:
             priority=priority,
             on_token=on_token,
             top_logprobs=top_logprobs,
+            logprobs_mode=logprobs_mode,
         )
+
+    def _check_logprobs_mode(self, logprobs_mode: str | None) -> None:
+        """Refuse a per-request ``logprobs_mode`` the backend cannot give (the dynamic engine has one mode)."""
+        if logprobs_mode is None:
+            return
+        mode = parse_logprobs_mode(logprobs_mode).value
+        if self.backend_name == "dynamic" and mode != self.config.logprobs_mode:
+            raise ConfigError(
+                "logprobs_mode",
+                logprobs_mode,
+                f"{self.config.logprobs_mode!r}: megatron-core's dynamic engine has one mode for every request "
+                "(set GenerationConfig.logprobs_mode)",
+            )
 
     def generate_ids(
         self,
@@ -418,6 +462,7 @@ class MegatronEngine:
         stop_token_ids: Sequence[int] = (),
         priority: Priority | int = Priority.TRAINING,
         top_logprobs: int = 0,
+        logprobs_mode: str | None = None,
     ) -> list[TokenCompletion]:
         """Submit every prompt and wait for all; each result carries per-token log-probs and weight versions.
 
@@ -425,6 +470,7 @@ class MegatronEngine:
         these requests (they finish after the resume). A seeded call gives each request its own derived seed.
         """
         batcher = self._live("generate")
+        self._check_logprobs_mode(logprobs_mode)
         limit = self.config.max_request_tokens
         if limit is not None and isinstance(max_tokens, int) and len(prompts) * max_tokens > limit:
             raise RequestTooLarge(
@@ -448,6 +494,7 @@ class MegatronEngine:
                         stop_token_ids=stop_token_ids,
                         priority=priority,
                         top_logprobs=top_logprobs,
+                        logprobs_mode=logprobs_mode,
                     )
                 )
         except BaseException:

@@ -55,7 +55,10 @@ class TrainerConfig:
     """Optimizer, loss and training-machinery settings. ``clip_eps`` is the PPO-style ratio clip (used when
     rollouts carry the behaviour policy's log-probs); ``checkpoint_dir`` is where
     :meth:`MegatronTrainer.save_checkpoint` writes; ``micro_batch_tokens`` the padded-token budget of one
-    micro-batch; ``backend`` and the DDP options pick megatron-core's training machinery (see the module doc)."""
+    micro-batch; ``backend`` and the DDP options pick megatron-core's training machinery (see the module doc).
+    ``temperature`` is the sampling temperature of the rollouts: the trainer's log-probs are of ``logits /
+    temperature``, the distribution the tokens were sampled from, to match behaviour log-probs recorded with the
+    engine's ``logprobs_mode="processed"`` (leave 1.0 with ``"raw"``; top-k / top-p truncation is not modelled)."""
 
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -66,6 +69,7 @@ class TrainerConfig:
     allow_inference_optimized_training: bool = False
     checkpoint_dir: str | None = None
     checkpoint_format: str = "auto"  # "megatron" (dist_checkpointing; default on CUDA) or "dcp" (default on CPU)
+    temperature: float = 1.0  # the rollouts' sampling temperature: log-probs of logits / temperature
     micro_batch_tokens: int = 16384  # padded tokens per micro-batch (length-bucketed); bounds the step's peak memory
     backend: str = "auto"  # "megatron" (DDP + optimizer + schedule of megatron-core; CUDA), "torch", "auto"
     overlap_grad_reduce: bool = False  # megatron backend: reduce gradient buckets during the backward
@@ -74,7 +78,7 @@ class TrainerConfig:
     ddp_bucket_size: int | None = None  # megatron backend: DDP bucket size in elements (None: megatron's default)
 
     def __post_init__(self) -> None:
-        for name in ("lr", "grad_clip", "clip_eps"):
+        for name in ("lr", "grad_clip", "clip_eps", "temperature"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or not math.isfinite(v):
                 raise ConfigError(name, v, "a positive finite number")
@@ -283,7 +287,7 @@ class MegatronTrainer:
 
     def _logprobs(self, model: Any, rollouts: Sequence[Rollout]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         t = self._batch_tensors(rollouts)
-        logits = forward_logits(model, t["tokens"], t["valid"])
+        logits = forward_logits(model, t["tokens"], t["valid"]) / self.config.temperature
         logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, t["tokens"][:, 1:].unsqueeze(2)).squeeze(2)
         logp = torch.nn.functional.pad(logp, (1, 0))  # align: position j holds log p(token_j | < j)
         return logp * t["comp"], t

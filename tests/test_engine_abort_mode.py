@@ -1,0 +1,132 @@
+"""``inflight="abort"``: the peers' colocated-async handoff (end the requests at the suspend, resubmit after).
+
+Each request in flight is ended in the backend at the suspend and queued again as prompt + the tokens it had;
+after the resume it is re-prefilled under the new weights and continues to the same ``max_tokens`` total. Its
+caller gets one completion with every token, each stamped with the weight version that generated it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from colo_fsm.adapters.batching import ContinuousBatcher, InflightPolicy, parse_inflight
+from colo_fsm.adapters.megatron.engine import GenerationConfig
+from colo_fsm.collector.collector import parse_inflight as collector_inflight
+from colo_fsm.errors import ConfigError
+from tests.support.gated import WAIT, GatedBackend
+
+
+def _suspend(b: ContinuousBatcher, backend: GatedBackend) -> None:
+    t = threading.Thread(target=b.suspend)
+    t.start()
+    backend.grant(1)  # the step in flight
+    t.join(WAIT)
+    assert not t.is_alive()
+
+
+def test_abort_ends_requests_at_the_suspend_and_resubmits_prompt_plus_tokens_after_the_resume():
+    backend, version = GatedBackend(), [0]
+    b = ContinuousBatcher(lambda: backend, weight_version=lambda: version[0], inflight="abort")
+    b.start()
+    a, short = b.submit([1], max_tokens=10), b.submit([20], max_tokens=3)
+    backend.grant(2)
+    backend.wait_steps(2)
+    _suspend(b, backend)
+    assert short.result(timeout=0).token_ids == (20, 21, 22)  # it finished in the step before the suspend
+    assert backend.active_ids() == []  # nothing kept in the engine through the handoff
+    assert backend.log[-2:] == [("abort", a.request_id), ("suspend",)]
+    assert b.counts() == (1, 0, 0)  # waiting to be resubmitted
+    version[0] = 1  # the training step
+    b.resume()
+    backend.run_free()
+    c = a.result(timeout=WAIT)
+    assert c.finish_reason == "length" and c.token_ids == tuple(range(1, 11))  # the same max_tokens total
+    assert c.prompt_ids == (1,)  # the caller's prompt, not the resubmitted one
+    assert c.weight_versions == (0, 0, 0) + (1,) * 7
+    assert (c.first_weight_version, c.last_weight_version, c.weight_version) == (0, 1, 0)  # oldest counts for age
+    assert c.resubmissions == 1 and len(c.logprobs) == 10
+    again = backend.added[-1]
+    assert again.prompt_ids == (1, 1, 2, 3) and again.max_tokens == 7 and again.request_id != a.request_id
+    assert (b.reprefills, b.reprefill_tokens) == (1, 4)  # the re-prefill is counted
+    assert b.steps_while_suspended == 0 and backend.violations == []
+    assert b.counts() == (0, 0, 0) and b.completed == 2
+    b.shutdown()
+
+
+def test_a_request_cancelled_while_waiting_for_resubmission_is_never_added_again():
+    backend = GatedBackend()
+    b = ContinuousBatcher(lambda: backend, inflight="abort")
+    b.start()
+    a = b.submit([1], max_tokens=10)
+    backend.grant(1)
+    backend.wait_steps(1)
+    _suspend(b, backend)
+    assert a.cancel() is True
+    assert a.result(timeout=0).finish_reason == "abort" and a.result().token_ids == (1, 2)
+    b.resume()
+    backend.run_free()
+    assert b.submit([30], max_tokens=2).result(timeout=WAIT).token_ids == (30, 31)
+    assert [r.request_id for r in backend.added].count(a.request_id) == 1 and len(backend.added) == 2
+    assert b.reprefills == 0 and b.counts() == (0, 0, 0)
+    b.shutdown()
+
+
+def test_abort_mode_on_a_tensor_parallel_pair_keeps_one_schedule():
+    from tests.support.properties import ThreadLockstep
+
+    shared, slot = threading.Barrier(2), [None]
+    backends = [GatedBackend(), GatedBackend()]
+    ranks = [
+        ContinuousBatcher(lambda r=r: backends[r], inflight="abort", lockstep=ThreadLockstep(shared, slot, r))
+        for r in (0, 1)
+    ]
+
+    def both(call: str) -> None:
+        ts = [threading.Thread(target=getattr(b, call)) for b in ranks]
+        for t in ts:
+            t.start()
+        for be in backends:
+            be.grant(1)
+        for t in ts:
+            t.join(WAIT)
+        assert not any(t.is_alive() for t in ts)
+
+    both("start")
+    hs = [b.submit([1], max_tokens=8) for b in ranks]
+    for be in backends:
+        be.grant(2)
+    for be in backends:
+        be.wait_steps(2)
+    both("suspend")
+    both("resume")
+    for be in backends:
+        be.run_free()
+    assert [h.result(timeout=WAIT).token_ids for h in hs] == [tuple(range(1, 9))] * 2
+    assert backends[0].log == backends[1].log and backends[0].added == backends[1].added
+    assert all(h.result().resubmissions == 1 for h in hs)
+    ts = [threading.Thread(target=b.shutdown) for b in ranks]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(WAIT)
+
+
+@pytest.mark.parametrize(
+    ("raw", "policy"),
+    [("park", "park"), ("keep", "park"), ("DRAIN", "drain"), ("wait", "drain"), ("abort", "abort")],
+)
+def test_inflight_names_and_aliases(raw, policy):
+    assert parse_inflight(raw) is InflightPolicy(policy)
+    assert GenerationConfig(inflight=raw).inflight == policy
+    assert collector_inflight(raw) == policy
+
+
+@pytest.mark.parametrize("bad", ["pause", "", None, 3, "parked"])
+def test_a_bad_inflight_value_is_a_typed_error_naming_the_field_and_the_choices(bad):
+    for parse in (parse_inflight, collector_inflight, lambda v: GenerationConfig(inflight=v)):
+        with pytest.raises(ConfigError) as exc:
+            parse(bad)
+        assert exc.value.field == "inflight"
+        assert all(name in str(exc.value) for name in ("park", "drain", "abort", "keep", "wait"))

@@ -1,0 +1,65 @@
+"""The server's share of the engine: a flood of HTTP (Priority.SERVER) requests never takes the trainer's slots.
+
+Forced with a gated backend: the engine is full of server work and more is queued when the training requests
+arrive; at the next step boundary they are admitted into the slots the server may never hold.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from colo_fsm.adapters.batching import ContinuousBatcher, Priority
+from colo_fsm.adapters.megatron.engine import GenerationConfig
+from colo_fsm.errors import ConfigError
+from tests.support.gated import WAIT, GatedBackend
+
+
+def _server_rows(backend: GatedBackend, server_ids: set[int]) -> list[int]:
+    return [len(set(rows) & server_ids) for e in backend.log if e[0] == "step" for rows in [e[1]]]
+
+
+def test_a_server_flood_leaves_the_training_requests_their_slots():
+    backend = GatedBackend()
+    b = ContinuousBatcher(lambda: backend, max_active_requests=8, server_share=0.25)
+    b.start()
+    assert b.server_slots == 2
+    flood = [b.submit([i], max_tokens=30, priority=Priority.SERVER) for i in range(40)]
+    backend.grant(1)
+    backend.wait_steps(1)  # the engine took what the server may hold; the rest of the flood waits
+    assert b.counts(Priority.SERVER) == (38, 2, 0)
+    training = [b.submit([40 + i], max_tokens=3) for i in range(6)]
+    backend.grant(1)
+    backend.wait_steps(2)
+    assert b.counts(Priority.TRAINING) == (0, 6, 0)  # admitted at the next boundary: 6 of the 6 free slots
+    assert b.counts() == (38, 8, 0)
+    backend.run_free()
+    for h in training:
+        assert h.result(timeout=WAIT).finish_reason == "length"
+    for h in flood:
+        assert h.result(timeout=WAIT).finish_reason == "length"  # nothing dropped: server work waited its turn
+    ids = {h.request_id for h in flood}
+    assert max(_server_rows(backend, ids)) == 2  # never more than the server's share in one step
+    assert backend.log.index(("add", training[0].request_id)) < backend.log.index(("add", flood[2].request_id))
+    b.shutdown()
+
+
+def test_without_training_work_the_server_still_holds_only_its_share_and_share_one_lifts_the_cap():
+    for share, most in ((0.5, 2), (1.0, 4)):
+        backend = GatedBackend(free=True)
+        b = ContinuousBatcher(lambda backend=backend: backend, max_active_requests=4, server_share=share)
+        b.start()
+        hs = [b.submit([i], max_tokens=4, priority=Priority.SERVER) for i in range(8)]
+        for h in hs:
+            h.result(timeout=WAIT)
+        assert max(_server_rows(backend, {h.request_id for h in hs})) == most
+        b.shutdown()
+
+
+@pytest.mark.parametrize("value", [0, -0.1, 1.5, "half", True, None])
+def test_server_share_is_validated_with_a_typed_error(value):
+    with pytest.raises(ConfigError) as exc:
+        ContinuousBatcher(lambda: GatedBackend(), server_share=value)
+    assert exc.value.field == "server_share"
+    with pytest.raises(ConfigError) as exc:
+        GenerationConfig(server_share=value)
+    assert exc.value.field == "server_share" and "(0, 1]" in str(exc.value)
