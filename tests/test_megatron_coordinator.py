@@ -246,6 +246,9 @@ def test_built_once_and_bad_requests_are_refused_by_name(engine) -> None:
     assert eng.transitions == [] and eng.epochs_sent == [0]
     with pytest.raises(ConfigError, match="top_logprobs"):
         eng.submit([5, 6], max_tokens=2, top_logprobs=3)
+    with pytest.raises(ConfigError, match="logprobs_mode='processed'"):
+        eng.submit([5, 6], max_tokens=2, logprobs_mode="processed")
+    assert fake(eng).inference_config.logprobs_mode == "raw_logprobs"
     with pytest.raises(RequestTooLarge):
         eng.submit([5] * 60, max_tokens=8)
     with pytest.raises(ConfigError, match="prompt_ids"):

@@ -318,6 +318,7 @@ class CoordinatorEngine:
         priority: Priority | int = Priority.TRAINING,
         on_token: OnToken | None = None,
         top_logprobs: int = 0,
+        logprobs_mode: str | None = None,
     ) -> CoordinatorHandle:
         """Send one request to megatron's coordinator; returns its handle (``future``, ``cancel()``).
 
@@ -326,7 +327,8 @@ class CoordinatorEngine:
         ends the completion there, finish "stop"), as are ``stop_token_ids``. megatron-core schedules requests
         first come, first served (``priority`` orders nothing here) and samples every request from one
         generator: a ``seed`` on a sampled request is logged and counted (``seeds_not_applied``), not applied.
-        Only global rank 0 holds the client; ``top_logprobs`` must be 0.
+        Only global rank 0 holds the client; ``top_logprobs`` must be 0; ``logprobs_mode`` (None: the engine's)
+        must be the engine's own (``CoordinatorConfig.logprobs_mode``).
         """
         self._live("submit")
         if not self.is_primary:
@@ -343,6 +345,12 @@ class CoordinatorEngine:
             raise ConfigError("top_k", top_k, "an integer >= 0 (0: off)")
         if top_logprobs:
             raise ConfigError("top_logprobs", top_logprobs, "0 (the coordinator engine records no alternatives)")
+        if logprobs_mode is not None and logprobs_mode != self.config.logprobs_mode:
+            raise ConfigError(
+                "logprobs_mode",
+                logprobs_mode,
+                f"{self.config.logprobs_mode!r}: megatron-core sets it once for every request (CoordinatorConfig)",
+            )
         if len(ids) + max_tokens > self.max_sequence_length:
             raise RequestTooLarge(
                 "prompt+max_tokens", len(ids) + max_tokens, self.max_sequence_length, "max_sequence_length"
@@ -447,6 +455,7 @@ class CoordinatorEngine:
             kv_cache_management_mode=KVCacheManagementMode(self.config.kv_cache_mode),
             materialize_only_last_token_logits=True,  # so every request sets skip_prompt_log_probs (sampling_params)
             num_cuda_graphs=self.config.num_cuda_graphs,
+            logprobs_mode="processed_logprobs" if self.config.logprobs_mode == "processed" else "raw_logprobs",
         )
 
     async def _pin_device(self) -> int | None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from colo_fsm.adapters.batching import parse_logprobs_mode
 from colo_fsm.adapters.megatron.engine import KVCacheMode
 from colo_fsm.errors import ConfigError, WaitTimeout
 
@@ -41,7 +42,9 @@ class CoordinatorConfig:
     megatron-core's ``InferenceConfig``; parallel sizes left at None inherit the training model's (set ones must
     match it); ``max_request_tokens`` bounds prompts x max_tokens of one ``generate_ids`` call;
     ``coordinator_host``/``coordinator_port`` are megatron's (None: its defaults); ``control_timeout_s`` bounds
-    each pause/suspend/resume/unpause wait; ``watch_interval_s`` is how often the engine loop is checked.
+    each pause/suspend/resume/unpause wait; ``watch_interval_s`` is how often the engine loop is checked;
+    ``logprobs_mode`` ("raw": the untempered softmax, or "processed": after temperature, top-k, top-p) is
+    megatron-core's ``InferenceConfig.logprobs_mode``, one for every request.
     """
 
     kv_cache_mode: str = "persist"
@@ -52,6 +55,7 @@ class CoordinatorConfig:
     max_request_tokens: int | None = None
     coordinator_host: str | None = None
     coordinator_port: int | None = None
+    logprobs_mode: str = "raw"
     control_timeout_s: float = 600.0
     watch_interval_s: float = 0.05
     tensor_model_parallel_size: int | None = None
@@ -62,6 +66,7 @@ class CoordinatorConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_mode", KVCacheMode(_kv_mode(self.kv_cache_mode)).value)
+        object.__setattr__(self, "logprobs_mode", parse_logprobs_mode(self.logprobs_mode).value)
         for name in ("buffer_size_gb", "control_timeout_s", "watch_interval_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or not math.isfinite(v):
