@@ -386,3 +386,31 @@ def test_engine_paths_bench_compares_mode_by_mode() -> None:
     )
     assert list(out) == ["park"]
     assert out["park"]["ratio_samples_per_s"] == pytest.approx(1.5) and out["park"]["ratio_step_wall_ms"] == 0.5
+
+
+def test_server_traffic_holds_at_most_its_share_of_the_engine() -> None:
+    from colo_fsm.adapters.batching import Priority
+
+    eng = CoordinatorEngine(
+        TinyModel(),
+        CharTokenizer(),
+        CoordinatorConfig(max_requests=4, server_share=0.5, watch_interval_s=0.01),
+        llm_factory=FakeAsyncLLM,
+    )
+    eng.bring_up()
+    try:
+        llm = fake(eng)
+        llm.engine.allow_steps = 0  # nothing finishes until the interleaving below is in place
+        server = [eng.submit([5, 6], max_tokens=3, priority=Priority.SERVER) for _ in range(4)]
+        rollouts = [eng.submit([7, 8], max_tokens=3, priority=Priority.TRAINING) for _ in range(2)]
+        wait_for(lambda: len(llm.engine.requests) + len(eng.server_share.waiting) == 6, "all six accounted for")
+        assert eng.server_share.in_engine == 2 and len(eng.server_share.waiting) == 2
+        assert sum(1 for r in llm.engine.requests.values() if r.prompt_tokens == [7, 8]) == 2
+        assert server[3].cancel()  # cancelled while waiting for a slot: it never reaches the engine
+        llm.engine.allow_steps = None
+        outs = [h.result(timeout=20) for h in server[:3] + rollouts]
+        assert all(len(c.token_ids) == 3 for c in outs) and server[3].result().finish_reason == "abort"
+        wait_for(lambda: eng.server_share.in_engine == 0, "every server slot released")
+        assert eng.server_share.held == 2 and llm._next == 5  # five requests ever reached megatron's engine
+    finally:
+        eng.shutdown()

@@ -36,6 +36,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from colo_fsm.adapters.batching import OnToken, Priority, RequestCounts, TokenCompletion, request_seed
+from colo_fsm.adapters.engine.options import share_slots
 from colo_fsm.adapters.megatron.coordinator_config import (
     SPAWN_HINT,
     CoordinatorConfig,
@@ -45,12 +46,14 @@ from colo_fsm.adapters.megatron.coordinator_config import (
     entry_script,
     global_rank,
     in_spawn_bootstrap,
+    inference_config,
     megatron_async_llm,
     run_elsewhere,
     stop_process,
 )
 from colo_fsm.adapters.megatron.coordinator_requests import (
     CoordinatorHandle,
+    ServerShare,
     build_completion,
     check_prompt,
     sampling_params,
@@ -143,6 +146,7 @@ class CoordinatorEngine:
         self.seeds_not_applied = 0
         self.cancelled_still_decoding = 0
         self.generate_calls = 0
+        self.server_share = ServerShare(share_slots(self.config.server_share, self.config.engine_max_requests))
         self.mode = mode_control(model)  # guards: the shared model's inference-only switches
         self.memory_budget: MemoryBudget | None = None
         self.memory_estimate: MemoryEstimate | None = None
@@ -172,7 +176,7 @@ class CoordinatorEngine:
                 llm = self._factory(
                     model=self.model,
                     tokenizer=self.tokenizer,
-                    inference_config=self._inference_config(),
+                    inference_config=inference_config(self.config, self.max_sequence_length),
                     use_coordinator=True,
                     **kwargs,
                 )
@@ -325,8 +329,9 @@ class CoordinatorEngine:
         Token ids, log-probs and per-token weight versions arrive when the request finishes (megatron-core
         0.19.2 replies once per request); ``on_token`` is then called for each token in order (returning False
         ends the completion there, finish "stop"), as are ``stop_token_ids``. megatron-core schedules requests
-        first come, first served (``priority`` orders nothing here) and samples every request from one
-        generator: a ``seed`` on a sampled request is logged and counted (``seeds_not_applied``), not applied.
+        first come, first served and samples every request from one
+        generator: a ``seed`` on a sampled request is logged and counted (``seeds_not_applied``), not applied;
+        ``Priority.SERVER`` requests hold at most ``CoordinatorConfig.server_share`` of the engine (the rest wait).
         Only global rank 0 holds the client; ``top_logprobs`` must be 0; ``logprobs_mode`` (None: the engine's)
         must be the engine's own (``CoordinatorConfig.logprobs_mode``).
         """
@@ -375,14 +380,25 @@ class CoordinatorEngine:
                 admitted_version=int(self._weight_version()),
             )
             self._pending[rid] = handle
+        handle.server = int(priority) == int(Priority.SERVER)
+        if handle.server:  # HTTP traffic holds at most its share of the engine; the rest waits here
+            self.server_share.admit(lambda: self._send(handle, sp))
+        else:
+            self._send(handle, sp)
+        return handle
+
+    def _send(self, handle: CoordinatorHandle, sp: Any) -> None:
+        if handle.future.done():  # cancelled (or failed) while it waited for a server slot
+            if handle.server:
+                self.server_share.release()
+            return
         assert self._loop is not None
-        fut = asyncio.run_coroutine_threadsafe(self._llm.generate(list(ids), sp), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._llm.generate(list(handle.prompt_ids), sp), self._loop)
 
         def finished(f: concurrent.futures.Future[Any], h: CoordinatorHandle = handle) -> None:
             self._done_q.put((h, f))  # turned into a completion on the watch thread, off megatron's loop
 
         fut.add_done_callback(finished)
-        return handle
 
     def generate_ids(
         self,
@@ -444,20 +460,6 @@ class CoordinatorEngine:
         return [to_completion(c) for c in outs]
 
     # ------------------------------------------------------------------ internals
-    def _inference_config(self) -> Any:
-        from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
-
-        return InferenceConfig(
-            block_size_tokens=self.config.block_size_tokens,
-            buffer_size_gb=self.config.buffer_size_gb,
-            max_requests=self.config.max_requests if self.config.max_requests is not None else 128,
-            max_sequence_length=self.max_sequence_length,
-            kv_cache_management_mode=KVCacheManagementMode(self.config.kv_cache_mode),
-            materialize_only_last_token_logits=True,  # so every request sets skip_prompt_log_probs (sampling_params)
-            num_cuda_graphs=self.config.num_cuda_graphs,
-            logprobs_mode="processed_logprobs" if self.config.logprobs_mode == "processed" else "raw_logprobs",
-        )
-
     async def _pin_device(self) -> int | None:
         """On megatron's loop thread: make this rank's GPU its current device (the current device is per thread)."""
         index = rank_device_index(self.device)
@@ -561,6 +563,8 @@ class CoordinatorEngine:
     def _finish(self, handle: CoordinatorHandle, fut: concurrent.futures.Future[Any]) -> None:
         with self._lock:
             self._pending.pop(handle.request_id, None)
+        if handle.server:
+            self.server_share.release()
         if handle.future.done():
             self.cancelled_still_decoding += 1
             return

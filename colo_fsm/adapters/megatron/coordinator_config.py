@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from colo_fsm.adapters.batching import parse_logprobs_mode
+from colo_fsm.adapters.batching import DEFAULT_SERVER_SHARE, check_share, parse_logprobs_mode
 from colo_fsm.adapters.megatron.engine import KVCacheMode
 from colo_fsm.errors import ConfigError, WaitTimeout
 
@@ -44,7 +44,9 @@ class CoordinatorConfig:
     ``coordinator_host``/``coordinator_port`` are megatron's (None: its defaults); ``control_timeout_s`` bounds
     each pause/suspend/resume/unpause wait; ``watch_interval_s`` is how often the engine loop is checked;
     ``logprobs_mode`` ("raw": the untempered softmax, or "processed": after temperature, top-k, top-p) is
-    megatron-core's ``InferenceConfig.logprobs_mode``, one for every request.
+    megatron-core's ``InferenceConfig.logprobs_mode``, one for every request; ``server_share`` (in (0, 1]) bounds
+    the share of ``max_requests`` that ``Priority.SERVER`` requests (HTTP traffic) hold in the engine at once
+    (the rest wait in the adapter), so the trainer's rollouts keep the rest.
     """
 
     kv_cache_mode: str = "persist"
@@ -56,6 +58,7 @@ class CoordinatorConfig:
     coordinator_host: str | None = None
     coordinator_port: int | None = None
     logprobs_mode: str = "raw"
+    server_share: float = DEFAULT_SERVER_SHARE
     control_timeout_s: float = 600.0
     watch_interval_s: float = 0.05
     tensor_model_parallel_size: int | None = None
@@ -67,6 +70,7 @@ class CoordinatorConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_cache_mode", KVCacheMode(_kv_mode(self.kv_cache_mode)).value)
         object.__setattr__(self, "logprobs_mode", parse_logprobs_mode(self.logprobs_mode).value)
+        object.__setattr__(self, "server_share", check_share(self.server_share))
         for name in ("buffer_size_gb", "control_timeout_s", "watch_interval_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or not math.isfinite(v):
@@ -99,6 +103,11 @@ class CoordinatorConfig:
             )
 
     @property
+    def engine_max_requests(self) -> int:
+        """The requests megatron's engine holds at once (``max_requests``, else 128)."""
+        return self.max_requests if self.max_requests is not None else 128
+
+    @property
     def max_top_logprobs(self) -> int:
         """Alternatives per token this engine records: none (the coordinator path returns no top-n ids here)."""
         return 0
@@ -108,6 +117,23 @@ def _kv_mode(value: Any) -> str:
     from colo_fsm.adapters.megatron.engine import parse_kv_cache_mode
 
     return parse_kv_cache_mode(value).value
+
+
+def inference_config(config: CoordinatorConfig, max_sequence_length: int) -> Any:
+    """megatron-core's ``InferenceConfig`` of ``config`` (only the last token's logits materialized: every request
+    asks log-probs of its generated tokens only, see ``coordinator_requests.sampling_params``)."""
+    from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
+
+    return InferenceConfig(
+        block_size_tokens=config.block_size_tokens,
+        buffer_size_gb=config.buffer_size_gb,
+        max_requests=config.engine_max_requests,
+        max_sequence_length=max_sequence_length,
+        kv_cache_management_mode=KVCacheManagementMode(config.kv_cache_mode),
+        materialize_only_last_token_logits=True,
+        num_cuda_graphs=config.num_cuda_graphs,
+        logprobs_mode="processed_logprobs" if config.logprobs_mode == "processed" else "raw_logprobs",
+    )
 
 
 def coordinator_dependencies() -> tuple[bool, str]:
@@ -202,6 +228,7 @@ __all__ = [
     "entry_script",
     "global_rank",
     "in_spawn_bootstrap",
+    "inference_config",
     "megatron_async_llm",
     "run_elsewhere",
     "stop_process",

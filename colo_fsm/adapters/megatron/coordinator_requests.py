@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,6 +58,7 @@ class CoordinatorHandle:
         self.on_token = on_token
         self.stop_token_ids = stop_token_ids
         self.admitted_version = admitted_version
+        self.server = False  # a Priority.SERVER request: holds a slot of the server share while in the engine
         self.future: concurrent.futures.Future[TokenCompletion] = concurrent.futures.Future()
 
     def _abort(self) -> TokenCompletion:
@@ -129,6 +132,40 @@ def sampling_params(max_tokens: int, temperature: float, top_p: float, top_k: in
     )
 
 
+class ServerShare:
+    """Bounds the ``Priority.SERVER`` requests (HTTP traffic) in megatron's engine at once to ``slots``; the rest
+    wait here, first come first served, and go to the engine as earlier ones finish. megatron-core schedules
+    first come, first served with no priorities: this keeps the trainer's rollouts their share of the engine."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.in_engine = 0
+        self.waiting: deque[Callable[[], None]] = deque()
+        self.held = 0  # requests that ever waited here (a count for benchmarks and tests)
+        self._lock = threading.Lock()
+
+    def admit(self, send: Callable[[], None]) -> None:
+        """Call ``send()`` now if a slot is free, else when one frees up."""
+        with self._lock:
+            go = self.in_engine < self.slots
+            if go:
+                self.in_engine += 1
+            else:
+                self.waiting.append(send)
+                self.held += 1
+        if go:
+            send()
+
+    def release(self) -> None:
+        """One SERVER request left the engine: its slot goes to the next waiting one, if any."""
+        with self._lock:
+            nxt = self.waiting.popleft() if self.waiting else None
+            if nxt is None:
+                self.in_engine = max(0, self.in_engine - 1)
+        if nxt is not None:
+            nxt()
+
+
 def build_completion(
     handle: CoordinatorHandle, req: Any, *, eod: int, detokenize: Callable[[list[int]], str], sent: Sequence[int]
 ) -> TokenCompletion:
@@ -172,6 +209,7 @@ def build_completion(
 
 __all__ = [
     "CoordinatorHandle",
+    "ServerShare",
     "as_list",
     "build_completion",
     "check_prompt",
