@@ -10,7 +10,7 @@ out=${OUT:-gpu-coord-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 OMP_NUM_THREADS=4 NCCL_NVLS_ENABLE=0
 export PYTHONPATH="${PYTHONPATH:-}:$PWD"
-budget=${BUDGET_S:-420}
+budget=${BUDGET_S:-450}
 log="$out/coord.log"
 { date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; cat COMMIT 2>/dev/null
   python3 -c 'import torch, megatron.core as m, zmq, msgpack; print("torch", torch.__version__, "megatron-core", m.__version__, "pyzmq", zmq.__version__, "msgpack", msgpack.version)'; } 2>&1 | tee -a "$log"
@@ -29,8 +29,8 @@ for s in $only; do
   case $s in
     pytest) step pytest_coordinator "${PYTEST_T:-220}" 60 python3 -m pytest -q -m gpu -rA -s -p no:cacheprovider \
         tests/test_megatron_coordinator_gpu.py --junitxml "$out/pytest_coordinator.xml" ;;
-    bench) step engine_paths "${BENCH_T:-280}" 120 python3 bench/engine_paths.py --device cuda --model gpt200m \
-        ${BENCH_ARGS:---quick --steps 4 --warmup 1 --rounds 1 --buffer-gb 4 --modes park,drain,sync --mode-budget-s 35} \
+    bench) step engine_paths "${BENCH_T:-250}" 120 python3 bench/engine_paths.py --device cuda --model gpt200m \
+        ${BENCH_ARGS:---quick --steps 4 --warmup 1 --rounds 1 --buffer-gb 4 --modes park,drain,sync --mode-budget-s 20} \
         --out "$out/engine_paths_coordinator.json" ;;
     probe) step probe 240 120 python3 scripts/gpu_probe_coordinator.py --out "$out" ;;
     # more than one GPU (not in the default list): experts over 2 GPUs, then tensor parallel
