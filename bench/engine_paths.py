@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +92,16 @@ def main(argv: list[str] | None = None) -> int:
 
     out_path = Path(args.out)
     per_engine: dict[str, dict[str, Any]] = {}
+    errors: dict[str, str] = {}
     for engine in engines:
         path = out_path.with_name(f"{out_path.stem}_{engine}.json")
         print(f"=== engine {engine}", flush=True)
-        rc = inflight_handoff.main([*rest, "--engine", engine, "--out", str(path)])
+        try:
+            rc = inflight_handoff.main([*rest, "--engine", engine, "--out", str(path)])
+        except Exception as exc:  # one engine path failing must not lose the other's numbers
+            rc = 1
+            errors[engine] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
         if path.exists():
             per_engine[engine] = json.loads(path.read_text(encoding="utf-8"))
         if rc:
@@ -120,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python3", "bench/engine_paths.py", *(argv if argv is not None else sys.argv[1:])]),
         "engines": engines,
         "compare": table,
+        "errors": errors,
         "runs": per_engine,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
