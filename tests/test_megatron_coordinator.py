@@ -293,9 +293,12 @@ def test_server_over_the_coordinator_engine_keeps_the_gym_contract() -> None:
     import httpx
 
     from colo_fsm.server import GatedEngine
+    from colo_fsm.server.templates import digits_chat_template
 
     eng, _ = make()
-    gated = GatedEngine(eng, eng, serve=True, request_timeout_s=20.0, model_name="coord")
+    gated = GatedEngine(
+        eng, eng, serve=True, request_timeout_s=20.0, model_name="coord", chat_template=digits_chat_template
+    )
     gated.bring_up()
     try:
         (base,) = gated.server_base_urls()
@@ -315,6 +318,18 @@ def test_server_over_the_coordinator_engine_keeps_the_gym_contract() -> None:
         ) as s:
             events = [line for line in s.iter_lines() if line.startswith("data: ")]
         assert events[-1] == "data: [DONE]" and len(events) >= 3
+        chat = httpx.post(
+            base + "/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "12"}],
+                "max_tokens": 3,
+                "temperature": 1.0,
+                "logprobs": True,
+                "top_logprobs": 0,
+            },
+            timeout=20,
+        ).json()
+        assert len(chat["choices"][0]["logprobs"]["content"]) == 3
         bad = httpx.post(base + "/completions", json={"prompt": "1", "max_tokens": 2, "logprobs": 3}, timeout=20)
         assert bad.status_code == 400 and "logprobs" in bad.text
     finally:

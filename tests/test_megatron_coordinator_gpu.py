@@ -215,9 +215,12 @@ def _post(url: str, body: dict[str, Any], *, stream: bool = False) -> Any:
 
 def test_openai_server_over_the_coordinator_gives_token_ids_and_logprobs(dense) -> None:
     from colo_fsm.server import GatedEngine
+    from colo_fsm.server.templates import digits_chat_template  # the character tokenizer has no newline
 
     eng = CoordinatorEngine(dense, TOK, CoordinatorConfig(buffer_size_gb=1.0), max_sequence_length=SEQ)
-    gated = GatedEngine(eng, eng, serve=True, request_timeout_s=60.0, model_name="coord")
+    gated = GatedEngine(
+        eng, eng, serve=True, request_timeout_s=60.0, model_name="coord", chat_template=digits_chat_template
+    )
     gated.bring_up()
     try:
         (base,) = gated.server_base_urls()
