@@ -172,6 +172,8 @@ def test_a_training_step_is_refused_while_the_engine_runs_naming_both_states(eng
     assert err.lifecycle_state == "Training" and err.expected == "suspended" and err.engine_state == "RUNNING"
     assert "Training" in str(err) and "RUNNING" in str(err) and "SUSPENDED" in str(err)
     assert trainer.steps == 0 and lc.state.value == "Failed"
+    lc.stop()  # the local teardown after a failure runs whatever state the engine was left in
+    assert lc.state.value == "Stopped" and eng.native_state() == "STOPPED"
 
 
 def test_a_suspend_that_leaves_the_engine_running_is_caught_after_the_action(engine) -> None:
