@@ -55,6 +55,13 @@ class EodOutsideTokenizer:
         """Character offset of each token in ``text``."""
         return self.base.offsets(ids, text)
 
+    def __getattr__(self, name: str) -> Any:
+        # anything else megatron's controller may read comes from the base tokenizer; never during unpickling
+        # (``base`` not set yet) and never a dunder, so pickle finds no phantom __setstate__
+        if name == "base" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
 
 def coordinator_engine(
     mode: str,
