@@ -431,3 +431,12 @@ def test_server_traffic_holds_at_most_its_share_of_the_engine() -> None:
         assert eng.server_share.held == 2 and llm._next == 5  # five requests ever reached megatron's engine
     finally:
         eng.shutdown()
+
+
+def test_the_bench_tokenizer_pickles_into_the_coordinator_process() -> None:
+    import pickle
+
+    from bench._coordinator import EodOutsideTokenizer
+
+    tok = pickle.loads(pickle.dumps(EodOutsideTokenizer("0123>")))
+    assert tok.eod == tok.vocab_size == 8 and tok.tokenize("1>") == [4, 7] and tok.alphabet == "0123>"
