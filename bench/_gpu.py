@@ -324,6 +324,12 @@ class BenchEngine:
         if opts.decode_only_graphs:
             icfg_kwargs["use_cuda_graphs_for_non_decode_steps"] = False
         self.inference_config = InferenceConfig(**icfg_kwargs)
+        from colo_fsm.adapters.megatron.mode import mode_control
+
+        # the shared model's mode switches (made before this engine captures graphs, if it is the first): suspend
+        # and resume switch them as colo-fsm's engine does, so a train step in between runs in training mode
+        self.mode = mode_control(model)
+        self.mode.to_inference()  # decode-side switches on (graph managers back after a training phase)
         model.eval()
         mem0 = torch.cuda.memory_allocated()
         torch.cuda.synchronize()
@@ -387,12 +393,18 @@ class BenchEngine:
         import torch
 
         eng = self.engine
-        sp = self.sampling(warm_steps + steps + 4, logprobs=False)
+        per_step = int(getattr(self.context, "max_tokens", 0) or 16384)
+        prefill_steps = -(-batch * prompt_len // per_step)  # ceil: every prompt prefilled before the window
+        sp = self.sampling(warm_steps + prefill_steps + steps + 4, logprobs=False)
         for p in prompts(batch, prompt_len, seed=batch):
             eng.add_request(int(next(eng.request_counter)), p, sp)
-        for _ in range(warm_steps):  # the first step prefills every prompt
+        for _ in range(warm_steps):  # the first step prefills every prompt (when they fit one step's tokens)
             eng.step_modern()
         ctx = self.context
+        for _ in range(1000):  # long prompts: prefill spans several steps (a step takes at most max_tokens)
+            if not getattr(ctx, "num_prefill_requests", 0) and not getattr(eng, "waiting_request_ids", None):
+                break
+            eng.step_modern()
         before = {
             "prefill_requests": getattr(ctx, "num_prefill_requests", None),
             "decode_requests": getattr(ctx, "num_decode_requests", None),
@@ -423,9 +435,13 @@ class BenchEngine:
 
     # ------------------------------------------------------------------ lifecycle
     def suspend(self) -> None:
+        """Suspend the engine, then put the shared model in training mode (as the lifecycle's suspend does)."""
         self.engine.suspend()
+        self.mode.to_training()
 
     def resume(self) -> None:
+        """Put the decode-side switches back, then resume the engine (as the lifecycle's resume does)."""
+        self.mode.to_inference()
         self.engine.resume()
 
     def shutdown(self, *, graphs: bool) -> None:
@@ -433,8 +449,9 @@ class BenchEngine:
         import torch
 
         self.engine.suspend()
-        if graphs:
+        if graphs:  # while the layers still hold their graph managers (to_training removes them)
             release_cuda_graphs(self.model)
+        self.mode.to_training()
         self.engine = None
         self.controller = None
         self.context = None

@@ -40,17 +40,24 @@ def memory_config(model: Any, opts: g.EngineOptions, shape: g.GPTShape, trainer:
     """What a memory estimate needs: parameter count and dtypes, optimizer, KV buffer, train batch shape."""
     p = next(model.parameters())
     opt_state_bytes = 0
+    main_param_bytes = 0
     if trainer is not None:
-        for st in trainer.optimizer.state.values():
-            for v in st.values():
-                if hasattr(v, "is_cuda") and v.is_cuda:
-                    opt_state_bytes += v.numel() * v.element_size()
+        from colo_fsm.adapters.megatron.train_backend import torch_optimizers
+
+        for opt in torch_optimizers(trainer.optimizer):
+            for st in opt.state.values():
+                for v in st.values():
+                    if hasattr(v, "is_cuda") and v.is_cuda:
+                        opt_state_bytes += v.numel() * v.element_size()
+            if trainer.backend == "megatron":  # fp32 main copies of bf16 parameters
+                main_param_bytes += sum(q.numel() * q.element_size() for grp in opt.param_groups for q in grp["params"])
     return {
         "params": g.n_params(model),
         "param_dtype": str(p.dtype),
         "param_bytes": sum(x.numel() * x.element_size() for x in model.parameters()),
-        "optimizer": "torch.optim.AdamW (states in the parameter dtype)" if trainer is not None else None,
+        "optimizer": None if trainer is None else f"{type(trainer.optimizer).__name__} ({trainer.backend} backend)",
         "optimizer_state_bytes_on_gpu": opt_state_bytes,
+        "optimizer_main_param_bytes": main_param_bytes,
         "kv_buffer_gib": opts.buffer_gb,
         "kv_block_size_tokens": opts.block_size_tokens,
         "max_requests": opts.max_requests,
@@ -104,6 +111,7 @@ def run_role(args: argparse.Namespace) -> dict[str, Any]:
     trainer = None
     if args.role == "colocated":
         trainer = MegatronTrainer(model, TrainerConfig(lr=1e-4))
+        trainer.mode.to_training()  # a graphs model is built in decode mode; train in training mode, as the loop does
         batch = g.rollouts(TRAIN_BATCH, [TRAIN_COMPLETION])
         with res.section("train_before_engine") as sec:
             times = []
@@ -197,6 +205,7 @@ def run_inprocess(args: argparse.Namespace) -> dict[str, Any]:
     )
     colo = g.build_gpt(shape, "cuda", graphs=graphs, scope=args.scope)
     trainer = MegatronTrainer(colo, TrainerConfig(lr=1e-5))
+    trainer.mode.to_training()  # a graphs model is built in decode mode; train in training mode, as the loop does
     batch = g.rollouts(TRAIN_BATCH, [TRAIN_COMPLETION])
     for _ in range(2):
         trainer.train_step(batch)

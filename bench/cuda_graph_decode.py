@@ -76,10 +76,13 @@ def train_steps(
         t = time.perf_counter()
         if prof:
             prof.enable()
-        trainer.train_step(batch)
-        g.sync(device)
+        try:
+            trainer.train_step(batch)
+            g.sync(device)
+        finally:  # a failed step must not leave the profiler running under every later section
+            if prof:
+                prof.disable()
         if prof:
-            prof.disable()
             prof_txt = profile_top(prof)
         times.append(time.perf_counter() - t)
         if model is not None and device == "cuda":

@@ -1,6 +1,6 @@
-"""Park vs drain vs sync: what a handoff that keeps in-flight rollouts is worth, with heavy-tailed output lengths.
+"""Park vs drain vs sync vs abort: what a handoff that keeps in-flight rollouts is worth, with heavy-tailed lengths.
 
-One run, three modes, the same model (rebuilt from the same seed for each mode), prompts, output lengths and
+One run, up to four modes, the same model (rebuilt from the same seed for each mode), prompts, output lengths and
 sampling seeds:
 
 * ``park``: the colocation :class:`~colo_fsm.machine.lifecycle.Lifecycle` with an
@@ -9,7 +9,14 @@ sampling seeds:
   decode-step boundary, the rollouts in flight stay parked and finish after the step under the new weights;
 * ``drain``: the same with ``inflight="drain"`` on both: each handoff waits for every rollout in flight, so
   every step waits for the slowest one;
-* ``sync``: no collector: generate the whole batch (tail included), then train; the same lifecycle handoffs.
+* ``sync``: no collector: generate the whole batch (tail included), then train; the same lifecycle handoffs;
+* ``abort``: the peers' colocated async (``inflight="abort"`` on both): each handoff ends the requests in
+  flight, and after it each is resubmitted as prompt + the tokens it had, re-prefilled under the new weights.
+
+``--workload reasoning`` is the shape of RL for reasoning models (see ``bench/_handoff.py``: 32 x 8 per step,
+lengths lognormal median 768 cut at ``--max-len``, 256 active, 40 GiB KV, CUDA graphs, a pure graph-decode
+baseline first); ``--smoke`` runs its code path on the CPU in seconds. ``--mode-budget-s`` bounds each mode; the
+JSON is rewritten after every mode.
 
 Output lengths are lognormal (``--median-tokens``, ``--sigma``), cut at ``--max-tokens``; each request stops
 at its drawn length (the bench's tokenizer has an end-of-document id the model never samples), so the tail is
@@ -24,14 +31,17 @@ Usage::
     python bench/inflight_handoff.py --quick                   # CPU, tiny GPT, < 3 min on 2 shared cores
     python bench/inflight_handoff.py                           # CPU, longer
     python bench/inflight_handoff.py --device cuda --model gpt200m   # one GPU, megatron-core's dynamic engine
+    python bench/inflight_handoff.py --workload reasoning --mode-budget-s 80   # one GPU, reasoning shape
+    python bench/inflight_handoff.py --workload reasoning --smoke              # its code path, CPU, seconds
 
-Writes ``bench/results/inflight_handoff.json`` (``--out`` to change).
+Writes ``bench/results/inflight_handoff.json`` (reasoning: ``inflight_handoff_reasoning_<model>_cut<N>_age<A>
+.json``; ``--out`` to change).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import gc
 import logging
 import math
 import os
@@ -51,7 +61,24 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "inflight_handoff.json"
-MODES = ("park", "drain", "sync")
+
+from bench._handoff import (  # noqa: E402  (after the sys.path line above)
+    ENGINES,
+    REASONING,
+    SMOKE,
+    JsonReport,
+    Meter,
+    NeverEndsTokenizer,
+    add_ratios,
+    graph_decode_baseline,
+    mode_unavailable,
+    pct,
+    release_model_graphs,
+    summarize,
+)
+from colo_fsm.adapters.megatron.model import MODEL_PRESETS  # noqa: E402
+
+MODES = ("park", "drain", "sync", "abort")
 
 
 @dataclass(frozen=True)
@@ -74,6 +101,7 @@ class Shape:
     max_active_requests: int
     lr: float
     temperature: float
+    micro_batch_tokens: int = 16384  # the trainer's padded-token budget per micro-batch
 
 
 MODELS: dict[str, Shape] = {
@@ -83,7 +111,27 @@ MODELS: dict[str, Shape] = {
     # one GPU: ~200M parameters (16 layers x 1024 hidden), long tails
     "gpt200m": Shape(1024, 16, 16, 200, 16, 1024, 64.0, 1.3, 32, 4, 2, 20, 2, 512, 1e-5, 1.0),
 }
-QUICK: dict[str, dict[str, Any]] = {"small": {"steps": 50, "warmup": 5}, "gpt200m": {"steps": 12, "warmup": 2}}
+
+
+def _preset(name: str, base: Shape, **kw: Any) -> Shape:
+    """``base`` with the model shape of colo-fsm's preset ``name`` (hidden size, layers, heads)."""
+    p = MODEL_PRESETS[name]
+    return replace(
+        base,
+        hidden_size=p["hidden_size"],
+        num_layers=p["num_layers"],
+        num_attention_heads=p["num_attention_heads"],
+        **kw,
+    )
+
+
+MODELS["gpt200m"] = _preset("gpt200m", MODELS["gpt200m"])
+MODELS["gpt1b"] = _preset("gpt1b", MODELS["gpt200m"], micro_batch_tokens=8192)  # ~1.0B: less activation room
+QUICK: dict[str, dict[str, Any]] = {
+    "small": {"steps": 50, "warmup": 5},
+    "gpt200m": {"steps": 12, "warmup": 2},
+    "gpt1b": {"steps": 12, "warmup": 2},
+}
 
 
 def output_length(seed: int, prompt: int, sample: int, shape: Shape) -> int:
@@ -93,57 +141,19 @@ def output_length(seed: int, prompt: int, sample: int, shape: Shape) -> int:
     return max(1, min(shape.max_tokens, round(x)))
 
 
-def pct(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile (NaN for an empty list)."""
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[max(0, min(len(s) - 1, round(q / 100 * (len(s) - 1))))]
+def _peak_gib(device: str) -> float | None:
+    """The CUDA allocator's peak since the mode started (GiB), None on the CPU."""
+    if device != "cuda":
+        return None
+    import torch
 
-
-class NeverEndsTokenizer:
-    """A :class:`CharTokenizer` whose end-of-document id lies outside the vocabulary: no request ends early, each
-    stops at its drawn length."""
-
-    def __init__(self, base: Any) -> None:
-        self._base = base
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._base, name)
-
-    @property
-    def eod(self) -> int:
-        return int(self._base.vocab_size)
-
-
-class Meter:
-    """Completed requests: when, how many tokens, how many weight versions their tokens span."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.rows: list[tuple[float, int, int]] = []
-
-    def watch(self, handle: Any) -> Any:
-        def done(f: Any) -> None:
-            if f.cancelled() or f.exception() is not None:
-                return
-            c = f.result()
-            span = (max(c.weight_versions) - min(c.weight_versions)) if c.weight_versions else 0
-            with self.lock:
-                self.rows.append((time.monotonic(), len(c.token_ids), span))
-
-        handle.future.add_done_callback(done)
-        return handle
-
-    def window(self, t0: float, t1: float) -> list[tuple[float, int, int]]:
-        with self.lock:
-            return [r for r in self.rows if t0 <= r[0] <= t1]
+    return torch.cuda.max_memory_allocated() / 2**30
 
 
 def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any]:
     """One mode from a fresh model: returns its measured row."""
     from colo_fsm.adapters.batching import Priority
-    from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine, to_completion
+    from colo_fsm.adapters.megatron.engine import to_completion
     from colo_fsm.adapters.megatron.model import ModelConfig, build_model
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig
@@ -168,26 +178,17 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
             cuda_graphs=args.cuda_graphs is not None,
         )
     )
-    trainer = MegatronTrainer(model, TrainerConfig(lr=shape.lr), pad_id=base_tok.pad)
+    # the trainer first: megatron-core's DDP may move parameters into its buffer before graphs are captured
+    trainer = MegatronTrainer(
+        model, TrainerConfig(lr=shape.lr, micro_batch_tokens=shape.micro_batch_tokens), pad_id=base_tok.pad
+    )
     holder: dict[str, Lifecycle] = {}
 
     def version() -> int:
         lc = holder.get("lc")
         return lc.weight_version if lc is not None else 0
 
-    engine = MegatronEngine(
-        model,
-        tok,
-        GenerationConfig(
-            inflight="drain" if mode == "drain" else "park",
-            max_active_requests=shape.max_active_requests,
-            backend="auto",
-            num_cuda_graphs=args.cuda_graphs,
-            buffer_size_gb=args.buffer_gb,
-        ),
-        weight_version=version,
-        max_sequence_length=seq_len,
-    )
+    engine = ENGINES[args.engine](mode, args, shape, model, tok, version, seq_len)
     meter = Meter()
     target = base_tok.tokenize(alphabet[0])[0]
 
@@ -276,14 +277,31 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
     sampler = threading.Thread(target=sample_occupancy, name="occupancy", daemon=True)
     stream = prompt_stream()
     step_ends: list[float] = []
+    step_cpu: list[float] = []
     decode_steps: list[int] = []
     consumed: list[int] = []
     spans: list[int] = []
+    if args.device == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
     t_start = time.monotonic()
+    cpu_start = time.process_time()
+    load_start = os.getloadavg()
+    # sync carries nothing from one step to the next: no warm-up step (the engine is up before t_ready)
+    w = 0 if mode == "sync" else shape.warmup
+    cut = False
     try:
         lc.start()
+        t_ready = time.monotonic()
+        cpu_ready = time.process_time()
         sampler.start()
         while not lc.finished:
+            if args.mode_budget_s is not None and len(step_ends) > w:
+                last = step_ends[-1] - (step_ends[-2] if len(step_ends) > 1 else t_ready)
+                if time.monotonic() - t_start + last > args.mode_budget_s:
+                    cut = True  # another step like the last would overrun the mode's budget: stop here
+                    break
             if buffer is not None:
                 groups = buffer.sample(lc.weight_version, timeout=args.sample_timeout)
             else:  # sync: the whole batch, tail included, then train
@@ -293,6 +311,7 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
             batch = to_rollouts(groups)
             result = lc.step(batch)
             step_ends.append(time.monotonic())
+            step_cpu.append(time.process_time())
             decode_steps.append(engine.steps)
             consumed.append(result.consumed_samples)
             spans += [g.version_span for g in groups]
@@ -311,14 +330,12 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
             if collector is not None:
                 collector.close()
             if args.cuda_graphs is not None:
-                # megatron-core keeps a process-wide record of the captured graphs, and with it the engine's
-                # inference context (its KV buffer): free it before the next mode builds its own
-                from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
-
-                delete_cuda_graphs()
+                # megatron-core keeps the captured graphs, and with them the engine's inference context (its KV
+                # buffer), in process-wide records: free them before the next mode builds its own
+                release_model_graphs(model)
     times = timer.pop_completed()
-    w = shape.warmup
-    t0, t1 = step_ends[w - 1] if w else t_start, step_ends[-1]
+    t0, t1 = step_ends[w - 1] if w else t_ready, step_ends[-1]
+    c0, c1 = step_cpu[w - 1] if w else cpu_ready, step_cpu[-1]
     measured = times[w:]
     rows = meter.window(t0, t1)
     occ = [(r, q) for t, r, q in occupancy if t0 <= t <= t1]
@@ -334,10 +351,17 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
         "max_version_span": max((r[2] for r in meter.window(t_start, t1)), default=0),
         "decode_tokens": sum(r[1] for r in rows),
         "decode_steps": decode_steps[-1] - (decode_steps[w - 1] if w else 0),
-        "spanning_groups_trained": sum(1 for s in spans[w * shape.num_prompts_per_step :] if s > 0),
+        "spanning_groups_trained": sum(1 for x in spans[w * shape.num_prompts_per_step :] if x > 0),
         "measured_steps": len(consumed) - w,
         "engine_backend": engine.backend_name,
         "run_s": time.monotonic() - t_start,
+        "cpu_s": c1 - c0,  # this process's CPU time over the measured window (all threads)
+        "loadavg_start": load_start[0],
+        "loadavg_end": os.getloadavg()[0],
+        "cut_by_budget": cut,
+        "warmup_steps": w,
+        "peak_allocated_gib": _peak_gib(args.device),
+        "cpu_s_total": time.process_time() - cpu_start,
     }
     if collector is not None:
         run["collector"] = {
@@ -346,49 +370,24 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
     return run
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One mode's row over its rounds: totals over the measured windows (samples and tokens per wall-clock
-    second, Draining's share of wall-clock from the lifecycle trace), the median handoff over every step."""
-    measured_s = sum(r["measured_s"] for r in runs)
-    state_s: dict[str, float] = {}
-    for r in runs:
-        for k, v in r["state_s"].items():
-            state_s[k] = state_s.get(k, 0.0) + v
-    total = sum(state_s.values())
-    draining = [x for r in runs for x in r["draining_s"]]
-    return {
-        "samples_per_s": sum(r["trained_samples"] for r in runs) / measured_s,
-        "draining_share": state_s.get("Draining", 0.0) / total if total else float("nan"),
-        "handoff_p50_ms": pct(draining, 50) * 1e3,
-        "handoff_max_ms": max(draining) * 1e3 if draining else float("nan"),
-        "spanning_rollouts": sum(r["spanning_rollouts"] for r in runs),
-        "max_version_span": max(r["max_version_span"] for r in runs),
-        "decode_tokens_per_s": sum(r["decode_tokens"] for r in runs) / measured_s,
-        "decode_steps_per_s": sum(r["decode_steps"] for r in runs) / measured_s,
-        "tokens_per_decode_step": sum(r["decode_tokens"] for r in runs) / max(1, sum(r["decode_steps"] for r in runs)),
-        "mean_running_requests": sum(r["active_sum"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
-        "engine_idle_share": sum(r["idle_samples"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
-        "spanning_groups_trained": sum(r["spanning_groups_trained"] for r in runs),
-        "measured_steps": sum(r["measured_steps"] for r in runs),
-        "measured_s": measured_s,
-        "trained_samples": sum(r["trained_samples"] for r in runs),
-        "state_share": {k: v / total for k, v in state_s.items()} if total else {},
-        "per_round_samples_per_s": [r["trained_samples"] / r["measured_s"] for r in runs],
-        "engine_backend": runs[0]["engine_backend"],
-        "rounds": len(runs),
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run park, drain and sync; print the table; write the JSON."""
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, list[str]]:
+    """The command line: arguments, model name, the run's shape (model + workload + overrides), modes."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--model", choices=sorted(MODELS), default=None, help="small (CPU default) or gpt200m")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="cpu (default) or cuda (reasoning: cuda)")
+    ap.add_argument("--model", choices=sorted(MODELS), default=None, help="small (CPU default), gpt200m, gpt1b")
+    ap.add_argument(
+        "--workload",
+        choices=("default", "reasoning"),
+        default="default",
+        help="reasoning: lognormal(768, 1.0) cut at --max-len, 32x8 per step, 256 active, 40 GiB KV, graphs",
+    )
+    ap.add_argument("--smoke", action="store_true", help="with --workload reasoning: tiny model on the CPU, seconds")
+    ap.add_argument("--engine", choices=sorted(ENGINES), default="direct", help="how the engine is built")
     ap.add_argument("--quick", action="store_true", help="fewer steps (under 3 min on 2 CPU cores)")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of park,drain,sync")
+    ap.add_argument("--modes", default=None, help=f"comma-separated subset of {','.join(MODES)} (default: all)")
     ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--warmup", type=int, default=None, help="steps not measured (default per model)")
-    ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=None, help="steps not measured (default per model; sync: 0)")
+    ap.add_argument("--max-tokens", "--max-len", dest="max_tokens", type=int, default=None, help="output-length cut")
     ap.add_argument("--median-tokens", type=float, default=None)
     ap.add_argument("--sigma", type=float, default=None)
     ap.add_argument("--num-prompts-per-step", type=int, default=None)
@@ -396,13 +395,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-age", type=int, default=None, help="max_trajectory_age_steps")
     ap.add_argument("--max-active", type=int, default=None, help="the engine's max_active_requests")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (small: 0, gpt200m: 1)")
+    ap.add_argument("--micro-batch-tokens", type=int, default=None, help="the trainer's padded tokens per micro-batch")
     ap.add_argument(
-        "--rounds", type=int, default=None, help="rounds of park, drain, sync, interleaved (default 3; --quick 4)"
+        "--mode-budget-s", type=float, default=None, help="seconds per mode: stop before a step that would overrun it"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="rounds of the modes, interleaved (default 3; --quick 4; reasoning 1)"
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (default 1)")
     ap.add_argument("--sample-timeout", type=float, default=600.0)
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument(
+        "--out", default=None, help="JSON path (default bench/results/inflight_handoff[_reasoning...].json)"
+    )
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument(
         "--cuda-graphs",
@@ -411,10 +416,25 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="CUDA-graph decode (GPU): ModelConfig(cuda_graphs=True), GenerationConfig(num_cuda_graphs=N)",
     )
-    ap.add_argument("--buffer-gb", type=float, default=1.0, help="KV buffer of the dynamic engine (GiB)")
+    ap.add_argument("--buffer-gb", type=float, default=None, help="KV buffer of the dynamic engine (GiB; default 1)")
+    ap.add_argument("--no-graph-baseline", action="store_true", help="skip the pure graph-decode baseline")
     args = ap.parse_args(argv)
+    reasoning = args.workload == "reasoning"
+    if args.smoke and not reasoning:
+        ap.error("--smoke goes with --workload reasoning")
+    if args.device is None:
+        args.device = "cuda" if reasoning and not args.smoke else "cpu"
     model_name = args.model or ("gpt200m" if args.device == "cuda" else "small")
     shape = MODELS[model_name]
+    if reasoning:
+        shape = replace(shape, **(SMOKE if args.smoke else REASONING))
+        if args.buffer_gb is None and not args.smoke:
+            args.buffer_gb = 40.0
+        if args.cuda_graphs is None and args.device == "cuda":
+            args.cuda_graphs = 16
+        args.rounds = args.rounds or 1
+    if args.buffer_gb is None:
+        args.buffer_gb = 1.0
     if args.quick:
         shape = replace(shape, **QUICK[model_name])
     overrides = {
@@ -428,15 +448,30 @@ def main(argv: list[str] | None = None) -> int:
         "max_trajectory_age_steps": args.max_age,
         "max_active_requests": args.max_active,
         "temperature": args.temperature,
+        "micro_batch_tokens": args.micro_batch_tokens,
     }
     shape = replace(shape, **{k: v for k, v in overrides.items() if v is not None})
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = [m.strip() for m in (args.modes or ",".join(MODES)).split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         ap.error(f"--modes: {bad or modes} not in {MODES}")
     if shape.warmup >= shape.steps:
         ap.error(f"--warmup {shape.warmup} must be below --steps {shape.steps}")
+    if args.mode_budget_s is not None and not args.mode_budget_s > 0:
+        ap.error(f"--mode-budget-s {args.mode_budget_s}: a positive number of seconds")
+    if args.out is None:
+        name = "inflight_handoff"
+        if reasoning:
+            name += f"_reasoning_{model_name}_cut{shape.max_tokens}_age{shape.max_trajectory_age_steps}"
+            name += "_smoke" if args.smoke else ""
+        args.out = str(RESULTS.with_name(name + ".json"))
+    return args, model_name, shape, modes
 
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the modes (and, on a GPU with graphs, the pure graph-decode baseline first); print the table; write
+    the JSON after every mode, so a run cut short keeps what it measured."""
+    args, model_name, shape, modes = parse_args(argv)
     import torch
 
     if args.device == "cuda":
@@ -452,41 +487,91 @@ def main(argv: list[str] | None = None) -> int:
     init_distributed(1, device=args.device)
     lengths = [output_length(args.seed, i, j, shape) for i in range(400) for j in range(shape.samples_per_group)]
     print(
-        f"inflight_handoff: model={model_name} device={args.device} steps={shape.steps} (warmup {shape.warmup}) "
-        f"batch={shape.num_prompts_per_step}x{shape.samples_per_group} max_age={shape.max_trajectory_age_steps}; "
+        f"inflight_handoff: model={model_name} workload={args.workload} device={args.device} engine={args.engine} "
+        f"steps={shape.steps} (warmup {shape.warmup}) budget/mode={args.mode_budget_s} "
+        f"batch={shape.num_prompts_per_step}x{shape.samples_per_group} max_age={shape.max_trajectory_age_steps} "
+        f"active={shape.max_active_requests} kv={args.buffer_gb} GiB graphs={args.cuda_graphs}; "
         f"output lengths lognormal(median {shape.median_tokens:g}, sigma {shape.sigma:g}) cut at {shape.max_tokens}: "
         f"p50 {pct(lengths, 50):.0f}, p90 {pct(lengths, 90):.0f}, p99 {pct(lengths, 99):.0f}, "
         f"mean {statistics.fmean(lengths):.1f}",
         flush=True,
     )
     rounds = args.rounds or (4 if args.quick else 3)
+    report = JsonReport(
+        args.out,
+        {
+            "benchmark": "inflight_handoff",
+            "workload": args.workload,
+            "command": " ".join([Path(sys.executable).name, "bench/inflight_handoff.py", *(argv or sys.argv[1:])]),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "loadavg": os.getloadavg(),
+                "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+                "torch_threads": torch.get_num_threads(),
+            },
+            "model": model_name,
+            "engine": args.engine,
+            "rounds": rounds,
+            "mode_budget_s": args.mode_budget_s,
+            "kv_buffer_gb": args.buffer_gb,
+            "num_cuda_graphs": args.cuda_graphs,
+            "shape": asdict(shape),
+            "output_lengths": {
+                "p50": pct(lengths, 50),
+                "p90": pct(lengths, 90),
+                "p99": pct(lengths, 99),
+                "max": max(lengths),
+                "mean": statistics.fmean(lengths),
+            },
+            "modes": {},
+        },
+    )
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     t_all = time.monotonic()
     try:
+        if args.device == "cuda" and args.cuda_graphs is not None and not args.no_graph_baseline:
+            report.update(graph_decode_baseline(args, shape, model_name))
+            print(f"  graph-decode baseline: {report.data['graph_decode']}", flush=True)
         for k in range(rounds):  # interleaved, so a busy moment of a shared machine hits every mode alike
             for mode in modes:
+                why = mode_unavailable(mode)
+                if why:
+                    print(f"  {mode}: skipped ({why})", flush=True)
+                    report.data["modes"][mode] = {"skipped": why}
+                    report.write()
+                    continue
                 r = run_mode(mode, args, shape)
+                gc.collect()  # the mode's model, engine and trainer refer to each other: free them (KV buffer
+                if args.device == "cuda":  # included) before the next mode builds its own
+                    torch.cuda.empty_cache()
                 runs[mode].append(r)
                 print(
-                    f"  round {k + 1}/{rounds} {mode}: {r['trained_samples'] / r['measured_s']:.1f} samples/s, "
-                    f"draining {sum(r['draining_s']):.2f} of {r['measured_s']:.2f} s, run {r['run_s']:.1f} s",
+                    f"  round {k + 1}/{rounds} {mode}: {r['trained_samples'] / r['measured_s']:.2f} samples/s, "
+                    f"draining {sum(r['draining_s']):.2f} of {r['measured_s']:.2f} s, run {r['run_s']:.1f} s, "
+                    f"{r['measured_steps']} measured steps{' (cut by the budget)' if r['cut_by_budget'] else ''}, "
+                    f"load {r['loadavg_start']:.1f}->{r['loadavg_end']:.1f}",
                     flush=True,
                 )
-                # what is measured so far, in case the run is cut short (a time-limited GPU call)
-                partial = Path(str(args.out) + ".partial")
-                partial.parent.mkdir(parents=True, exist_ok=True)
-                done = {m: summarize(rs) for m, rs in runs.items() if rs}
-                partial.write_text(json.dumps({"rounds_done": k + 1, "modes": done}, indent=1), encoding="utf-8")
+                report.data["modes"][mode] = summarize(runs[mode])
+                report.data["rounds_done"] = k + (mode == modes[-1])
+                add_ratios(report.data)
+                report.data["total_s"] = time.monotonic() - t_all
+                report.write()  # what is measured so far, in case the run is cut short (a time-limited GPU call)
     finally:
         shutdown_distributed()
-    results = {m: summarize(rs) for m, rs in runs.items()}
+    out = report.data
+    results = {m: r for m, r in out["modes"].items() if "samples_per_s" in r}
     cols = [
         ("mode", "{}"),
         ("samples_per_s", "{:.2f}"),
+        ("samples_per_cpu_s", "{:.2f}"),
         ("draining_share", "{:.3f}"),
         ("handoff_p50_ms", "{:.1f}"),
         ("spanning_rollouts", "{}"),
-        ("max_version_span", "{}"),
         ("decode_tokens_per_s", "{:.0f}"),
     ]
     print()
@@ -494,47 +579,11 @@ def main(argv: list[str] | None = None) -> int:
     for m, r in results.items():
         cells = [m] + [fmt.format(r[c]) for c, fmt in cols[1:]]
         print("  ".join(f"{x:>19}" if i else f"{x:<6}" for i, x in enumerate(cells)))
-    out: dict[str, Any] = {
-        "benchmark": "inflight_handoff",
-        "command": " ".join([Path(sys.executable).name, "bench/inflight_handoff.py", *(argv or sys.argv[1:])]),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "loadavg": os.getloadavg(),
-            "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-            "torch_threads": torch.get_num_threads(),
-        },
-        "model": model_name,
-        "rounds": rounds,
-        "shape": asdict(shape),
-        "output_lengths": {
-            "p50": pct(lengths, 50),
-            "p90": pct(lengths, 90),
-            "p99": pct(lengths, 99),
-            "max": max(lengths),
-            "mean": statistics.fmean(lengths),
-        },
-        "modes": results,
-        "total_s": time.monotonic() - t_all,
-    }
-    if "park" in results and "drain" in results:
-        out["ratio_park_over_drain"] = results["park"]["samples_per_s"] / results["drain"]["samples_per_s"]
-    if "park" in results and "sync" in results:
-        out["ratio_park_over_sync"] = results["park"]["samples_per_s"] / results["sync"]["samples_per_s"]
     print()
-    for k in ("ratio_park_over_drain", "ratio_park_over_sync"):
-        if k in out:
-            print(f"{k} = {out[k]:.2f}")
-    print(f"total {out['total_s']:.0f} s")
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=1), encoding="utf-8")
-    tmp.replace(path)
-    print(f"wrote {path}")
+    for k, v in out.items():
+        if k.startswith("ratio_"):
+            print(f"{k} = {v:.2f}")
+    print(f"total {out.get('total_s', 0.0):.0f} s; wrote {args.out}")
     return 0
 
 

@@ -243,6 +243,60 @@ class EngineStopped(LifecycleError):
     """A request or control call reached the engine after it was shut down."""
 
 
+class EngineLoopDied(EngineStopped):
+    """The engine's own loop (a background task or thread) ended; every request still waiting on it fails with this.
+
+    ``detail`` says how it ended (the exception, or "exited"). Nothing will answer those requests any more:
+    without this error they would wait forever.
+    """
+
+    def __init__(self, detail: str, *, pending: int = 0, state: str | None = None, rank: int | None = None) -> None:
+        self.detail = detail
+        self.pending = pending
+        super().__init__(
+            f"the engine loop ended ({detail}); {pending} pending request(s) failed instead of waiting forever",
+            state=state,
+            rank=rank,
+        )
+
+
+class EngineStateMismatch(LifecycleError):
+    """The engine's own state machine and the lifecycle disagree (e.g. a training step while the engine runs).
+
+    Names the lifecycle state and the engine condition it expects, and the engine's native state.
+    """
+
+    def __init__(
+        self,
+        *,
+        lifecycle_state: str,
+        expected: str,
+        engine: str,
+        engine_state: str,
+        engine_condition: str,
+        accepted: tuple[str, ...] = (),
+        when: str = "",
+        rank: int | None = None,
+        weight_version: int | None = None,
+    ) -> None:
+        self.lifecycle_state = lifecycle_state
+        self.expected = expected
+        self.engine = engine
+        self.engine_state = engine_state
+        self.engine_condition = engine_condition
+        self.accepted = tuple(accepted)
+        self.when = when
+        want = f" ({engine} state {' or '.join(self.accepted)})" if self.accepted else ""
+        at = f" {when}" if when else ""
+        super().__init__(
+            f"engine state mismatch{at}: lifecycle state {lifecycle_state} expects the engine {expected}{want}, "
+            f"but {engine} reports {engine_state} ({engine_condition})",
+            state=lifecycle_state,
+            rank=rank,
+            weight_version=weight_version,
+        )
+
+
 class RequestTooLarge(ConfigError):
     """A generation request asks for more than the engine can hold; names the value and the limit."""
 
@@ -404,7 +458,9 @@ __all__ = [
     "ColoFsmError",
     "ConfigError",
     "DrainError",
+    "EngineLoopDied",
     "EngineRebuild",
+    "EngineStateMismatch",
     "EngineStopped",
     "GraphvizNotFound",
     "GuardRejected",

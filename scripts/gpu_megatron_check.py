@@ -249,6 +249,9 @@ def main() -> int:
         from colo_fsm.adapters.megatron.checkpoint import load_checkpoint, save_checkpoint
 
         root = ckroot / fmt
+        # megatron-core's optimizer (the trainer's CUDA backend) saves only through dist_checkpointing; the DCP
+        # format carries the model here (a torch-backend trainer also carries its AdamW state in DCP)
+        opt = trainer.optimizer if fmt == "megatron" or trainer.backend == "torch" else None
         eng.suspend()
         trainer.restore_buffers()
         snap = {k: v.detach().clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
@@ -258,7 +261,7 @@ def main() -> int:
             step=3,
             weight_version=3,
             model=model,
-            optimizer=trainer.optimizer,
+            optimizer=opt,
             extra_state={"rank": RANK, "buffer": ["g"] * 3},
             checkpoint_format=fmt,
         )
@@ -266,7 +269,7 @@ def main() -> int:
         trainer.train_step(rollouts_cache)
         changed = any(not torch.equal(snap[k], v) for k, v in model.state_dict().items() if k in snap)
         t0 = time.perf_counter()
-        info = load_checkpoint(root, model=model, optimizer=trainer.optimizer)
+        info = load_checkpoint(root, model=model, optimizer=opt)
         load_s = time.perf_counter() - t0
         differ = [k for k, v in model.state_dict().items() if k in snap and not torch.equal(snap[k], v)]
         restored = not differ

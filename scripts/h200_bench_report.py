@@ -27,6 +27,17 @@ TARGETS = {
     "park_over_sync": (">=", 1.3),
     "colocated_over_dedicated_decode": (">=", 0.9),
     "memory_budget_error_pct": ("<=", 20.0),
+    # the reasoning workload (bench/inflight_handoff.py --workload reasoning), one run
+    "reasoning_park_over_sync": (">=", 2.5),
+    "reasoning_park_over_drain": (">=", 1.5),
+    "reasoning_park_over_abort": (">=", 1.15),
+    "reasoning_park_decode_over_graph_decode": (">=", 0.7),
+}
+REASONING_KEYS = {
+    "reasoning_park_over_sync": "ratio_park_over_sync",
+    "reasoning_park_over_drain": "ratio_park_over_drain",
+    "reasoning_park_over_abort": "ratio_park_over_abort",
+    "reasoning_park_decode_over_graph_decode": "ratio_park_decode_over_graph_decode",
 }
 
 
@@ -53,11 +64,14 @@ def memory_prediction(mem: dict[str, Any], kv_mode: str = "persist") -> dict[str
     from colo_fsm.guards.memory import MemoryBudget, TrainingShape, estimate
 
     c = mem["config"]
+    half = "bfloat16" in c["param_dtype"] or "float16" in c["param_dtype"]
+    megatron = "megatron backend" in str(c.get("optimizer") or "")
     shape = TrainingShape(
         num_parameters=int(c["params"]),
-        param_bytes=2 if "bfloat16" in c["param_dtype"] or "float16" in c["param_dtype"] else 4,
-        grad_bytes=2 if "bfloat16" in c["param_dtype"] else 4,
-        optimizer_bytes_per_param=2 * (2 if "bfloat16" in c["param_dtype"] else 4),  # torch AdamW, 2 moments
+        param_bytes=2 if half else 4,
+        # megatron-core's DDP: fp32 grad buffer; its optimizer: fp32 main params + 2 fp32 moments
+        grad_bytes=4 if megatron else (2 if "bfloat16" in c["param_dtype"] else 4),
+        optimizer_bytes_per_param=12 if megatron and half else 2 * (2 if half else 4),
         num_layers=int(c["layers"]),
         hidden_size=int(c["hidden"]),
         num_attention_heads=int(c["heads"]),
@@ -91,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--colocated-processes")
     ap.add_argument("--memory", action="append", default=[], help="memory_peak / colocated JSON (repeatable)")
     ap.add_argument("--park-probe")
+    ap.add_argument("--reasoning", help="bench/inflight_handoff.py --workload reasoning JSON")
     ap.add_argument("--extra", action="append", default=[], help="NAME=PATH of another JSON to embed")
     ap.add_argument("--notes", default=None, help="JSON file: {figure: note} (what limits or qualifies each figure)")
     ap.add_argument("--date", default="2026-12-01")
@@ -182,6 +197,20 @@ def main(argv: list[str] | None = None) -> int:
         figures["memory_budget_error_pct"] = mems[0]["error_pct"]
     else:
         missing["memory_budget_error_pct"] = "no memory run with an estimate (colo_fsm.guards.memory missing?)"
+
+    rs = load(args.reasoning)
+    for fig, key in REASONING_KEYS.items():
+        if rs and rs.get(key) is not None:
+            figures[fig] = rs[key]
+        else:
+            missing[fig] = "no reasoning run" if not rs else f"{key} absent (mode skipped or cut?)"
+    if rs:
+        detail["inflight_handoff_reasoning"] = {
+            "modes": rs.get("modes"),
+            "graph_decode_tokens_per_s": rs.get("graph_decode_tokens_per_s"),
+            "shape": rs.get("shape"),
+            "command": rs.get("command"),
+        }
 
     pp = load(args.park_probe)
     if pp:

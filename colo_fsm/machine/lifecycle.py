@@ -22,6 +22,7 @@ from colo_fsm.errors import (
     ActionFailed,
     ConfigError,
     EngineRebuild,
+    EngineStateMismatch,
     GuardRejected,
     HandoffDivergence,
     InvalidTransition,
@@ -32,6 +33,7 @@ from colo_fsm.errors import (
 from colo_fsm.guards.barrier import Barrier, SoloBarrier
 from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision, ValidationDecision
 from colo_fsm.guards.drain import default_drain
+from colo_fsm.guards.engine_state import check_engine_state, engine_state_of
 from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.handoff import HandoffLedger
 from colo_fsm.guards.mode import check_training_mode, mode_digest, report_of
@@ -468,6 +470,7 @@ class Lifecycle:
                 ok=ok,
                 error=error,
                 actions=dict(self._action_times),
+                engine_state=self._native_engine_state(),
             )
         )
 
@@ -498,7 +501,7 @@ class Lifecycle:
 
     def _fail(self, err: _ActionError) -> None:
         state = self.state
-        if isinstance(err.cause, GuardRejected | HandoffDivergence | ModelModeError):
+        if isinstance(err.cause, GuardRejected | HandoffDivergence | ModelModeError | EngineStateMismatch):
             self.failure = err.cause
         else:
             self.failure = ActionFailed(
@@ -530,6 +533,7 @@ class Lifecycle:
                 t_end=time.time(),
                 ok=False,
                 error=str(self.failure),
+                engine_state=self._native_engine_state(),
             )
         )
         self._log(logging.ERROR, "%s -> Failed: %s", state.value, self.failure)
@@ -575,6 +579,7 @@ class Lifecycle:
 
         def run() -> None:
             self._check_preconditions(a)
+            self._check_engine_state(f"before {a.name}")
             if a.issues is not None:
                 self.ledger.issue(a.issues)
             if a.issues is not None:
@@ -588,8 +593,32 @@ class Lifecycle:
             self.engine_condition = a.engine or self.engine_condition
             self.collector_condition = a.collector or self.collector_condition
             self.request_condition = a.requests or self.request_condition
+            self._check_engine_state(f"after {a.name}")
 
         return run
+
+    def _check_engine_state(self, when: str) -> None:
+        """The engine's own state machine must agree with the lifecycle's engine condition (engines that
+        report their state only; see :mod:`colo_fsm.guards.engine_state`). Not after a failure: the local
+        teardown from Failed runs whatever state the failure left the engine in."""
+        if self.failure is not None:
+            return
+        check_engine_state(
+            engine_state_of(self.engine),
+            self.engine_condition,
+            when=when,
+            state=self._entering.value,
+            rank=self.rank,
+            weight_version=self.weight_version,
+        )
+
+    def _native_engine_state(self) -> str | None:
+        """The engine's own state name for the trace (None when it reports none, or cannot say now)."""
+        try:
+            report = engine_state_of(self.engine)
+        except Exception:
+            return None
+        return report.native if report is not None else None
 
     def _refuse(self, what: str) -> LifecycleError:
         return LifecycleError(what, state=self.state.value, rank=self.rank, weight_version=self.weight_version)

@@ -39,6 +39,7 @@ class TraceRecord:
     ok: bool = True
     error: str | None = None
     actions: dict[str, float] = field(default_factory=dict)  # action -> seconds
+    engine_state: str | None = None  # the engine's own state after the transition, when it reports one
 
     @property
     def duration_s(self) -> float:

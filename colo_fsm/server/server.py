@@ -334,6 +334,12 @@ class GatedEngine:
 
         return report_of(self.inner)
 
+    def engine_state(self) -> Any:
+        """The inner engine's own state report (None when it reports none): the lifecycle checks it."""
+        from colo_fsm.guards.engine_state import engine_state_of
+
+        return engine_state_of(self.inner)
+
     def server_base_urls(self) -> Sequence[str]:
         """Every data-parallel rank's server base URL (empty without ``serve``)."""
         return list(self._urls)

@@ -3,6 +3,8 @@
 * :mod:`.model`: build the model (local spec + :class:`SDPAttention`; dual-mode opt-in check)
 * :mod:`.parallel`: ``torch.distributed`` + megatron parallel state (gloo on CPU, NCCL on GPU)
 * :mod:`.engine`: :class:`MegatronEngine` (``GenerationEngine`` + ``TextGenerator``), KV-cache modes
+* :mod:`.coordinator`: :class:`CoordinatorEngine`, megatron-core's coordinator mode (``MegatronAsyncLLM``,
+  needed for expert parallelism); :mod:`.coordinator_states` maps its ``EngineState`` onto the lifecycle
 * :mod:`.dynamic` / :mod:`.cpu_loop`: the GPU (dynamic engine) and CPU generation paths
 * :mod:`.trainer`: :class:`MegatronTrainer` (GRPO loss, AdamW, offload/restore, checkpoints)
 * :mod:`.checkpoint`: atomic ``dist_checkpointing`` save/load with per-rank extra state
@@ -20,6 +22,8 @@ from typing import Any
 _EXPORTS = {
     "CharTokenizer": "tokenizer",
     "CheckpointInfo": "checkpoint",
+    "CoordinatorConfig": "coordinator",
+    "CoordinatorEngine": "coordinator",
     "DistributedSetup": "parallel",
     "GenerationConfig": "engine",
     "KVCacheMode": "engine",

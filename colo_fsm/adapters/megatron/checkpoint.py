@@ -98,8 +98,18 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                     st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
+def _is_megatron_optimizer(optimizer: Any) -> bool:
+    """megatron-core's optimizers (not torch ones) map their own state onto the model's sharded tensors."""
+    return optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer)
+
+
 def _sharded_state(
-    model: Any, optimizer: torch.optim.Optimizer | None, extra_state: Mapping[str, Any] | None, meta: Mapping[str, Any]
+    model: Any,
+    optimizer: Any,
+    extra_state: Mapping[str, Any] | None,
+    meta: Mapping[str, Any],
+    *,
+    is_loading: bool = False,
 ) -> dict[str, Any]:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
     from megatron.core.dist_checkpointing.optimizer import (
@@ -110,7 +120,9 @@ def _sharded_state(
     rank, world = _world()
     model_sd = model.sharded_state_dict(prefix="model.")
     state: dict[str, Any] = {"model": model_sd, "colo_fsm": dict(meta)}
-    if optimizer is not None:
+    if _is_megatron_optimizer(optimizer):  # megatron-core's own mapping (fp32 main params, sharded state)
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
+    elif optimizer is not None:
         _init_optimizer_state(optimizer)
         params = [p for g in optimizer.param_groups for p in g["params"]]
         osd = optimizer.state_dict()
@@ -178,7 +190,7 @@ def save_checkpoint(
     step: int,
     weight_version: int,
     model: Any,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: Any = None,
     extra_state: Mapping[str, Any] | None = None,
     checkpoint_format: str = "auto",
 ) -> Path:
@@ -186,6 +198,8 @@ def save_checkpoint(
     final directory."""
     rank, world = _world()
     fmt = resolve_format(checkpoint_format, model)
+    if fmt == "dcp" and _is_megatron_optimizer(optimizer):
+        raise ConfigError("checkpoint_format", "dcp", "'megatron' or 'auto' with megatron-core's optimizer")
     root = Path(root)
     final = root / step_dir_name(step)
     tmp = root / f".incomplete-{final.name}"
@@ -227,9 +241,7 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(
-    root_or_path: str | Path, *, model: Any, optimizer: torch.optim.Optimizer | None = None
-) -> CheckpointInfo:
+def load_checkpoint(root_or_path: str | Path, *, model: Any, optimizer: Any = None) -> CheckpointInfo:
     """Load the checkpoint at ``root_or_path`` (a checkpoint directory, or a root whose ``latest`` is used)
     into ``model`` and ``optimizer`` in place; returns its step, weight version and this rank's extra state."""
     p = Path(root_or_path)
@@ -245,13 +257,18 @@ def load_checkpoint(
     if meta.get("format", "megatron") == "dcp":
         import torch.distributed.checkpoint as dcp
 
+        if _is_megatron_optimizer(optimizer):
+            raise ConfigError("checkpoint", str(path), "a 'megatron' format checkpoint for megatron-core's optimizer")
+
         state = _dcp_state(model, optimizer, {})
         dcp.load(state, checkpoint_id=str(path))
         extra = _dcp_extra(state)  # tensors were loaded in place
     else:
         from megatron.core import dist_checkpointing
 
-        template = _sharded_state(model, optimizer, {}, {"step": 0, "weight_version": 0, "world_size": world})
+        template = _sharded_state(
+            model, optimizer, {}, {"step": 0, "weight_version": 0, "world_size": world}, is_loading=True
+        )
         loaded = dist_checkpointing.load(template, str(path))
         res = model.load_state_dict(_strip(loaded["model"], "model."), strict=False)
         missing = [k for k in res.missing_keys if not k.endswith("_extra_state")]
@@ -259,7 +276,9 @@ def load_checkpoint(
             raise ConfigError(
                 "checkpoint", str(path), f"a checkpoint holding every model weight (missing {missing[:3]})"
             )
-        if optimizer is not None:
+        if _is_megatron_optimizer(optimizer):
+            optimizer.load_state_dict(loaded["optimizer"])
+        elif optimizer is not None:
             osd = loaded["optimizer"]
             step = osd.pop("common_step", 0.0)
             for st in osd["state"].values():

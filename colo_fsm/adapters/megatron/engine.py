@@ -275,6 +275,7 @@ class MegatronEngine:
         if self.built:
             raise EngineRebuild("MegatronEngine.bring_up called twice: the colocated engine is built once per run")
         self.memory_estimate = check_engine_budget(self)  # guards: refuse an over-budget build with the numbers
+        self.mode.to_inference()  # guards: decode-side switches on (e.g. DDP param-gather hooks off) before any decode
         self.model.eval()
         from colo_fsm.adapters.lockstep import tensor_parallel_lockstep
 

@@ -23,7 +23,7 @@ rank-local) and re-applies the decode-side switches the engine does not set itse
 
 from __future__ import annotations
 
-import weakref
+import dataclasses
 from typing import Any
 
 from colo_fsm.guards.mode import ModelMode, ModeReport
@@ -155,6 +155,26 @@ class MegatronModeControl:
 
             toggle_cuda_graphs(self.inner, set_to="local")
 
+    def adopt_wrappers(self, wrappers: list[Any]) -> None:
+        """Track wrappers made after this control (a trainer's DDP around a model an engine already knows).
+
+        A DDP with ``overlap_param_gather`` registers its param-gather hooks when built; from then on training
+        needs them on. Built while the engine decodes (``InferenceMode`` set), they are switched off at once,
+        as a resume would.
+        """
+        new = [w for w in wrappers if all(w is not known for known in self.wrappers)]
+        if not new:
+            return
+        self.wrappers = [*new, *self.wrappers]
+        if _hook_owners(new):
+            self.training = dataclasses.replace(self.training, param_gather_hooks=True)
+            from megatron.core.inference.utils import InferenceMode
+
+            if InferenceMode.is_active():
+                for w in _hook_owners(new):
+                    if w.remove_forward_pre_hook_handles:
+                        w.disable_forward_pre_hook(param_sync=False)
+
     def _set_expert_padding(self, pad: bool, capacity_factor: float | None) -> None:
         cfgs = [self.config]
         for m in self.moe:
@@ -169,15 +189,20 @@ class MegatronModeControl:
                 cfg.moe_expert_capacity_factor = capacity_factor
 
 
-_CONTROLS: weakref.WeakKeyDictionary[Any, MegatronModeControl] = weakref.WeakKeyDictionary()
+_ATTR = "_colo_fsm_mode_control"
+"""Where a model keeps its control: an attribute of the model itself, so the two live and die together (a global
+weak-keyed registry would keep every model alive: its value refers to the key)."""
 
 
 def mode_control(model: Any, **kwargs: Any) -> MegatronModeControl:
     """The one :class:`MegatronModeControl` of ``model`` (engine and trainer share it; made on first use)."""
-    inner, _ = _unwrap(model)
-    control = _CONTROLS.get(inner)
+    inner, wrappers = _unwrap(model)
+    control = inner.__dict__.get(_ATTR)
     if control is None:
-        control = _CONTROLS[inner] = MegatronModeControl(model, **kwargs)
+        control = MegatronModeControl(model, **kwargs)
+        object.__setattr__(inner, _ATTR, control)  # a plain attribute, not a submodule or a buffer
+    else:
+        control.adopt_wrappers(wrappers)
     return control
 
 

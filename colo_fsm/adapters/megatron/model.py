@@ -47,6 +47,10 @@ class ModelConfig:
     records a training-graph runner per new sequence length and scans every captured runner per call). On one
     H200 (202M GPT, bf16) ``"block"`` decoded about 2x faster than ``"layer"``, captured in a third of the time
     and left the train step at its eager cost (``"layer"``: about 3x).
+    ``num_moe_experts`` makes every MLP a mixture of experts (top-``moe_router_topk`` routing, all-to-all token
+    dispatcher on CUDA and all-gather on the CPU, no auxiliary loss, no linear biases), sharded over ``expert_model_parallel_size`` ranks (initialize the groups
+    with the same size: :func:`~colo_fsm.adapters.megatron.parallel.init_distributed`); with EP > 1 megatron-core
+    generates only in coordinator mode (:mod:`colo_fsm.adapters.megatron.coordinator`).
     """
 
     vocab_size: int = 64
@@ -65,6 +69,9 @@ class ModelConfig:
     seed: int = 1234
     cuda_graphs: bool = False
     cuda_graph_scope: str = "block"
+    num_moe_experts: int | None = None  # None: dense MLPs; n: every MLP a mixture of n experts (local spec)
+    moe_router_topk: int = 2
+    expert_model_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for name in (
@@ -112,6 +119,21 @@ class ModelConfig:
             raise ConfigError("cuda_graphs", self.cuda_graphs, "False on the CPU (CUDA graphs need device='cuda')")
         if self.cuda_graph_scope not in _GRAPH_SCOPES:
             raise ConfigError("cuda_graph_scope", self.cuda_graph_scope, f"one of {_GRAPH_SCOPES}")
+        if self.num_moe_experts is not None:
+            _pos_int("num_moe_experts", self.num_moe_experts)
+            _pos_int("moe_router_topk", self.moe_router_topk)
+            if self.moe_router_topk > self.num_moe_experts:
+                raise ConfigError(
+                    "moe_router_topk", self.moe_router_topk, f"at most num_moe_experts={self.num_moe_experts}"
+                )
+            if self.num_moe_experts % _pos_int("expert_model_parallel_size", self.expert_model_parallel_size):
+                raise ConfigError(
+                    "expert_model_parallel_size",
+                    self.expert_model_parallel_size,
+                    f"a divisor of num_moe_experts={self.num_moe_experts}",
+                )
+        elif self.expert_model_parallel_size != 1:
+            raise ConfigError("expert_model_parallel_size", self.expert_model_parallel_size, "1 for a dense model")
         if self.bf16 is not None and not isinstance(self.bf16, bool):
             raise ConfigError("bf16", self.bf16, "True, False or None (bf16 on CUDA, fp32 on CPU)")
 
@@ -119,6 +141,22 @@ class ModelConfig:
     def use_bf16(self) -> bool:
         """Whether parameters are bf16 (default: on CUDA)."""
         return self.device == "cuda" if self.bf16 is None else bool(self.bf16)
+
+
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    # ~202M parameters at a small vocabulary: the GPT of the H200 benches
+    "gpt200m": {"hidden_size": 1024, "num_layers": 16, "num_attention_heads": 16},
+    # ~1.0B parameters (12 x hidden^2 x layers): the "about 1B" shape of the reasoning bench
+    "gpt1b": {"hidden_size": 2048, "num_layers": 20, "num_attention_heads": 16},
+}
+"""Named model shapes (hidden size, layers, heads); :func:`preset_config` builds a :class:`ModelConfig` from one."""
+
+
+def preset_config(name: str, **overrides: Any) -> ModelConfig:
+    """A :class:`ModelConfig` of the preset ``name`` (see :data:`MODEL_PRESETS`), with ``overrides`` applied."""
+    if name not in MODEL_PRESETS:
+        raise ConfigError("model preset", name, f"one of {sorted(MODEL_PRESETS)}")
+    return ModelConfig(**{**MODEL_PRESETS[name], **overrides})
 
 
 def have_transformer_engine() -> bool:
@@ -183,6 +221,18 @@ def transformer_config(cfg: ModelConfig) -> Any:
         )
         paged = {}
     kwargs.update(paged)
+    if cfg.num_moe_experts is not None:  # token-choice top-k routing, no auxiliary loss, no token dropping
+        kwargs.update(
+            num_moe_experts=cfg.num_moe_experts,
+            moe_router_topk=cfg.moe_router_topk,
+            # all-to-all on the GPU (what expert-parallel runs use); it creates CUDA streams, so all-gather on the CPU
+            moe_token_dispatcher_type="alltoall" if cfg.device == "cuda" else "allgather",
+            moe_aux_loss_coeff=0.0,
+            expert_model_parallel_size=cfg.expert_model_parallel_size,
+            # no linear biases: megatron-core 0.19.2's expert MLP adds its bias in place to a view returned by the
+            # model-parallel reduce, which autograd refuses in a training forward (seen on one H200)
+            add_bias_linear=False,
+        )
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -218,7 +268,7 @@ def layer_spec(cfg: ModelConfig) -> Any:
 
     from colo_fsm.adapters.megatron.attention import SDPAttention
 
-    spec = get_gpt_layer_local_spec()
+    spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts, moe_grouped_gemm=False)
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
     return spec
 
@@ -237,6 +287,12 @@ def build_model(cfg: ModelConfig) -> Any:
             "tensor_model_parallel_size",
             cfg.tensor_model_parallel_size,
             f"the initialized TP size {ps.get_tensor_model_parallel_world_size()}",
+        )
+    if ps.get_expert_model_parallel_world_size() != cfg.expert_model_parallel_size:
+        raise ConfigError(
+            "expert_model_parallel_size",
+            cfg.expert_model_parallel_size,
+            f"the initialized EP size {ps.get_expert_model_parallel_world_size()}",
         )
     if cfg.transformer_impl == "inference_optimized":
         _register_export_types()
@@ -303,11 +359,13 @@ def check_trainable(config: Any, *, allow_inference_optimized_training: bool) ->
 
 
 __all__ = [
+    "MODEL_PRESETS",
     "ModelConfig",
     "build_model",
     "check_trainable",
     "have_transformer_engine",
     "layer_spec",
     "paged_attention_kwargs",
+    "preset_config",
     "transformer_config",
 ]

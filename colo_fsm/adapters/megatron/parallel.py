@@ -55,12 +55,14 @@ def init_distributed(
     world_size: int | None = None,
     init_method: str | None = None,
     timeout_s: float = 600.0,
+    expert_model_parallel_size: int = 1,
 ) -> DistributedSetup:
     """Initialize ``torch.distributed`` (gloo for ``device="cpu"``, NCCL for ``"cuda"``) and megatron-core's
-    model-parallel groups with ``tensor_model_parallel_size``; everything left over is data parallel.
+    model-parallel groups with ``tensor_model_parallel_size`` (and ``expert_model_parallel_size`` for MoE models,
+    carved out of the data-parallel ranks); everything left over is data parallel.
 
     Rank and world size come from the arguments, else ``RANK``/``WORLD_SIZE`` (torchrun), else a world of
-    one. Already-initialized state is reused; megatron's groups are rebuilt if the TP size differs.
+    one. Already-initialized state is reused; megatron's groups are rebuilt if the TP or EP size differs.
     """
     import torch
     import torch.distributed as dist
@@ -101,10 +103,15 @@ def init_distributed(
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if world_size % tp:
         raise ConfigError("tensor_model_parallel_size", tp, f"a divisor of the world size {world_size}")
-    if ps.model_parallel_is_initialized() and ps.get_tensor_model_parallel_world_size() != tp:
+    ep = expert_model_parallel_size
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or world_size % ep:
+        raise ConfigError("expert_model_parallel_size", ep, f"a positive divisor of the world size {world_size}")
+    if ps.model_parallel_is_initialized() and (
+        ps.get_tensor_model_parallel_world_size() != tp or ps.get_expert_model_parallel_world_size() != ep
+    ):
         ps.destroy_model_parallel()
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
     setup = DistributedSetup(
         rank=rank,
         world_size=world_size,

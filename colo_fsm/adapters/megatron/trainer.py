@@ -1,14 +1,23 @@
-"""The training side of the shared model: a GRPO-style policy-gradient step with AdamW (``Trainer``).
+"""The training side of the shared model: a GRPO-style policy-gradient step (``Trainer``).
 
-Optimizer choice: ``torch.optim.AdamW`` with an explicit data-parallel gradient all-reduce, not
-megatron-core's ``DistributedDataParallel`` + ``get_megatron_optimizer``. Megatron's DDP and optimizer
-wrappers assume CUDA (streams, ``torch.cuda.synchronize``, contiguous CUDA grad buffers), so they cannot run
-on the CPU path, and a tiny policy gains nothing from a distributed optimizer. With one plain optimizer the
-CPU and GPU paths share every line; checkpoints still go through megatron-core's ``dist_checkpointing``
-(optimizer state mapped onto the model's sharded tensors), so they are TP-aware.
+Backends (``TrainerConfig.backend``):
 
-Offload: :meth:`MegatronTrainer.offload_buffers` frees every gradient (``param.grad = None``) and, with
-``offload_optimizer_state=True`` on CUDA, moves AdamW state to pinned host memory; parameters are never
+* ``"megatron"`` (the default on CUDA): megatron-core's own training machinery, as a Megatron user knows it:
+  its ``DistributedDataParallel`` (bucketed gradient reduction; ``overlap_grad_reduce``,
+  ``use_distributed_optimizer`` and ``overlap_param_gather`` as options), its optimizer
+  (``get_megatron_optimizer``: Adam, fp32 main parameters for a bf16 model, global grad-norm clipping) and its
+  forward-backward schedule (``get_forward_backward_func()``) over the step's micro-batches. megatron-core's DDP
+  and schedule need CUDA.
+* ``"torch"`` (the default on the CPU): ``torch.optim.AdamW``, the same micro-batches run one after another,
+  an explicit data-parallel gradient all-reduce and global-norm clipping over the TP group.
+
+Both build micro-batches from a token budget (``micro_batch_tokens``, length-bucketed, see
+:mod:`~colo_fsm.adapters.megatron.microbatch`): a step never pads the whole batch to its longest rollout, and its
+loss and gradient are those of the one-pass step. Checkpoints go through megatron-core's ``dist_checkpointing``
+(TP-aware) or torch DCP.
+
+Offload: :meth:`MegatronTrainer.offload_buffers` frees every gradient (megatron: DDP's grad buffers) and, with
+``offload_optimizer_state=True`` on CUDA, moves the optimizer state to pinned host memory; parameters are never
 moved: generation reads them in place.
 """
 
@@ -22,11 +31,14 @@ from typing import Any
 
 import torch
 
+from colo_fsm.adapters.megatron import train_backend
 from colo_fsm.adapters.megatron.checkpoint import FORMATS, CheckpointInfo, load_checkpoint, save_checkpoint
 from colo_fsm.adapters.megatron.cpu_loop import forward_logits
+from colo_fsm.adapters.megatron.microbatch import MicroBatchPlan, plan_microbatches
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.model import check_trainable
 from colo_fsm.adapters.megatron.parallel import on_own_device
+from colo_fsm.adapters.megatron.train_backend import BACKENDS
 from colo_fsm.adapters.protocols import StepResult
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.guards.mode import check_training_mode
@@ -35,10 +47,15 @@ from colo_fsm.log import get_logger
 log = get_logger(__name__)
 
 
+_MEGATRON_ONLY = ("overlap_grad_reduce", "use_distributed_optimizer", "overlap_param_gather")
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
-    """Optimizer and loss settings. ``clip_eps`` is the PPO-style ratio clip (used when rollouts carry the
-    behaviour policy's log-probs); ``checkpoint_dir`` is where :meth:`MegatronTrainer.save_checkpoint` writes.
+    """Optimizer, loss and training-machinery settings. ``clip_eps`` is the PPO-style ratio clip (used when
+    rollouts carry the behaviour policy's log-probs); ``checkpoint_dir`` is where
+    :meth:`MegatronTrainer.save_checkpoint` writes; ``micro_batch_tokens`` the padded-token budget of one
+    micro-batch; ``backend`` and the DDP options pick megatron-core's training machinery (see the module doc).
     ``temperature`` is the sampling temperature of the rollouts: the trainer's log-probs are of ``logits /
     temperature``, the distribution the tokens were sampled from, to match behaviour log-probs recorded with the
     engine's ``logprobs_mode="processed"`` (leave 1.0 with ``"raw"``; top-k / top-p truncation is not modelled)."""
@@ -53,6 +70,12 @@ class TrainerConfig:
     checkpoint_dir: str | None = None
     checkpoint_format: str = "auto"  # "megatron" (dist_checkpointing; default on CUDA) or "dcp" (default on CPU)
     temperature: float = 1.0  # the rollouts' sampling temperature: log-probs of logits / temperature
+    micro_batch_tokens: int = 16384  # padded tokens per micro-batch (length-bucketed); bounds the step's peak memory
+    backend: str = "auto"  # "megatron" (DDP + optimizer + schedule of megatron-core; CUDA), "torch", "auto"
+    overlap_grad_reduce: bool = False  # megatron backend: reduce gradient buckets during the backward
+    use_distributed_optimizer: bool = False  # megatron backend: shard optimizer state over data-parallel ranks
+    overlap_param_gather: bool = False  # megatron backend: all-gather params in forward pre-hooks (needs the above)
+    ddp_bucket_size: int | None = None  # megatron backend: DDP bucket size in elements (None: megatron's default)
 
     def __post_init__(self) -> None:
         for name in ("lr", "grad_clip", "clip_eps", "temperature"):
@@ -78,6 +101,27 @@ class TrainerConfig:
                 raise ConfigError(name, getattr(self, name), "True or False")
         if self.checkpoint_format not in FORMATS:
             raise ConfigError("checkpoint_format", self.checkpoint_format, f"one of {FORMATS}")
+        if self.backend not in BACKENDS:
+            raise ConfigError("backend", self.backend, f"one of {BACKENDS}")
+        mbt = self.micro_batch_tokens
+        if isinstance(mbt, bool) or not isinstance(mbt, int) or mbt < 1:
+            raise ConfigError("micro_batch_tokens", mbt, "a positive integer (padded tokens per micro-batch)")
+        for name in _MEGATRON_ONLY:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "True or False")
+        if self.overlap_param_gather and not self.use_distributed_optimizer:
+            raise ConfigError(
+                "overlap_param_gather", True, "False unless use_distributed_optimizer=True (megatron-core needs both)"
+            )
+        bs = self.ddp_bucket_size
+        if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs < 1):
+            raise ConfigError("ddp_bucket_size", bs, "a positive number of elements, or None")
+        if self.backend == "torch":
+            on = [n for n in (*_MEGATRON_ONLY, "ddp_bucket_size") if getattr(self, n) not in (False, None)]
+            if on:
+                raise ConfigError(
+                    on[0], getattr(self, on[0]), "unset with backend='torch' (a megatron-core DDP option)"
+                )
         if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, str | Path):
             raise ConfigError("checkpoint_dir", self.checkpoint_dir, "a directory path (str or Path), or None")
 
@@ -128,17 +172,51 @@ class MegatronTrainer:
         check_trainable(model.config, allow_inference_optimized_training=self.config.allow_inference_optimized_training)
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=self.config.lr,
-            betas=self.config.betas,
-            weight_decay=self.config.weight_decay,
-        )
+        self.backend = train_backend.resolve_backend(self.config.backend, self.device)
+        if self.backend == "megatron" and self.device.type != "cuda":
+            raise ConfigError(
+                "backend",
+                "megatron",
+                "'torch' or 'auto' on the CPU (megatron-core's DistributedDataParallel needs CUDA)",
+            )
+        if self.backend == "torch":
+            on = [n for n in (*_MEGATRON_ONLY, "ddp_bucket_size") if getattr(self.config, n) not in (False, None)]
+            if on:
+                raise ConfigError(
+                    on[0], getattr(self.config, on[0]), "unset on the CPU (a megatron-core DDP option; DDP needs CUDA)"
+                )
         self._dp_group = data_parallel_group
+        self.ddp: Any = None  # megatron-core DistributedDataParallel around the model (megatron backend)
+        self.optimizer: Any
+        if self.backend == "megatron":
+            if data_parallel_group is not None:
+                raise ConfigError(
+                    "data_parallel_group",
+                    data_parallel_group,
+                    "None with the megatron backend (DDP uses parallel_state)",
+                )
+            self.ddp = train_backend.wrap_ddp(model, self.config)
+            self.optimizer = train_backend.build_optimizer(self.ddp, self.config)
+            train_backend.wire_schedule(self.ddp, self.optimizer, self.config)
+        else:
+            self.optimizer = torch.optim.AdamW(
+                [p for p in model.parameters() if p.requires_grad],
+                lr=self.config.lr,
+                betas=self.config.betas,
+                weight_decay=self.config.weight_decay,
+            )
         self.offloaded = False
         self.steps = 0
+        self.last_plan: MicroBatchPlan | None = None  # the micro-batches of the last step (for benches and logs)
         self.max_sequence_length = int(getattr(model, "max_sequence_length", 0) or 0)
-        self.mode = mode_control(model)  # the shared model's inference-only switches (guards)
+        # the shared model's inference-only switches (guards); with DDP they include its param-gather hooks
+        self.mode = mode_control(self.ddp if self.ddp is not None else model)
+        log.info(
+            "trainer: backend=%s micro_batch_tokens=%d ddp=%s",
+            self.backend,
+            self.config.micro_batch_tokens,
+            None if self.ddp is None else {k: getattr(self.config, k) for k in (*_MEGATRON_ONLY, "ddp_bucket_size")},
+        )
 
     # ------------------------------------------------------------------ helpers
     def _dp(self) -> tuple[Any, int]:
@@ -205,8 +283,11 @@ class MegatronTrainer:
 
     def token_logprobs(self, rollouts: Sequence[Rollout]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Log-probs of every completion token under the current weights (``[batch, seq]``, 0 elsewhere)."""
+        return self._logprobs(self.model, rollouts)
+
+    def _logprobs(self, model: Any, rollouts: Sequence[Rollout]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         t = self._batch_tensors(rollouts)
-        logits = forward_logits(self.model, t["tokens"], t["valid"]) / self.config.temperature
+        logits = forward_logits(model, t["tokens"], t["valid"]) / self.config.temperature
         logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, t["tokens"][:, 1:].unsqueeze(2)).squeeze(2)
         logp = torch.nn.functional.pad(logp, (1, 0))  # align: position j holds log p(token_j | < j)
         return logp * t["comp"], t
@@ -266,33 +347,35 @@ class MegatronTrainer:
                 g.mul_(coef)
         return total
 
-    # ------------------------------------------------------------------ Trainer protocol
-    @on_own_device
-    def train_step(self, batch: Sequence[Rollout]) -> StepResult:
-        """One AdamW step on the GRPO loss of ``batch`` (a sequence of :class:`Rollout`)."""
-        if self.offloaded:
-            raise LifecycleError("train_step while training buffers are offloaded; call restore_buffers() first")
-        rollouts = list(batch or [])
-        if not rollouts or not all(isinstance(r, Rollout) for r in rollouts):
-            raise ConfigError("batch", type(batch).__name__, "a non-empty sequence of Rollout")
-        check_training_mode(self.mode.report())  # refuse a model some switch still holds in inference mode
-        self.enter_training_mode()
-        adv = torch.tensor(group_advantages(rollouts), dtype=torch.float32, device=self.device)
-        self.optimizer.zero_grad(set_to_none=True)
-        logp, t = self.token_logprobs(rollouts)
+    def _microbatch_loss(
+        self, model: Any, rollouts: Sequence[Rollout], adv: torch.Tensor, n_total: int, acc: dict[str, float]
+    ) -> torch.Tensor:
+        """The GRPO loss of ``rollouts`` as their share of the whole batch's (sum of per-row token means over
+        ``n_total``); adds the micro-batch's clipped and completion token counts to ``acc``. The PPO ratio is
+        used when the *whole* batch carries behaviour log-probs (``acc["has_old"]``), as in a one-pass step."""
+        logp, t = self._logprobs(model, rollouts)
         comp = t["comp"].float()
         ntok = comp.sum(dim=1).clamp(min=1.0)
         a = adv.unsqueeze(1)
-        if bool(t["has_old"]):
+        if acc["has_old"]:
             ratio = self._ratio(logp, t)
             clipped = ratio.clamp(1 - self.config.clip_eps, 1 + self.config.clip_eps)
             per_tok = -torch.minimum(ratio * a, clipped * a)
-            clip_frac = float((((ratio - clipped).abs() > 1e-6).float() * comp).sum() / comp.sum().clamp(min=1))
+            acc["clipped"] += float((((ratio - clipped).abs() > 1e-6).float() * comp).sum())
         else:
             per_tok = -(a * logp)
-            clip_frac = 0.0
-        loss = ((per_tok * comp).sum(dim=1) / ntok).mean()
-        loss.backward()
+        acc["tokens"] += float(comp.sum())
+        return (per_tok * comp).sum(dim=1).div(ntok).sum() / n_total
+
+    def _run_torch(
+        self, rollouts: list[Rollout], plan: MicroBatchPlan, adv: torch.Tensor, acc: dict[str, float]
+    ) -> float:
+        """Micro-batches one after another, then DP all-reduce, clip and AdamW; returns the grad norm."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for rows in plan.batches:
+            loss = self._microbatch_loss(self.model, [rollouts[i] for i in rows], adv[list(rows)], len(rollouts), acc)
+            loss.backward()
+            acc["loss"] += float(loss.detach())
         group, n = self._dp()
         if n > 1:
             import torch.distributed as dist
@@ -303,42 +386,111 @@ class MegatronTrainer:
                     p.grad.div_(n)
         grad_norm = self._clip_grad_norm()
         self.optimizer.step()
+        return grad_norm
+
+    def _run_megatron(
+        self, rollouts: list[Rollout], plan: MicroBatchPlan, adv: torch.Tensor, acc: dict[str, float]
+    ) -> float:
+        """megatron-core's forward-backward schedule over the micro-batches, then its optimizer; returns the
+        grad norm. The schedule averages the micro-batch losses, so each is handed over times their count."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        m = len(plan.batches)
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+        def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
+            rows = next(data_iterator)
+            loss = self._microbatch_loss(model, [rollouts[i] for i in rows], adv[list(rows)], len(rollouts), acc)
+
+            def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                acc["loss"] += float(output.detach())
+                return output * m, {"loss": output.detach()}
+
+            return loss, loss_func
+
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(plan.batches),
+            model=self.ddp,
+            num_microbatches=m,
+            seq_length=max(plan.lengths),
+            micro_batch_size=plan.max_micro_batch_size,
+            forward_only=False,
+        )
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            log.warning("optimizer step skipped (non-finite gradients), step %d", self.steps)
+        return float(grad_norm) if grad_norm is not None else float("nan")
+
+    # ------------------------------------------------------------------ Trainer protocol
+    @on_own_device
+    def train_step(self, batch: Sequence[Rollout]) -> StepResult:
+        """One optimizer step on the GRPO loss of ``batch`` (a sequence of :class:`Rollout`), in micro-batches of
+        at most ``micro_batch_tokens`` padded tokens."""
+        if self.offloaded:
+            raise LifecycleError("train_step while training buffers are offloaded; call restore_buffers() first")
+        rollouts = list(batch or [])
+        if not rollouts or not all(isinstance(r, Rollout) for r in rollouts):
+            raise ConfigError("batch", type(batch).__name__, "a non-empty sequence of Rollout")
+        lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
+        if self.max_sequence_length and max(lengths) > self.max_sequence_length:
+            raise ConfigError("rollout length", max(lengths), f"at most max_sequence_length={self.max_sequence_length}")
+        check_training_mode(self.mode.report())  # refuse a model some switch still holds in inference mode
+        self.enter_training_mode()
+        plan = self.last_plan = plan_microbatches(lengths, self.config.micro_batch_tokens)
+        adv = torch.tensor(group_advantages(rollouts), dtype=torch.float32, device=self.device)
+        has_old = all(len(r.logprobs) == len(r.completion_ids) and r.completion_ids for r in rollouts)
+        acc = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "has_old": float(has_old)}
+        if self.backend == "megatron":
+            grad_norm = self._run_megatron(rollouts, plan, adv, acc)
+        else:
+            grad_norm = self._run_torch(rollouts, plan, adv, acc)
         self.model.eval()  # generation reads these weights next; no dropout there
         self.steps += 1
         rewards = [float(r.reward) for r in rollouts]
-        loss_v, reward_mean, clip_v = self._all_reduce_mean(
-            [float(loss.detach()), sum(rewards) / len(rewards), clip_frac]
-        )
+        clip_frac = acc["clipped"] / max(acc["tokens"], 1.0)
+        loss_v, reward_mean, clip_v = self._all_reduce_mean([acc["loss"], sum(rewards) / len(rewards), clip_frac])
         metrics = {
             "train/loss": loss_v,
             "train/reward_mean": reward_mean,
             "train/grad_norm": grad_norm,
             "train/clip_frac": clip_v,
-            "train/completion_tokens": float(comp.sum()),
+            "train/completion_tokens": acc["tokens"],
+            "train/micro_batches": float(len(plan.batches)),
+            "train/padded_tokens": float(plan.padded_tokens),
         }
         return StepResult(metrics=metrics, consumed_samples=len(rollouts))
 
     @on_own_device
     def offload_buffers(self) -> None:
-        """Free gradients; with ``offload_optimizer_state`` on CUDA, move AdamW state to pinned host memory."""
+        """Free gradients (megatron: DDP's grad buffers); with ``offload_optimizer_state`` on CUDA, move the
+        optimizer state to pinned host memory."""
         for p in self.model.parameters():
             p.grad = None
+        if self.ddp is not None:
+            self.ddp.offload_grad_buffers()
         if self.config.offload_optimizer_state and self.device.type == "cuda":
-            for st in self.optimizer.state.values():
-                for k, v in st.items():
-                    if torch.is_tensor(v) and v.is_cuda:
-                        st[k] = v.to("cpu", non_blocking=True).pin_memory()
+            for opt in train_backend.torch_optimizers(self.optimizer):
+                for st in opt.state.values():
+                    for k, v in st.items():
+                        if torch.is_tensor(v) and v.is_cuda:
+                            st[k] = v.to("cpu", non_blocking=True).pin_memory()
             torch.cuda.empty_cache()
         self.offloaded = True
 
     @on_own_device
     def restore_buffers(self) -> None:
-        """Bring optimizer state back to the device (gradients are re-created by the next backward)."""
+        """Bring optimizer state (and DDP's grad buffers) back to the device (gradients are re-created by the
+        next backward)."""
+        if self.ddp is not None:
+            self.ddp.restore_grad_buffers()
         if self.config.offload_optimizer_state and self.device.type == "cuda":
-            for st in self.optimizer.state.values():
-                for k, v in st.items():
-                    if torch.is_tensor(v) and not v.is_cuda and k != "step":
-                        st[k] = v.to(self.device, non_blocking=True)
+            for opt in train_backend.torch_optimizers(self.optimizer):
+                for st in opt.state.values():
+                    for k, v in st.items():
+                        if torch.is_tensor(v) and not v.is_cuda and k != "step":
+                            st[k] = v.to(self.device, non_blocking=True)
         self.offloaded = False
 
     @on_own_device

@@ -1,0 +1,341 @@
+"""Pieces of ``bench/inflight_handoff.py`` (not a benchmark itself: ``run_all`` skips files starting with ``_``):
+the reasoning workload, the engine factory (one function per way of building the engine, so another can plug
+in), the pure graph-decode baseline, the JSON report written after every mode, and the side-by-side ratios."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# The reasoning-RL shape: long, heavy-tailed rollouts, hundreds in flight (see the bench's docstring).
+REASONING: dict[str, Any] = {
+    "prompt_len": 64,
+    "max_tokens": 8192,
+    "median_tokens": 768.0,
+    "sigma": 1.0,
+    "num_prompts_per_step": 32,
+    "samples_per_group": 8,
+    "max_active_requests": 256,
+    "max_trajectory_age_steps": 2,
+    "steps": 8,
+    "warmup": 1,
+    "temperature": 1.0,
+}
+# The same code path on the CPU in seconds (the test that keeps the bench from rotting runs this).
+SMOKE: dict[str, Any] = {
+    "prompt_len": 4,
+    "max_tokens": 48,
+    "median_tokens": 8.0,
+    "sigma": 1.0,
+    "num_prompts_per_step": 4,
+    "samples_per_group": 2,
+    "max_active_requests": 16,
+    "max_trajectory_age_steps": 2,
+    "steps": 3,
+    "warmup": 1,
+    "temperature": 0.0,
+    "micro_batch_tokens": 64,
+}
+
+
+def mode_unavailable(mode: str) -> str | None:
+    """Why ``mode`` cannot run with this checkout (None when it can): ``abort`` needs the engine and the
+    collector to accept ``inflight="abort"``."""
+    if mode != "abort":
+        return None
+    from colo_fsm.adapters.megatron.engine import GenerationConfig
+    from colo_fsm.collector.collector import parse_inflight
+    from colo_fsm.errors import ConfigError
+
+    try:
+        GenerationConfig(inflight="abort")
+        parse_inflight("abort")
+    except ConfigError as exc:
+        return f"inflight='abort' is not offered by this checkout's engine/collector ({exc})"
+    return None
+
+
+def pct(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (NaN for an empty list)."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[max(0, min(len(s) - 1, round(q / 100 * (len(s) - 1))))]
+
+
+class NeverEndsTokenizer:
+    """A :class:`CharTokenizer` whose end-of-document id lies outside the vocabulary: no request ends early, each
+    stops at its drawn length."""
+
+    def __init__(self, base: Any) -> None:
+        self._base = base
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+    @property
+    def eod(self) -> int:
+        return int(self._base.vocab_size)
+
+
+class Meter:
+    """Completed requests: when, how many tokens, how many weight versions their tokens span."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rows: list[tuple[float, int, int]] = []
+
+    def watch(self, handle: Any) -> Any:
+        def done(f: Any) -> None:
+            if f.cancelled() or f.exception() is not None:
+                return
+            c = f.result()
+            span = (max(c.weight_versions) - min(c.weight_versions)) if c.weight_versions else 0
+            with self.lock:
+                self.rows.append((time.monotonic(), len(c.token_ids), span))
+
+        handle.future.add_done_callback(done)
+        return handle
+
+    def window(self, t0: float, t1: float) -> list[tuple[float, int, int]]:
+        with self.lock:
+            return [r for r in self.rows if t0 <= r[0] <= t1]
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's row over its rounds: totals over the measured windows (samples and tokens per wall-clock
+    second, Draining's share of wall-clock from the lifecycle trace), the median handoff over every step."""
+    measured_s = sum(r["measured_s"] for r in runs)
+    state_s: dict[str, float] = {}
+    for r in runs:
+        for k, v in r["state_s"].items():
+            state_s[k] = state_s.get(k, 0.0) + v
+    total = sum(state_s.values())
+    draining = [x for r in runs for x in r["draining_s"]]
+    return {
+        "samples_per_s": sum(r["trained_samples"] for r in runs) / measured_s,
+        "draining_share": state_s.get("Draining", 0.0) / total if total else float("nan"),
+        "handoff_p50_ms": pct(draining, 50) * 1e3,
+        "handoff_max_ms": max(draining) * 1e3 if draining else float("nan"),
+        "spanning_rollouts": sum(r["spanning_rollouts"] for r in runs),
+        "max_version_span": max(r["max_version_span"] for r in runs),
+        "decode_tokens_per_s": sum(r["decode_tokens"] for r in runs) / measured_s,
+        "decode_steps_per_s": sum(r["decode_steps"] for r in runs) / measured_s,
+        # tokens per second while the engine may decode (Generating + Draining): what graph decode is compared to
+        "engine_decode_tokens_per_s": sum(r["decode_tokens"] for r in runs)
+        / max(1e-9, state_s.get("Generating", 0.0) + state_s.get("Draining", 0.0)),
+        "tokens_per_decode_step": sum(r["decode_tokens"] for r in runs) / max(1, sum(r["decode_steps"] for r in runs)),
+        "mean_running_requests": sum(r["active_sum"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
+        "engine_idle_share": sum(r["idle_samples"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
+        "spanning_groups_trained": sum(r["spanning_groups_trained"] for r in runs),
+        "measured_steps": sum(r["measured_steps"] for r in runs),
+        "measured_s": measured_s,
+        "trained_samples": sum(r["trained_samples"] for r in runs),
+        "state_share": {k: v / total for k, v in state_s.items()} if total else {},
+        "per_round_samples_per_s": [r["trained_samples"] / r["measured_s"] for r in runs],
+        # load-independent on the CPU (one torch thread): trained samples per second of this process's CPU time
+        "samples_per_cpu_s": sum(r["trained_samples"] for r in runs) / max(1e-9, sum(r["cpu_s"] for r in runs)),
+        "cpu_share": sum(r["cpu_s"] for r in runs) / measured_s,  # CPU time / wall-clock: low when contended
+        "loadavg": [round(x, 2) for r in runs for x in (r["loadavg_start"], r["loadavg_end"])],
+        "cut_by_budget": any(r["cut_by_budget"] for r in runs),
+        "warmup_steps": runs[0]["warmup_steps"],
+        "peak_allocated_gib": max((r["peak_allocated_gib"] or 0.0) for r in runs) or None,
+        "engine_backend": runs[0]["engine_backend"],
+        "rounds": len(runs),
+    }
+
+
+def release_model_graphs(model: Any) -> None:
+    """Free what megatron-core still holds of ``model``'s CUDA graphs once its mode is over: the process-wide graph
+    records (``delete_cuda_graphs``), the graph runners of its managers (each keeps the inference context, the KV
+    buffer, of its capture) and ``toggle_cuda_graphs``'s module cache entry, keyed by ``id(model)`` (it would
+    keep the model alive, and a later model at the same address would be toggled through the dead one's modules)."""
+    from megatron.core.transformer import utils as mutils
+    from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
+
+    delete_cuda_graphs()
+    managers = [m.cudagraph_manager for m in model.modules() if getattr(m, "cudagraph_manager", None) is not None]
+    cache = getattr(mutils, "cuda_graph_attr_cache", None)
+    entry = cache.pop(id(model), None) if isinstance(cache, dict) else None
+    if entry:
+        managers += [pair[1] for pair in entry.get("cudagraph_manager", []) if pair[1] is not None]
+    for mgr in managers:
+        if hasattr(mgr, "cudagraph_runners"):
+            mgr.cudagraph_runners = []
+        table = getattr(mgr, "custom_cudagraphs_lookup_table", None)
+        if table is not None:
+            table.clear()
+
+
+EngineFactory = Callable[..., Any]
+
+
+def direct_engine(
+    mode: str,
+    args: Any,
+    shape: Any,
+    model: Any,
+    tokenizer: Any,
+    weight_version: Callable[[], int],
+    max_sequence_length: int,
+) -> Any:
+    """colo-fsm's :class:`~colo_fsm.adapters.megatron.engine.MegatronEngine` (megatron-core's dynamic engine
+    driven directly, ``use_coordinator=False``), with the mode's in-flight policy (sync runs as park: it never
+    suspends with requests in flight)."""
+    from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine
+
+    return MegatronEngine(
+        model,
+        tokenizer,
+        GenerationConfig(
+            inflight="park" if mode == "sync" else mode,
+            max_active_requests=shape.max_active_requests,
+            backend="auto",
+            num_cuda_graphs=args.cuda_graphs,
+            buffer_size_gb=args.buffer_gb,
+        ),
+        weight_version=weight_version,
+        max_sequence_length=max_sequence_length,
+    )
+
+
+def coordinator_engine(*args: Any, **kwargs: Any) -> Any:
+    """megatron-core's coordinator mode (``bench/_coordinator.py``; GPU, pyzmq and msgpack)."""
+    from bench._coordinator import coordinator_engine as build
+
+    return build(*args, **kwargs)
+
+
+ENGINES: dict[str, EngineFactory] = {"direct": direct_engine, "coordinator": coordinator_engine}
+"""``--engine`` choices: name -> factory ``(mode, args, shape, model, tokenizer, weight_version, max_len)``."""
+
+
+def graph_decode_baseline(args: Any, shape: Any, model_name: str) -> dict[str, Any]:
+    """Decode tokens/s of megatron-core's dynamic engine alone (CUDA graphs, no lifecycle, no bookkeeping of
+    colo-fsm) on a fresh model of the same shape, KV buffer and graph count, at batch sizes up to the run's
+    concurrency, each request decoding from a context of prompt + median output length. ``graph_decode_tokens_per_s`` is the rate at ``max_active_requests``; the ratio against park
+    uses the batch nearest park's mean running requests (:func:`add_ratios`)."""
+    import torch
+    from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
+
+    from bench._gpu import BenchEngine, EngineOptions
+    from colo_fsm.adapters.megatron.model import ModelConfig, build_model
+    from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+
+    alphabet = "".join(chr(ord("a") + i) if i < 26 else chr(0x100 + i) for i in range(shape.alphabet_size))
+    tok = CharTokenizer(alphabet)
+    seq_len = shape.prompt_len + shape.max_tokens
+    model = build_model(
+        ModelConfig(
+            vocab_size=tok.vocab_size,
+            hidden_size=shape.hidden_size,
+            num_layers=shape.num_layers,
+            num_attention_heads=shape.num_attention_heads,
+            max_sequence_length=seq_len,
+            device="cuda",
+            seed=args.seed,
+            cuda_graphs=True,
+        )
+    )
+    batches = sorted(
+        {b for b in (16, 32, 64, 128, 256, 512) if b < shape.max_active_requests} | {shape.max_active_requests}
+    )
+    t0 = time.perf_counter()
+    eng = BenchEngine(
+        model,
+        tok,
+        EngineOptions(
+            buffer_gb=args.buffer_gb,
+            max_requests=shape.max_active_requests,
+            max_sequence_length=seq_len,
+            num_cuda_graphs=args.cuda_graphs,
+        ),
+    )
+    rows = []
+    # contexts about as long as a rollout's midpoint: attention over the context is part of a decode step's cost
+    context = min(seq_len - 80, shape.prompt_len + int(shape.median_tokens))
+    try:
+        for b in batches:
+            rows.append(eng.decode_rate(b, prompt_len=context, steps=64))
+    finally:
+        eng.shutdown(graphs=True)
+        delete_cuda_graphs()
+        del model
+        torch.cuda.empty_cache()
+    top = rows[-1]
+    return {
+        "graph_decode": {
+            "model": model_name,
+            "rows": rows,
+            "build_s": eng.build["total_s"],
+            "run_s": time.perf_counter() - t0,
+            "context_tokens": context,
+            "note": "every request decodes from a context of prompt + median output length, the batch stays full",
+        },
+        "graph_decode_tokens_per_s": top["decode_tokens_per_s"],
+        "graph_decode_batch": top["batch"],
+    }
+
+
+def add_ratios(out: dict[str, Any]) -> None:
+    """Park against each other mode in samples/s (and samples per CPU-second), and park's decode tokens/s against
+    the pure graph decode at the batch nearest park's mean concurrency (which then becomes
+    ``graph_decode_tokens_per_s``); only for modes already measured."""
+    modes = {m: r for m, r in out.get("modes", {}).items() if "samples_per_s" in r}
+    park = modes.get("park")
+    if park is None:
+        return
+    for other in ("sync", "drain", "abort"):
+        if other in modes:
+            out[f"ratio_park_over_{other}"] = park["samples_per_s"] / modes[other]["samples_per_s"]
+            out[f"ratio_park_over_{other}_cpu"] = park["samples_per_cpu_s"] / modes[other]["samples_per_cpu_s"]
+    rows = out.get("graph_decode", {}).get("rows") or []
+    if rows:
+        near = min(rows, key=lambda r: abs(r["batch"] - park["mean_running_requests"]))
+        out["graph_decode_tokens_per_s"] = near["decode_tokens_per_s"]
+        out["graph_decode_batch"] = near["batch"]
+        # park's tokens per second of engine time (Generating + Draining) against the graph decode alone
+        out["ratio_park_decode_over_graph_decode"] = park["engine_decode_tokens_per_s"] / near["decode_tokens_per_s"]
+
+
+class JsonReport:
+    """The run's JSON, rewritten whole (atomically) after every piece, so a cut run keeps its data."""
+
+    def __init__(self, path: str | Path, header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.data = dict(header)
+        self._lock = threading.Lock()
+
+    def update(self, values: dict[str, Any]) -> None:
+        """Merge ``values`` into the report and write it."""
+        self.data.update(values)
+        self.write()
+
+    def write(self) -> None:
+        """Write the report (temporary file, then rename)."""
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.data, indent=1, default=str), encoding="utf-8")
+            tmp.replace(self.path)
+
+
+__all__ = [
+    "ENGINES",
+    "REASONING",
+    "SMOKE",
+    "JsonReport",
+    "Meter",
+    "NeverEndsTokenizer",
+    "add_ratios",
+    "direct_engine",
+    "graph_decode_baseline",
+    "mode_unavailable",
+    "pct",
+    "release_model_graphs",
+    "summarize",
+]

@@ -1,0 +1,598 @@
+"""megatron-core's coordinator mode as the colocated engine (``GenerationEngine``, ``TextGenerator``, token engine).
+
+:class:`CoordinatorEngine` builds ``MegatronAsyncLLM(model=..., use_coordinator=True)`` once: the dynamic
+engine over the training model object, its loop in a background event loop, the ZMQ data-parallel coordinator
+(a child process) and an ``InferenceClient`` on global rank 0. This is the path NeMo-RL's colocated
+``MegatronGeneration`` and Megatron-LM's RL run, and the only one megatron-core allows with expert parallelism
+(``MegatronLLM(use_coordinator=False)`` refuses ``expert_model_parallel_size > 1``).
+
+The handoff is megatron's own (see :mod:`colo_fsm.adapters.megatron.coordinator_states`):
+
+* ``suspend()``: pause -> wait PAUSED -> suspend -> wait SUSPENDED, then the shared model back to its training
+  mode. Requests in flight stay in the engine (parked: KV kept in persist, re-prefilled in recompute).
+* ``resume()``: decode-side model switches back, the generation epoch set to the lifecycle's weight version,
+  resume -> wait RESUMED -> unpause -> wait RUNNING. The lifecycle drains this rank's device and meets the
+  barrier before calling it (and after ``suspend()``), as for every engine.
+
+Each token's weight version comes from megatron's own ``policy_epoch`` stamps (checked against the epochs this
+engine set). The engine loop is watched: if it ends (megatron turns an exception in its loop into
+``sys.exit`` on the loop thread, so nothing else would ever answer), every pending request fails at once with
+:class:`~colo_fsm.errors.EngineLoopDied` and every later call raises it. The lifecycle sees megatron's
+``EngineState`` through :meth:`CoordinatorEngine.engine_state` and refuses a disagreement.
+
+The coordinator is started with multiprocessing *spawn*, which re-imports the entry script: the script that
+builds this engine must be import-safe (everything under ``if __name__ == "__main__":``). Needs the
+``coordinator`` extra (pyzmq, msgpack) and a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from colo_fsm.adapters.batching import OnToken, Priority, RequestCounts, TokenCompletion, request_seed
+from colo_fsm.adapters.engine.options import share_slots
+from colo_fsm.adapters.megatron.coordinator_config import (
+    SPAWN_HINT,
+    CoordinatorConfig,
+    check_positive,
+    client_of,
+    coordinator_dependencies,
+    entry_script,
+    global_rank,
+    in_spawn_bootstrap,
+    inference_config,
+    megatron_async_llm,
+    run_elsewhere,
+    stop_process,
+)
+from colo_fsm.adapters.megatron.coordinator_requests import (
+    CoordinatorHandle,
+    ServerShare,
+    build_completion,
+    check_prompt,
+    sampling_params,
+    settle,
+    state_name,
+)
+from colo_fsm.adapters.megatron.coordinator_states import SLEEP, WAKE, condition_of, natives_by_condition
+from colo_fsm.adapters.megatron.engine import to_completion
+from colo_fsm.adapters.megatron.memory import check_engine_budget
+from colo_fsm.adapters.megatron.mode import mode_control
+from colo_fsm.adapters.megatron.parallel import device_context, rank_device_index
+from colo_fsm.adapters.protocols import Completion
+from colo_fsm.errors import (
+    ConfigError,
+    EngineLoopDied,
+    EngineRebuild,
+    EngineStopped,
+    LifecycleError,
+    RequestTooLarge,
+    WaitTimeout,
+)
+from colo_fsm.guards.engine_state import EngineStateReport
+from colo_fsm.guards.memory import MemoryBudget, MemoryEstimate
+from colo_fsm.guards.mode import ModeReport
+from colo_fsm.guards.parallelism import check_parallelism
+from colo_fsm.log import get_logger
+from colo_fsm.states.spec import EngineCondition
+
+log = get_logger(__name__)
+
+ENGINE_NAME = "megatron-core"
+
+
+class CoordinatorEngine:
+    """megatron-core's coordinator mode over the training model object (see the module docstring).
+
+    ``weight_version`` (a callable, e.g. ``lambda: lifecycle.weight_version``) is set as megatron's generation
+    epoch at bring-up and at every resume. ``llm_factory`` builds the engine (default: megatron-core's
+    ``MegatronAsyncLLM``; tests pass a scripted stand-in with the same surface).
+    """
+
+    reads_weights_in_place = True
+    backend_name = "coordinator"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: CoordinatorConfig | None = None,
+        *,
+        training_config: Any = None,
+        max_sequence_length: int | None = None,
+        weight_version: Callable[[], int] | None = None,
+        server_urls: Sequence[str] = (),
+        llm_factory: Callable[..., Any] | None = None,
+        rank: int | None = None,
+    ) -> None:
+        if config is not None and not isinstance(config, CoordinatorConfig):
+            raise ConfigError("config", config, "a CoordinatorConfig or None")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or CoordinatorConfig()
+        self.training_config = training_config if training_config is not None else getattr(model, "config", None)
+        self.parallelism = check_parallelism(self.training_config, self.config)
+        self.device = next(model.parameters()).device
+        self.max_sequence_length = int(max_sequence_length or getattr(model, "max_sequence_length", 0) or 0)
+        if self.max_sequence_length < 2:
+            raise ConfigError("max_sequence_length", max_sequence_length, "an integer >= 2 (or a model with one)")
+        self.rank = global_rank() if rank is None else int(rank)
+        self.is_primary = self.rank == 0
+        self._weight_version = weight_version or (lambda: 0)
+        self._urls = list(server_urls)
+        self._factory = llm_factory or megatron_async_llm
+        self._llm: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.built = False
+        self.torn_down = False
+        self._stopping = False
+        self._dead: EngineLoopDied | None = None
+        self._lock = threading.Lock()
+        self._pending: dict[int, CoordinatorHandle] = {}
+        self._next_id = 0
+        self._done_q: queue.SimpleQueue[tuple[CoordinatorHandle, concurrent.futures.Future[Any]]] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._worker_stop = threading.Event()
+        self.epochs_sent: list[int] = []
+        self.timings: list[tuple[str, float]] = []  # ("suspend"|"resume", seconds), in order
+        self.transitions: list[tuple[str, str]] = []  # (call, EngineState after it), in order
+        self.loop_device: int | None = None
+        self.seeds_not_applied = 0
+        self.cancelled_still_decoding = 0
+        self.generate_calls = 0
+        self.server_share = ServerShare(share_slots(self.config.server_share, self.config.engine_max_requests))
+        self.mode = mode_control(model)  # guards: the shared model's inference-only switches
+        self.memory_budget: MemoryBudget | None = None
+        self.memory_estimate: MemoryEstimate | None = None
+
+    # ------------------------------------------------------------------ GenerationEngine
+    def bring_up(self) -> None:
+        """Build megatron-core's engine, coordinator and client once; pin the loop's CUDA device; set epoch."""
+        if self.built:
+            raise EngineRebuild("CoordinatorEngine.bring_up called twice: the colocated engine is built once per run")
+        if in_spawn_bootstrap():
+            raise ConfigError("__main__", entry_script(), SPAWN_HINT)
+        ok, why = coordinator_dependencies()
+        if not ok and self._factory is megatron_async_llm:
+            raise ConfigError("coordinator", why, "pyzmq and msgpack importable (the 'coordinator' extra)")
+        self.memory_estimate = check_engine_budget(self)  # guards: refuse an over-budget build with the numbers
+        with device_context(self.device):
+            self.mode.to_inference()  # guards: decode-side switches on (e.g. DDP param-gather hooks off) first
+        self.model.eval()
+        kwargs: dict[str, Any] = {}
+        if self.config.coordinator_host is not None:
+            kwargs["coordinator_host"] = self.config.coordinator_host
+        if self.config.coordinator_port is not None:
+            kwargs["coordinator_port"] = self.config.coordinator_port
+        t0 = time.perf_counter()
+        with device_context(self.device):  # megatron's loop thread inherits the constructing thread's device
+            try:
+                llm = self._factory(
+                    model=self.model,
+                    tokenizer=self.tokenizer,
+                    inference_config=inference_config(self.config, self.max_sequence_length),
+                    use_coordinator=True,
+                    **kwargs,
+                )
+            except RuntimeError as exc:
+                if "exited unexpectedly" in str(exc):
+                    raise ConfigError(
+                        "__main__",
+                        entry_script(),
+                        f"{SPAWN_HINT} (the coordinator process exited during start-up; its traceback is above it: "
+                        "the other usual cause is a tokenizer that cannot be pickled into the child)",
+                    ) from exc
+                raise
+        self._llm = llm
+        self._loop = llm.engine.engine_loop_task.get_loop()
+        self.built = True
+        self._worker = threading.Thread(target=self._work, name="colo-fsm-coordinator-watch", daemon=True)
+        self._worker.start()
+        self.loop_device = self._call(self._pin_device(), "pin the engine loop's CUDA device")
+        self._set_epoch(int(self._weight_version()))
+        self.build_s = time.perf_counter() - t0
+        log.info(
+            "coordinator engine up in %.2f s: %s EngineState=%s, kv_cache_mode=%s, loop device %s, rank %d%s",
+            self.build_s,
+            ENGINE_NAME,
+            self.native_state(),
+            self.config.kv_cache_mode,
+            self.loop_device,
+            self.rank,
+            " (holds the InferenceClient)" if self.is_primary else "",
+        )
+
+    def suspend(self) -> None:
+        """Park every request: pause -> PAUSED -> suspend -> SUSPENDED; then the model back to training mode."""
+        llm = self._live("suspend")
+        t0 = time.perf_counter()
+        if self.native_state() != "SUSPENDED":
+            for call, want in SLEEP:
+                self._call(getattr(llm, call)(), f"{call} (to {want})")
+                self.transitions.append((call, self.native_state()))
+        with device_context(self.device):
+            self.mode.to_training()  # guards: every rank back in the training mode, identically
+        self.timings.append(("suspend", time.perf_counter() - t0))
+
+    def resume(self) -> None:
+        """Decode switches back, epoch = weight version, resume -> RESUMED -> unpause -> RUNNING."""
+        llm = self._live("resume")
+        if self.native_state() == "RUNNING":  # already awake: megatron would ignore RESUME and never answer
+            return
+        t0 = time.perf_counter()
+        with device_context(self.device):
+            self.mode.to_inference()  # guards: decode-side switches back on
+        self._set_epoch(int(self._weight_version()))
+        for call, want in WAKE:
+            self._call(getattr(llm, call)(), f"{call} (to {want})")
+            self.transitions.append((call, self.native_state()))
+        self.timings.append(("resume", time.perf_counter() - t0))
+
+    def shutdown(self) -> None:
+        """Stop megatron's engine and coordinator (only on the way to Stopped); requests left resolve "abort"."""
+        if not self.built or self.torn_down:
+            self.torn_down = True
+            return
+        self._stopping = True
+        llm = self._llm
+        try:
+            if self._dead is None and self._loop is not None and self._loop.is_running():
+                # shutdown() joins megatron's loop thread: await it from a loop of our own, never from that one
+                run_elsewhere(lambda: llm.shutdown(), self.config.control_timeout_s)
+            else:
+                stop_process(getattr(llm.engine, "inference_coordinator_process", None))
+        finally:
+            self._abort_pending()
+            self._worker_stop.set()
+            with device_context(self.device):
+                self.mode.to_training()
+            self.torn_down = True
+
+    def server_base_urls(self) -> Sequence[str]:
+        """Base URLs of OpenAI-compatible servers over this engine (none unless given)."""
+        return list(self._urls)
+
+    def set_server_urls(self, urls: Sequence[str]) -> None:
+        """Record the URLs of servers started over this engine (published by the lifecycle at start)."""
+        self._urls = list(urls)
+
+    # ------------------------------------------------------------------ state
+    def native_state(self) -> str:
+        """megatron-core's ``EngineState`` name now ("" before bring-up)."""
+        return state_name(self._llm.engine.state) if self._llm is not None else ""
+
+    def engine_state(self) -> EngineStateReport | None:
+        """megatron's ``EngineState`` and its lifecycle condition (the lifecycle checks it at every action)."""
+        if self._llm is None:
+            return None
+        native = self.native_state()
+        cond = condition_of(native)
+        if self._dead is not None:
+            native, cond = f"{native} (engine loop ended)", EngineCondition.TORN_DOWN
+        return EngineStateReport(native, cond, ENGINE_NAME, natives_by_condition())
+
+    def model_mode(self) -> ModeReport:
+        """The shared model's inference-only switches now, and their training values (guards)."""
+        return self.mode.report()
+
+    @property
+    def awake(self) -> bool:
+        """True while megatron's engine is RUNNING."""
+        return self.native_state() == "RUNNING" and self._dead is None
+
+    @property
+    def steps(self) -> int:
+        """Engine steps megatron ran so far (its context's step count; 0 before bring-up)."""
+        if self._llm is None:
+            return 0
+        return int(getattr(getattr(self._llm.engine, "context", None), "step_count", 0) or 0)
+
+    def request_counts(self) -> RequestCounts:
+        """Requests this rank submitted and not answered yet: running while RUNNING, else parked."""
+        with self._lock:
+            n = len(self._pending)
+        return RequestCounts(0, n, 0) if self.native_state() == "RUNNING" else RequestCounts(0, 0, n)
+
+    def timing_summary(self) -> dict[str, float]:
+        """Median suspend and resume seconds so far."""
+        out: dict[str, float] = {}
+        for kind in ("suspend", "resume"):
+            xs = sorted(t for k, t in self.timings if k == kind)
+            if xs:
+                out[f"{kind}_median_s"] = xs[len(xs) // 2]
+        return out
+
+    # ------------------------------------------------------------------ generation
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] = (),
+        priority: Priority | int = Priority.TRAINING,
+        on_token: OnToken | None = None,
+        top_logprobs: int = 0,
+        logprobs_mode: str | None = None,
+    ) -> CoordinatorHandle:
+        """Send one request to megatron's coordinator; returns its handle (``future``, ``cancel()``).
+
+        Token ids, log-probs and per-token weight versions arrive when the request finishes (megatron-core
+        0.19.2 replies once per request); ``on_token`` is then called for each token in order (returning False
+        ends the completion there, finish "stop"), as are ``stop_token_ids``. megatron-core schedules requests
+        first come, first served and samples every request from one
+        generator: a ``seed`` on a sampled request is logged and counted (``seeds_not_applied``), not applied;
+        ``Priority.SERVER`` requests hold at most ``CoordinatorConfig.server_share`` of the engine (the rest wait).
+        Only global rank 0 holds the client; ``top_logprobs`` must be 0; ``logprobs_mode`` (None: the engine's)
+        must be the engine's own (``CoordinatorConfig.logprobs_mode``).
+        """
+        self._live("submit")
+        if not self.is_primary:
+            raise ConfigError(
+                "rank", self.rank, "0: in coordinator mode only global rank 0 holds megatron-core's InferenceClient"
+            )
+        ids = check_prompt(prompt_ids)
+        check_positive("max_tokens", max_tokens, "a positive integer")
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
+            raise ConfigError("temperature", temperature, "a number >= 0 (0: greedy)")
+        if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
+            raise ConfigError("top_p", top_p, "a number in (0, 1]")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise ConfigError("top_k", top_k, "an integer >= 0 (0: off)")
+        if top_logprobs:
+            raise ConfigError("top_logprobs", top_logprobs, "0 (the coordinator engine records no alternatives)")
+        if logprobs_mode is not None and logprobs_mode != self.config.logprobs_mode:
+            raise ConfigError(
+                "logprobs_mode",
+                logprobs_mode,
+                f"{self.config.logprobs_mode!r}: megatron-core sets it once for every request (CoordinatorConfig)",
+            )
+        if len(ids) + max_tokens > self.max_sequence_length:
+            raise RequestTooLarge(
+                "prompt+max_tokens", len(ids) + max_tokens, self.max_sequence_length, "max_sequence_length"
+            )
+        if seed is not None and temperature > 0:
+            self.seeds_not_applied += 1
+            if self.seeds_not_applied == 1:
+                log.warning(
+                    "seed=%s not applied: megatron-core 0.19.2 samples every request from one generator "
+                    "(counted in seeds_not_applied)",
+                    seed,
+                )
+        sp = sampling_params(max_tokens, temperature, top_p, top_k, int(self.tokenizer.eod))
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            handle = CoordinatorHandle(
+                rid,
+                ids,
+                on_token=on_token,
+                stop_token_ids=frozenset(int(t) for t in stop_token_ids),
+                admitted_version=int(self._weight_version()),
+            )
+            self._pending[rid] = handle
+        handle.server = int(priority) == int(Priority.SERVER)
+        if handle.server:  # HTTP traffic holds at most its share of the engine; the rest waits here
+            self.server_share.admit(lambda: self._send(handle, sp))
+        else:
+            self._send(handle, sp)
+        return handle
+
+    def _send(self, handle: CoordinatorHandle, sp: Any) -> None:
+        if handle.future.done():  # cancelled (or failed) while it waited for a server slot
+            if handle.server:
+                self.server_share.release()
+            return
+        assert self._loop is not None
+        fut = asyncio.run_coroutine_threadsafe(self._llm.generate(list(handle.prompt_ids), sp), self._loop)
+
+        def finished(f: concurrent.futures.Future[Any], h: CoordinatorHandle = handle) -> None:
+            self._done_q.put((h, f))  # turned into a completion on the watch thread, off megatron's loop
+
+        fut.add_done_callback(finished)
+
+    def generate_ids(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_token_ids: Sequence[int] = (),
+        priority: Priority | int = Priority.TRAINING,
+        top_logprobs: int = 0,
+    ) -> list[TokenCompletion]:
+        """Submit every prompt and wait for all (a suspend in between parks them; they finish after the resume)."""
+        self._live("generate")
+        limit = self.config.max_request_tokens
+        if limit is not None and isinstance(max_tokens, int) and len(prompts) * max_tokens > limit:
+            raise RequestTooLarge("prompts*max_tokens", len(prompts) * max_tokens, limit, "max_request_tokens")
+        self.generate_calls += 1
+        handles: list[CoordinatorHandle] = []
+        try:
+            for i, p in enumerate(prompts):
+                handles.append(
+                    self.submit(
+                        p,
+                        max_tokens=max_tokens,
+                        temperature=temperature,
+                        top_p=top_p,
+                        top_k=top_k,
+                        seed=request_seed(seed, i),
+                        stop_token_ids=stop_token_ids,
+                        priority=priority,
+                        top_logprobs=top_logprobs,
+                    )
+                )
+            return [h.result() for h in handles]
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        priority: Priority | int = Priority.TRAINING,
+    ) -> list[Completion]:
+        """Text in, text out (the ``TextGenerator`` protocol), with per-token versions and log-probs."""
+        ids = [self.tokenizer.tokenize(p) for p in prompts]
+        outs = self.generate_ids(
+            ids, max_tokens=max_tokens, temperature=temperature, seed=seed, top_p=top_p, top_k=top_k, priority=priority
+        )
+        return [to_completion(c) for c in outs]
+
+    # ------------------------------------------------------------------ internals
+    async def _pin_device(self) -> int | None:
+        """On megatron's loop thread: make this rank's GPU its current device (the current device is per thread)."""
+        index = rank_device_index(self.device)
+        if index is None:
+            return None
+        import torch
+
+        torch.cuda.set_device(index)
+        return int(torch.cuda.current_device())
+
+    async def _send_epoch(self, epoch: int) -> None:
+        client = client_of(self._llm)
+        if client is not None:  # primary rank only; every rank's engine receives it through the coordinator
+            client.set_generation_epoch(epoch)
+
+    def _set_epoch(self, epoch: int) -> None:
+        self._call(self._send_epoch(epoch), f"set generation epoch {epoch}")
+        self.epochs_sent.append(epoch)
+
+    def _live(self, what: str) -> Any:
+        if self._dead is not None:
+            raise self._dead
+        if self._llm is None or not self.built:
+            raise LifecycleError(f"coordinator engine {what} before bring_up")
+        if self.torn_down:
+            raise EngineStopped(f"coordinator engine {what} after shutdown")
+        death = self._loop_death()
+        if death is not None:
+            self._on_death(death)
+            assert self._dead is not None
+            raise self._dead
+        return self._llm
+
+    def _call(self, coro: Coroutine[Any, Any, Any], what: str) -> Any:
+        """Run ``coro`` on megatron's loop and wait, checking the loop is alive; bounded by control_timeout_s."""
+        assert self._loop is not None
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        deadline = time.monotonic() + self.config.control_timeout_s
+        while True:
+            try:
+                return fut.result(timeout=self.config.watch_interval_s)
+            except TimeoutError:
+                death = self._loop_death()
+                if death is not None:
+                    fut.cancel()
+                    self._on_death(death)
+                    assert self._dead is not None
+                    raise self._dead from None
+                if time.monotonic() > deadline:
+                    fut.cancel()
+                    raise WaitTimeout(
+                        what, self.config.control_timeout_s, f"EngineState {self.native_state()}"
+                    ) from None
+
+    def _loop_death(self) -> str | None:
+        """How megatron's engine loop ended (None while it runs, or once we are shutting it down)."""
+        if self._llm is None or self._stopping:
+            return None
+        task = self._llm.engine.engine_loop_task
+        if task.done():
+            if task.cancelled():
+                return "engine loop task cancelled"
+            exc = task.exception()
+            cause = getattr(exc, "__context__", None) or exc  # megatron turns the loop's exception into SystemExit
+            return f"engine loop task ended: {type(cause).__name__}: {cause}" if cause else "engine loop task returned"
+        if self._loop is not None and not self._loop.is_running():
+            return "megatron's background event loop stopped"
+        return None
+
+    def _on_death(self, detail: str) -> None:
+        with self._lock:
+            if self._dead is not None:
+                return
+            pending = list(self._pending.values())
+            self._pending.clear()
+            self._dead = EngineLoopDied(detail, pending=len(pending), state=self.native_state(), rank=self.rank)
+        log.error("%s; failing %d pending request(s)", detail, len(pending))
+        for h in pending:
+            settle(h.future, exc=self._dead)
+
+    def _abort_pending(self) -> None:
+        with self._lock:
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for h in pending:
+            h.cancel()
+
+    def _work(self) -> None:
+        """Completions are turned into TokenCompletions here (off megatron's loop); the loop is watched."""
+        while not self._worker_stop.is_set():
+            try:
+                handle, fut = self._done_q.get(timeout=self.config.watch_interval_s)
+            except queue.Empty:
+                death = self._loop_death()
+                if death is not None:
+                    self._on_death(death)
+                    return
+                continue
+            self._finish(handle, fut)
+
+    def _finish(self, handle: CoordinatorHandle, fut: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._pending.pop(handle.request_id, None)
+        if handle.server:
+            self.server_share.release()
+        if handle.future.done():
+            self.cancelled_still_decoding += 1
+            return
+        if fut.cancelled():  # megatron cancelled its futures at shutdown
+            handle.cancel()
+            return
+        exc = fut.exception()
+        if exc is not None:
+            settle(handle.future, exc=exc)
+            return
+        try:
+            completion = build_completion(
+                handle,
+                fut.result(),
+                eod=int(self.tokenizer.eod),
+                detokenize=self.tokenizer.detokenize,
+                sent=self.epochs_sent,
+            )
+        except Exception as err:
+            settle(handle.future, exc=err)
+        else:
+            settle(handle.future, result=completion)
+
+
+__all__ = [
+    "SPAWN_HINT",
+    "CoordinatorConfig",
+    "CoordinatorEngine",
+    "CoordinatorHandle",
+    "coordinator_dependencies",
+]

@@ -1,0 +1,219 @@
+"""One request through megatron-core's coordinator: its handle, its sampling parameters, its completion.
+
+megatron-core 0.19.2's ``InferenceClient`` answers once per request, when it finished: the
+:class:`CoordinatorHandle` resolves then with a :class:`~colo_fsm.adapters.batching.TokenCompletion` built by
+:func:`build_completion` (tokens, log-probs, each token's weight version from megatron's ``policy_epoch``).
+Used by :mod:`colo_fsm.adapters.megatron.coordinator`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from colo_fsm.adapters.batching import OnToken, TokenCompletion
+from colo_fsm.adapters.megatron.coordinator_states import token_versions
+from colo_fsm.errors import ConfigError
+from colo_fsm.log import get_logger
+
+log = get_logger(__name__)
+
+
+def state_name(state: Any) -> str:
+    """The name of a megatron enum member (``EngineState``, ``Status``), or its string."""
+    return str(getattr(state, "name", state))
+
+
+def as_list(x: Any) -> list[Any]:
+    """A tensor, list or None as a plain list."""
+    if x is None:
+        return []
+    tolist = getattr(x, "tolist", None)
+    return list(tolist()) if callable(tolist) else list(x)
+
+
+class CoordinatorHandle:
+    """One submitted request: ``future`` resolves to a :class:`~colo_fsm.adapters.batching.TokenCompletion`.
+
+    ``cancel()`` resolves it at once with finish "abort" and no tokens; megatron-core 0.19.2 has no per-request
+    abort, so the engine still decodes the request to its end and the reply is dropped.
+    """
+
+    def __init__(
+        self,
+        request_id: int,
+        prompt_ids: tuple[int, ...],
+        *,
+        on_token: OnToken | None,
+        stop_token_ids: frozenset[int],
+        admitted_version: int,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.on_token = on_token
+        self.stop_token_ids = stop_token_ids
+        self.admitted_version = admitted_version
+        self.server = False  # a Priority.SERVER request: holds a slot of the server share while in the engine
+        self.future: concurrent.futures.Future[TokenCompletion] = concurrent.futures.Future()
+
+    def _abort(self) -> TokenCompletion:
+        return TokenCompletion(self.request_id, self.prompt_ids, (), (), (), "", "abort", self.admitted_version)
+
+    def cancel(self) -> bool:
+        """Resolve with finish "abort" (False if already done); the engine finishes the request on its own."""
+        try:
+            self.future.set_result(self._abort())
+        except concurrent.futures.InvalidStateError:
+            return False
+        return True
+
+    def done(self) -> bool:
+        """Whether the request finished, failed or was cancelled."""
+        return self.future.done()
+
+    def result(self, timeout: float | None = None) -> TokenCompletion:
+        """Wait for the completion (a cancelled future gives the "abort" completion)."""
+        try:
+            return self.future.result(timeout)
+        except concurrent.futures.CancelledError:
+            return self._abort()
+
+    async def wait(self) -> TokenCompletion:
+        """Await the completion from asyncio code."""
+        try:
+            return await asyncio.wrap_future(self.future)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return self._abort()
+
+
+def settle(fut: concurrent.futures.Future[Any], *, result: Any = None, exc: BaseException | None = None) -> None:
+    """Resolve ``fut`` with ``result`` or ``exc``, unless its caller cancelled it meanwhile."""
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass  # cancelled by its caller meanwhile
+
+
+def check_prompt(prompt_ids: Sequence[int]) -> tuple[int, ...]:
+    """``prompt_ids`` as a tuple of token ids; anything else raises :class:`~colo_fsm.errors.ConfigError`."""
+    if isinstance(prompt_ids, str | bytes) or not isinstance(prompt_ids, Sequence) or not prompt_ids:
+        raise ConfigError("prompt_ids", prompt_ids, "a non-empty sequence of token ids")
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt_ids):
+        raise ConfigError("prompt_ids", list(prompt_ids)[:8], "non-negative integer token ids")
+    return tuple(int(t) for t in prompt_ids)
+
+
+def sampling_params(max_tokens: int, temperature: float, top_p: float, top_k: int, eod: int) -> Any:
+    """megatron-core ``SamplingParams``: greedy as top-k 1, top-p 1.0 as megatron's "off" (0.0), log-probs of the
+    generated tokens only (prompt log-probs cannot be computed with only the last token's logits materialized,
+    and megatron asserts on it inside its engine loop)."""
+    from megatron.core.inference.sampling_params import SamplingParams
+
+    greedy = temperature == 0
+    return SamplingParams(
+        temperature=1.0 if greedy else float(temperature),
+        top_k=1 if greedy else int(top_k),
+        top_p=0.0 if greedy or top_p >= 1.0 else float(top_p),
+        num_tokens_to_generate=int(max_tokens),
+        termination_id=int(eod),
+        return_log_probs=True,
+        skip_prompt_log_probs=True,
+    )
+
+
+class ServerShare:
+    """Bounds the ``Priority.SERVER`` requests (HTTP traffic) in megatron's engine at once to ``slots``; the rest
+    wait here, first come first served, and go to the engine as earlier ones finish. megatron-core schedules
+    first come, first served with no priorities: this keeps the trainer's rollouts their share of the engine."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.in_engine = 0
+        self.waiting: deque[Callable[[], None]] = deque()
+        self.held = 0  # requests that ever waited here (a count for benchmarks and tests)
+        self._lock = threading.Lock()
+
+    def admit(self, send: Callable[[], None]) -> None:
+        """Call ``send()`` now if a slot is free, else when one frees up."""
+        with self._lock:
+            go = self.in_engine < self.slots
+            if go:
+                self.in_engine += 1
+            else:
+                self.waiting.append(send)
+                self.held += 1
+        if go:
+            send()
+
+    def release(self) -> None:
+        """One SERVER request left the engine: its slot goes to the next waiting one, if any."""
+        with self._lock:
+            nxt = self.waiting.popleft() if self.waiting else None
+            if nxt is None:
+                self.in_engine = max(0, self.in_engine - 1)
+        if nxt is not None:
+            nxt()
+
+
+def build_completion(
+    handle: CoordinatorHandle, req: Any, *, eod: int, detokenize: Callable[[list[int]], str], sent: Sequence[int]
+) -> TokenCompletion:
+    """The :class:`TokenCompletion` of a finished megatron request: tokens, log-probs, per-token weight versions
+    (from ``policy_epoch``, checked against the epochs ``sent``), cut at the first stop token id or where the
+    handle's ``on_token`` returned False (called for each token in order)."""
+    toks = [int(t) for t in as_list(req.generated_tokens)]
+    lps = [float(x) for x in as_list(getattr(req, "generated_log_probs", None))]
+    lps = (lps + [math.nan] * len(toks))[: len(toks)]
+    versions = list(
+        token_versions(req.policy_epoch, len(handle.prompt_ids), len(toks), sent=sent, request_id=handle.request_id)
+    )
+    status = state_name(getattr(req, "status", "")) or ""
+    finish = "abort" if status.endswith("FAILED") else ""
+    if finish:
+        log.warning("megatron-core failed request %d: %s", handle.request_id, getattr(req, "events", ""))
+    cut = len(toks)
+    for i, t in enumerate(toks):
+        if t in handle.stop_token_ids:
+            cut, finish = i + 1, "stop"
+            break
+    if handle.on_token is not None:
+        for i in range(cut):
+            if handle.on_token(toks[i], lps[i], versions[i]) is False:
+                cut, finish = i + 1, "stop"
+                break
+    toks, lps, versions = toks[:cut], lps[:cut], versions[:cut]
+    if not finish:
+        finish = "stop" if toks and toks[-1] == int(eod) else "length"
+    return TokenCompletion(
+        handle.request_id,
+        handle.prompt_ids,
+        tuple(toks),
+        tuple(lps),
+        tuple(versions),
+        detokenize(toks),
+        finish,
+        handle.admitted_version,
+    )
+
+
+__all__ = [
+    "CoordinatorHandle",
+    "ServerShare",
+    "as_list",
+    "build_completion",
+    "check_prompt",
+    "sampling_params",
+    "settle",
+    "state_name",
+]

@@ -1,0 +1,252 @@
+"""A scripted stand-in for the surface of megatron-core 0.19.2's ``MegatronAsyncLLM(use_coordinator=True)``.
+
+What :class:`~colo_fsm.adapters.megatron.coordinator.CoordinatorEngine` touches, with megatron's semantics:
+
+* a background thread running an asyncio loop (``run_forever``) and the engine-loop task on it
+  (``engine.engine_loop_task``); an exception in that task becomes ``sys.exit(1)`` there, as megatron's
+  ``trace_async_exceptions`` does, which ends the loop thread silently and leaves every future unanswered;
+* ``engine.state`` (names of megatron's ``EngineState``), changed only by the loop, one control signal per
+  iteration: PAUSE -> PAUSED, SUSPEND (from PAUSED) -> SUSPENDED, RESUME (from SUSPENDED) -> PAUSED with the
+  RESUMED event set, UNPAUSE (from PAUSED) -> RUNNING, STOP -> STOPPED; requests stay in the engine throughout;
+* ``SET_GENERATION_EPOCH`` stamps ``policy_epoch`` boundaries ``(index of the last token, epoch)`` on every
+  request, and new requests get ``[(0, epoch)]``;
+* ``add_request`` asserts like megatron when log-probs are asked with prompt log-probs;
+* coroutine methods ``generate``, ``pause``, ``unpause``, ``suspend``, ``resume``, ``shutdown``; the epoch goes
+  through ``_coord_runtime.client.set_generation_epoch``.
+
+Decode steps are metered for tests that force an interleaving: with ``engine.allow_steps = n`` only ``n`` more
+steps run (``engine.stepped`` is set after each one), ``None`` lets it run freely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from megatron.core.inference.sampling_params import SamplingParams
+
+
+@dataclass
+class FakeRequest:
+    request_id: int
+    prompt_tokens: list[int]
+    sampling_params: Any
+    future: asyncio.Future[Any]
+    generated_tokens: list[int] = field(default_factory=list)
+    generated_log_probs: list[float] = field(default_factory=list)
+    policy_epoch: list[tuple[int, int]] | None = None
+    status: Any = None
+
+
+class FakeEngine:
+    def __init__(self, eod: int) -> None:
+        self.state = SimpleNamespace(name="RUNNING")
+        self.eod = eod
+        self.requests: dict[int, FakeRequest] = {}
+        self.inbox: deque[tuple[Any, ...]] = deque()
+        self.signals: deque[str] = deque()
+        self.epoch: int | None = None
+        self.allow_steps: int | None = None
+        self.steps = 0
+        self.stepped = threading.Event()
+        self.die_with: BaseException | None = None  # raised inside the loop at its next iteration
+        self.events: dict[str, asyncio.Event] = {}
+        self.engine_loop_task: asyncio.Task[None] = None  # type: ignore[assignment]
+        self.suspend_count = 0
+
+    def _set(self, name: str) -> None:
+        self.state = SimpleNamespace(name=name)
+
+    async def wait_until(self, name: str) -> None:
+        await self.events[name].wait()
+
+    def add_request(self, rid: int, prompt: list[int], sp: SamplingParams, fut: asyncio.Future[Any]) -> None:
+        if sp.return_log_probs and not sp.skip_prompt_log_probs:
+            raise AssertionError("Prompt log probs cannot be calculated if only last token logits are materialized.")
+        req = FakeRequest(rid, list(prompt), sp, fut)
+        if self.epoch is not None:
+            req.policy_epoch = [(0, self.epoch)]
+        self.requests[rid] = req
+
+    def _schedule(self) -> None:
+        new_epoch = None
+        while self.inbox:
+            msg = self.inbox.popleft()
+            if msg[0] == "submit":
+                self.add_request(*msg[1:])
+            elif msg[0] == "epoch":
+                new_epoch = msg[1]
+            else:
+                self.signals.append(msg[0])
+        if new_epoch is not None:
+            self.epoch = new_epoch
+            for r in self.requests.values():
+                total = len(r.prompt_tokens) + len(r.generated_tokens)
+                r.policy_epoch = (r.policy_epoch or []) + [(total - 1, new_epoch)]
+        if self.signals:
+            sig = self.signals.popleft()
+            st = self.state.name
+            if sig == "pause" and st == "RUNNING":
+                self._set("PAUSING")
+                self.events["RUNNING"].clear()
+            elif sig == "unpause":
+                assert st == "PAUSED", f"Received UNPAUSE in state {st}"
+                self._set("UNPAUSING")
+            elif sig == "suspend":
+                assert st == "PAUSED", f"Received SUSPEND in state {st}"
+                self.events["RESUMED"].clear()
+                self.suspend_count += 1
+                self._set("SUSPENDING")
+            elif sig == "resume":
+                assert st == "SUSPENDED", f"Received RESUME in state {st}"
+                self.events["SUSPENDED"].clear()
+                self._set("RESUMING")
+            elif sig == "stop":
+                self._set("STOPPING")
+
+    def _step(self) -> None:
+        for r in list(self.requests.values()):
+            tok = 3 + (len(r.prompt_tokens) + len(r.generated_tokens)) % 20
+            r.generated_tokens.append(tok)
+            r.generated_log_probs.append(-0.25)
+            if len(r.generated_tokens) >= r.sampling_params.num_tokens_to_generate:
+                r.status = SimpleNamespace(name="COMPLETED")
+                del self.requests[r.request_id]
+                if not r.future.done():
+                    r.future.set_result(r)
+        self.steps += 1
+        self.stepped.set()
+
+    async def run(self) -> None:
+        try:
+            try:
+                while True:
+                    if self.die_with is not None:
+                        raise self.die_with
+                    self._schedule()
+                    st = self.state.name
+                    if st == "RUNNING":
+                        if self.requests and (self.allow_steps is None or self.allow_steps > 0):
+                            if self.allow_steps is not None:
+                                self.allow_steps -= 1
+                            self._step()
+                    elif st == "PAUSING":
+                        self._set("PAUSED")
+                        self.events["PAUSED"].set()
+                    elif st == "UNPAUSING":
+                        self._set("RUNNING")
+                        self.events["PAUSED"].clear()
+                        self.events["RUNNING"].set()
+                    elif st == "SUSPENDING":
+                        self._set("SUSPENDED")
+                        self.events["SUSPENDED"].set()
+                    elif st == "RESUMING":
+                        self._set("PAUSED")
+                        self.events["RESUMED"].set()
+                    elif st == "STOPPING":
+                        break
+                    await asyncio.sleep(0.001)
+            except Exception:
+                sys.exit(1)  # what megatron's trace_async_exceptions does with an exception in the loop
+        finally:
+            self._set("STOPPED")
+            for r in self.requests.values():
+                if not r.future.done():
+                    r.future.cancel()
+            self.events["STOPPED"].set()
+
+
+class FakeClient:
+    def __init__(self, llm: FakeAsyncLLM) -> None:
+        self._llm = llm
+        self.epochs: list[int] = []
+
+    def set_generation_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+        self._llm.engine.inbox.append(("epoch", epoch))
+
+
+class FakeAsyncLLM:
+    """``MegatronAsyncLLM(..., use_coordinator=True)``'s surface (see the module docstring)."""
+
+    instances: list[FakeAsyncLLM] = []
+
+    def __init__(self, *, model: Any, tokenizer: Any, inference_config: Any, use_coordinator: bool, **kw: Any) -> None:
+        assert use_coordinator, "the coordinator adapter always asks for use_coordinator=True"
+        self.inference_config = inference_config
+        self.kwargs = kw
+        self.engine = FakeEngine(int(tokenizer.eod))
+        self._next = 0
+        ready = threading.Event()
+
+        def run_loop() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self.loop = loop
+            loop.call_soon(ready.set)
+            try:
+                loop.run_forever()
+            except SystemExit:
+                pass  # the engine task's sys.exit ends this thread silently (threading's default for SystemExit)
+
+        self.thread = threading.Thread(target=run_loop, daemon=True)
+        self.thread.start()
+        ready.wait(10)
+
+        async def start() -> None:
+            eng = self.engine
+            eng.events = {k: asyncio.Event() for k in ("RUNNING", "PAUSED", "SUSPENDED", "RESUMED", "STOPPED")}
+            eng.events["RUNNING"].set()
+            eng.engine_loop_task = asyncio.get_running_loop().create_task(eng.run())
+
+        asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        self._coord_runtime = SimpleNamespace(client=FakeClient(self))
+        FakeAsyncLLM.instances.append(self)
+
+    async def _on_loop(self, coro: Any) -> Any:
+        if asyncio.get_running_loop() is self.loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    async def generate(self, prompt: list[int], sp: SamplingParams) -> Any:
+        async def impl() -> Any:
+            fut = asyncio.get_running_loop().create_future()
+            self._next += 1
+            self.engine.inbox.append(("submit", self._next, prompt, sp, fut))
+            return await fut
+
+        return await self._on_loop(impl())
+
+    async def _signal(self, sig: str, wait_for: str) -> None:
+        async def impl() -> None:
+            self.engine.inbox.append((sig,))
+            await self.engine.wait_until(wait_for)
+
+        await self._on_loop(impl())
+
+    async def pause(self) -> None:
+        await self._signal("pause", "PAUSED")
+
+    async def unpause(self) -> None:
+        await self._signal("unpause", "RUNNING")
+
+    async def suspend(self) -> None:
+        await self._signal("suspend", "SUSPENDED")
+
+    async def resume(self) -> None:
+        await self._signal("resume", "RESUMED")
+
+    async def shutdown(self) -> None:
+        if self.engine.state.name == "RUNNING":
+            await self.pause()
+        await self._signal("stop", "STOPPED")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+__all__ = ["FakeAsyncLLM", "FakeClient", "FakeEngine", "FakeRequest"]

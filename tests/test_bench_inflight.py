@@ -1,0 +1,96 @@
+"""The reasoning bench's code path on the CPU in seconds (so it cannot rot): every mode, the per-mode budget,
+the JSON written after every mode (a cut run keeps its data), and the side-by-side ratios."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import inflight_handoff  # noqa: E402
+from bench._handoff import add_ratios  # noqa: E402
+
+
+def test_reasoning_smoke_writes_every_mode_and_the_ratios(tmp_path):
+    out = tmp_path / "inflight_handoff_reasoning_smoke.json"
+    argv = ["--workload", "reasoning", "--smoke", "--steps", "5", "--out", str(out)]
+    assert inflight_handoff.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["workload"] == "reasoning" and data["shape"]["samples_per_group"] == 2
+    for mode in ("park", "drain", "sync"):
+        row = data["modes"][mode]
+        assert row["samples_per_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["samples_per_cpu_s"] > 0
+        assert not row["cut_by_budget"] and row["loadavg"] and 0 < row["cpu_share"]
+    assert data["modes"]["sync"]["warmup_steps"] == 0 and data["modes"]["park"]["warmup_steps"] == 1
+    abort = data["modes"]["abort"]
+    assert "samples_per_s" in abort or "abort" in abort["skipped"]
+    for other in ("sync", "drain"):
+        assert data[f"ratio_park_over_{other}"] == pytest.approx(
+            data["modes"]["park"]["samples_per_s"] / data["modes"][other]["samples_per_s"]
+        )
+
+
+def test_the_mode_budget_stops_each_mode_after_its_first_measured_step(tmp_path):
+    out = tmp_path / "budget.json"
+    argv = ["--workload", "reasoning", "--smoke", "--modes", "park,sync", "--steps", "6", "--mode-budget-s", "1e-3"]
+    assert inflight_handoff.main([*argv, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    for mode in ("park", "sync"):
+        assert data["modes"][mode]["cut_by_budget"] and data["modes"][mode]["measured_steps"] == 1
+
+
+def test_a_run_cut_after_the_first_mode_keeps_its_data(tmp_path, monkeypatch):
+    out = tmp_path / "cut.json"
+    real = inflight_handoff.run_mode
+
+    def dies_in_drain(mode, args, shape):
+        if mode == "drain":
+            raise KeyboardInterrupt("the device call's time limit")
+        return real(mode, args, shape)
+
+    monkeypatch.setattr(inflight_handoff, "run_mode", dies_in_drain)
+    with pytest.raises(KeyboardInterrupt):
+        inflight_handoff.main(["--workload", "reasoning", "--smoke", "--modes", "park,drain", "--out", str(out)])
+    assert out.exists(), "nothing written before the run was cut"
+    data = json.loads(out.read_text())
+    assert data["modes"]["park"]["samples_per_s"] > 0 and "drain" not in data["modes"]
+
+
+def test_ratios_compare_park_with_the_graph_decode_at_its_concurrency():
+    row = {"samples_per_s": 2.0, "samples_per_cpu_s": 1.0, "decode_tokens_per_s": 900.0}
+    out = {
+        "modes": {
+            "park": {**row, "samples_per_s": 6.0, "engine_decode_tokens_per_s": 14000.0, "mean_running_requests": 120},
+            "sync": row,
+            "abort": {"skipped": "not offered"},
+        },
+        "graph_decode": {
+            "rows": [{"batch": 64, "decode_tokens_per_s": 18000.0}, {"batch": 128, "decode_tokens_per_s": 20000.0}]
+        },
+    }
+    add_ratios(out)
+    assert out["ratio_park_over_sync"] == 3.0 and "ratio_park_over_abort" not in out
+    assert out["graph_decode_batch"] == 128 and out["graph_decode_tokens_per_s"] == 20000.0
+    assert out["ratio_park_decode_over_graph_decode"] == pytest.approx(0.7)
+
+
+def test_release_model_graphs_drops_megatrons_cache_entry_and_runners(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+    from megatron.core.transformer import utils as mutils
+
+    from bench._handoff import release_model_graphs
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    mgr = SimpleNamespace(cudagraph_runners=["runner bound to a KV buffer"], custom_cudagraphs_lookup_table={1: 2})
+    monkeypatch.setattr(mutils, "cuda_graph_attr_cache", {id(model): {"cudagraph_manager": [[model[0], mgr]]}})
+    release_model_graphs(model)
+    assert id(model) not in mutils.cuda_graph_attr_cache
+    assert mgr.cudagraph_runners == [] and mgr.custom_cudagraphs_lookup_table == {}

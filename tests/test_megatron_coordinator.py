@@ -1,0 +1,442 @@
+"""The coordinator-mode adapter on a scripted stand-in of megatron-core's ``MegatronAsyncLLM`` surface (CPU).
+
+What is checked: megatron's own handoff (pause -> PAUSED -> suspend -> SUSPENDED, resume -> RESUMED ->
+unpause -> RUNNING) under the lifecycle with requests parked across a training step and their per-token weight
+versions read from ``policy_epoch``; the lifecycle refusing a training step while megatron's engine runs
+(naming both states) and recording the engine's state in the trace; every pending request failing at once
+when the engine loop dies; the spawn/import-safety refusal; request validation; the docs' state table. The
+real engine runs in ``tests/test_megatron_coordinator_gpu.py`` (``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import re
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from colo_fsm.adapters.megatron.coordinator import SPAWN_HINT, CoordinatorConfig, CoordinatorEngine
+from colo_fsm.adapters.megatron.coordinator_states import state_table, token_versions
+from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+from colo_fsm.errors import (
+    ConfigError,
+    EngineLoopDied,
+    EngineRebuild,
+    EngineStateMismatch,
+    LifecycleError,
+    RequestTooLarge,
+)
+from colo_fsm.guards.drain import NoDeviceDrain
+from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+from colo_fsm.states.spec import LIFECYCLE, EngineCondition
+from colo_fsm.testing.fakes import RecordingCollector, RecordingTrainer
+
+pytest.importorskip("megatron.core.inference.sampling_params", reason="megatron-core (the megatron extra)")
+from _coordinator_fake import FakeAsyncLLM
+from _megatron_util import dist1  # noqa: F401
+
+from colo_fsm.adapters.megatron.model import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class TinyModel(torch.nn.Module):
+    """Just what the adapter reads off a model: parameters (device), config (parallel sizes), max length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Linear(4, 4)
+        self.config = types.SimpleNamespace(tensor_model_parallel_size=1)
+        self.max_sequence_length = 64
+
+
+def make(**kw: Any) -> tuple[CoordinatorEngine, dict[str, int]]:
+    version = {"v": 0}
+    eng = CoordinatorEngine(
+        TinyModel(),
+        CharTokenizer(),
+        CoordinatorConfig(watch_interval_s=0.01, control_timeout_s=30.0),
+        weight_version=lambda: version["v"],
+        llm_factory=FakeAsyncLLM,
+        **kw,
+    )
+    return eng, version
+
+
+def fake(eng: CoordinatorEngine) -> Any:
+    return eng._llm
+
+
+def wait_for(cond: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def engine():
+    eng, version = make()
+    yield eng, version
+    eng.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- pure pieces
+def test_token_versions_follow_policy_epoch_boundaries() -> None:
+    # prompt of 4; 3 tokens generated under epoch 0, then epoch 1 set: boundary at the last token (index 6)
+    assert token_versions([(0, 0), (6, 1)], 4, 6, sent=[0, 1]) == (0, 0, 0, 1, 1, 1)
+    assert token_versions([(0, 2)], 4, 2) == (2, 2)
+    assert token_versions(None, 4, 0) == ()
+    with pytest.raises(LifecycleError, match="without policy_epoch"):
+        token_versions(None, 4, 3, request_id=7)
+    with pytest.raises(LifecycleError, match=r"stamps \[5\] were never set"):
+        token_versions([(0, 0), (6, 5)], 4, 6, sent=[0, 1])
+    with pytest.raises(LifecycleError, match="backwards"):
+        token_versions([(0, 1), (6, 0)], 4, 6)
+
+
+def test_docs_show_the_state_mapping_read_from_the_spec() -> None:
+    text = (ROOT / "docs" / "coordinator.md").read_text()
+    for state, cond, natives in state_table(LIFECYCLE):
+        want = ", ".join(natives) if natives else "-"
+        row = re.search(rf"^\| {state.value} \| {cond.value} \| ([^|]+) \|", text, re.M)
+        assert row is not None, f"docs/coordinator.md has no row for {state.value}"
+        assert row.group(1).strip() == want, (state, row.group(1), want)
+
+
+# ---------------------------------------------------------------------------------------------- the handoff
+def test_park_across_suspend_train_resume_records_versions_and_engine_states(engine) -> None:
+    eng, version = engine
+    trainer = RecordingTrainer()
+    lc = Lifecycle(eng, trainer, RecordingCollector(), config=LifecycleConfig(num_steps=3), drain=NoDeviceDrain())
+    eng._weight_version = lambda: lc.weight_version
+    lc.start()
+    llm = fake(eng)
+    llm.engine.allow_steps = 3  # exactly three decode steps before the handoff
+    handles = [eng.submit([5, 6, 7, 8], max_tokens=8) for _ in range(4)]
+    wait_for(lambda: llm.engine.steps == 3 and len(llm.engine.requests) == 4, "three decode steps")
+    steps_at_train: list[int] = []
+
+    def train_step(batch: Any) -> Any:
+        llm.engine.allow_steps = None  # would decode now if the engine were not suspended
+        time.sleep(0.05)
+        steps_at_train.append(llm.engine.steps)
+        assert eng.native_state() == "SUSPENDED"
+        return RecordingTrainer.train_step(trainer, batch)
+
+    trainer.train_step = train_step  # type: ignore[method-assign]
+    lc.step([1, 2])
+    outs = [h.result(timeout=20) for h in handles]
+    assert steps_at_train == [3]  # no decode step while the lifecycle trained
+    for c in outs:
+        assert len(c.token_ids) == 8 and c.finish_reason == "length"
+        assert c.weight_versions == (0, 0, 0, 1, 1, 1, 1, 1) and c.version_span == 1
+        assert c.logprobs == (-0.25,) * 8
+    assert [t for t in eng.transitions] == [
+        ("pause", "PAUSED"),
+        ("suspend", "SUSPENDED"),
+        ("resume", "PAUSED"),
+        ("unpause", "RUNNING"),
+    ]
+    assert eng.epochs_sent == [0, 1] and llm._coord_runtime.client.epochs == [0, 1]
+    states = {(r.trigger, r.dest): r.engine_state for r in lc.trace.records}
+    assert states[("start", "Starting")] == "RUNNING"
+    assert states[("begin_step", "Draining")] == "SUSPENDED"
+    assert states[("train", "Training")] == "SUSPENDED"
+    assert states[("resume", "Generating")] == "RUNNING"
+    lc.stop()
+    assert eng.native_state() == "STOPPED" and eng.engine_state().condition is EngineCondition.TORN_DOWN
+
+
+def test_a_training_step_is_refused_while_the_engine_runs_naming_both_states(engine) -> None:
+    eng, _ = engine
+    trainer = RecordingTrainer()
+    lc = Lifecycle(eng, trainer, RecordingCollector(), config=LifecycleConfig(num_steps=3), drain=NoDeviceDrain())
+    lc.start()
+    lc.begin_step()
+    assert eng.native_state() == "SUSPENDED"
+    llm = fake(eng)
+    eng._call(llm.resume(), "resume behind the lifecycle's back")
+    eng._call(llm.unpause(), "unpause behind the lifecycle's back")
+    assert eng.native_state() == "RUNNING"
+    with pytest.raises(EngineStateMismatch) as info:
+        lc.train([1, 2])
+    err = info.value
+    assert err.lifecycle_state == "Training" and err.expected == "suspended" and err.engine_state == "RUNNING"
+    assert "Training" in str(err) and "RUNNING" in str(err) and "SUSPENDED" in str(err)
+    assert trainer.steps == 0 and lc.state.value == "Failed"
+    lc.stop()  # the local teardown after a failure runs whatever state the engine was left in
+    assert lc.state.value == "Stopped" and eng.native_state() == "STOPPED"
+
+
+def test_a_suspend_that_leaves_the_engine_running_is_caught_after_the_action(engine) -> None:
+    eng, _ = engine
+    lc = Lifecycle(eng, RecordingTrainer(), RecordingCollector(), config=LifecycleConfig(), drain=NoDeviceDrain())
+    lc.start()
+    eng.suspend = lambda: None  # type: ignore[method-assign]  # a broken adapter: returns, engine still RUNNING
+    with pytest.raises(EngineStateMismatch, match="after suspend_engine"):
+        lc.begin_step()
+    assert lc.state.value == "Failed"
+
+
+# ---------------------------------------------------------------------------------------------- loop death
+def test_engine_loop_death_fails_every_pending_request_at_once(engine) -> None:
+    eng, _ = engine
+    eng.bring_up()
+    llm = fake(eng)
+    llm.engine.allow_steps = 0  # nothing finishes
+    handles = [eng.submit([5, 6, 7], max_tokens=4) for _ in range(3)]
+    wait_for(lambda: len(llm.engine.requests) == 3, "three requests admitted")
+    llm.engine.die_with = AssertionError("Prompt log probs cannot be calculated")  # megatron's add_request assert
+    done, not_done = concurrent.futures.wait([h.future for h in handles], timeout=20)
+    assert not not_done, f"{len(not_done)} request(s) still waiting after the engine loop died"
+    for h in handles:
+        err = h.future.exception()
+        assert isinstance(err, EngineLoopDied) and "AssertionError" in str(err) and err.pending == 3
+    with pytest.raises(EngineLoopDied):
+        eng.submit([5], max_tokens=2)
+    with pytest.raises(EngineLoopDied):
+        eng.suspend()
+    report = eng.engine_state()
+    assert report is not None and report.condition is EngineCondition.TORN_DOWN and "loop ended" in report.native
+
+
+def test_loop_death_during_a_suspend_raises_instead_of_waiting(engine) -> None:
+    eng, _ = engine
+    eng.bring_up()
+    llm = fake(eng)
+    llm.engine.die_with = RuntimeError("boom")
+    with pytest.raises(EngineLoopDied, match="RuntimeError: boom"):
+        eng.suspend()
+
+
+# ---------------------------------------------------------------------------------------------- bring-up, input
+def test_spawned_child_reimporting_the_entry_script_is_refused(monkeypatch) -> None:
+    eng, _ = make()
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__name__="__mp_main__", __file__="run.py"))
+    with pytest.raises(ConfigError) as info:
+        eng.bring_up()
+    assert info.value.field == "__main__" and info.value.value == "run.py" and "spawn" in str(info.value)
+    assert not eng.built
+
+
+def test_coordinator_process_exiting_at_start_up_names_import_safety() -> None:
+    def factory(**_: Any) -> Any:
+        raise RuntimeError("Process SpawnProcess-1 (pid 4242) has exited unexpectedly.")
+
+    eng = CoordinatorEngine(TinyModel(), CharTokenizer(), llm_factory=factory)
+    with pytest.raises(ConfigError, match=re.escape(SPAWN_HINT)) as info:
+        eng.bring_up()
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_built_once_and_bad_requests_are_refused_by_name(engine) -> None:
+    eng, _ = engine
+    with pytest.raises(LifecycleError, match="before bring_up"):
+        eng.submit([1, 2], max_tokens=2)
+    eng.bring_up()
+    with pytest.raises(EngineRebuild):
+        eng.bring_up()
+    eng.resume()  # already RUNNING: a no-op (megatron ignores RESUME there and would never answer the wait)
+    assert eng.transitions == [] and eng.epochs_sent == [0]
+    with pytest.raises(ConfigError, match="top_logprobs"):
+        eng.submit([5, 6], max_tokens=2, top_logprobs=3)
+    with pytest.raises(ConfigError, match="logprobs_mode='processed'"):
+        eng.submit([5, 6], max_tokens=2, logprobs_mode="processed")
+    assert fake(eng).inference_config.logprobs_mode == "raw_logprobs"
+    with pytest.raises(RequestTooLarge):
+        eng.submit([5] * 60, max_tokens=8)
+    with pytest.raises(ConfigError, match="prompt_ids"):
+        eng.submit([], max_tokens=2)
+    follower, _ = make(rank=1)
+    follower.bring_up()
+    try:
+        with pytest.raises(ConfigError, match="rank=1"):
+            follower.submit([5, 6], max_tokens=2)
+    finally:
+        follower.shutdown()
+    with pytest.raises(ConfigError, match="kv_cache_mode"):
+        CoordinatorConfig(kv_cache_mode="offload", num_cuda_graphs=8)
+
+
+def test_on_token_stop_ids_cancel_and_seed_are_applied_or_counted(engine) -> None:
+    eng, _ = engine
+    eng.bring_up()
+    seen: list[tuple[int, float, int]] = []
+
+    def on_token(t: int, lp: float, v: int) -> bool | None:
+        seen.append((t, lp, v))
+        return False if len(seen) == 2 else None
+
+    a = eng.submit([5, 6], max_tokens=6, on_token=on_token).result(timeout=20)
+    assert len(a.token_ids) == 2 and a.finish_reason == "stop" and [s[0] for s in seen] == list(a.token_ids)
+    full = eng.submit([5, 6], max_tokens=6).result(timeout=20)
+    b = eng.submit([5, 6], max_tokens=6, stop_token_ids=[full.token_ids[2]]).result(timeout=20)
+    assert b.token_ids == full.token_ids[:3] and b.finish_reason == "stop"
+    llm = fake(eng)
+    llm.engine.allow_steps = 0
+    h = eng.submit([5, 6], max_tokens=3)
+    assert h.cancel() and h.result().finish_reason == "abort" and not h.cancel()
+    llm.engine.allow_steps = None
+    wait_for(lambda: eng.cancelled_still_decoding == 1, "the cancelled request's reply to be dropped")
+    eng.submit([5, 6], max_tokens=2, temperature=1.0, seed=3).result(timeout=20)
+    assert eng.seeds_not_applied == 1
+
+
+# ---------------------------------------------------------------------------------------------- the server
+def test_server_over_the_coordinator_engine_keeps_the_gym_contract() -> None:
+    import httpx
+
+    from colo_fsm.server import GatedEngine
+    from colo_fsm.server.templates import digits_chat_template
+
+    eng, _ = make()
+    gated = GatedEngine(
+        eng, eng, serve=True, request_timeout_s=20.0, model_name="coord", chat_template=digits_chat_template
+    )
+    gated.bring_up()
+    try:
+        (base,) = gated.server_base_urls()
+        tok = CharTokenizer()
+        r = httpx.post(
+            base + "/completions",
+            json={"prompt": "12+3=", "max_tokens": 5, "logprobs": 0, "return_tokens_as_token_ids": True},
+            timeout=20,
+        ).json()
+        c = r["choices"][0]
+        assert c["prompt_token_ids"] == tok.tokenize("12+3=") and len(c["token_ids"]) == 5
+        assert c["logprobs"]["token_logprobs"] == [-0.25] * 5
+        assert c["logprobs"]["tokens"] == [f"token_id:{t}" for t in c["token_ids"]]
+        assert httpx.post(base + "/tokenize", json={"prompt": "12"}, timeout=20).json()["tokens"] == tok.tokenize("12")
+        with httpx.stream(
+            "POST", base + "/completions", json={"prompt": "12", "max_tokens": 4, "stream": True}, timeout=20
+        ) as s:
+            events = [line for line in s.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and len(events) >= 3
+        chat = httpx.post(
+            base + "/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "12"}],
+                "max_tokens": 3,
+                "temperature": 1.0,
+                "logprobs": True,
+                "top_logprobs": 0,
+            },
+            timeout=20,
+        ).json()
+        assert len(chat["choices"][0]["logprobs"]["content"]) == 3
+        bad = httpx.post(base + "/completions", json={"prompt": "1", "max_tokens": 2, "logprobs": 3}, timeout=20)
+        assert bad.status_code == 400 and "logprobs" in bad.text
+    finally:
+        gated.shutdown()
+
+
+def test_an_engine_left_between_two_of_its_states_is_a_mismatch(engine) -> None:
+    eng, _ = engine
+    lc = Lifecycle(eng, RecordingTrainer(), RecordingCollector(), config=LifecycleConfig(), drain=NoDeviceDrain())
+    lc.start()
+    llm = fake(eng)
+    eng.suspend = lambda: eng._call(llm.pause(), "pause only")  # type: ignore[method-assign]
+    with pytest.raises(EngineStateMismatch) as info:
+        lc.begin_step()
+    assert info.value.engine_state == "PAUSED" and info.value.engine_condition == "between two conditions"
+    assert "SUSPENDED" in str(info.value)
+
+
+def test_the_gated_server_engine_passes_the_engine_state_through(engine) -> None:
+    from colo_fsm.server import GatedEngine
+
+    eng, _ = engine
+    gated = GatedEngine(eng, eng)
+    lc = Lifecycle(gated, RecordingTrainer(), RecordingCollector(), config=LifecycleConfig(), drain=NoDeviceDrain())
+    lc.start()
+    lc.begin_step()
+    assert [(r.trigger, r.engine_state) for r in lc.trace.records] == [
+        ("start", "RUNNING"),
+        ("generate", "RUNNING"),
+        ("begin_step", "SUSPENDED"),
+    ]
+    llm = fake(eng)
+    eng._call(llm.resume(), "resume behind the lifecycle's back")
+    with pytest.raises(EngineStateMismatch, match="reports PAUSED"):
+        lc.train([1])
+
+
+# ---------------------------------------------------------------------------------------------- the MoE model
+def test_moe_model_config_is_checked_by_name() -> None:
+    with pytest.raises(ConfigError, match="moe_router_topk"):
+        ModelConfig(num_moe_experts=2, moe_router_topk=3)
+    with pytest.raises(ConfigError, match="expert_model_parallel_size"):
+        ModelConfig(num_moe_experts=4, expert_model_parallel_size=3)
+    with pytest.raises(ConfigError, match="expert_model_parallel_size"):
+        ModelConfig(expert_model_parallel_size=2)
+
+
+def test_moe_gpt_on_the_cpu_has_expert_layers_in_the_training_mode(dist1) -> None:  # noqa: F811
+    from colo_fsm.adapters.megatron.mode import MegatronModeControl
+    from colo_fsm.adapters.megatron.model import build_model
+
+    tok = CharTokenizer()
+    model = build_model(
+        ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_attention_heads=4, num_moe_experts=4)
+    )
+    control = MegatronModeControl(model)
+    assert len(control.moe) == 2 and control.report().off_training() == []
+    assert control.read().expert_padding is False and model.config.moe_router_topk == 2
+
+
+def test_engine_paths_bench_compares_mode_by_mode() -> None:
+    from bench.engine_paths import compare, step_wall_ms
+
+    row = {"samples_per_s": 2.0, "decode_steps_per_s": 50.0, "engine_idle_share": 0.5, "handoff_p50_ms": 1.0}
+    assert step_wall_ms(row) == pytest.approx(10.0) and math.isnan(step_wall_ms({"decode_steps_per_s": 0}))
+    faster = {**row, "samples_per_s": 3.0, "decode_steps_per_s": 100.0}
+    out = compare(
+        {"direct": {"modes": {"park": row, "abort": {"skipped": "x"}}}, "coordinator": {"modes": {"park": faster}}}
+    )
+    assert list(out) == ["park"]
+    assert out["park"]["ratio_samples_per_s"] == pytest.approx(1.5) and out["park"]["ratio_step_wall_ms"] == 0.5
+
+
+def test_server_traffic_holds_at_most_its_share_of_the_engine() -> None:
+    from colo_fsm.adapters.batching import Priority
+
+    eng = CoordinatorEngine(
+        TinyModel(),
+        CharTokenizer(),
+        CoordinatorConfig(max_requests=4, server_share=0.5, watch_interval_s=0.01),
+        llm_factory=FakeAsyncLLM,
+    )
+    eng.bring_up()
+    try:
+        llm = fake(eng)
+        llm.engine.allow_steps = 0  # nothing finishes until the interleaving below is in place
+        server = [eng.submit([5, 6], max_tokens=3, priority=Priority.SERVER) for _ in range(4)]
+        rollouts = [eng.submit([7, 8], max_tokens=3, priority=Priority.TRAINING) for _ in range(2)]
+        wait_for(lambda: len(llm.engine.requests) + len(eng.server_share.waiting) == 6, "all six accounted for")
+        assert eng.server_share.in_engine == 2 and len(eng.server_share.waiting) == 2
+        assert sum(1 for r in llm.engine.requests.values() if r.prompt_tokens == [7, 8]) == 2
+        assert server[3].cancel()  # cancelled while waiting for a slot: it never reaches the engine
+        llm.engine.allow_steps = None
+        outs = [h.result(timeout=20) for h in server[:3] + rollouts]
+        assert all(len(c.token_ids) == 3 for c in outs) and server[3].result().finish_reason == "abort"
+        wait_for(lambda: eng.server_share.in_engine == 0, "every server slot released")
+        assert eng.server_share.held == 2 and llm._next == 5  # five requests ever reached megatron's engine
+    finally:
+        eng.shutdown()
+
+
+def test_the_bench_tokenizer_pickles_into_the_coordinator_process() -> None:
+    import pickle
+
+    from bench._coordinator import EodOutsideTokenizer
+
+    tok = pickle.loads(pickle.dumps(EodOutsideTokenizer("0123>")))
+    assert tok.eod == tok.vocab_size == 8 and tok.tokenize("1>") == [4, 7] and tok.alphabet == "0123>"
