@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
+import sys
+from pathlib import Path
 
 from colo_fsm.errors import ConfigError
 from colo_fsm.states.spec import (
@@ -244,24 +247,60 @@ PRESETS: dict[str, LifecycleSpec] = {"lifecycle": LIFECYCLE, "default": LIFECYCL
 """Specs known by name on the command line (``--spec NAME``)."""
 
 
+_SPEC_FORMS = "a preset ({presets}), module:ATTRIBUTE (an importable module) or path/to/file.py:ATTRIBUTE"
+
+
+def _load_file(path: Path, name: str) -> object:
+    """Import the Python file ``path`` as a module of its own (its folder first on sys.path while it runs)."""
+    if not path.is_file():
+        raise ConfigError("spec", name, f"an existing Python file ({path} does not exist)")
+    mod_name = f"colo_fsm_user_spec_{path.stem}"
+    loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise ConfigError("spec", name, f"a Python file importlib can load ({path})")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[mod_name] = module
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(mod_name, None)
+        raise ConfigError("spec", name, f"a file that imports cleanly ({type(exc).__name__}: {exc})") from exc
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    return module
+
+
 def resolve_spec(name: str | LifecycleSpec) -> LifecycleSpec:
-    """A preset by name (``lifecycle``, ``nemo_rl``) or a user's spec as ``module:attribute``."""
+    """A preset by name (``lifecycle``, ``nemo_rl``), a user's spec as ``module:attribute``, or one in a file as
+    ``path/to/file.py:attribute`` (an attribute holding a LifecycleSpec, or a callable returning one)."""
     if isinstance(name, LifecycleSpec):
         return name
+    forms = _SPEC_FORMS.format(presets=", ".join(PRESETS))
     if not isinstance(name, str) or not name:
-        raise ConfigError("spec", name, f"one of {', '.join(PRESETS)} or module:attribute")
+        raise ConfigError("spec", name, forms)
     if name in PRESETS:
         return PRESETS[name]
-    module, sep, attr = name.partition(":")
+    module, sep, attr = name.rpartition(":")
     if not sep or not module or not attr:
-        raise ConfigError("spec", name, f"one of {', '.join(PRESETS)} or module:attribute")
-    try:
-        obj: object = importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError("spec", name, f"an importable module ({exc})") from None
+        raise ConfigError("spec", name, forms)
+    obj: object
+    if module.endswith(".py") or "/" in module or "\\" in module:
+        obj = _load_file(Path(module), name)
+    else:
+        try:
+            obj = importlib.import_module(module)
+        except ImportError as exc:
+            guess = Path(*module.split(".")).with_suffix(".py")
+            raise ConfigError(
+                "spec",
+                name,
+                f"an importable module ({type(exc).__name__}: {exc}); a spec in a file of this folder is loaded by "
+                f"path: --spec {guess}:{attr} (or put its folder on PYTHONPATH)",
+            ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ConfigError("spec", name, f"an attribute {attr!r} of module {module!r}")
+            raise ConfigError("spec", name, f"an attribute {attr!r} of {module!r}")
         obj = getattr(obj, part)
     if callable(obj) and not isinstance(obj, LifecycleSpec):
         obj = obj()

@@ -93,6 +93,10 @@ class Fact(StrEnum):
     SAVE_PENDING = "save_pending"  # an (async) checkpoint save started and is not finalized yet
 
 
+USER_TRIGGERS: tuple[str, ...] = ("start", "begin_step", "train", "end_validation", "stop")
+"""The triggers the training loop fires (:class:`~colo_fsm.machine.lifecycle.Lifecycle` methods, the checker and
+the testing kit); every other transition is automatic, fired by the machine itself."""
+
 FACT_DESCRIPTIONS: dict[Fact, str] = {
     Fact.ENGINE_BUILT: "Build once: start is refused once it is set, and a second build raises EngineRebuild.",
     Fact.HANDOFF_COMPLETE: (
@@ -651,6 +655,7 @@ __all__ = [
     "LIFECYCLE",
     "STATES",
     "TRANSITIONS",
+    "USER_TRIGGERS",
     "ActionSpec",
     "Collective",
     "CollectorCondition",

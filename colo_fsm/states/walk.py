@@ -6,6 +6,8 @@ runs adapters; this walk only applies the facts each action declares it sets, cl
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from collections.abc import Mapping
 
 from colo_fsm.errors import ConfigError
@@ -13,9 +15,17 @@ from colo_fsm.states.spec import Fact, LifecycleSpec, Role, State, TransitionSpe
 
 
 def apply_effects(
-    spec: LifecycleSpec, t: TransitionSpec, facts: dict[Fact, bool], decisions: Mapping[Fact, bool]
+    spec: LifecycleSpec,
+    t: TransitionSpec,
+    facts: dict[Fact, bool],
+    decisions: Mapping[Fact, bool],
+    *,
+    save_on_stop: bool = True,
 ) -> None:
-    """Apply the declared fact effects of ``t``'s actions to ``facts`` (latches read ``decisions``)."""
+    """Apply the declared fact effects of ``t``'s actions to ``facts`` (latches read ``decisions``).
+
+    ``save_on_stop=False``: an early stop upgrades its step to the last one but not to a save (a run that does
+    not checkpoint, unless it asks for a save on early stop)."""
     for name in t.actions:
         a = spec.action(name)
         if a.issues is not None:
@@ -25,11 +35,47 @@ def apply_effects(
                 facts[f] = bool(decisions.get(f, False))
             if a.role is Role.LATCH_STOP and any(facts[f] for f in a.decides):
                 for f in a.upgrades:
-                    facts[f] = True
+                    if f is not Fact.SAVE_THIS_STEP or save_on_stop:
+                        facts[f] = True
         for f in a.cleared():
             facts[f] = False
         for f in a.sets:
             facts[f] = True
+
+
+def find_stuck(spec: LifecycleSpec, *, limit: int = 200_000) -> str | None:
+    """The first place ``spec`` gets stuck, or None: a non-final state that some run reaches (every latch
+    deciding either way, an early stop saving or not) with facts under which no transition can leave it.
+
+    Cheap: one walk over (state, facts) pairs on the declared effects, no ranks and no interleavings.
+    """
+    start = (spec.initial, frozenset[Fact]())
+    seen = {start}
+    queue = deque([start])
+    while queue:
+        state, true = queue.popleft()
+        facts = {f: f in true for f in Fact}
+        enabled = [t for t in spec.outgoing(state) if t.enabled(facts)]
+        auto = [t for t in enabled if t.automatic]
+        moves = auto[:1] if auto else [t for t in enabled if not t.automatic]
+        if not moves and not spec.state(state).final:
+            on = ", ".join(sorted(f.value for f in true)) or "none"
+            return f"stuck in {state.value}: no transition enabled (facts: {on})"
+        for t in moves:
+            latches = [spec.action(n) for n in t.actions if spec.action(n).role in (Role.LATCH, Role.LATCH_STOP)]
+            decided = tuple(dict.fromkeys(f for a in latches for f in a.decides))
+            stops = any(spec.action(n).role is Role.LATCH_STOP for n in t.actions)
+            for values in itertools.product((False, True), repeat=len(decided)):
+                for save_on_stop in (True, False) if stops else (True,):
+                    nxt = dict(facts)
+                    apply_effects(spec, t, nxt, dict(zip(decided, values)), save_on_stop=save_on_stop)
+                    key = (t.dest, frozenset(f for f, v in nxt.items() if v))
+                    if key not in seen:
+                        seen.add(key)
+                        queue.append(key)
+        if len(seen) > limit:
+            break
+    return None
 
 
 def walk_step(
@@ -37,6 +83,7 @@ def walk_step(
     decisions: Mapping[Fact, bool],
     *,
     through_validation: bool = False,
+    save_on_stop: bool = True,
     max_transitions: int = 100,
 ) -> State:
     """The state a training step rests in: ``begin_step`` and ``train`` from the state that begins steps, every
@@ -55,7 +102,7 @@ def walk_step(
         budget[0] -= 1
         if budget[0] < 0:
             raise ConfigError("spec", spec.name, "a step that ends (the walk went round in circles)")
-        apply_effects(spec, t, facts, decisions)
+        apply_effects(spec, t, facts, decisions, save_on_stop=save_on_stop)
         state = t.dest
         while True:
             auto = [x for x in spec.outgoing(state) if x.automatic and x.enabled(facts)]
@@ -64,7 +111,7 @@ def walk_step(
             budget[0] -= 1
             if budget[0] < 0:
                 raise ConfigError("spec", spec.name, "a step that ends (the walk went round in circles)")
-            apply_effects(spec, auto[0], facts, decisions)
+            apply_effects(spec, auto[0], facts, decisions, save_on_stop=save_on_stop)
             state = auto[0].dest
 
     for trigger in ("begin_step", "train"):
@@ -80,4 +127,4 @@ def walk_step(
     return state
 
 
-__all__ = ["apply_effects", "walk_step"]
+__all__ = ["apply_effects", "find_stuck", "walk_step"]

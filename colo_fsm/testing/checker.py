@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from colo_fsm.errors import ConfigError
 from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.states.rules import LifecycleRule, rule_in
+from colo_fsm.states.validate import check_names
 from colo_fsm.states.spec import (
     LIFECYCLE,
     Collective,
@@ -472,6 +473,7 @@ def check(
         raise ConfigError("scenario", scenario, f"one of {', '.join(known)}")
     if not callable(drain_factory):
         raise ConfigError("drain_factory", drain_factory, "a callable local_rank -> drain with target_device()")
+    check_names(spec)  # an unknown state, trigger or action is a SpecError naming the transition
     t0 = time.perf_counter()
     plan = tuple(steps) if steps is not None else known[scenario]
     vas = val_at_start if val_at_start is not None else scenario in VAL_AT_START_SCENARIOS
@@ -618,16 +620,23 @@ def main(argv: Sequence[str] | None = None, **check_kwargs: Any) -> int:
     ap.add_argument(
         "--spec",
         default="lifecycle",
-        help="the lifecycle to check: lifecycle (default), nemo_rl, or your own as module:attribute",
+        help="the lifecycle to check: lifecycle (default), nemo_rl, or your own as module:ATTR or path/to/file.py:ATTR",
     )
     ap.add_argument("--json", type=Path, help="also write the results as JSON to this path")
     args = ap.parse_args(argv)
     from colo_fsm.states.presets import resolve_spec
+    from colo_fsm.states.validate import validate_spec
 
     try:
         spec = resolve_spec(check_kwargs.pop("spec", None) or args.spec)
     except ConfigError as exc:
         ap.error(f"argument --spec: {exc}")
+    try:
+        validate_spec(spec)  # a spec the static rules reject is a violation, before any interleaving is explored
+    except ConfigError as exc:
+        print(f"spec {spec.name}: {type(exc).__name__}: {exc}")
+        print("total: 0 states; 1 violation(s)")
+        return 1
     if args.scenario:
         unknown = [n for n in args.scenario if n not in scenarios_for(spec)]
         if unknown:
