@@ -20,6 +20,7 @@ from transitions import Machine, MachineError
 from colo_fsm.adapters.protocols import Collector, GenerationEngine, StepResult, Trainer, takes_weight_version
 from colo_fsm.errors import (
     ActionFailed,
+    ConditionMismatch,
     ConfigError,
     EngineRebuild,
     GuardRejected,
@@ -207,6 +208,14 @@ class Lifecycle:
             wanted = getattr(self.config, flag, None) if flag != "early_stop" else early_stop
             if wanted and not any(fact in spec.action(n).decides for n in spec.with_role(Role.LATCH, Role.LATCH_STOP)):
                 raise ConfigError(flag, wanted, f"a spec with an action deciding {fact.value} (e.g. NEMO_RL)")
+        if spec.engine_up_at_construction and _reported_condition(engine) is None:
+            raise ConfigError(
+                "engine.condition",
+                getattr(engine, "condition", None),
+                f"an engine that reports its condition ('awake', 'suspended', ...): spec {spec.name} declares the "
+                f"engine up at construction ({spec.initial.value}: engine awake) and start adopts it only once it "
+                "reports awake",
+            )
         self.spec = spec
         self.engine = engine
         self.trainer = trainer
@@ -226,7 +235,7 @@ class Lifecycle:
         self._server_urls_sink = server_urls_sink
         self.step_index = self.config.start_step
         self.weight_version = self.config.start_weight_version
-        self.engine_condition = EngineCondition.ABSENT
+        self.engine_condition = spec.state(spec.initial).engine
         self.collector_condition = CollectorCondition.PAUSED
         self.request_condition = spec.state(spec.initial).requests
         self.ledger = HandoffLedger()
@@ -305,6 +314,8 @@ class Lifecycle:
         """Build the engine once and start collection (Created -> Generating); with ``val_at_start`` and a
         ``validator``, the validation at start runs here too."""
         with self._lock:
+            if self.state is self.spec.initial:
+                self._check_reported("start")
             self.fire("start")
             self._inline_validation()
             return self.state
@@ -498,7 +509,7 @@ class Lifecycle:
 
     def _fail(self, err: _ActionError) -> None:
         state = self.state
-        if isinstance(err.cause, GuardRejected | HandoffDivergence | ModelModeError):
+        if isinstance(err.cause, GuardRejected | HandoffDivergence | ModelModeError | ConditionMismatch):
             self.failure = err.cause
         else:
             self.failure = ActionFailed(
@@ -649,6 +660,47 @@ class Lifecycle:
             )
         self.engine.bring_up()
 
+    def _check_reported(self, where: str) -> None:
+        """Refuse when the engine reports a condition other than the one the machine holds for it (the state's
+        declared one); engines that report nothing are not checked."""
+        reported = _reported_condition(self.engine)
+        if reported is None or reported is self.engine_condition:
+            return
+        hint = ""
+        if where == "start" and reported is EngineCondition.AWAKE:
+            hint = (
+                f" at start: its adapter brought it up in its constructor, while spec {self.spec.name} builds it in "
+                "start; run engine_at_construction(spec) (e.g. the NEMO_RL_ENGINE_UP preset), which adopts it"
+            )
+        elif where == "start" and self.spec.engine_up_at_construction:
+            hint = (
+                f" at start: spec {self.spec.name} adopts an engine its adapter built in its constructor; bring the "
+                "engine up in the adapter's constructor, or run a spec whose start builds it"
+            )
+        else:
+            hint = f" at the {where}"
+        raise ConditionMismatch(
+            reported.value,
+            f"{self.engine_condition.value} ({self.state.value})",
+            hint=hint,
+            state=self.state.value,
+            rank=self.rank,
+            weight_version=self.weight_version,
+        )
+
+    def _role_adopt(self, a: ActionSpec) -> None:
+        if self.facts[Fact.ENGINE_BUILT]:
+            raise EngineRebuild(
+                "the colocated engine is adopted exactly once per run",
+                state=self.state.value,
+                rank=self.rank,
+                weight_version=self.weight_version,
+            )
+        self._check_reported("start")  # still awake, as declared: nothing is built here
+        urls = self.engine.server_base_urls()
+        if isinstance(urls, str) or not all(isinstance(u, str) and u for u in urls):
+            raise ConfigError("engine.server_base_urls()", urls, "a list of base URLs (strings), empty if no server")
+
     def _role_publish(self, a: ActionSpec) -> None:
         self.dp_openai_server_base_urls = list(self.engine.server_base_urls())
         if self._server_urls_sink is not None:
@@ -709,6 +761,7 @@ class Lifecycle:
         )
 
     def _role_barrier(self, a: ActionSpec) -> None:
+        self._check_reported("handoff barrier")  # the engine is where the actions so far left it
         self.ledger.before_barrier()
         if getattr(self._barrier, "exchanges_fingerprints", False):  # the fingerprint travels with the barrier
             self._barrier.wait(  # type: ignore[call-arg]
@@ -768,12 +821,28 @@ class Lifecycle:
                 self.collector.resume()
 
     def _role_teardown(self, a: ActionSpec) -> None:
-        if self.facts[Fact.ENGINE_BUILT] and self.engine_condition is not EngineCondition.TORN_DOWN:
+        if self.engine_condition not in (EngineCondition.ABSENT, EngineCondition.TORN_DOWN):
             self.engine.shutdown()
         for part in (self.trainer, self.collector):
             hook = getattr(part, "teardown", None) if part is not None else None
             if callable(hook):
                 hook()
+
+
+def _reported_condition(engine: Any) -> EngineCondition | None:
+    """The engine's own report of its condition (a ``condition`` attribute: an EngineCondition or its value), or
+    None when it reports nothing (a proxy's method or any other object is not a report)."""
+    value = getattr(engine, "condition", None)
+    if isinstance(value, EngineCondition):
+        return value
+    if isinstance(value, str):
+        try:
+            return EngineCondition(value)
+        except ValueError:
+            raise ConfigError(
+                "engine.condition", value, f"one of {', '.join(c.value for c in EngineCondition)}"
+            ) from None
+    return None
 
 
 def _step_result(result: Any, batch: Any) -> StepResult:
@@ -814,8 +883,11 @@ def _check_arguments(
     **callbacks: Any,
 ) -> None:
     """Refuse wrong kinds of arguments up front, before anything runs (each error names the argument)."""
+    needed = _ENGINE_METHODS
+    if isinstance(spec, LifecycleSpec) and not spec.with_role(Role.BUILD):  # up at construction: nothing to build
+        needed = tuple(m for m in _ENGINE_METHODS if m != "bring_up")
     checks: list[tuple[str, Any, bool, str]] = [
-        ("engine", engine, _has(engine, _ENGINE_METHODS), f"a GenerationEngine ({', '.join(_ENGINE_METHODS)})"),
+        ("engine", engine, _has(engine, needed), f"a GenerationEngine ({', '.join(needed)})"),
         ("trainer", trainer, _has(trainer, _TRAINER_METHODS), f"a Trainer ({', '.join(_TRAINER_METHODS)})"),
         (
             "collector",

@@ -19,6 +19,7 @@ from colo_fsm.states.spec import (
     _HANDOFF,
     _OFFLOAD,
     ACTIONS,
+    ADOPT_ENGINE,
     LIFECYCLE,
     STATES,
     ActionSpec,
@@ -243,7 +244,54 @@ NEMO_RL = LifecycleSpec(
 )
 """NeMo-RL's step order: validate before the save, val at start and end, early stop, async save + finalize."""
 
-PRESETS: dict[str, LifecycleSpec] = {"lifecycle": LIFECYCLE, "default": LIFECYCLE, "nemo_rl": NEMO_RL}
+def engine_at_construction(spec: LifecycleSpec, *, name: str | None = None) -> LifecycleSpec:
+    """``spec`` for an adapter whose engine (and HTTP server) come up in its constructor, as NeMo-RL's
+    ``MegatronGeneration`` does: the initial state declares the engine awake and ``start`` adopts it (the engine
+    must report ``condition == "awake"``; its URLs are published) instead of building it. Every tool reads it."""
+    init = spec.state(spec.initial)
+    if init.engine is EngineCondition.AWAKE:
+        return spec
+    states = tuple(
+        dataclasses.replace(
+            s,
+            engine=EngineCondition.AWAKE,
+            requests=RequestCondition.RUNNING,
+            description="The engine (and its server) came up in the adapter's constructor; collection not started.",
+        )
+        if s.state == spec.initial
+        else s
+        for s in spec.states
+    )
+    build = set(spec.with_role(Role.BUILD))
+    adopt = ADOPT_ENGINE
+    actions = tuple(a for a in spec.actions if a.name not in build)
+    if adopt.name not in {a.name for a in actions}:
+        actions = (*actions, adopt)
+    transitions = tuple(
+        dataclasses.replace(
+            t,
+            actions=tuple(adopt.name if a in build else a for a in t.actions),
+            description="Adopt the engine its adapter built (check it is awake), publish its URLs.",
+        )
+        if any(a in build for a in t.actions)
+        else t
+        for t in spec.transitions
+    )
+    return dataclasses.replace(
+        spec, states=states, actions=actions, transitions=transitions, name=name or f"{spec.name}_engine_up"
+    )
+
+
+NEMO_RL_ENGINE_UP = engine_at_construction(NEMO_RL)
+""":data:`NEMO_RL` with the engine (and server) up at construction, as NeMo-RL's ``MegatronGeneration`` builds it:
+``start`` adopts it instead of building it."""
+
+PRESETS: dict[str, LifecycleSpec] = {
+    "lifecycle": LIFECYCLE,
+    "default": LIFECYCLE,
+    "nemo_rl": NEMO_RL,
+    "nemo_rl_engine_up": NEMO_RL_ENGINE_UP,
+}
 """Specs known by name on the command line (``--spec NAME``)."""
 
 
@@ -309,4 +357,4 @@ def resolve_spec(name: str | LifecycleSpec) -> LifecycleSpec:
     return obj
 
 
-__all__ = ["NEMO_RL", "PRESETS", "resolve_spec"]
+__all__ = ["NEMO_RL", "NEMO_RL_ENGINE_UP", "PRESETS", "engine_at_construction", "resolve_spec"]

@@ -87,8 +87,14 @@ def validate_spec(spec: LifecycleSpec) -> None:
         if t.dest == spec.initial:
             raise SpecError(where, f"no transition re-enters {spec.initial.value} (the engine is built once)")
         roles = {spec.action(a).role: a for a in t.actions}
-        if Role.BUILD in roles and t.source != spec.initial:
-            raise SpecError(where, f"{roles[Role.BUILD]} only on transitions leaving {spec.initial.value}")
+        for role in (Role.BUILD, Role.ADOPT):
+            if role in roles and t.source != spec.initial:
+                raise SpecError(where, f"{roles[role]} only on transitions leaving {spec.initial.value}")
+        up = spec.engine_up_at_construction
+        wrong = Role.BUILD if up else Role.ADOPT
+        if wrong in roles:
+            said = "awake (up at construction: adopt it)" if up else "absent (built by start)"
+            raise SpecError(where, f"{roles[wrong]}: {spec.initial.value} declares the engine {said}")
         if Role.TEARDOWN in roles and not spec.state(t.dest).terminal:
             raise SpecError(where, f"{roles[Role.TEARDOWN]} only on transitions into a terminal state (Stopped)")
         _check_handoff_order(spec, t.actions, where)

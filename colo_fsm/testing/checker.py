@@ -196,8 +196,12 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start
                 facts[Fact.HANDOFF_COMPLETE] = False
             if role is Role.RESUME and requests is not RequestCondition.PARKED:
                 problems.append(f"{where}: resume with requests {requests.value} (each parked request resumes once)")
-            if role is Role.BUILD:
+            if role in (Role.BUILD, Role.ADOPT):  # adopting an engine up at construction is its one bring-up
                 builds += 1
+                if role is Role.BUILD and spec.engine_up_at_construction:
+                    problems.append(
+                        R.BUILD_ONCE.tag(f"{where}: the engine is built although it came up at construction")
+                    )
                 if builds > 1:
                     problems.append(R.BUILD_ONCE.tag(f"{where}: the engine is built a second time (build once)"))
             elif role is Role.TEARDOWN and not spec.state(t.dest).terminal:

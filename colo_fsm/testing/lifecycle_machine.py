@@ -137,12 +137,18 @@ class KitHandle:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def recording_fakes() -> Adapters:
-    """The recording fakes of :mod:`colo_fsm.testing.fakes`, with probes reading their own conditions."""
+def recording_fakes(*, engine_up: bool = False) -> Adapters:
+    """The recording fakes of :mod:`colo_fsm.testing.fakes`, with probes reading their own conditions
+    (``engine_up``: the engine is built in its constructor, for a spec that adopts it)."""
     j = Journal()
-    engine = RecordingEngine(j, urls=["http://127.0.0.1:8000/v1"])
+    engine = RecordingEngine(j, urls=["http://127.0.0.1:8000/v1"], up=engine_up)
     collector = RecordingCollector(j, engine=engine)
     return Adapters(engine, RecordingTrainer(j), collector)
+
+
+def spec_fakes(handle: KitHandle) -> Adapters:
+    """:func:`recording_fakes` shaped for the handle's spec (the engine up at construction when it adopts one)."""
+    return recording_fakes(engine_up=handle.spec.engine_up_at_construction)
 
 
 def _call_factory(factory: AdapterFactory, handle: KitHandle) -> Any:
@@ -377,7 +383,7 @@ class LifecycleMachine(RuleBasedStateMachine):
       replay buffer handed out, a ``list[int]``).
     """
 
-    adapters_factory: ClassVar[AdapterFactory] = recording_fakes
+    adapters_factory: ClassVar[AdapterFactory] = spec_fakes
     spec: ClassVar[LifecycleSpec] = LIFECYCLE
     check_spec: ClassVar[bool] = True
     lifecycle_class: ClassVar[type[Lifecycle]] = Lifecycle
@@ -419,7 +425,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.cfg = cfg
         self.handle = KitHandle(spec)
         self.ad = as_adapters(_call_factory(cls.adapters_factory, self.handle))
-        self.conditions = Conditions()
+        self.conditions = Conditions(engine=spec.state(spec.initial).engine)
         self.log = EventLog(self._state_name, self.conditions, self._probe)
         self.faults = FaultSwitch()
         self.engine = WatchedEngine(self.ad.engine, self.log, self.faults, self.runner)
@@ -497,6 +503,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.scan_pos = 0
         self.trace_pos = 0
         self.builds = 0
+        self.adopts = spec.engine_up_at_construction  # the engine came up in its constructor: never built here
         self.last_latched_at: int | None = None
         self.validations = 0
         self.fault_waited = 0
@@ -922,7 +929,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             name = ev.name
             if name == "engine.bring_up":
                 self.builds += 1
-                if self.builds > 1:
+                if self.adopts:
+                    v["build_once"].append(
+                        f"event {ev.index}: engine.bring_up although spec {self.spec.name} adopts an engine up "
+                        "at construction"
+                    )
+                elif self.builds > 1:
                     v["build_once"].append(f"event {ev.index}: engine.bring_up called {self.builds} times")
             elif name == "engine.shutdown" and ev.state != S.STOPPED.value:
                 v["teardown"].append(f"event {ev.index}: engine.shutdown in {ev.state} (only at Stopped)")
@@ -942,7 +954,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"event {ev.index}: {name} in {ev.state} after the last step latched (only a "
                         "validation-only wake may follow it)"
                     )
-                if self.builds == 0:
+                if self.builds == 0 and not self.adopts:
                     v["build_once"].append(f"event {ev.index}: {name} before the engine was built")
             elif name == "validator.validate" and (ev.engine is not E.AWAKE or ev.collector is not C.PAUSED):
                 v["validation_wake"].append(
@@ -1314,7 +1326,7 @@ def exercise_ranks(
                 ad = as_adapters(_call_factory(factory, handle))
             except Exception as exc:
                 raise AssertionError(f"rank {rank}: the adapter factory raised {type(exc).__name__}: {exc}") from exc
-            conditions = Conditions()
+            conditions = Conditions(engine=spec.state(spec.initial).engine)
             holder: list[Lifecycle] = []
             log = EventLog(lambda: holder[0].state.value if holder else spec.initial.value, conditions)
             faults = FaultSwitch()
@@ -1400,5 +1412,6 @@ __all__ = [
     "lifecycle_test_case",
     "recording_fakes",
     "run_configs",
+    "spec_fakes",
     "stats_snapshot",
 ]
