@@ -38,6 +38,7 @@ from colo_fsm.guards.handoff import HandoffLedger
 from colo_fsm.guards.mode import check_training_mode, mode_digest, report_of
 from colo_fsm.log import get_logger, heartbeat
 from colo_fsm.log import set_context as _log_context
+from colo_fsm.machine.options import checkpointing_enabled, refuse_ignored_options
 from colo_fsm.machine.trace import Trace, TraceRecord
 from colo_fsm.states.spec import (
     LIFECYCLE,
@@ -52,6 +53,7 @@ from colo_fsm.states.spec import (
     TransitionSpec,
 )
 from colo_fsm.states.validate import validate_spec
+from colo_fsm.states.walk import stop_upgrades
 
 log = get_logger(__name__)
 _STATE_BY_NAME = {s.value: s for s in State}
@@ -81,6 +83,7 @@ class LifecycleConfig:
     progress_interval_s: float = 30.0  # log a progress line while one action runs longer than this
     val_at_start: bool = False  # validate once before the first step (a spec that reads validate_at_start)
     val_at_end: bool = False  # the last step validates (a spec whose last step may wake for validation only)
+    save_on_early_stop: bool | None = None  # None: an early stop saves iff the run checkpoints
 
     def __post_init__(self) -> None:
         if self.num_steps is not None:
@@ -96,6 +99,8 @@ class LifecycleConfig:
         for name in ("async_training", "val_at_start", "val_at_end"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
+        if self.save_on_early_stop is not None and not isinstance(self.save_on_early_stop, bool):
+            raise ConfigError("save_on_early_stop", self.save_on_early_stop, "True, False or None")
         if (
             isinstance(self.progress_interval_s, bool)
             or not isinstance(self.progress_interval_s, int | float)
@@ -204,10 +209,17 @@ class Lifecycle:
             raise ConfigError("early_stop", early_stop, "a LatchedDecision (decide(step) -> bool) or None")
         if check_spec:  # False only for mutation testing: a spec the validator rejects, caught at run time
             validate_spec(spec)
-        for flag, fact in (("val_at_start", Fact.VALIDATE_AT_START), ("early_stop", Fact.STOP_EARLY)):
-            wanted = getattr(self.config, flag, None) if flag != "early_stop" else early_stop
-            if wanted and not any(fact in spec.action(n).decides for n in spec.with_role(Role.LATCH, Role.LATCH_STOP)):
-                raise ConfigError(flag, wanted, f"a spec with an action deciding {fact.value} (e.g. NEMO_RL)")
+        refuse_ignored_options(
+            spec,
+            self.config,
+            trainer=trainer,
+            checkpoint=checkpoint,
+            validation=validation,
+            validator=validator,
+            early_stop=early_stop,
+            checkpoint_extra=checkpoint_extra,
+            server_urls_sink=server_urls_sink,
+        )
         if spec.engine_up_at_construction and _reported_condition(engine) is None:
             raise ConfigError(
                 "engine.condition",
@@ -224,6 +236,9 @@ class Lifecycle:
         self._drain = drain if drain is not None else default_drain()
         self._barrier = barrier or SoloBarrier()
         self.checkpoint_decision = checkpoint or CheckpointDecision()
+        save_on_stop = self.config.save_on_early_stop
+        self.saves_on_early_stop = checkpointing_enabled(checkpoint) if save_on_stop is None else save_on_stop
+        """Whether an early stop saves the step it ends (it checkpoints, or ``save_on_early_stop=True``)."""
         self.validation_decision = validation or ValidationDecision()
         self._validator = validator
         self.early_stop = early_stop
@@ -724,14 +739,16 @@ class Lifecycle:
         )
 
     def _role_latch_stop(self, a: ActionSpec) -> None:
-        step = self._latched_step if self._latched_step is not None else self.step_index
+        # asked with the validator's step: the steps trained so far (start_step at start, s + 1 after step s)
+        step = self.step_index
         stop = bool(self.early_stop.decide(step)) if self.early_stop is not None else False
         for f in a.decides:
             self.facts[f] = stop
         if stop:
-            for f in a.upgrades:
+            upgraded = stop_upgrades(a, self.facts, save_on_stop=self.saves_on_early_stop)
+            for f in upgraded:
                 self.facts[f] = True
-            self._log(logging.INFO, "step %d: early stop latched (%s)", step, ", ".join(f.value for f in a.upgrades))
+            self._log(logging.INFO, "after %d step(s): early stop latched (%s)", step, ", ".join(map(str, upgraded)))
 
     def _role_pause(self, a: ActionSpec) -> None:
         if self.collector is not None:
@@ -801,9 +818,7 @@ class Lifecycle:
         self.trainer.save_checkpoint(self.step_index, self.weight_version, extra)
 
     def _role_finalize(self, a: ActionSpec) -> None:
-        hook = getattr(self.trainer, "finalize_checkpoint", None)
-        if callable(hook):
-            hook()
+        self.trainer.finalize_checkpoint()  # type: ignore[attr-defined]  # required at construction
 
     def _role_resume(self, a: ActionSpec) -> None:
         counts = getattr(self.engine, "request_counts", None)
@@ -855,6 +870,13 @@ def _step_result(result: Any, batch: Any) -> StepResult:
         metrics = dict(result)
         consumed = metrics.pop("consumed_samples", None)
         if consumed is None:
+            if isinstance(batch, Mapping):  # its len counts keys (fields), not samples
+                raise ConfigError(
+                    "train_step result",
+                    sorted(map(str, result)),
+                    "a 'consumed_samples' entry (or a StepResult): the batch is a mapping, whose len counts its "
+                    "keys, not samples",
+                )
             consumed = len(batch) if hasattr(batch, "__len__") else 0
         return StepResult(metrics=metrics, consumed_samples=int(consumed))
     raise ConfigError("train_step result", type(result).__name__, "a StepResult, a Mapping of metrics, or None")

@@ -63,7 +63,8 @@ _NEMO_ACTIONS: tuple[ActionSpec, ...] = (
     ),
     ActionSpec(
         "latch_early_stop",
-        "After the step's validation, decide once whether to stop early; if so the step saves and is the last.",
+        "After a validation (at start too), decide once whether to stop early; if so the step is the last and "
+        "saves what it trained.",
         role=Role.LATCH_STOP,
         decides=(F.STOP_EARLY,),
         upgrades=(F.SAVE_THIS_STEP, F.LAST_STEP),
@@ -163,18 +164,9 @@ _NEMO_TRANSITIONS: tuple[TransitionSpec, ...] = (
     TransitionSpec(
         "end_validation",
         S.VALIDATING,
-        S.GENERATING,
-        ("resume_collector",),
-        unless=(F.STEP_TRAINED,),
-        description="Validation at start finished: collection starts.",
-    ),
-    TransitionSpec(
-        "end_validation",
-        S.VALIDATING,
         S.CONCLUDING,
         ("latch_early_stop",),
-        when=(F.STEP_TRAINED,),
-        description="The step's validation finished: decide once whether to stop early.",
+        description="Validation finished (at start or after a step): decide once whether to stop early.",
     ),
     TransitionSpec(
         "conclude",
@@ -193,7 +185,7 @@ _NEMO_TRANSITIONS: tuple[TransitionSpec, ...] = (
         when=(F.LAST_STEP,),
         unless=(F.SAVE_THIS_STEP,),
         automatic=True,
-        description="val_at_end: the last step's validation wake never resumes collection.",
+        description="val_at_end, or an early stop (at start: before any step): the engine never resumes collection.",
     ),
     TransitionSpec(
         "conclude",
@@ -202,7 +194,7 @@ _NEMO_TRANSITIONS: tuple[TransitionSpec, ...] = (
         ("resume_collector",),
         unless=(F.SAVE_THIS_STEP, F.LAST_STEP),
         automatic=True,
-        description="No save, not the last step: the engine is awake already, collection resumes.",
+        description="No save, not the last step: the engine is awake already, collection (re)starts.",
     ),
     TransitionSpec(
         "conclude",

@@ -11,7 +11,18 @@ from collections import deque
 from collections.abc import Mapping
 
 from colo_fsm.errors import ConfigError
-from colo_fsm.states.spec import Fact, LifecycleSpec, Role, State, TransitionSpec
+from colo_fsm.states.spec import ActionSpec, Fact, LifecycleSpec, Role, State, TransitionSpec
+
+
+def stop_upgrades(a: ActionSpec, facts: Mapping[Fact, bool], *, save_on_stop: bool = True) -> tuple[Fact, ...]:
+    """The facts an early stop that said stop upgrades: every declared one, but ``save_this_step`` only over a
+    trained step (before the first step there is nothing new to save) and only when the run saves on an early
+    stop (it checkpoints, or asked to). The runtime, this walk and the checker all read it from here."""
+    return tuple(
+        f
+        for f in a.upgrades
+        if f is not Fact.SAVE_THIS_STEP or (save_on_stop and bool(facts.get(Fact.STEP_TRAINED, False)))
+    )
 
 
 def apply_effects(
@@ -34,9 +45,8 @@ def apply_effects(
             for f in a.decides:
                 facts[f] = bool(decisions.get(f, False))
             if a.role is Role.LATCH_STOP and any(facts[f] for f in a.decides):
-                for f in a.upgrades:
-                    if f is not Fact.SAVE_THIS_STEP or save_on_stop:
-                        facts[f] = True
+                for f in stop_upgrades(a, facts, save_on_stop=save_on_stop):
+                    facts[f] = True
         for f in a.cleared():
             facts[f] = False
         for f in a.sets:
@@ -127,4 +137,16 @@ def walk_step(
     return state
 
 
-__all__ = ["apply_effects", "find_stuck", "walk_step"]
+def last_step_validates(spec: LifecycleSpec) -> bool:
+    """Whether ``spec``'s last step can wake the engine for validation (what ``val_at_end`` needs): a step latched
+    validate-and-last rests in a validation-only state, walked over the declared effects."""
+    decisions = {Fact.VALIDATE_THIS_STEP: True, Fact.LAST_STEP: True}
+    try:
+        return any(
+            spec.state(walk_step(spec, {**decisions, Fact.SAVE_THIS_STEP: save})).validates for save in (False, True)
+        )
+    except ConfigError:
+        return False
+
+
+__all__ = ["apply_effects", "find_stuck", "last_step_validates", "stop_upgrades", "walk_step"]

@@ -43,6 +43,7 @@ from colo_fsm.errors import ConfigError
 from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.states.rules import LifecycleRule, rule_in
 from colo_fsm.states.validate import check_names
+from colo_fsm.states.walk import stop_upgrades
 from colo_fsm.states.spec import (
     LIFECYCLE,
     Collective,
@@ -55,7 +56,14 @@ from colo_fsm.states.spec import (
     State,
     TransitionSpec,
 )
-from colo_fsm.testing.scenarios import EXTRA_SCENARIOS, SCENARIOS, VAL_AT_START_SCENARIOS, StepPlan, scenarios_for
+from colo_fsm.testing.scenarios import (
+    EXTRA_SCENARIOS,
+    SCENARIOS,
+    STOP_AT_START_SCENARIOS,
+    VAL_AT_START_SCENARIOS,
+    StepPlan,
+    scenarios_for,
+)
 
 R = LifecycleRule
 
@@ -107,11 +115,14 @@ class Program:
 _STEP_FACTS = (Fact.SAVE_THIS_STEP, Fact.VALIDATE_THIS_STEP, Fact.LAST_STEP)
 
 
-def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start: bool = False) -> Program:
+def plan_program(
+    spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start: bool = False, stop_at_start: bool = False
+) -> Program:
     """The transitions the spec selects for ``steps`` (the last one is the run's last), flattened into ops.
 
     Guards are evaluated on facts the actions declare (``sets``, ``clears``, ``decides``, ``upgrades``), exactly
-    as the runtime applies them; a latch's decisions come from ``steps`` (and ``val_at_start``). Problems found
+    as the runtime applies them; a latch's decisions come from ``steps`` (and ``val_at_start``; ``stop_at_start``:
+    the early stop decided by the validation at start says stop, so no step runs). Problems found
     while planning are returned in ``problems``: a stuck state, a second build, a teardown outside a terminal
     state, training or a save with the engine awake, a double or missing bump, a collector resumed after the
     last step latched (an engine resume then only into a validation-only state), a wake with an async save not
@@ -143,7 +154,7 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start
             Fact.VALIDATE_THIS_STEP: plan.validate,
             Fact.LAST_STEP: i == len(steps) - 1,
             Fact.VALIDATE_AT_START: val_at_start,
-            Fact.STOP_EARLY: plan.early_stop,
+            Fact.STOP_EARLY: plan.early_stop if step is not None else stop_at_start,
         }.get(fact, False)
 
     def run(t: TransitionSpec) -> None:
@@ -223,7 +234,7 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start
                     facts[f] = decision(f, plan, step if step is not None else 0)
                 if role is Role.LATCH_STOP and any(facts[f] for f in act.decides):
                     early_stopped = step
-                    for f in act.upgrades:
+                    for f in stop_upgrades(act, facts):
                         facts[f] = True
             for f in act.cleared():
                 facts[f] = False
@@ -481,8 +492,9 @@ def check(
     t0 = time.perf_counter()
     plan = tuple(steps) if steps is not None else known[scenario]
     vas = val_at_start if val_at_start is not None else scenario in VAL_AT_START_SCENARIOS
-    others = plan_program(spec, plan, val_at_start=vas)
-    first = plan_program(spec, rank0_steps, val_at_start=vas) if rank0_steps is not None else others
+    sas = steps is None and scenario in STOP_AT_START_SCENARIOS
+    others = plan_program(spec, plan, val_at_start=vas, stop_at_start=sas)
+    first = plan_program(spec, rank0_steps, val_at_start=vas, stop_at_start=sas) if rank0_steps is not None else others
     programs = [first] + [others] * (ranks - 1)
     targets = [int(drain_factory(r).target_device()) for r in range(ranks)]
     symmetric = all(targets[r] == r for r in range(1, ranks)) or all(

@@ -220,6 +220,15 @@ class ModalEngine(RecordingEngine):
         return ModeReport(current=self.mode, training=self.training_mode)
 
 
+def count_samples(batch: Any) -> int:
+    """Samples in a batch: a mapping of per-sample columns counts its first column's rows, never its keys;
+    anything else with a ``len`` counts that; otherwise 0."""
+    if isinstance(batch, Mapping):
+        first = next(iter(batch.values()), ())
+        return len(first) if hasattr(first, "__len__") else 0
+    return len(batch) if hasattr(batch, "__len__") else 0
+
+
 class RecordingTrainer(_Faulty):
     """A fake trainer: counts steps and saves, keeps saved checkpoints in memory."""
 
@@ -234,8 +243,7 @@ class RecordingTrainer(_Faulty):
     def train_step(self, batch: Any) -> StepResult:
         self._call("train_step")
         self.steps += 1
-        n = len(batch) if hasattr(batch, "__len__") else 0
-        return StepResult(metrics={"loss": 1.0 / self.steps}, consumed_samples=n)
+        return StepResult(metrics={"loss": 1.0 / self.steps}, consumed_samples=count_samples(batch))
 
     def offload_buffers(self) -> None:
         self._call("offload_buffers")
