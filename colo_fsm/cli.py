@@ -53,7 +53,6 @@ class _Parser(argparse.ArgumentParser):
 def _cmd_diagram(args: argparse.Namespace) -> int:
     from colo_fsm import diagram
     from colo_fsm.states.presets import resolve_spec
-
     from colo_fsm.states.validate import check_names
 
     try:

@@ -384,13 +384,13 @@ class ClientGone(ColoFsmError):
 
 
 __all__ = [
-    "ConditionMismatch",
     "GRAPHVIZ_INSTALL_HINT",
     "ActionFailed",
     "BadRequest",
     "BarrierTimeout",
     "ClientGone",
     "ColoFsmError",
+    "ConditionMismatch",
     "ConfigError",
     "DrainError",
     "EngineRebuild",

@@ -132,6 +132,4 @@ def test_validate_spec_refuses_a_build_in_a_spec_whose_engine_is_up_at_construct
 def test_the_kit_runs_a_spec_that_adopts_and_catches_an_adapter_that_does_not_match():
     check_lifecycle(settings=lifecycle_settings("colo-fsm-dev", **_QUICK), spec=NEMO_RL_ENGINE_UP)
     with pytest.raises(AssertionError, match="engine reports absent"):
-        check_lifecycle(
-            recording_fakes, settings=lifecycle_settings("colo-fsm-dev", **_QUICK), spec=NEMO_RL_ENGINE_UP
-        )
+        check_lifecycle(recording_fakes, settings=lifecycle_settings("colo-fsm-dev", **_QUICK), spec=NEMO_RL_ENGINE_UP)

@@ -48,7 +48,11 @@ class DictBatchTrainer(RecordingTrainer):
 
 
 def dict_batch(trajectories: list[int], step: int) -> dict[str, list[int]]:
-    return {"weight_versions": list(trajectories), "rewards": [1] * len(trajectories), "step": [step] * len(trajectories)}
+    return {
+        "weight_versions": list(trajectories),
+        "rewards": [1] * len(trajectories),
+        "step": [step] * len(trajectories),
+    }
 
 
 def dict_adapters() -> Adapters:
@@ -87,7 +91,7 @@ def test_factories_get_the_handle_and_run_their_rules_once_the_lifecycle_exists(
     def decision(key: str):
         def factory(handle: KitHandle) -> LatchedDecision:
             def rule(step: int) -> bool:
-                assert handle.lifecycle is not None and handle.step == step or key == "early_stop"
+                assert handle.lifecycle is not None and handle.step == step
                 seen[key] += 1
                 return False
 

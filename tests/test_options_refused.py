@@ -41,9 +41,7 @@ def _without(spec, state, fact, *actions):
     return dataclasses.replace(
         spec,
         states=tuple(s for s in spec.states if s.state is not state),
-        actions=tuple(
-            dataclasses.replace(a, decides=drop(a.decides)) for a in spec.actions if a.name not in actions
-        ),
+        actions=tuple(dataclasses.replace(a, decides=drop(a.decides)) for a in spec.actions if a.name not in actions),
         transitions=tuple(
             dataclasses.replace(t, when=drop(t.when), unless=drop(t.unless))
             for t in spec.transitions

@@ -905,7 +905,7 @@ def _check_arguments(
     **callbacks: Any,
 ) -> None:
     """Refuse wrong kinds of arguments up front, before anything runs (each error names the argument)."""
-    needed = _ENGINE_METHODS
+    needed: tuple[str, ...] = _ENGINE_METHODS
     if isinstance(spec, LifecycleSpec) and not spec.with_role(Role.BUILD):  # up at construction: nothing to build
         needed = tuple(m for m in _ENGINE_METHODS if m != "bring_up")
     checks: list[tuple[str, Any, bool, str]] = [

@@ -93,10 +93,10 @@ def refuse_ignored_options(
             raise ConfigError(option, value, f"a spec with a save action ({name} has none)")
     if server_urls_sink is not None and not spec.with_role(Role.PUBLISH):
         raise ConfigError("server_urls_sink", server_urls_sink, f"a spec that publishes server URLs ({name} does not)")
-    if config.num_steps is not None and not (
-        _decides(spec, Fact.LAST_STEP) and Fact.LAST_STEP in spec.guard_facts()
-    ):
-        raise ConfigError("num_steps", config.num_steps, f"a spec whose guards read last_step ({name} never ends a run)")
+    if config.num_steps is not None and not (_decides(spec, Fact.LAST_STEP) and Fact.LAST_STEP in spec.guard_facts()):
+        raise ConfigError(
+            "num_steps", config.num_steps, f"a spec whose guards read last_step ({name} never ends a run)"
+        )
     finalizer = async_save(spec)
     if finalizer is not None and not callable(getattr(trainer, "finalize_checkpoint", None)):
         raise ConfigError(

@@ -236,6 +236,7 @@ NEMO_RL = LifecycleSpec(
 )
 """NeMo-RL's step order: validate before the save, val at start and end, early stop, async save + finalize."""
 
+
 def engine_at_construction(spec: LifecycleSpec, *, name: str | None = None) -> LifecycleSpec:
     """``spec`` for an adapter whose engine (and HTTP server) come up in its constructor, as NeMo-RL's
     ``MegatronGeneration`` does: the initial state declares the engine awake and ``start`` adopts it (the engine

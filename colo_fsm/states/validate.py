@@ -109,7 +109,9 @@ def validate_spec(spec: LifecycleSpec) -> None:
     _check_paths(spec)
     stuck = find_stuck(spec)
     if stuck is not None:
-        raise SpecError(f"spec {spec.name}", f"every non-final state has a way out under every reachable facts; {stuck}")
+        raise SpecError(
+            f"spec {spec.name}", f"every non-final state has a way out under every reachable facts; {stuck}"
+        )
 
 
 def _where(t: TransitionSpec) -> str:
@@ -133,7 +135,11 @@ def check_names(spec: LifecycleSpec) -> None:
         where = _where(t)
         for field_name, value in (("source", t.source), ("destination", t.dest)):
             if not isinstance(value, State) or value not in declared:
-                hint = f" (write State.{State(value).name})" if value in set(State) and not isinstance(value, State) else ""
+                hint = (
+                    f" (write State.{State(value).name})"
+                    if value in set(State) and not isinstance(value, State)
+                    else ""
+                )
                 shown = value.value if isinstance(value, State) else repr(value)
                 raise SpecError(
                     where, f"the {field_name} {shown} is one of the spec's states ({', '.join(sorted(declared))}){hint}"

@@ -42,8 +42,6 @@ from typing import Any, Protocol
 from colo_fsm.errors import ConfigError
 from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.states.rules import LifecycleRule, rule_in
-from colo_fsm.states.validate import check_names
-from colo_fsm.states.walk import stop_upgrades
 from colo_fsm.states.spec import (
     LIFECYCLE,
     Collective,
@@ -56,6 +54,8 @@ from colo_fsm.states.spec import (
     State,
     TransitionSpec,
 )
+from colo_fsm.states.validate import check_names
+from colo_fsm.states.walk import stop_upgrades
 from colo_fsm.testing.scenarios import (
     EXTRA_SCENARIOS,
     SCENARIOS,

@@ -24,6 +24,7 @@ Adapters may be ``async def``: coroutines are run on an event loop the machine o
 from __future__ import annotations
 
 import collections
+import dataclasses
 import inspect
 import threading
 from collections.abc import Callable
@@ -335,7 +336,12 @@ def _fit_config(cfg: RunConfig, spec: LifecycleSpec, *, user_validation: bool = 
     cfg = dataclasses.replace(cfg, **changes) if changes else cfg
     validates = user_validation or cfg.validate_every is not None or cfg.val_at_start or cfg.val_at_end
     if Fact.STOP_EARLY not in decided or not validates:
-        cfg = dataclasses.replace(cfg, early_stop_at=None)
+        return dataclasses.replace(cfg, early_stop_at=None, save_on_early_stop=None)
+    at, every = cfg.early_stop_at, cfg.validate_every
+    if at is not None and every is not None and not (at == 0 and cfg.val_at_start and cfg.start_step == 0):
+        # where a validation asks it: the first validating step at or after the drawn one (steps trained)
+        at = max(at, cfg.start_step + 1)
+        cfg = dataclasses.replace(cfg, early_stop_at=at + (-at) % every)
     return cfg
 
 
@@ -359,6 +365,7 @@ class RunConfig:
     val_at_start: bool = False  # used when the spec decides validate_at_start
     val_at_end: bool = False
     early_stop_at: int | None = None  # steps trained when the early-stop latch says stop (0: at start)
+    save_on_early_stop: bool | None = None  # LifecycleConfig's: None saves an early stop iff the run checkpoints
 
 
 @st.composite
@@ -368,7 +375,7 @@ def run_configs(draw: st.DrawFn) -> RunConfig:
     start_step = draw(st.integers(0, (num_steps - 1) if num_steps else 3)) if draw(st.booleans()) else 0
     amc = draw(st.sampled_from([16, 64, 256, 1000]))
     spg = draw(st.integers(1, 16))
-    return RunConfig(
+    cfg = RunConfig(
         num_steps=num_steps,
         start_step=start_step,
         start_weight_version=draw(st.integers(0, 3)),
@@ -385,6 +392,9 @@ def run_configs(draw: st.DrawFn) -> RunConfig:
         val_at_end=draw(st.booleans()),
         early_stop_at=draw(st.one_of(st.none(), st.integers(0, 5))),
     )
+    # derived, not drawn: a draw of its own would move every derandomized program after it
+    derived = (True, None, True, False)[(amc + spg + cfg.num_prompts_per_step) % 4]
+    return dataclasses.replace(cfg, save_on_early_stop=derived)
 
 
 @dataclass
@@ -525,6 +535,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 async_training=cls.async_training,
                 val_at_start=cfg.val_at_start,
                 val_at_end=cfg.val_at_end,
+                save_on_early_stop=cfg.save_on_early_stop if early_stop is not None else None,
             ),
             drain=drain,
             barrier=WatchedBarrier(inner_barrier, self.log, self.faults),
