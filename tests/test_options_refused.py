@@ -184,3 +184,13 @@ def test_an_async_save_needs_a_finalize_hook():
     with pytest.raises(ConfigError, match=r"trainer.async_save=True.*spec lifecycle saves synchronously"):
         _lc(trainer=AsyncTrainerWithoutFinalize())
     _lc(trainer=SyncTrainer())  # a synchronous save on the shipped spec needs none
+
+
+def test_demo_server_options_without_serve_are_refused():
+    from colo_fsm.demo.config import DemoConfig
+
+    with pytest.raises(ConfigError, match=r"on_policy_guard=True: expected serve=True"):
+        DemoConfig(on_policy_guard=True)
+    with pytest.raises(ConfigError, match=r"chat_template='roles': expected serve=True"):
+        DemoConfig(chat_template="roles")
+    assert DemoConfig(serve=True, on_policy_guard=True, chat_template="roles").on_policy_guard
