@@ -194,3 +194,14 @@ def test_demo_server_options_without_serve_are_refused():
     with pytest.raises(ConfigError, match=r"chat_template='roles': expected serve=True"):
         DemoConfig(chat_template="roles")
     assert DemoConfig(serve=True, on_policy_guard=True, chat_template="roles").on_policy_guard
+
+
+def test_val_at_start_validates_a_resumed_run_too():
+    seen = []
+    _j, lc = _lc(
+        NEMO_RL,
+        config=LifecycleConfig(num_steps=6, start_step=4, start_weight_version=4, val_at_start=True),
+        validator=lambda s, w: seen.append((s, w)) or {},
+    )
+    lc.start()
+    assert seen == [(4, 4)] and lc.state is S.GENERATING

@@ -81,7 +81,7 @@ class LifecycleConfig:
     async_training: bool = True
     trace_path: str | Path | None = None
     progress_interval_s: float = 30.0  # log a progress line while one action runs longer than this
-    val_at_start: bool = False  # validate once before the first step (a spec that reads validate_at_start)
+    val_at_start: bool = False  # validate once before this run's first step (resumed too; a spec deciding it)
     val_at_end: bool = False  # the last step validates (a spec whose last step may wake for validation only)
     save_on_early_stop: bool | None = None  # None: an early stop saves iff the run checkpoints
 
@@ -661,8 +661,8 @@ class Lifecycle:
             return last
         if fact is Fact.VALIDATE_THIS_STEP:
             return bool(self.validation_decision.decide(step)) or (last and self.config.val_at_end)
-        if fact is Fact.VALIDATE_AT_START:
-            return self.config.val_at_start and step == 0
+        if fact is Fact.VALIDATE_AT_START:  # before this run's first step, a resumed run's too (never ignored)
+            return self.config.val_at_start
         raise ConfigError("spec.actions", fact.value, "a fact a latch can decide")
 
     def _role_build(self, a: ActionSpec) -> None:

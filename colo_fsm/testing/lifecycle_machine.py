@@ -634,7 +634,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             never.add(("trainer", "finalize_checkpoint"))
         last_validates = cfg.val_at_end and last_step_validates(spec)
         not_last = ahead[:-1] if cfg.num_steps is not None and not last_validates else ahead
-        at_start = cfg.val_at_start and self.lc.state in (S.CREATED, S.STARTING) and first == 0
+        at_start = cfg.val_at_start and self.lc.state in (S.CREATED, S.STARTING)
         if not at_start and not (
             (cfg.validate_every and any((s + 1) % cfg.validate_every == 0 for s in not_last))
             or (last_validates and cfg.num_steps is not None)
