@@ -21,7 +21,7 @@ from colo_fsm.testing.profiles import lifecycle_settings
 
 S = State
 SPEC = NEMO_RL_ENGINE_UP
-_QUICK = dict(report_multiple_bugs=False, phases=[Phase.explicit, Phase.generate], max_examples=60)
+_QUICK = dict(report_multiple_bugs=False, phases=[Phase.explicit, Phase.generate], max_examples=40)
 
 
 @pytest.fixture(autouse=True)
