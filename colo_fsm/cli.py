@@ -56,9 +56,11 @@ class _Parser(argparse.ArgumentParser):
 def _cmd_diagram(args: argparse.Namespace) -> int:
     from colo_fsm import diagram
     from colo_fsm.states.presets import resolve_spec
+    from colo_fsm.states.validate import check_names
 
     try:
         spec = resolve_spec(args.spec)
+        check_names(spec)  # a transition naming an unknown state or trigger is named here, not drawn
     except ConfigError as exc:
         raise UsageError(f"argument --spec: {exc}") from None
 
@@ -430,7 +432,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     d.add_argument(
         "--spec",
         default="lifecycle",
-        help="the lifecycle to draw: lifecycle (default), nemo_rl, or your own as module:attribute",
+        help="the lifecycle to draw: lifecycle (default), nemo_rl, or your own as module:ATTR or path/to/file.py:ATTR",
     )
     d.add_argument(
         "--failure",

@@ -441,6 +441,29 @@ class SpecError(ConfigError):
         super().__init__(where, "(spec)", rule)
 
 
+class ConditionMismatch(LifecycleError):
+    """The engine reports a condition other than the one the lifecycle state declares (at start or a handoff)."""
+
+    def __init__(
+        self,
+        reported: str,
+        declared: str,
+        *,
+        hint: str = "",
+        state: str | None = None,
+        rank: int | None = None,
+        weight_version: int | None = None,
+    ) -> None:
+        self.reported = reported
+        self.declared = declared
+        super().__init__(
+            f"engine reports {reported}, the lifecycle declares {declared}{hint}",
+            state=state,
+            rank=rank,
+            weight_version=weight_version,
+        )
+
+
 class ServerStopping(ColoFsmError):
     """The engine was shut down under a request (HTTP 503 without Retry-After)."""
 
@@ -456,6 +479,7 @@ __all__ = [
     "BarrierTimeout",
     "ClientGone",
     "ColoFsmError",
+    "ConditionMismatch",
     "ConfigError",
     "DrainError",
     "EngineLoopDied",

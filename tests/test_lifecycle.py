@@ -156,8 +156,10 @@ def test_guard_rejection_is_typed_and_changes_nothing():
             for t in LIFECYCLE.transitions
         ),
     )
+    with pytest.raises(SpecError, match="stuck in Training"):  # the static walk finds it before anything runs
+        Lifecycle(*recording_adapters()[1:4], drain=lambda: None, spec=spec)
     j, e, t, c, d = recording_adapters()
-    lc = Lifecycle(e, t, c, drain=d, spec=spec)
+    lc = Lifecycle(e, t, c, drain=d, spec=spec, check_spec=False)  # unchecked, the runtime still fails loudly
     lc.start()
     lc.begin_step()
     with pytest.raises(GuardRejected, match="step_trained"):
@@ -418,7 +420,7 @@ def test_broken_teardown_at_validation_is_rejected():
 def test_broken_second_build_is_rejected():
     ts = (
         *LIFECYCLE.transitions,
-        dataclasses.replace(LIFECYCLE.transitions[0], trigger="rebuild", source=State.VALIDATING),
+        dataclasses.replace(LIFECYCLE.transitions[0], trigger="rebuild", source=State.VALIDATING, automatic=True),
     )
     with pytest.raises(SpecError, match="build_engine"):
         validate_spec(dataclasses.replace(LIFECYCLE, transitions=ts))

@@ -74,7 +74,7 @@ def _nemo_run(early_stop_at: int, num_steps: int = 10):
 
 def test_nemo_rl_ten_steps_exact_call_order_of_a_save_and_validate_step():
     """10 steps, validation every 2, a save every 3, validation at start and end, an early stop on the last step."""
-    lc, j, engine, trainer, collector, validations, marks = _nemo_run(early_stop_at=9)
+    lc, j, engine, trainer, collector, validations, marks = _nemo_run(early_stop_at=10)  # after 10 steps trained
     assert lc.state is S.STOPPED and lc.weight_version == 10
     # validation at start (step 0, version 0), then every second step, the last one included (val_at_end)
     assert validations == [(0, 0), (2, 2), (4, 4), (6, 6), (8, 8), (10, 10)]
@@ -116,7 +116,7 @@ def test_nemo_rl_ten_steps_exact_call_order_of_a_save_and_validate_step():
 
 
 def test_nemo_rl_early_stop_saves_and_ends_the_run():
-    lc, _j, _e, trainer, _c, validations, _m = _nemo_run(early_stop_at=7)
+    lc, _j, _e, trainer, _c, validations, _m = _nemo_run(early_stop_at=8)  # asked with the steps trained, as validated
     assert lc.weight_version == 8  # steps 0..7 ran; the run stopped after step 7
     assert [(s, wv) for s, wv, _ in trainer.saves] == [(3, 3), (6, 6), (8, 8)]
     assert validations[-1] == (8, 8)

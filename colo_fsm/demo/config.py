@@ -77,6 +77,10 @@ class DemoConfig:
         from colo_fsm.server.templates import resolve_chat_template
 
         resolve_chat_template(self.chat_template)  # a bad name or path fails here, naming chat_template
+        if not self.serve:  # options of the server only: without --serve they would be silently ignored
+            for name, default in (("chat_template", "digits"), ("on_policy_guard", False)):
+                if getattr(self, name) != default:
+                    raise ConfigError(name, getattr(self, name), f"serve=True (--serve): {name} applies to the server")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 "hidden_size", self.hidden_size, f"a multiple of num_attention_heads={self.num_attention_heads}"

@@ -20,6 +20,7 @@ from transitions import Machine, MachineError
 from colo_fsm.adapters.protocols import Collector, GenerationEngine, StepResult, Trainer, takes_weight_version
 from colo_fsm.errors import (
     ActionFailed,
+    ConditionMismatch,
     ConfigError,
     EngineRebuild,
     EngineStateMismatch,
@@ -39,6 +40,7 @@ from colo_fsm.guards.handoff import HandoffLedger
 from colo_fsm.guards.mode import check_training_mode, mode_digest, report_of
 from colo_fsm.log import get_logger, heartbeat
 from colo_fsm.log import set_context as _log_context
+from colo_fsm.machine.options import checkpointing_enabled, refuse_ignored_options
 from colo_fsm.machine.trace import Trace, TraceRecord
 from colo_fsm.states.spec import (
     LIFECYCLE,
@@ -53,6 +55,7 @@ from colo_fsm.states.spec import (
     TransitionSpec,
 )
 from colo_fsm.states.validate import validate_spec
+from colo_fsm.states.walk import stop_upgrades
 
 log = get_logger(__name__)
 _STATE_BY_NAME = {s.value: s for s in State}
@@ -80,8 +83,9 @@ class LifecycleConfig:
     async_training: bool = True
     trace_path: str | Path | None = None
     progress_interval_s: float = 30.0  # log a progress line while one action runs longer than this
-    val_at_start: bool = False  # validate once before the first step (a spec that reads validate_at_start)
+    val_at_start: bool = False  # validate once before this run's first step (resumed too; a spec deciding it)
     val_at_end: bool = False  # the last step validates (a spec whose last step may wake for validation only)
+    save_on_early_stop: bool | None = None  # None: an early stop saves iff the run checkpoints
 
     def __post_init__(self) -> None:
         if self.num_steps is not None:
@@ -97,6 +101,8 @@ class LifecycleConfig:
         for name in ("async_training", "val_at_start", "val_at_end"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
+        if self.save_on_early_stop is not None and not isinstance(self.save_on_early_stop, bool):
+            raise ConfigError("save_on_early_stop", self.save_on_early_stop, "True, False or None")
         if (
             isinstance(self.progress_interval_s, bool)
             or not isinstance(self.progress_interval_s, int | float)
@@ -205,10 +211,25 @@ class Lifecycle:
             raise ConfigError("early_stop", early_stop, "a LatchedDecision (decide(step) -> bool) or None")
         if check_spec:  # False only for mutation testing: a spec the validator rejects, caught at run time
             validate_spec(spec)
-        for flag, fact in (("val_at_start", Fact.VALIDATE_AT_START), ("early_stop", Fact.STOP_EARLY)):
-            wanted = getattr(self.config, flag, None) if flag != "early_stop" else early_stop
-            if wanted and not any(fact in spec.action(n).decides for n in spec.with_role(Role.LATCH, Role.LATCH_STOP)):
-                raise ConfigError(flag, wanted, f"a spec with an action deciding {fact.value} (e.g. NEMO_RL)")
+        refuse_ignored_options(
+            spec,
+            self.config,
+            trainer=trainer,
+            checkpoint=checkpoint,
+            validation=validation,
+            validator=validator,
+            early_stop=early_stop,
+            checkpoint_extra=checkpoint_extra,
+            server_urls_sink=server_urls_sink,
+        )
+        if spec.engine_up_at_construction and _reported_condition(engine) is None:
+            raise ConfigError(
+                "engine.condition",
+                getattr(engine, "condition", None),
+                f"an engine that reports its condition ('awake', 'suspended', ...): spec {spec.name} declares the "
+                f"engine up at construction ({spec.initial.value}: engine awake) and start adopts it only once it "
+                "reports awake",
+            )
         self.spec = spec
         self.engine = engine
         self.trainer = trainer
@@ -217,6 +238,9 @@ class Lifecycle:
         self._drain = drain if drain is not None else default_drain()
         self._barrier = barrier or SoloBarrier()
         self.checkpoint_decision = checkpoint or CheckpointDecision()
+        save_on_stop = self.config.save_on_early_stop
+        self.saves_on_early_stop = checkpointing_enabled(checkpoint) if save_on_stop is None else save_on_stop
+        """Whether an early stop saves the step it ends (it checkpoints, or ``save_on_early_stop=True``)."""
         self.validation_decision = validation or ValidationDecision()
         self._validator = validator
         self.early_stop = early_stop
@@ -228,7 +252,7 @@ class Lifecycle:
         self._server_urls_sink = server_urls_sink
         self.step_index = self.config.start_step
         self.weight_version = self.config.start_weight_version
-        self.engine_condition = EngineCondition.ABSENT
+        self.engine_condition = spec.state(spec.initial).engine
         self.collector_condition = CollectorCondition.PAUSED
         self.request_condition = spec.state(spec.initial).requests
         self.ledger = HandoffLedger()
@@ -307,6 +331,8 @@ class Lifecycle:
         """Build the engine once and start collection (Created -> Generating); with ``val_at_start`` and a
         ``validator``, the validation at start runs here too."""
         with self._lock:
+            if self.state is self.spec.initial:
+                self._check_reported("start")
             self.fire("start")
             self._inline_validation()
             return self.state
@@ -501,7 +527,9 @@ class Lifecycle:
 
     def _fail(self, err: _ActionError) -> None:
         state = self.state
-        if isinstance(err.cause, GuardRejected | HandoffDivergence | ModelModeError | EngineStateMismatch):
+        if isinstance(
+            err.cause, GuardRejected | HandoffDivergence | ModelModeError | EngineStateMismatch | ConditionMismatch
+        ):
             self.failure = err.cause
         else:
             self.failure = ActionFailed(
@@ -664,8 +692,8 @@ class Lifecycle:
             return last
         if fact is Fact.VALIDATE_THIS_STEP:
             return bool(self.validation_decision.decide(step)) or (last and self.config.val_at_end)
-        if fact is Fact.VALIDATE_AT_START:
-            return self.config.val_at_start and step == 0
+        if fact is Fact.VALIDATE_AT_START:  # before this run's first step, a resumed run's too (never ignored)
+            return self.config.val_at_start
         raise ConfigError("spec.actions", fact.value, "a fact a latch can decide")
 
     def _role_build(self, a: ActionSpec) -> None:
@@ -677,6 +705,47 @@ class Lifecycle:
                 weight_version=self.weight_version,
             )
         self.engine.bring_up()
+
+    def _check_reported(self, where: str) -> None:
+        """Refuse when the engine reports a condition other than the one the machine holds for it (the state's
+        declared one); engines that report nothing are not checked."""
+        reported = _reported_condition(self.engine)
+        if reported is None or reported is self.engine_condition:
+            return
+        hint = ""
+        if where == "start" and reported is EngineCondition.AWAKE:
+            hint = (
+                f" at start: its adapter brought it up in its constructor, while spec {self.spec.name} builds it in "
+                "start; run engine_at_construction(spec) (e.g. the NEMO_RL_ENGINE_UP preset), which adopts it"
+            )
+        elif where == "start" and self.spec.engine_up_at_construction:
+            hint = (
+                f" at start: spec {self.spec.name} adopts an engine its adapter built in its constructor; bring the "
+                "engine up in the adapter's constructor, or run a spec whose start builds it"
+            )
+        else:
+            hint = f" at the {where}"
+        raise ConditionMismatch(
+            reported.value,
+            f"{self.engine_condition.value} ({self.state.value})",
+            hint=hint,
+            state=self.state.value,
+            rank=self.rank,
+            weight_version=self.weight_version,
+        )
+
+    def _role_adopt(self, a: ActionSpec) -> None:
+        if self.facts[Fact.ENGINE_BUILT]:
+            raise EngineRebuild(
+                "the colocated engine is adopted exactly once per run",
+                state=self.state.value,
+                rank=self.rank,
+                weight_version=self.weight_version,
+            )
+        self._check_reported("start")  # still awake, as declared: nothing is built here
+        urls = self.engine.server_base_urls()
+        if isinstance(urls, str) or not all(isinstance(u, str) and u for u in urls):
+            raise ConfigError("engine.server_base_urls()", urls, "a list of base URLs (strings), empty if no server")
 
     def _role_publish(self, a: ActionSpec) -> None:
         self.dp_openai_server_base_urls = list(self.engine.server_base_urls())
@@ -701,14 +770,16 @@ class Lifecycle:
         )
 
     def _role_latch_stop(self, a: ActionSpec) -> None:
-        step = self._latched_step if self._latched_step is not None else self.step_index
+        # asked with the validator's step: the steps trained so far (start_step at start, s + 1 after step s)
+        step = self.step_index
         stop = bool(self.early_stop.decide(step)) if self.early_stop is not None else False
         for f in a.decides:
             self.facts[f] = stop
         if stop:
-            for f in a.upgrades:
+            upgraded = stop_upgrades(a, self.facts, save_on_stop=self.saves_on_early_stop)
+            for f in upgraded:
                 self.facts[f] = True
-            self._log(logging.INFO, "step %d: early stop latched (%s)", step, ", ".join(f.value for f in a.upgrades))
+            self._log(logging.INFO, "after %d step(s): early stop latched (%s)", step, ", ".join(map(str, upgraded)))
 
     def _role_pause(self, a: ActionSpec) -> None:
         if self.collector is not None:
@@ -738,6 +809,7 @@ class Lifecycle:
         )
 
     def _role_barrier(self, a: ActionSpec) -> None:
+        self._check_reported("handoff barrier")  # the engine is where the actions so far left it
         self.ledger.before_barrier()
         if getattr(self._barrier, "exchanges_fingerprints", False):  # the fingerprint travels with the barrier
             self._barrier.wait(  # type: ignore[call-arg]
@@ -777,9 +849,7 @@ class Lifecycle:
         self.trainer.save_checkpoint(self.step_index, self.weight_version, extra)
 
     def _role_finalize(self, a: ActionSpec) -> None:
-        hook = getattr(self.trainer, "finalize_checkpoint", None)
-        if callable(hook):
-            hook()
+        self.trainer.finalize_checkpoint()  # type: ignore[attr-defined]  # required at construction
 
     def _role_resume(self, a: ActionSpec) -> None:
         counts = getattr(self.engine, "request_counts", None)
@@ -797,12 +867,28 @@ class Lifecycle:
                 self.collector.resume()
 
     def _role_teardown(self, a: ActionSpec) -> None:
-        if self.facts[Fact.ENGINE_BUILT] and self.engine_condition is not EngineCondition.TORN_DOWN:
+        if self.engine_condition not in (EngineCondition.ABSENT, EngineCondition.TORN_DOWN):
             self.engine.shutdown()
         for part in (self.trainer, self.collector):
             hook = getattr(part, "teardown", None) if part is not None else None
             if callable(hook):
                 hook()
+
+
+def _reported_condition(engine: Any) -> EngineCondition | None:
+    """The engine's own report of its condition (a ``condition`` attribute: an EngineCondition or its value), or
+    None when it reports nothing (a proxy's method or any other object is not a report)."""
+    value = getattr(engine, "condition", None)
+    if isinstance(value, EngineCondition):
+        return value
+    if isinstance(value, str):
+        try:
+            return EngineCondition(value)
+        except ValueError:
+            raise ConfigError(
+                "engine.condition", value, f"one of {', '.join(c.value for c in EngineCondition)}"
+            ) from None
+    return None
 
 
 def _step_result(result: Any, batch: Any) -> StepResult:
@@ -815,6 +901,13 @@ def _step_result(result: Any, batch: Any) -> StepResult:
         metrics = dict(result)
         consumed = metrics.pop("consumed_samples", None)
         if consumed is None:
+            if isinstance(batch, Mapping):  # its len counts keys (fields), not samples
+                raise ConfigError(
+                    "train_step result",
+                    sorted(map(str, result)),
+                    "a 'consumed_samples' entry (or a StepResult): the batch is a mapping, whose len counts its "
+                    "keys, not samples",
+                )
             consumed = len(batch) if hasattr(batch, "__len__") else 0
         return StepResult(metrics=metrics, consumed_samples=int(consumed))
     raise ConfigError("train_step result", type(result).__name__, "a StepResult, a Mapping of metrics, or None")
@@ -843,8 +936,11 @@ def _check_arguments(
     **callbacks: Any,
 ) -> None:
     """Refuse wrong kinds of arguments up front, before anything runs (each error names the argument)."""
+    needed: tuple[str, ...] = _ENGINE_METHODS
+    if isinstance(spec, LifecycleSpec) and not spec.with_role(Role.BUILD):  # up at construction: nothing to build
+        needed = tuple(m for m in _ENGINE_METHODS if m != "bring_up")
     checks: list[tuple[str, Any, bool, str]] = [
-        ("engine", engine, _has(engine, _ENGINE_METHODS), f"a GenerationEngine ({', '.join(_ENGINE_METHODS)})"),
+        ("engine", engine, _has(engine, needed), f"a GenerationEngine ({', '.join(needed)})"),
         ("trainer", trainer, _has(trainer, _TRAINER_METHODS), f"a Trainer ({', '.join(_TRAINER_METHODS)})"),
         (
             "collector",

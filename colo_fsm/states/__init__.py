@@ -1,6 +1,6 @@
 """The declarative lifecycle: states, actions and transitions as data."""
 
-from colo_fsm.states.presets import NEMO_RL, PRESETS, resolve_spec
+from colo_fsm.states.presets import NEMO_RL, NEMO_RL_ENGINE_UP, PRESETS, engine_at_construction, resolve_spec
 from colo_fsm.states.spec import (
     ACTIONS,
     LIFECYCLE,
@@ -23,6 +23,7 @@ __all__ = [
     "ACTIONS",
     "LIFECYCLE",
     "NEMO_RL",
+    "NEMO_RL_ENGINE_UP",
     "PRESETS",
     "STATES",
     "TRANSITIONS",
@@ -37,5 +38,6 @@ __all__ = [
     "State",
     "StateSpec",
     "TransitionSpec",
+    "engine_at_construction",
     "resolve_spec",
 ]

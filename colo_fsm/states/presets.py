@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
+import sys
+from pathlib import Path
 
 from colo_fsm.errors import ConfigError
 from colo_fsm.states.spec import (
     _HANDOFF,
     _OFFLOAD,
     ACTIONS,
+    ADOPT_ENGINE,
     LIFECYCLE,
     STATES,
     ActionSpec,
@@ -59,7 +63,8 @@ _NEMO_ACTIONS: tuple[ActionSpec, ...] = (
     ),
     ActionSpec(
         "latch_early_stop",
-        "After the step's validation, decide once whether to stop early; if so the step saves and is the last.",
+        "After a validation (at start too), decide once whether to stop early; if so the step is the last and "
+        "saves what it trained.",
         role=Role.LATCH_STOP,
         decides=(F.STOP_EARLY,),
         upgrades=(F.SAVE_THIS_STEP, F.LAST_STEP),
@@ -159,18 +164,9 @@ _NEMO_TRANSITIONS: tuple[TransitionSpec, ...] = (
     TransitionSpec(
         "end_validation",
         S.VALIDATING,
-        S.GENERATING,
-        ("resume_collector",),
-        unless=(F.STEP_TRAINED,),
-        description="Validation at start finished: collection starts.",
-    ),
-    TransitionSpec(
-        "end_validation",
-        S.VALIDATING,
         S.CONCLUDING,
         ("latch_early_stop",),
-        when=(F.STEP_TRAINED,),
-        description="The step's validation finished: decide once whether to stop early.",
+        description="Validation finished (at start or after a step): decide once whether to stop early.",
     ),
     TransitionSpec(
         "conclude",
@@ -189,7 +185,7 @@ _NEMO_TRANSITIONS: tuple[TransitionSpec, ...] = (
         when=(F.LAST_STEP,),
         unless=(F.SAVE_THIS_STEP,),
         automatic=True,
-        description="val_at_end: the last step's validation wake never resumes collection.",
+        description="val_at_end, or an early stop (at start: before any step): the engine never resumes collection.",
     ),
     TransitionSpec(
         "conclude",
@@ -198,7 +194,7 @@ _NEMO_TRANSITIONS: tuple[TransitionSpec, ...] = (
         ("resume_collector",),
         unless=(F.SAVE_THIS_STEP, F.LAST_STEP),
         automatic=True,
-        description="No save, not the last step: the engine is awake already, collection resumes.",
+        description="No save, not the last step: the engine is awake already, collection (re)starts.",
     ),
     TransitionSpec(
         "conclude",
@@ -240,28 +236,112 @@ NEMO_RL = LifecycleSpec(
 )
 """NeMo-RL's step order: validate before the save, val at start and end, early stop, async save + finalize."""
 
-PRESETS: dict[str, LifecycleSpec] = {"lifecycle": LIFECYCLE, "default": LIFECYCLE, "nemo_rl": NEMO_RL}
+
+def engine_at_construction(spec: LifecycleSpec, *, name: str | None = None) -> LifecycleSpec:
+    """``spec`` for an adapter whose engine (and HTTP server) come up in its constructor, as NeMo-RL's
+    ``MegatronGeneration`` does: the initial state declares the engine awake and ``start`` adopts it (the engine
+    must report ``condition == "awake"``; its URLs are published) instead of building it. Every tool reads it."""
+    init = spec.state(spec.initial)
+    if init.engine is EngineCondition.AWAKE:
+        return spec
+    states = tuple(
+        dataclasses.replace(
+            s,
+            engine=EngineCondition.AWAKE,
+            requests=RequestCondition.RUNNING,
+            description="The engine (and its server) came up in the adapter's constructor; collection not started.",
+        )
+        if s.state == spec.initial
+        else s
+        for s in spec.states
+    )
+    build = set(spec.with_role(Role.BUILD))
+    adopt = ADOPT_ENGINE
+    actions = tuple(a for a in spec.actions if a.name not in build)
+    if adopt.name not in {a.name for a in actions}:
+        actions = (*actions, adopt)
+    transitions = tuple(
+        dataclasses.replace(
+            t,
+            actions=tuple(adopt.name if a in build else a for a in t.actions),
+            description="Adopt the engine its adapter built (check it is awake), publish its URLs.",
+        )
+        if any(a in build for a in t.actions)
+        else t
+        for t in spec.transitions
+    )
+    return dataclasses.replace(
+        spec, states=states, actions=actions, transitions=transitions, name=name or f"{spec.name}_engine_up"
+    )
+
+
+NEMO_RL_ENGINE_UP = engine_at_construction(NEMO_RL)
+""":data:`NEMO_RL` with the engine (and server) up at construction, as NeMo-RL's ``MegatronGeneration`` builds it:
+``start`` adopts it instead of building it."""
+
+PRESETS: dict[str, LifecycleSpec] = {
+    "lifecycle": LIFECYCLE,
+    "default": LIFECYCLE,
+    "nemo_rl": NEMO_RL,
+    "nemo_rl_engine_up": NEMO_RL_ENGINE_UP,
+}
 """Specs known by name on the command line (``--spec NAME``)."""
 
 
+_SPEC_FORMS = "a preset ({presets}), module:ATTRIBUTE (an importable module) or path/to/file.py:ATTRIBUTE"
+
+
+def _load_file(path: Path, name: str) -> object:
+    """Import the Python file ``path`` as a module of its own (its folder first on sys.path while it runs)."""
+    if not path.is_file():
+        raise ConfigError("spec", name, f"an existing Python file ({path} does not exist)")
+    mod_name = f"colo_fsm_user_spec_{path.stem}"
+    loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise ConfigError("spec", name, f"a Python file importlib can load ({path})")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[mod_name] = module
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(mod_name, None)
+        raise ConfigError("spec", name, f"a file that imports cleanly ({type(exc).__name__}: {exc})") from exc
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    return module
+
+
 def resolve_spec(name: str | LifecycleSpec) -> LifecycleSpec:
-    """A preset by name (``lifecycle``, ``nemo_rl``) or a user's spec as ``module:attribute``."""
+    """A preset by name (``lifecycle``, ``nemo_rl``), a user's spec as ``module:attribute``, or one in a file as
+    ``path/to/file.py:attribute`` (an attribute holding a LifecycleSpec, or a callable returning one)."""
     if isinstance(name, LifecycleSpec):
         return name
+    forms = _SPEC_FORMS.format(presets=", ".join(PRESETS))
     if not isinstance(name, str) or not name:
-        raise ConfigError("spec", name, f"one of {', '.join(PRESETS)} or module:attribute")
+        raise ConfigError("spec", name, forms)
     if name in PRESETS:
         return PRESETS[name]
-    module, sep, attr = name.partition(":")
+    module, sep, attr = name.rpartition(":")
     if not sep or not module or not attr:
-        raise ConfigError("spec", name, f"one of {', '.join(PRESETS)} or module:attribute")
-    try:
-        obj: object = importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError("spec", name, f"an importable module ({exc})") from None
+        raise ConfigError("spec", name, forms)
+    obj: object
+    if module.endswith(".py") or "/" in module or "\\" in module:
+        obj = _load_file(Path(module), name)
+    else:
+        try:
+            obj = importlib.import_module(module)
+        except ImportError as exc:
+            guess = Path(*module.split(".")).with_suffix(".py")
+            raise ConfigError(
+                "spec",
+                name,
+                f"an importable module ({type(exc).__name__}: {exc}); a spec in a file of this folder is loaded by "
+                f"path: --spec {guess}:{attr} (or put its folder on PYTHONPATH)",
+            ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ConfigError("spec", name, f"an attribute {attr!r} of module {module!r}")
+            raise ConfigError("spec", name, f"an attribute {attr!r} of {module!r}")
         obj = getattr(obj, part)
     if callable(obj) and not isinstance(obj, LifecycleSpec):
         obj = obj()
@@ -270,4 +350,4 @@ def resolve_spec(name: str | LifecycleSpec) -> LifecycleSpec:
     return obj
 
 
-__all__ = ["NEMO_RL", "PRESETS", "resolve_spec"]
+__all__ = ["NEMO_RL", "NEMO_RL_ENGINE_UP", "PRESETS", "engine_at_construction", "resolve_spec"]

@@ -93,6 +93,10 @@ class Fact(StrEnum):
     SAVE_PENDING = "save_pending"  # an (async) checkpoint save started and is not finalized yet
 
 
+USER_TRIGGERS: tuple[str, ...] = ("start", "begin_step", "train", "end_validation", "stop")
+"""The triggers the training loop fires (:class:`~colo_fsm.machine.lifecycle.Lifecycle` methods, the checker and
+the testing kit); every other transition is automatic, fired by the machine itself."""
+
 FACT_DESCRIPTIONS: dict[Fact, str] = {
     Fact.ENGINE_BUILT: "Build once: start is refused once it is set, and a second build raises EngineRebuild.",
     Fact.HANDOFF_COMPLETE: (
@@ -120,6 +124,7 @@ class Role(StrEnum):
     """What the runtime does for an action; the action's name is free, its role is not."""
 
     BUILD = "build"  # bring the engine up (once)
+    ADOPT = "adopt"  # take over an engine (and server) that came up in its adapter's constructor: build nothing
     PUBLISH = "publish"  # publish the server base URLs
     LATCH = "latch"  # decide the facts in ``decides`` once (the step's decisions, validation at start)
     LATCH_STOP = "latch_stop"  # the early-stop decision, after validation; True upgrades the step (``upgrades``)
@@ -294,6 +299,12 @@ class LifecycleSpec:
     def writers(self, fact: Fact) -> tuple[str, ...]:
         """Actions that can make ``fact`` True."""
         return tuple(a.name for a in self.actions if fact in a.writes())
+
+    @property
+    def engine_up_at_construction(self) -> bool:
+        """Whether the initial state declares the engine awake: its adapter built it (and its server) in its
+        constructor, and ``start`` adopts it instead of building it (see ``presets.engine_at_construction``)."""
+        return self.state(self.initial).engine is EngineCondition.AWAKE
 
     def reset_facts(self) -> tuple[Fact, ...]:
         """Every fact some action clears."""
@@ -503,6 +514,17 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ),
 )
 
+ADOPT_ENGINE = ActionSpec(
+    "adopt_engine",
+    "Take over the engine (and server) its adapter built in its constructor: it must report awake; builds nothing.",
+    engine=E.AWAKE,
+    role=Role.ADOPT,
+    sets=(F.ENGINE_BUILT,),
+    requests=R.RUNNING,
+)
+"""The action ``start`` runs instead of the build when the engine is up at construction (a variant's, not the
+shipped lifecycle's: see ``presets.engine_at_construction``)."""
+
 _HANDOFF = ("drain_device", "barrier")
 _SUSPEND_ALL = ("pause_collector", "suspend_engine", *_HANDOFF)
 _OFFLOAD = ("offload_training_buffers", *_HANDOFF)
@@ -647,10 +669,12 @@ LIFECYCLE = LifecycleSpec(states=STATES, actions=ACTIONS, transitions=TRANSITION
 
 __all__ = [
     "ACTIONS",
+    "ADOPT_ENGINE",
     "FACT_DESCRIPTIONS",
     "LIFECYCLE",
     "STATES",
     "TRANSITIONS",
+    "USER_TRIGGERS",
     "ActionSpec",
     "Collective",
     "CollectorCondition",

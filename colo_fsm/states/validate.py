@@ -12,6 +12,7 @@ from collections import deque
 from colo_fsm.errors import SpecError
 from colo_fsm.states.rules import LifecycleRule
 from colo_fsm.states.spec import (
+    USER_TRIGGERS,
     Collective,
     CollectorCondition,
     EngineCondition,
@@ -20,7 +21,9 @@ from colo_fsm.states.spec import (
     RequestCondition,
     Role,
     State,
+    TransitionSpec,
 )
+from colo_fsm.states.walk import find_stuck
 
 _REQUESTS_FOR_ENGINE = {
     EngineCondition.ABSENT: RequestCondition.NONE,
@@ -47,8 +50,10 @@ def validate_spec(spec: LifecycleSpec) -> None:
     is set by some action; on every path, work of one kind starts only after the previous kind was drained and
     met at a barrier (so a validation-only wake is drained, barriered and suspended before a save); an async
     save is finalized before any wake and before the run ends; an early stop upgrades its step to save-and-stop;
-    requests are served only in resting states with the engine awake.
+    requests are served only in resting states with the engine awake; no non-final state a run can reach gets
+    stuck (no transition enabled under the facts it is reached with).
     """
+    check_names(spec)
     names = {a.name for a in spec.actions}
     declared = {s.state for s in spec.states}
     for a in spec.actions:
@@ -82,8 +87,14 @@ def validate_spec(spec: LifecycleSpec) -> None:
         if t.dest == spec.initial:
             raise SpecError(where, f"no transition re-enters {spec.initial.value} (the engine is built once)")
         roles = {spec.action(a).role: a for a in t.actions}
-        if Role.BUILD in roles and t.source != spec.initial:
-            raise SpecError(where, f"{roles[Role.BUILD]} only on transitions leaving {spec.initial.value}")
+        for role in (Role.BUILD, Role.ADOPT):
+            if role in roles and t.source != spec.initial:
+                raise SpecError(where, f"{roles[role]} only on transitions leaving {spec.initial.value}")
+        up = spec.engine_up_at_construction
+        wrong = Role.BUILD if up else Role.ADOPT
+        if wrong in roles:
+            said = "awake (up at construction: adopt it)" if up else "absent (built by start)"
+            raise SpecError(where, f"{roles[wrong]}: {spec.initial.value} declares the engine {said}")
         if Role.TEARDOWN in roles and not spec.state(t.dest).terminal:
             raise SpecError(where, f"{roles[Role.TEARDOWN]} only on transitions into a terminal state (Stopped)")
         _check_handoff_order(spec, t.actions, where)
@@ -96,6 +107,59 @@ def validate_spec(spec: LifecycleSpec) -> None:
     _check_reachable(spec)
     _check_deterministic(spec)
     _check_paths(spec)
+    stuck = find_stuck(spec)
+    if stuck is not None:
+        raise SpecError(
+            f"spec {spec.name}", f"every non-final state has a way out under every reachable facts; {stuck}"
+        )
+
+
+def _where(t: TransitionSpec) -> str:
+    """``trigger: Source -> Dest``, readable whatever the fields hold (a typo is named, not crashed on)."""
+
+    def name(x: object) -> str:
+        return x.value if isinstance(x, State) else repr(x)
+
+    return f"{t.trigger if isinstance(t.trigger, str) else repr(t.trigger)}: {name(t.source)} -> {name(t.dest)}"
+
+
+def check_names(spec: LifecycleSpec) -> None:
+    """Raise :class:`SpecError` naming the transition when a source, destination, trigger, guard fact or action
+    is not one the spec declares (the checks every tool runs before it reads the spec)."""
+    declared = {s.state for s in spec.states if isinstance(s.state, State)}
+    for s in spec.states:
+        if not isinstance(s.state, State):
+            raise SpecError(f"state {s.state!r}", f"a colo_fsm.states.State (one of {', '.join(State)})")
+    names = {a.name for a in spec.actions}
+    for t in spec.transitions:
+        where = _where(t)
+        for field_name, value in (("source", t.source), ("destination", t.dest)):
+            if not isinstance(value, State) or value not in declared:
+                hint = (
+                    f" (write State.{State(value).name})"
+                    if value in set(State) and not isinstance(value, State)
+                    else ""
+                )
+                shown = value.value if isinstance(value, State) else repr(value)
+                raise SpecError(
+                    where, f"the {field_name} {shown} is one of the spec's states ({', '.join(sorted(declared))}){hint}"
+                )
+        if not isinstance(t.trigger, str) or not t.trigger.isidentifier():
+            raise SpecError(where, f"the trigger {t.trigger!r} is a name (a Python identifier)")
+        if t.trigger == spec.fail_trigger:
+            raise SpecError(where, f"the trigger {t.trigger!r} is not the fail trigger (the machine fires it itself)")
+        if not t.automatic and t.trigger not in USER_TRIGGERS:
+            raise SpecError(
+                where,
+                f"the trigger {t.trigger!r} is one the training loop fires ({', '.join(USER_TRIGGERS)}), or the "
+                "transition is automatic=True",
+            )
+        for f in (*t.when, *t.unless):
+            if not isinstance(f, Fact):
+                raise SpecError(where, f"the guard {f!r} is a colo_fsm.states.Fact (one of {', '.join(Fact)})")
+        for a in t.actions:
+            if a not in names:
+                raise SpecError(where, f"action {a!r} is declared in spec.actions")
 
 
 _PathState = tuple[State, Collective | None, bool, bool, bool]  # state, last kind, handed off, drained, save pending
@@ -238,4 +302,4 @@ def _check_deterministic(spec: LifecycleSpec) -> None:
                     )
 
 
-__all__ = ["SpecError", "validate_spec"]
+__all__ = ["SpecError", "check_names", "validate_spec"]

@@ -6,16 +6,37 @@ runs adapters; this walk only applies the facts each action declares it sets, cl
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from collections.abc import Mapping
 
 from colo_fsm.errors import ConfigError
-from colo_fsm.states.spec import Fact, LifecycleSpec, Role, State, TransitionSpec
+from colo_fsm.states.spec import ActionSpec, Fact, LifecycleSpec, Role, State, TransitionSpec
+
+
+def stop_upgrades(a: ActionSpec, facts: Mapping[Fact, bool], *, save_on_stop: bool = True) -> tuple[Fact, ...]:
+    """The facts an early stop that said stop upgrades: every declared one, but ``save_this_step`` only over a
+    trained step (before the first step there is nothing new to save) and only when the run saves on an early
+    stop (it checkpoints, or asked to). The runtime, this walk and the checker all read it from here."""
+    return tuple(
+        f
+        for f in a.upgrades
+        if f is not Fact.SAVE_THIS_STEP or (save_on_stop and bool(facts.get(Fact.STEP_TRAINED, False)))
+    )
 
 
 def apply_effects(
-    spec: LifecycleSpec, t: TransitionSpec, facts: dict[Fact, bool], decisions: Mapping[Fact, bool]
+    spec: LifecycleSpec,
+    t: TransitionSpec,
+    facts: dict[Fact, bool],
+    decisions: Mapping[Fact, bool],
+    *,
+    save_on_stop: bool = True,
 ) -> None:
-    """Apply the declared fact effects of ``t``'s actions to ``facts`` (latches read ``decisions``)."""
+    """Apply the declared fact effects of ``t``'s actions to ``facts`` (latches read ``decisions``).
+
+    ``save_on_stop=False``: an early stop upgrades its step to the last one but not to a save (a run that does
+    not checkpoint, unless it asks for a save on early stop)."""
     for name in t.actions:
         a = spec.action(name)
         if a.issues is not None:
@@ -24,7 +45,7 @@ def apply_effects(
             for f in a.decides:
                 facts[f] = bool(decisions.get(f, False))
             if a.role is Role.LATCH_STOP and any(facts[f] for f in a.decides):
-                for f in a.upgrades:
+                for f in stop_upgrades(a, facts, save_on_stop=save_on_stop):
                     facts[f] = True
         for f in a.cleared():
             facts[f] = False
@@ -32,11 +53,47 @@ def apply_effects(
             facts[f] = True
 
 
+def find_stuck(spec: LifecycleSpec, *, limit: int = 200_000) -> str | None:
+    """The first place ``spec`` gets stuck, or None: a non-final state that some run reaches (every latch
+    deciding either way, an early stop saving or not) with facts under which no transition can leave it.
+
+    Cheap: one walk over (state, facts) pairs on the declared effects, no ranks and no interleavings.
+    """
+    start = (spec.initial, frozenset[Fact]())
+    seen = {start}
+    queue = deque([start])
+    while queue:
+        state, true = queue.popleft()
+        facts = {f: f in true for f in Fact}
+        enabled = [t for t in spec.outgoing(state) if t.enabled(facts)]
+        auto = [t for t in enabled if t.automatic]
+        moves = auto[:1] if auto else [t for t in enabled if not t.automatic]
+        if not moves and not spec.state(state).final:
+            on = ", ".join(sorted(f.value for f in true)) or "none"
+            return f"stuck in {state.value}: no transition enabled (facts: {on})"
+        for t in moves:
+            latches = [spec.action(n) for n in t.actions if spec.action(n).role in (Role.LATCH, Role.LATCH_STOP)]
+            decided = tuple(dict.fromkeys(f for a in latches for f in a.decides))
+            stops = any(spec.action(n).role is Role.LATCH_STOP for n in t.actions)
+            for values in itertools.product((False, True), repeat=len(decided)):
+                for save_on_stop in (True, False) if stops else (True,):
+                    nxt = dict(facts)
+                    apply_effects(spec, t, nxt, dict(zip(decided, values)), save_on_stop=save_on_stop)
+                    key = (t.dest, frozenset(f for f, v in nxt.items() if v))
+                    if key not in seen:
+                        seen.add(key)
+                        queue.append(key)
+        if len(seen) > limit:
+            break
+    return None
+
+
 def walk_step(
     spec: LifecycleSpec,
     decisions: Mapping[Fact, bool],
     *,
     through_validation: bool = False,
+    save_on_stop: bool = True,
     max_transitions: int = 100,
 ) -> State:
     """The state a training step rests in: ``begin_step`` and ``train`` from the state that begins steps, every
@@ -55,7 +112,7 @@ def walk_step(
         budget[0] -= 1
         if budget[0] < 0:
             raise ConfigError("spec", spec.name, "a step that ends (the walk went round in circles)")
-        apply_effects(spec, t, facts, decisions)
+        apply_effects(spec, t, facts, decisions, save_on_stop=save_on_stop)
         state = t.dest
         while True:
             auto = [x for x in spec.outgoing(state) if x.automatic and x.enabled(facts)]
@@ -64,7 +121,7 @@ def walk_step(
             budget[0] -= 1
             if budget[0] < 0:
                 raise ConfigError("spec", spec.name, "a step that ends (the walk went round in circles)")
-            apply_effects(spec, auto[0], facts, decisions)
+            apply_effects(spec, auto[0], facts, decisions, save_on_stop=save_on_stop)
             state = auto[0].dest
 
     for trigger in ("begin_step", "train"):
@@ -80,4 +137,16 @@ def walk_step(
     return state
 
 
-__all__ = ["apply_effects", "walk_step"]
+def last_step_validates(spec: LifecycleSpec) -> bool:
+    """Whether ``spec``'s last step can wake the engine for validation (what ``val_at_end`` needs): a step latched
+    validate-and-last rests in a validation-only state, walked over the declared effects."""
+    decisions = {Fact.VALIDATE_THIS_STEP: True, Fact.LAST_STEP: True}
+    try:
+        return any(
+            spec.state(walk_step(spec, {**decisions, Fact.SAVE_THIS_STEP: save})).validates for save in (False, True)
+        )
+    except ConfigError:
+        return False
+
+
+__all__ = ["apply_effects", "find_stuck", "last_step_validates", "stop_upgrades", "walk_step"]

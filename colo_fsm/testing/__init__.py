@@ -35,20 +35,26 @@ from colo_fsm.testing.scenarios import SCENARIOS
 # pytest plugin still import, and asking for a machine name says what to install.
 _MACHINE = (
     "Adapters",
+    "KitHandle",
     "LifecycleMachine",
     "check_lifecycle",
+    "exercise_ranks",
     "lifecycle_machine",
     "lifecycle_test_case",
     "recording_fakes",
+    "spec_fakes",
 )
 if hypothesis_available():
     from colo_fsm.testing.lifecycle_machine import (
         Adapters,
+        KitHandle,
         LifecycleMachine,
         check_lifecycle,
+        exercise_ranks,
         lifecycle_machine,
         lifecycle_test_case,
         recording_fakes,
+        spec_fakes,
     )
 else:
 
@@ -71,6 +77,7 @@ __all__ = [
     "FakeReplayBuffer",
     "FakeRequestSource",
     "Journal",
+    "KitHandle",
     "LifecycleMachine",
     "RecordingCollector",
     "RecordingDrain",
@@ -80,9 +87,11 @@ __all__ = [
     "check",
     "check_all",
     "check_lifecycle",
+    "exercise_ranks",
     "lifecycle_machine",
     "lifecycle_settings",
     "lifecycle_test_case",
     "recording_adapters",
     "recording_fakes",
+    "spec_fakes",
 ]

@@ -54,7 +54,16 @@ from colo_fsm.states.spec import (
     State,
     TransitionSpec,
 )
-from colo_fsm.testing.scenarios import EXTRA_SCENARIOS, SCENARIOS, VAL_AT_START_SCENARIOS, StepPlan, scenarios_for
+from colo_fsm.states.validate import check_names
+from colo_fsm.states.walk import stop_upgrades
+from colo_fsm.testing.scenarios import (
+    EXTRA_SCENARIOS,
+    SCENARIOS,
+    STOP_AT_START_SCENARIOS,
+    VAL_AT_START_SCENARIOS,
+    StepPlan,
+    scenarios_for,
+)
 
 R = LifecycleRule
 
@@ -106,11 +115,14 @@ class Program:
 _STEP_FACTS = (Fact.SAVE_THIS_STEP, Fact.VALIDATE_THIS_STEP, Fact.LAST_STEP)
 
 
-def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start: bool = False) -> Program:
+def plan_program(
+    spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start: bool = False, stop_at_start: bool = False
+) -> Program:
     """The transitions the spec selects for ``steps`` (the last one is the run's last), flattened into ops.
 
     Guards are evaluated on facts the actions declare (``sets``, ``clears``, ``decides``, ``upgrades``), exactly
-    as the runtime applies them; a latch's decisions come from ``steps`` (and ``val_at_start``). Problems found
+    as the runtime applies them; a latch's decisions come from ``steps`` (and ``val_at_start``; ``stop_at_start``:
+    the early stop decided by the validation at start says stop, so no step runs). Problems found
     while planning are returned in ``problems``: a stuck state, a second build, a teardown outside a terminal
     state, training or a save with the engine awake, a double or missing bump, a collector resumed after the
     last step latched (an engine resume then only into a validation-only state), a wake with an async save not
@@ -142,7 +154,7 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start
             Fact.VALIDATE_THIS_STEP: plan.validate,
             Fact.LAST_STEP: i == len(steps) - 1,
             Fact.VALIDATE_AT_START: val_at_start,
-            Fact.STOP_EARLY: plan.early_stop,
+            Fact.STOP_EARLY: plan.early_stop if step is not None else stop_at_start,
         }.get(fact, False)
 
     def run(t: TransitionSpec) -> None:
@@ -195,8 +207,12 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start
                 facts[Fact.HANDOFF_COMPLETE] = False
             if role is Role.RESUME and requests is not RequestCondition.PARKED:
                 problems.append(f"{where}: resume with requests {requests.value} (each parked request resumes once)")
-            if role is Role.BUILD:
+            if role in (Role.BUILD, Role.ADOPT):  # adopting an engine up at construction is its one bring-up
                 builds += 1
+                if role is Role.BUILD and spec.engine_up_at_construction:
+                    problems.append(
+                        R.BUILD_ONCE.tag(f"{where}: the engine is built although it came up at construction")
+                    )
                 if builds > 1:
                     problems.append(R.BUILD_ONCE.tag(f"{where}: the engine is built a second time (build once)"))
             elif role is Role.TEARDOWN and not spec.state(t.dest).terminal:
@@ -218,7 +234,7 @@ def plan_program(spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start
                     facts[f] = decision(f, plan, step if step is not None else 0)
                 if role is Role.LATCH_STOP and any(facts[f] for f in act.decides):
                     early_stopped = step
-                    for f in act.upgrades:
+                    for f in stop_upgrades(act, facts):
                         facts[f] = True
             for f in act.cleared():
                 facts[f] = False
@@ -472,11 +488,13 @@ def check(
         raise ConfigError("scenario", scenario, f"one of {', '.join(known)}")
     if not callable(drain_factory):
         raise ConfigError("drain_factory", drain_factory, "a callable local_rank -> drain with target_device()")
+    check_names(spec)  # an unknown state, trigger or action is a SpecError naming the transition
     t0 = time.perf_counter()
     plan = tuple(steps) if steps is not None else known[scenario]
     vas = val_at_start if val_at_start is not None else scenario in VAL_AT_START_SCENARIOS
-    others = plan_program(spec, plan, val_at_start=vas)
-    first = plan_program(spec, rank0_steps, val_at_start=vas) if rank0_steps is not None else others
+    sas = steps is None and scenario in STOP_AT_START_SCENARIOS
+    others = plan_program(spec, plan, val_at_start=vas, stop_at_start=sas)
+    first = plan_program(spec, rank0_steps, val_at_start=vas, stop_at_start=sas) if rank0_steps is not None else others
     programs = [first] + [others] * (ranks - 1)
     targets = [int(drain_factory(r).target_device()) for r in range(ranks)]
     symmetric = all(targets[r] == r for r in range(1, ranks)) or all(
@@ -618,16 +636,23 @@ def main(argv: Sequence[str] | None = None, **check_kwargs: Any) -> int:
     ap.add_argument(
         "--spec",
         default="lifecycle",
-        help="the lifecycle to check: lifecycle (default), nemo_rl, or your own as module:attribute",
+        help="the lifecycle to check: lifecycle (default), nemo_rl, or your own as module:ATTR or path/to/file.py:ATTR",
     )
     ap.add_argument("--json", type=Path, help="also write the results as JSON to this path")
     args = ap.parse_args(argv)
     from colo_fsm.states.presets import resolve_spec
+    from colo_fsm.states.validate import validate_spec
 
     try:
         spec = resolve_spec(check_kwargs.pop("spec", None) or args.spec)
     except ConfigError as exc:
         ap.error(f"argument --spec: {exc}")
+    try:
+        validate_spec(spec)  # a spec the static rules reject is a violation, before any interleaving is explored
+    except ConfigError as exc:
+        print(f"spec {spec.name}: {type(exc).__name__}: {exc}")
+        print("total: 0 states; 1 violation(s)")
+        return 1
     if args.scenario:
         unknown = [n for n in args.scenario if n not in scenarios_for(spec)]
         if unknown:

@@ -87,12 +87,14 @@ class RecordingEngine(_Faulty):
         reads_weights_in_place: bool = True,
         urls: Sequence[str] = (),
         tokens_per_request: int = 3,
+        up: bool = False,
     ) -> None:
         super().__init__(journal)
         self.reads_weights_in_place = reads_weights_in_place
         self.urls = list(urls)
         self.builds = 0
-        self.condition = "absent"
+        self.up_at_construction = up  # built (with its server) in the constructor, as NeMo-RL's MegatronGeneration
+        self.condition = "awake" if up else "absent"
         self.tokens_per_request = tokens_per_request
         self.queued: dict[int, int] = {}  # request id -> tokens left
         self.running: dict[int, int] = {}
@@ -106,6 +108,8 @@ class RecordingEngine(_Faulty):
 
     def bring_up(self) -> None:
         self._call("bring_up")
+        if self.up_at_construction:
+            raise RuntimeError("bring_up of an engine built in its constructor (a spec that adopts it builds nothing)")
         self.builds += 1
         self.condition = "awake"
         self.running.update(self.queued)
@@ -216,6 +220,15 @@ class ModalEngine(RecordingEngine):
         return ModeReport(current=self.mode, training=self.training_mode)
 
 
+def count_samples(batch: Any) -> int:
+    """Samples in a batch: a mapping of per-sample columns counts its first column's rows, never its keys;
+    anything else with a ``len`` counts that; otherwise 0."""
+    if isinstance(batch, Mapping):
+        first = next(iter(batch.values()), ())
+        return len(first) if hasattr(first, "__len__") else 0
+    return len(batch) if hasattr(batch, "__len__") else 0
+
+
 class RecordingTrainer(_Faulty):
     """A fake trainer: counts steps and saves, keeps saved checkpoints in memory."""
 
@@ -230,8 +243,7 @@ class RecordingTrainer(_Faulty):
     def train_step(self, batch: Any) -> StepResult:
         self._call("train_step")
         self.steps += 1
-        n = len(batch) if hasattr(batch, "__len__") else 0
-        return StepResult(metrics={"loss": 1.0 / self.steps}, consumed_samples=n)
+        return StepResult(metrics={"loss": 1.0 / self.steps}, consumed_samples=count_samples(batch))
 
     def offload_buffers(self) -> None:
         self._call("offload_buffers")
@@ -300,11 +312,12 @@ class RecordingDrain:
 
 
 def recording_adapters(
-    *, urls: Sequence[str] = ()
+    *, urls: Sequence[str] = (), engine_up: bool = False
 ) -> tuple[Journal, RecordingEngine, RecordingTrainer, RecordingCollector, RecordingDrain]:
-    """One journal and the four recording fakes writing to it."""
+    """One journal and the four recording fakes writing to it (``engine_up``: the engine is built in its
+    constructor, for a spec that adopts it)."""
     j = Journal()
-    engine = RecordingEngine(j, urls=urls)
+    engine = RecordingEngine(j, urls=urls, up=engine_up)
     return j, engine, RecordingTrainer(j), RecordingCollector(j, engine=engine), RecordingDrain(j)
 
 

@@ -24,6 +24,7 @@ Adapters may be ``async def``: coroutines are run on an event loop the machine o
 from __future__ import annotations
 
 import collections
+import dataclasses
 import inspect
 import threading
 from collections.abc import Callable
@@ -60,7 +61,7 @@ from colo_fsm.states.spec import (
     Role,
     State,
 )
-from colo_fsm.states.walk import walk_step
+from colo_fsm.states.walk import last_step_validates, walk_step
 from colo_fsm.testing.fakes import (
     FakeClock,
     FakeReplayBuffer,
@@ -129,32 +130,85 @@ or one: the :class:`KitHandle` of the program, whose ``lifecycle`` is set once t
 
 @dataclass
 class KitHandle:
-    """What the kit hands your adapter factory: the lifecycle it builds for the program (set after your adapters
-    are built, before anything runs) and the spec it runs."""
+    """What the kit hands your factories (adapters, checkpoint, validation, early stop, drain, validator): the
+    spec it runs, the rank and local rank, and the lifecycle it builds for the program (set right after it is
+    built, before anything runs: a rule or validator reads it when it is called, e.g. ``last_validation``)."""
 
     spec: LifecycleSpec
     lifecycle: Lifecycle | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    rank: int = 0
+    local_rank: int = 0
+
+    @property
+    def last_validation(self) -> Any:
+        """The lifecycle's latest validation metrics (None before the first validation)."""
+        return self.lifecycle.last_validation if self.lifecycle is not None else None
+
+    @property
+    def step(self) -> int:
+        """The lifecycle's step index (steps trained so far, from ``start_step``)."""
+        return self.lifecycle.step_index if self.lifecycle is not None else 0
 
 
-def recording_fakes() -> Adapters:
-    """The recording fakes of :mod:`colo_fsm.testing.fakes`, with probes reading their own conditions."""
+def recording_fakes(*, engine_up: bool = False) -> Adapters:
+    """The recording fakes of :mod:`colo_fsm.testing.fakes`, with probes reading their own conditions
+    (``engine_up``: the engine is built in its constructor, for a spec that adopts it)."""
     j = Journal()
-    engine = RecordingEngine(j, urls=["http://127.0.0.1:8000/v1"])
+    engine = RecordingEngine(j, urls=["http://127.0.0.1:8000/v1"], up=engine_up)
     collector = RecordingCollector(j, engine=engine)
     return Adapters(engine, RecordingTrainer(j), collector)
 
 
-def _call_factory(factory: AdapterFactory, handle: KitHandle) -> Any:
+def spec_fakes(handle: KitHandle | None = None) -> Adapters:
+    """:func:`recording_fakes` shaped for the handle's spec (the engine up at construction when it adopts one)."""
+    return recording_fakes(engine_up=handle is not None and handle.spec.engine_up_at_construction)
+
+
+def _required_positional(factory: Callable[..., Any]) -> int:
+    """Positional parameters the kit fills: the required ones, and one named ``handle`` even with a default."""
     try:
-        params = [
-            p
-            for p in inspect.signature(factory).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-        ]
+        return len(
+            [
+                p
+                for p in inspect.signature(factory).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and (p.default is p.empty or p.name == "handle")
+            ]
+        )
     except (TypeError, ValueError):
-        params = []
-    return factory(handle) if params else factory()
+        return 0
+
+
+def _call_factory(factory: Callable[..., Any], *args: Any) -> Any:
+    """Call ``factory`` with as many of ``args`` as it takes required positional parameters (the handle last for
+    a drain factory: ``drain_factory(local_rank)`` or ``drain_factory(local_rank, handle)``)."""
+    return factory(*args[: _required_positional(factory)])
+
+
+def build_components(
+    handle: KitHandle,
+    *,
+    checkpoint_factory: Callable[..., Any] | None = None,
+    validation_factory: Callable[..., Any] | None = None,
+    early_stop_factory: Callable[..., Any] | None = None,
+    drain_factory: Callable[..., Any] | None = None,
+    validator_factory: Callable[..., Any] | None = None,
+) -> dict[str, Any]:
+    """Your components for one program, each factory called with the program's :class:`KitHandle` (when it takes
+    an argument; ``drain_factory`` with the local rank, then the handle): only the ones you gave."""
+    out: dict[str, Any] = {}
+    for key, factory in (
+        ("checkpoint", checkpoint_factory),
+        ("validation", validation_factory),
+        ("early_stop", early_stop_factory),
+        ("validator", validator_factory),
+    ):
+        if factory is not None:
+            out[key] = _call_factory(factory, handle)
+    if drain_factory is not None:
+        out["drain"] = _call_factory(drain_factory, handle.local_rank, handle)
+    return out
 
 
 def as_adapters(obj: Any) -> Adapters:
@@ -246,14 +300,6 @@ def callable_targets(spec: LifecycleSpec, state: State, *, inline_validator: boo
 _ALL_TRIGGERS: tuple[str, ...] = tuple(dict.fromkeys(t for spec in PRESETS.values() for t in spec.triggers()))
 
 
-def _last_step_may_validate(spec: LifecycleSpec) -> bool:
-    """Whether some transition into a validation-only state is allowed on the last step."""
-    return any(
-        spec.state(t.dest).validates and Fact.LAST_STEP not in t.unless and Fact.VALIDATE_THIS_STEP in t.when
-        for t in spec.transitions
-    )
-
-
 def _watched_drain(
     inner: Callable[[], object], local_rank: int, log: EventLog, faults: FaultSwitch
 ) -> Callable[[], object]:
@@ -276,16 +322,27 @@ def _watched_drain(
     return drain
 
 
-def _fit_config(cfg: RunConfig, decided: set[Fact]) -> RunConfig:
-    """Drop the drawn options a spec has no place for (validation at start, early stop)."""
+def _fit_config(cfg: RunConfig, spec: LifecycleSpec, *, user_validation: bool = False) -> RunConfig:
+    """Drop the drawn options a spec has no place for (the lifecycle refuses them): validation at start or at
+    the end, and an early stop in a spec without one or a run that never validates."""
     import dataclasses
 
+    decided = {f for a in spec.actions for f in a.decides}
     changes: dict[str, Any] = {}
     if Fact.VALIDATE_AT_START not in decided:
         changes["val_at_start"] = False
-    if Fact.STOP_EARLY not in decided:
-        changes["early_stop_at"] = None
-    return dataclasses.replace(cfg, **changes) if changes else cfg
+    if cfg.val_at_end and not last_step_validates(spec):
+        changes["val_at_end"] = False
+    cfg = dataclasses.replace(cfg, **changes) if changes else cfg
+    validates = user_validation or cfg.validate_every is not None or cfg.val_at_start or cfg.val_at_end
+    if Fact.STOP_EARLY not in decided or not validates:
+        return dataclasses.replace(cfg, early_stop_at=None, save_on_early_stop=None)
+    at, every = cfg.early_stop_at, cfg.validate_every
+    if at is not None and every is not None and not (at == 0 and cfg.val_at_start and cfg.start_step == 0):
+        # where a validation asks it: the first validating step at or after the drawn one (steps trained)
+        at = max(at, cfg.start_step + 1)
+        cfg = dataclasses.replace(cfg, early_stop_at=at + (-at) % every)
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------- programs
@@ -307,7 +364,8 @@ class RunConfig:
     control_headroom: int
     val_at_start: bool = False  # used when the spec decides validate_at_start
     val_at_end: bool = False
-    early_stop_at: int | None = None  # the step whose early-stop latch says stop (a spec with one)
+    early_stop_at: int | None = None  # steps trained when the early-stop latch says stop (0: at start)
+    save_on_early_stop: bool | None = None  # LifecycleConfig's: None saves an early stop iff the run checkpoints
 
 
 @st.composite
@@ -317,7 +375,7 @@ def run_configs(draw: st.DrawFn) -> RunConfig:
     start_step = draw(st.integers(0, (num_steps - 1) if num_steps else 3)) if draw(st.booleans()) else 0
     amc = draw(st.sampled_from([16, 64, 256, 1000]))
     spg = draw(st.integers(1, 16))
-    return RunConfig(
+    cfg = RunConfig(
         num_steps=num_steps,
         start_step=start_step,
         start_weight_version=draw(st.integers(0, 3)),
@@ -334,6 +392,9 @@ def run_configs(draw: st.DrawFn) -> RunConfig:
         val_at_end=draw(st.booleans()),
         early_stop_at=draw(st.one_of(st.none(), st.integers(0, 5))),
     )
+    # derived, not drawn: a draw of its own would move every derandomized program after it
+    derived = (True, None, True, False)[(amc + spg + cfg.num_prompts_per_step) % 4]
+    return dataclasses.replace(cfg, save_on_early_stop=derived)
 
 
 @dataclass
@@ -370,14 +431,16 @@ class LifecycleMachine(RuleBasedStateMachine):
     * ``use_async_lifecycle``: drive an :class:`AsyncLifecycle` on the machine's own event loop;
     * ``async_training``: passed to :class:`LifecycleConfig` (False for engines that refit weights);
     * your components, used instead of the kit's own when given: ``barrier_factory()`` (a Barrier),
-      ``drain_factory(local_rank)`` (a drain callable), ``validator(step, weight_version)``,
-      ``checkpoint_factory()``, ``validation_factory()``, ``early_stop_factory()`` (LatchedDecisions; the oracle
-      then reads their latched answers) and ``batch_factory(trajectories, step)`` (the batch your
-      ``train_step`` gets; by default the batch is the list of the weight versions of the trajectories the
-      replay buffer handed out, a ``list[int]``).
+      ``drain_factory(local_rank[, handle])`` (a drain callable), ``validator(step, weight_version)`` or
+      ``validator_factory(handle)`` (returning one), ``checkpoint_factory(handle)``, ``validation_factory(handle)``,
+      ``early_stop_factory(handle)`` (LatchedDecisions; the oracle then reads their latched answers; each factory
+      may also take no argument) and ``batch_factory(trajectories, step)`` (the batch your ``train_step`` gets;
+      by default the list of the weight versions of the trajectories the replay buffer handed out, a
+      ``list[int]``). The handle is the program's :class:`KitHandle`; its ``lifecycle`` is set before anything
+      runs, so a rule reads it when it is asked.
     """
 
-    adapters_factory: ClassVar[AdapterFactory] = recording_fakes
+    adapters_factory: ClassVar[AdapterFactory] = spec_fakes
     spec: ClassVar[LifecycleSpec] = LIFECYCLE
     check_spec: ClassVar[bool] = True
     lifecycle_class: ClassVar[type[Lifecycle]] = Lifecycle
@@ -389,11 +452,12 @@ class LifecycleMachine(RuleBasedStateMachine):
     use_async_lifecycle: ClassVar[bool] = False
     async_training: ClassVar[bool] = True
     barrier_factory: ClassVar[Callable[[], Any] | None] = None
-    drain_factory: ClassVar[Callable[[int], Callable[[], object]] | None] = None
+    drain_factory: ClassVar[Callable[..., Callable[[], object]] | None] = None
     validator: ClassVar[Callable[[int, int], Any] | None] = None
-    checkpoint_factory: ClassVar[Callable[[], LatchedDecision] | None] = None
-    validation_factory: ClassVar[Callable[[], LatchedDecision] | None] = None
-    early_stop_factory: ClassVar[Callable[[], LatchedDecision] | None] = None
+    validator_factory: ClassVar[Callable[..., Callable[[int, int], Any]] | None] = None
+    checkpoint_factory: ClassVar[Callable[..., LatchedDecision] | None] = None
+    validation_factory: ClassVar[Callable[..., LatchedDecision] | None] = None
+    early_stop_factory: ClassVar[Callable[..., LatchedDecision] | None] = None
     batch_factory: ClassVar[Callable[[list[int], int], Any] | None] = None
 
     def __init__(self) -> None:
@@ -415,11 +479,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         cls = type(self)
         spec = cls.spec
         decided = {f for a in spec.actions for f in a.decides}
-        cfg = _fit_config(cfg, decided)
+        cfg = _fit_config(cfg, spec, user_validation=cls.validation_factory is not None)
         self.cfg = cfg
-        self.handle = KitHandle(spec)
+        self.handle = KitHandle(spec, local_rank=cls.local_rank)
         self.ad = as_adapters(_call_factory(cls.adapters_factory, self.handle))
-        self.conditions = Conditions()
+        self.conditions = Conditions(engine=spec.state(spec.initial).engine)
         self.log = EventLog(self._state_name, self.conditions, self._probe)
         self.faults = FaultSwitch()
         self.engine = WatchedEngine(self.ad.engine, self.log, self.faults, self.runner)
@@ -432,31 +496,33 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.clock = FakeClock()
         self.deadline_at = None if cfg.must_save_by_s is None else self.clock() + cfg.must_save_by_s
         self.deadline_fired = False
-        if cls.drain_factory is not None:
-            drain = _watched_drain(cls.drain_factory(cls.local_rank), cls.local_rank, self.log, self.faults)
+        runs_early_stop = Fact.STOP_EARLY in decided and (
+            cls.validation_factory is not None or cfg.validate_every is not None or cfg.val_at_start or cfg.val_at_end
+        )
+        user = build_components(
+            self.handle,
+            checkpoint_factory=cls.checkpoint_factory,
+            validation_factory=cls.validation_factory,
+            early_stop_factory=cls.early_stop_factory if runs_early_stop else None,
+            drain_factory=cls.drain_factory,
+            validator_factory=cls.validator_factory,
+        )
+        if "drain" in user:
+            drain = _watched_drain(user["drain"], cls.local_rank, self.log, self.faults)
         else:
             drain = cls.drain_class(cls.local_rank, synchronize=watched_synchronize(self.log, self.faults))
         inner_barrier = cls.barrier_factory() if cls.barrier_factory is not None else SoloBarrier()
-        self.user_decisions = {
-            "checkpoint": cls.checkpoint_factory is not None,
-            "validation": cls.validation_factory is not None,
-            "early_stop": cls.early_stop_factory is not None,
-        }
-        checkpoint = (
-            cls.checkpoint_factory()
-            if cls.checkpoint_factory is not None
-            else cls.checkpoint_class(cfg.checkpoint_every, must_save_by_s=cfg.must_save_by_s, clock=self.clock)
+        self.user_decisions = {key: key in user for key in ("checkpoint", "validation", "early_stop")}
+        self.user_validator = user.get("validator", cls.validator)
+        checkpoint = user.get("checkpoint") or cls.checkpoint_class(
+            cfg.checkpoint_every, must_save_by_s=cfg.must_save_by_s, clock=self.clock
         )
-        validation = (
-            cls.validation_factory() if cls.validation_factory is not None else ValidationDecision(cfg.validate_every)
-        )
+        validation = user.get("validation") or ValidationDecision(cfg.validate_every)
         early_stop: LatchedDecision | None = None
-        if Fact.STOP_EARLY in decided:
+        if runs_early_stop:
             at = cfg.early_stop_at
-            early_stop = (
-                cls.early_stop_factory()
-                if cls.early_stop_factory is not None
-                else LatchedDecision("early_stop", lambda step: at is not None and step == at)
+            early_stop = user.get("early_stop") or LatchedDecision(
+                "early_stop", lambda step: at is not None and step == at
             )
         self.lc = cls.lifecycle_class(
             self.engine,
@@ -469,6 +535,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 async_training=cls.async_training,
                 val_at_start=cfg.val_at_start,
                 val_at_end=cfg.val_at_end,
+                save_on_early_stop=cfg.save_on_early_stop if early_stop is not None else None,
             ),
             drain=drain,
             barrier=WatchedBarrier(inner_barrier, self.log, self.faults),
@@ -497,6 +564,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.scan_pos = 0
         self.trace_pos = 0
         self.builds = 0
+        self.adopts = spec.engine_up_at_construction  # the engine came up in its constructor: never built here
         self.last_latched_at: int | None = None
         self.validations = 0
         self.fault_waited = 0
@@ -564,9 +632,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         ):
             never.add(("trainer", "save_checkpoint"))
             never.add(("trainer", "finalize_checkpoint"))
-        last_validates = cfg.val_at_end and _last_step_may_validate(spec)
+        last_validates = cfg.val_at_end and last_step_validates(spec)
         not_last = ahead[:-1] if cfg.num_steps is not None and not last_validates else ahead
-        at_start = cfg.val_at_start and self.lc.state in (S.CREATED, S.STARTING) and first == 0
+        at_start = cfg.val_at_start and self.lc.state in (S.CREATED, S.STARTING)
         if not at_start and not (
             (cfg.validate_every and any((s + 1) % cfg.validate_every == 0 for s in not_last))
             or (last_validates and cfg.num_steps is not None)
@@ -602,7 +670,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.log.add("validator", "validate", "call", (step, weight_version))
         self.faults.check("validator", "validate")
         self.validations += 1
-        user = type(self).validator
+        user = self.user_validator
         if user is not None:
             return user(step, weight_version)
         return {"accuracy": 1.0}
@@ -694,12 +762,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             last=last,
             event_index=at,
             wv_before=wv,
-            early_stop=lc.early_stop is not None and not user["early_stop"] and cfg.early_stop_at == step,
+            early_stop=lc.early_stop is not None and not user["early_stop"] and cfg.early_stop_at == step + 1,
         )
         self.steps.append(rec)
         got = (lc.facts[Fact.SAVE_THIS_STEP], lc.facts[Fact.VALIDATE_THIS_STEP], lc.facts[Fact.LAST_STEP])
         stops = lc.early_stop is not None and lc.facts[Fact.STOP_EARLY]  # latched after validation: save-and-stop
-        want = (rec.save or stops, rec.validate, rec.last or stops)
+        want = (rec.save or (stops and lc.saves_on_early_stop), rec.validate, rec.last or stops)
         assert got == want, f"step {step}: latched save/validate/last={got}, the rules say {want}"
         if rec.last:
             self.last_latched_at = at
@@ -711,14 +779,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         spec = lc.spec
         stop_latched = rec.early_stop
         if self.user_decisions["early_stop"] and lc.early_stop is not None:
-            stop_latched = bool(lc.early_stop.peek(rec.step))
+            stop_latched = bool(lc.early_stop.peek(rec.step + 1))  # asked with the steps trained, as the validator
         decisions = {
             Fact.SAVE_THIS_STEP: rec.save,
             Fact.VALIDATE_THIS_STEP: rec.validate,
             Fact.LAST_STEP: rec.last,
             Fact.STOP_EARLY: stop_latched,
         }
-        return walk_step(spec, decisions, through_validation=inline)
+        return walk_step(spec, decisions, through_validation=inline, save_on_stop=lc.saves_on_early_stop)
 
     def _step_outcome(self, rec: StepRecord, *, inline: bool) -> None:
         """After a step that ran through: it saved iff decided, once, and rests where the spec says.
@@ -745,7 +813,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         validated = any(spec.state(e.state).validates for e in events)
         if rec.early_stop and validated and spec.with_role(Role.LATCH_STOP):
             assert stops, f"step {rec.step}: the early-stop decision said stop after validation, the machine did not"
-        want = [(rec.step + 1, wv)] if rec.save or stops else []
+        want = [(rec.step + 1, wv)] if rec.save or (stops and lc.saves_on_early_stop) else []
         assert saves == want, (
             f"step {rec.step}: the latched decisions said save={rec.save} early_stop={stops}, saves made: {saves} "
             f"(expected {want}: decided once, saved exactly once; an early stop saves and ends the run)"
@@ -922,7 +990,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             name = ev.name
             if name == "engine.bring_up":
                 self.builds += 1
-                if self.builds > 1:
+                if self.adopts:
+                    v["build_once"].append(
+                        f"event {ev.index}: engine.bring_up although spec {self.spec.name} adopts an engine up "
+                        "at construction"
+                    )
+                elif self.builds > 1:
                     v["build_once"].append(f"event {ev.index}: engine.bring_up called {self.builds} times")
             elif name == "engine.shutdown" and ev.state != S.STOPPED.value:
                 v["teardown"].append(f"event {ev.index}: engine.shutdown in {ev.state} (only at Stopped)")
@@ -942,7 +1015,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"event {ev.index}: {name} in {ev.state} after the last step latched (only a "
                         "validation-only wake may follow it)"
                     )
-                if self.builds == 0:
+                if self.builds == 0 and not self.adopts:
                     v["build_once"].append(f"event {ev.index}: {name} before the engine was built")
             elif name == "validator.validate" and (ev.engine is not E.AWAKE or ev.collector is not C.PAUSED):
                 v["validation_wake"].append(
@@ -1021,11 +1094,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         """Park, don't drain: no decode step runs while the state declares the requests parked, and the engine
         holds them as declared (parked in a handoff, none left parked after a resume)."""
         lc = self.lc
-        if lc is None or lc.state is S.FAILED:
+        if lc is None:
+            return
+        now = self._decode_count()
+        before, self.decode_seen = self.decode_seen, now  # counted in Failed too, so no decode is blamed later
+        if lc.state is S.FAILED:
             return
         decl = lc.spec.state(lc.state)
-        now = self._decode_count()
-        before, self.decode_seen = self.decode_seen, now
         if now is not None and before is not None and now > before and decl.requests is not RequestCondition.RUNNING:
             raise AssertionError(
                 f"{now - before} decode step(s) ran in {lc.state.value}, where the spec declares requests "
@@ -1286,14 +1361,25 @@ def exercise_ranks(
     spec: LifecycleSpec = LIFECYCLE,
     steps: int = 4,
     timeout_s: float = 60.0,
+    batch_factory: Callable[[list[int], int], Any] | None = None,
+    drain_factory: Callable[..., Callable[[], object]] | None = None,
+    validator: Callable[[int, int], Any] | None = None,
+    validator_factory: Callable[..., Callable[[int, int], Any]] | None = None,
+    checkpoint_factory: Callable[..., LatchedDecision] | None = None,
+    validation_factory: Callable[..., LatchedDecision] | None = None,
+    early_stop_factory: Callable[..., LatchedDecision] | None = None,
     **check_kwargs: Any,
 ) -> RanksResult:
     """Drive ``ranks`` sets of *your* adapters (one factory call per rank) as thread ranks meeting at a barrier
     through a short run of ``spec`` (a save, a validation, the last step), auditing each rank's calls for the
     handoff rules, then prove every interleaving of ``ranks`` ranks of the spec with the exhaustive checker.
 
-    A factory that raises, an adapter that fails, or a handoff violation raises AssertionError naming the rank.
-    With ``factory=None`` only the spec is checked, and the result says so (``adapters_exercised=False``).
+    Your components are used as the lifecycle machine uses them: ``batch_factory(trajectories, step)`` builds
+    the batch each step trains on (default: the list of trajectory weight versions), ``drain_factory(local_rank[,
+    handle])`` the drain (default: the shipped DeviceDrain of device ``rank``), and the decision and validator
+    factories take the rank's :class:`KitHandle`. A factory that raises, an adapter that fails, or a handoff
+    violation raises AssertionError naming the rank. With ``factory=None`` only the spec is checked, and the
+    result says so (``adapters_exercised=False``).
     """
     from colo_fsm.guards.barrier import ThreadBarrier
     from colo_fsm.testing.checker import check_all
@@ -1305,20 +1391,40 @@ def exercise_ranks(
     errors: dict[int, BaseException] = {}
     calls = [0] * ranks
     decided = {f for a in spec.actions for f in a.decides}
+    val_at_end = last_step_validates(spec)
 
     def run_rank(rank: int) -> None:
         runner = LoopRunner()
         try:
-            handle = KitHandle(spec)
+            handle = KitHandle(spec, rank=rank, local_rank=rank)
             try:
                 ad = as_adapters(_call_factory(factory, handle))
             except Exception as exc:
                 raise AssertionError(f"rank {rank}: the adapter factory raised {type(exc).__name__}: {exc}") from exc
-            conditions = Conditions()
+            try:
+                user = build_components(
+                    handle,
+                    checkpoint_factory=checkpoint_factory,
+                    validation_factory=validation_factory,
+                    early_stop_factory=early_stop_factory,
+                    drain_factory=drain_factory,
+                    validator_factory=validator_factory,
+                )
+            except Exception as exc:
+                raise AssertionError(f"rank {rank}: a component factory raised {type(exc).__name__}: {exc}") from exc
+            conditions = Conditions(engine=spec.state(spec.initial).engine)
             holder: list[Lifecycle] = []
             log = EventLog(lambda: holder[0].state.value if holder else spec.initial.value, conditions)
             faults = FaultSwitch()
             collector = WatchedCollector(ad.collector, log, faults, runner) if ad.collector is not None else None
+            drain: Callable[[], object] = (
+                _watched_drain(user["drain"], rank, log, faults)
+                if "drain" in user
+                else DeviceDrain(rank, synchronize=watched_synchronize(log, faults))
+            )
+            early_stop = None
+            if Fact.STOP_EARLY in decided:
+                early_stop = user.get("early_stop") or LatchedDecision("early_stop", lambda _s: False)
             lc = Lifecycle(
                 WatchedEngine(ad.engine, log, faults, runner),
                 WatchedTrainer(ad.trainer, log, faults, runner),
@@ -1328,28 +1434,27 @@ def exercise_ranks(
                     rank=rank,
                     world_size=ranks,
                     val_at_start=Fact.VALIDATE_AT_START in decided,
-                    val_at_end=True,
+                    val_at_end=val_at_end,
                 ),
-                drain=DeviceDrain(rank, synchronize=watched_synchronize(log, faults)),
+                drain=drain,
                 barrier=WatchedBarrier(ThreadBarrier(shared, rank, timeout_s=timeout_s), log, faults, rank=rank),
-                checkpoint=CheckpointDecision(2),
-                validation=ValidationDecision(2),
-                validator=lambda _s, _w: {"accuracy": 1.0},
-                early_stop=LatchedDecision("early_stop", lambda _s: False) if Fact.STOP_EARLY in decided else None,
+                checkpoint=user.get("checkpoint") or CheckpointDecision(2),
+                validation=user.get("validation") or ValidationDecision(2),
+                validator=user.get("validator", validator) or (lambda _s, _w: {"accuracy": 1.0}),
+                early_stop=early_stop,
                 spec=spec,
             )
             holder.append(lc)
             handle.lifecycle = lc
             audit = HandoffAudit(spec, rank)
             lc.start()
-            i = 0
             while not lc.finished:
                 if ad.rollout is not None:
                     ad.rollout()
-                lc.step([i])
+                trajectories = [lc.weight_version]
+                lc.step(batch_factory(trajectories, lc.step_index) if batch_factory is not None else trajectories)
                 if spec.state(lc.state).validates:
                     lc.end_validation()
-                i += 1
             lc.stop()
             bad = audit.feed(log.events)
             if bad:
@@ -1393,6 +1498,7 @@ __all__ = [
     "RunConfig",
     "StepRecord",
     "as_adapters",
+    "build_components",
     "callable_targets",
     "check_lifecycle",
     "exercise_ranks",
@@ -1400,5 +1506,6 @@ __all__ = [
     "lifecycle_test_case",
     "recording_fakes",
     "run_configs",
+    "spec_fakes",
     "stats_snapshot",
 ]

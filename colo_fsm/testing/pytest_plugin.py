@@ -15,7 +15,8 @@ and in a test module::
 
 Fixtures: ``colo_fsm_adapters`` (override it; default: the recording fakes), ``colo_fsm_settings`` (the active
 hypothesis profile), ``colo_fsm_machine`` (the :class:`~colo_fsm.testing.lifecycle_machine.LifecycleMachine`
-subclass for your adapters), ``colo_fsm_check_lifecycle`` (run it now), ``colo_fsm_check_ranks`` (N sets of your adapters as thread ranks,
+subclass for your adapters), ``colo_fsm_check_lifecycle`` (run it now), ``colo_fsm_components`` (your batch factory, drain, decisions and
+validator, used by both checks), ``colo_fsm_check_ranks`` (N sets of your adapters as thread ranks,
 then the exhaustive multi-rank checker of the spec), ``colo_fsm_spec`` (the spec; default the shipped
 lifecycle). Option ``--colo-fsm-profile`` picks ``colo-fsm-ci`` (default), ``colo-fsm-deep`` or
 ``colo-fsm-dev`` (also ``COLO_FSM_HYPOTHESIS_PROFILE``).
@@ -64,12 +65,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture
-def colo_fsm_adapters() -> Callable[[], Any]:
-    """A zero-argument factory of ``(engine, trainer, collector)`` or ``Adapters``; override it in conftest."""
+def colo_fsm_adapters() -> Callable[..., Any]:
+    """A factory of ``(engine, trainer, collector)`` or ``Adapters`` (no argument, or the program's ``KitHandle``);
+    override it in conftest. Default: the recording fakes, shaped for the spec (see ``spec_fakes``)."""
     _require_hypothesis("colo_fsm_adapters")
-    from colo_fsm.testing.lifecycle_machine import recording_fakes
+    from colo_fsm.testing.lifecycle_machine import spec_fakes
 
-    return recording_fakes
+    return spec_fakes
 
 
 @pytest.fixture
@@ -91,16 +93,29 @@ def colo_fsm_machine(colo_fsm_adapters: Callable[[], Any]) -> type[Any]:
 
 
 @pytest.fixture
+def colo_fsm_components() -> dict[str, Any]:
+    """Your components, used by every kit fixture (override it in conftest): any of ``batch_factory``,
+    ``drain_factory``, ``validator``, ``validator_factory``, ``checkpoint_factory``, ``validation_factory``,
+    ``early_stop_factory`` (factories take the program's ``KitHandle``). Default: none (the kit's own)."""
+    return {}
+
+
+@pytest.fixture
 def colo_fsm_check_lifecycle(
-    colo_fsm_adapters: Callable[..., Any], colo_fsm_settings: Any, colo_fsm_spec: Any
+    colo_fsm_adapters: Callable[..., Any],
+    colo_fsm_settings: Any,
+    colo_fsm_spec: Any,
+    colo_fsm_components: dict[str, Any],
 ) -> Callable[..., None]:
-    """Call to run the lifecycle machine on your adapters now; keyword arguments override machine settings
-    (``async_training=False``, ``inject_faults=False``, ``use_async_lifecycle=True``, ``settings=...``)."""
+    """Call to run the lifecycle machine on your adapters and components now; keyword arguments override machine
+    settings (``async_training=False``, ``inject_faults=False``, ``use_async_lifecycle=True``, ``settings=...``)."""
     _require_hypothesis("colo_fsm_check_lifecycle")
     from colo_fsm.testing.lifecycle_machine import check_lifecycle
 
     def run(settings: Any = None, **attrs: Any) -> None:
         attrs.setdefault("spec", colo_fsm_spec)
+        for key, value in colo_fsm_components.items():
+            attrs.setdefault(key, value)
         check_lifecycle(colo_fsm_adapters, settings=settings or colo_fsm_settings, **attrs)
 
     return run
@@ -115,14 +130,19 @@ def colo_fsm_spec() -> Any:
 
 
 @pytest.fixture
-def colo_fsm_check_ranks(colo_fsm_adapters: Callable[..., Any], colo_fsm_spec: Any) -> Callable[..., Any]:
-    """Call with N: N sets of your adapters run a short run as thread ranks at one barrier (their calls audited),
-    then every interleaving of N ranks of the spec is checked. Returns a ``RanksResult`` (``.ok``, ``.check``);
-    pass ``adapters=False`` to check only the spec (the result then says ``adapters_exercised=False``)."""
+def colo_fsm_check_ranks(
+    colo_fsm_adapters: Callable[..., Any], colo_fsm_spec: Any, colo_fsm_components: dict[str, Any]
+) -> Callable[..., Any]:
+    """Call with N: N sets of your adapters and components run a short run as thread ranks at one barrier (their
+    calls audited), then every interleaving of N ranks of the spec is checked. Returns a ``RanksResult``
+    (``.ok``, ``.check``); pass ``adapters=False`` to check only the spec (``adapters_exercised=False``)."""
     from colo_fsm.testing.lifecycle_machine import exercise_ranks
 
     def run(ranks: int, *, adapters: bool = True, **kwargs: Any) -> Any:
         kwargs.setdefault("spec", colo_fsm_spec)
+        for key, value in colo_fsm_components.items():
+            if key != "barrier_factory":  # thread ranks meet at the kit's own barrier
+                kwargs.setdefault(key, value)
         return exercise_ranks(colo_fsm_adapters if adapters else None, ranks, **kwargs)
 
     return run

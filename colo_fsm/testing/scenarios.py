@@ -41,11 +41,16 @@ EXTRA_SCENARIOS: dict[Fact, dict[str, tuple[StepPlan, ...]]] = {
     Fact.STOP_EARLY: {
         "early-stop": (StepPlan(validate=True), StepPlan(validate=True, early_stop=True), StepPlan(), StepPlan()),
         "early-stop-saving": (StepPlan(save=True, validate=True, early_stop=True), StepPlan()),
+        "early-stop-at-start": (StepPlan(validate=True), StepPlan()),  # stops before its first step
     },
 }
 """Scenarios added for a spec whose latches decide these facts (validation at start, early stop)."""
 
-VAL_AT_START_SCENARIOS = frozenset({"val-at-start"})
+VAL_AT_START_SCENARIOS = frozenset({"val-at-start", "early-stop-at-start"})
+"""Scenarios that validate at start."""
+
+STOP_AT_START_SCENARIOS = frozenset({"early-stop-at-start"})
+"""Scenarios whose validation at start decides an early stop (no step runs)."""
 
 
 def scenarios_for(spec: LifecycleSpec) -> dict[str, tuple[StepPlan, ...]]:
@@ -54,8 +59,17 @@ def scenarios_for(spec: LifecycleSpec) -> dict[str, tuple[StepPlan, ...]]:
     out = dict(SCENARIOS)
     for fact, extra in EXTRA_SCENARIOS.items():
         if fact in decided:
-            out.update(extra)
+            out.update(
+                (k, v) for k, v in extra.items() if k not in VAL_AT_START_SCENARIOS or Fact.VALIDATE_AT_START in decided
+            )
     return out
 
 
-__all__ = ["EXTRA_SCENARIOS", "SCENARIOS", "VAL_AT_START_SCENARIOS", "StepPlan", "scenarios_for"]
+__all__ = [
+    "EXTRA_SCENARIOS",
+    "SCENARIOS",
+    "STOP_AT_START_SCENARIOS",
+    "VAL_AT_START_SCENARIOS",
+    "StepPlan",
+    "scenarios_for",
+]

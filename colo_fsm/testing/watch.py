@@ -272,9 +272,14 @@ class WatchedTrainer(_Watched):
     def save_checkpoint(self, step: int, weight_version: int, extra_state: Mapping[str, Any]) -> None:
         self._call("save_checkpoint", step, weight_version, extra_state, detail=(step, weight_version))
 
+    def __init__(self, target: Any, log: EventLog, faults: FaultSwitch, runner: LoopRunner | None = None) -> None:
+        super().__init__(target, log, faults, runner)
+        if not callable(getattr(target, "finalize_checkpoint", None)):
+            self.finalize_checkpoint = None  # type: ignore[method-assign,assignment]  # as absent as the adapter's
+
     def finalize_checkpoint(self) -> None:
-        """Journaled always (the finalize action ran); the adapter's own hook is called when it has one."""
-        self._optional("finalize_checkpoint")
+        """Journaled (the finalize action ran); present only when the adapter has the hook."""
+        self._call("finalize_checkpoint")
 
     def teardown(self) -> None:
         self._optional("teardown")

@@ -1,0 +1,207 @@
+"""No option silently ignored: each takes effect in the spec it runs, or construction refuses it naming the spec."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+
+from colo_fsm.errors import ActionFailed, ConfigError
+from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision, ValidationDecision
+from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+from colo_fsm.states import LIFECYCLE, NEMO_RL, Fact, State
+from colo_fsm.states.validate import validate_spec
+from colo_fsm.testing.fakes import RecordingTrainer, recording_adapters
+
+S = State
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logger = logging.getLogger("colo_fsm")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
+
+
+def _lc(spec=LIFECYCLE, *, trainer=None, **kwargs):
+    j, engine, trainer0, collector, drain = recording_adapters()
+    return j, Lifecycle(engine, trainer or trainer0, collector, drain=drain, spec=spec, **kwargs)
+
+
+def _without(spec, state, fact, *actions):
+    """``spec`` without ``state`` (and the transitions touching it), ``actions`` and the latched ``fact``: a variant
+    lacking a feature."""
+
+    def drop(facts):
+        return tuple(f for f in facts if f is not fact)
+
+    return dataclasses.replace(
+        spec,
+        states=tuple(s for s in spec.states if s.state is not state),
+        actions=tuple(dataclasses.replace(a, decides=drop(a.decides)) for a in spec.actions if a.name not in actions),
+        transitions=tuple(
+            dataclasses.replace(t, when=drop(t.when), unless=drop(t.unless))
+            for t in spec.transitions
+            if state not in (t.source, t.dest)
+        ),
+        name=f"no-{state.value.lower()}",
+    )
+
+
+NO_SAVE = _without(LIFECYCLE, S.CHECKPOINTING, Fact.SAVE_THIS_STEP, "save_checkpoint")
+NO_VALIDATION = _without(LIFECYCLE, S.VALIDATING, Fact.VALIDATE_THIS_STEP)
+
+
+def test_val_at_end_on_the_shipped_spec_is_refused_naming_the_spec_and_what_works():
+    with pytest.raises(ConfigError) as err:
+        _lc(config=LifecycleConfig(num_steps=3, val_at_end=True), validation=ValidationDecision(1))
+    text = str(err.value)
+    assert "val_at_end=True" in text and "spec lifecycle never wakes it on the last step" in text and "NEMO_RL" in text
+    # on NEMO_RL it takes effect: the last step validates
+    seen = []
+    _j, lc = _lc(
+        NEMO_RL,
+        config=LifecycleConfig(num_steps=3, val_at_end=True),
+        validator=lambda s, w: seen.append(s) or {},
+    )
+    lc.start()
+    while not lc.finished:
+        lc.step([0])
+    assert seen == [3]
+
+
+def test_val_at_start_is_refused_on_a_spec_without_it():
+    with pytest.raises(ConfigError, match=r"val_at_start=True.*spec lifecycle has none; e.g. NEMO_RL"):
+        _lc(config=LifecycleConfig(val_at_start=True))
+
+
+@pytest.mark.parametrize(
+    ("spec", "option", "value", "named"),
+    [
+        (NO_SAVE, "checkpoint", CheckpointDecision(2), "spec no-checkpointing has none"),
+        (NO_SAVE, "checkpoint_extra", lambda: {}, "spec no-checkpointing has none"),
+        (NO_VALIDATION, "validator", lambda s, w: {}, "spec no-validating has none"),
+        (NO_VALIDATION, "validation", ValidationDecision(2), "spec no-validating has none"),
+    ],
+)
+def test_a_component_the_spec_has_no_place_for_is_refused(spec, option, value, named):
+    validate_spec(spec)
+    with pytest.raises(ConfigError, match=rf"{option}=.*{named}"):
+        _lc(spec, **{option: value})
+    _lc(spec)  # without it the variant runs
+
+
+def test_early_stop_needs_a_run_that_validates():
+    stop = LatchedDecision("early_stop", lambda s: True)
+    with pytest.raises(ConfigError, match="early_stop=.*this run never validates"):
+        _lc(NEMO_RL, early_stop=stop)
+    with pytest.raises(ConfigError, match="save_on_early_stop=True: expected an early_stop decision"):
+        _lc(NEMO_RL, config=LifecycleConfig(save_on_early_stop=True))
+
+
+def test_an_early_stop_decided_by_the_validation_at_start_runs_no_step():
+    j, lc = _lc(
+        NEMO_RL,
+        config=LifecycleConfig(num_steps=3, val_at_start=True),
+        checkpoint=CheckpointDecision(1),
+        validator=lambda s, w: {"reward": 1.0},
+        early_stop=LatchedDecision("early_stop", lambda step: step == 0),
+    )
+    lc.start()
+    assert lc.finished and lc.state is S.DONE and lc.step_index == 0
+    lc.stop()
+    methods = j.methods()
+    assert "trainer.train_step" not in methods and "trainer.save_checkpoint" not in methods
+    assert "collector.resume" not in methods and methods[-1] == "engine.shutdown"
+
+
+def _stop_after_two(**kwargs):
+    j, lc = _lc(
+        NEMO_RL,
+        config=LifecycleConfig(num_steps=5, **kwargs.pop("config", {})),
+        validation=ValidationDecision(1),
+        validator=lambda s, w: {},
+        early_stop=LatchedDecision("early_stop", lambda step: step == 2),
+        **kwargs,
+    )
+    lc.start()
+    while not lc.finished:
+        lc.step([0])
+    assert lc.step_index == 2 and lc.state is S.DONE
+    return j
+
+
+def test_an_early_stop_without_checkpointing_does_not_save_unless_asked():
+    assert _stop_after_two().count("trainer", "save_checkpoint") == 0
+    asked = _stop_after_two(config={"save_on_early_stop": True})
+    assert asked.count("trainer", "save_checkpoint") == 1 and asked.count("trainer", "finalize_checkpoint") == 1
+    # a run that checkpoints saves the step an early stop ends (every 4: not step 2 on its own)
+    assert _stop_after_two(checkpoint=CheckpointDecision(4)).count("trainer", "save_checkpoint") == 1
+
+
+class DictTrainer(RecordingTrainer):
+    def __init__(self, result):
+        super().__init__()
+        self.result = result
+
+    def train_step(self, batch):
+        super().train_step(batch)
+        return self.result
+
+
+def test_a_dict_batch_is_never_counted_by_its_keys():
+    batch = {"input_ids": [[1, 2], [3, 4]], "advantages": [0.5, -0.5], "mask": [1, 1], "lengths": [2, 2]}
+    _j, lc = _lc(trainer=DictTrainer({"loss": 0.1, "consumed_samples": 2}))
+    lc.start()
+    assert lc.step(batch).consumed_samples == 2
+    _j, lc = _lc(trainer=DictTrainer({"loss": 0.1}))
+    lc.start()
+    with pytest.raises(ActionFailed, match="'consumed_samples' entry.*the batch is a mapping"):
+        lc.step(batch)
+    # the recording trainer counts rows, and a list batch is counted by its len
+    _j, lc = _lc()
+    lc.start()
+    assert lc.step(batch).consumed_samples == 2 and lc.step([7, 8, 9]).consumed_samples == 3
+
+
+class SyncTrainer:
+    def train_step(self, batch): ...
+    def offload_buffers(self): ...
+    def restore_buffers(self): ...
+    def save_checkpoint(self, step, weight_version, extra_state): ...
+
+
+class AsyncTrainerWithoutFinalize(SyncTrainer):
+    async_save = True
+
+
+def test_an_async_save_needs_a_finalize_hook():
+    with pytest.raises(ConfigError, match=r"trainer.finalize_checkpoint=None.*spec nemo_rl saves asynchronously"):
+        _lc(NEMO_RL, trainer=SyncTrainer())
+    with pytest.raises(ConfigError, match=r"trainer.async_save=True.*spec lifecycle saves synchronously"):
+        _lc(trainer=AsyncTrainerWithoutFinalize())
+    _lc(trainer=SyncTrainer())  # a synchronous save on the shipped spec needs none
+
+
+def test_demo_server_options_without_serve_are_refused():
+    from colo_fsm.demo.config import DemoConfig
+
+    with pytest.raises(ConfigError, match=r"on_policy_guard=True: expected serve=True"):
+        DemoConfig(on_policy_guard=True)
+    with pytest.raises(ConfigError, match=r"chat_template='roles': expected serve=True"):
+        DemoConfig(chat_template="roles")
+    assert DemoConfig(serve=True, on_policy_guard=True, chat_template="roles").on_policy_guard
+
+
+def test_val_at_start_validates_a_resumed_run_too():
+    seen = []
+    _j, lc = _lc(
+        NEMO_RL,
+        config=LifecycleConfig(num_steps=6, start_step=4, start_weight_version=4, val_at_start=True),
+        validator=lambda s, w: seen.append((s, w)) or {},
+    )
+    lc.start()
+    assert seen == [(4, 4)] and lc.state is S.GENERATING
