@@ -15,15 +15,12 @@ from colo_fsm.adapters.batching import ContinuousBatcher, InflightPolicy, parse_
 from colo_fsm.adapters.megatron.engine import GenerationConfig
 from colo_fsm.collector.collector import parse_inflight as collector_inflight
 from colo_fsm.errors import ConfigError
-from tests.support.gated import WAIT, GatedBackend
+from tests.support.gated import WAIT, GatedBackend, run_calls
 
 
 def _suspend(b: ContinuousBatcher, backend: GatedBackend) -> None:
-    t = threading.Thread(target=b.suspend)
-    t.start()
-    backend.grant(1)  # the step in flight
-    t.join(WAIT)
-    assert not t.is_alive()
+    """Suspend right after the decode step in flight."""
+    run_calls([b.suspend], [backend], step_in_flight=True)
 
 
 def test_abort_ends_requests_at_the_suspend_and_resubmits_prompt_plus_tokens_after_the_resume():
@@ -84,14 +81,7 @@ def test_abort_mode_on_a_tensor_parallel_pair_keeps_one_schedule():
     ]
 
     def both(call: str) -> None:
-        ts = [threading.Thread(target=getattr(b, call)) for b in ranks]
-        for t in ts:
-            t.start()
-        for be in backends:
-            be.grant(1)
-        for t in ts:
-            t.join(WAIT)
-        assert not any(t.is_alive() for t in ts)
+        run_calls([getattr(b, call) for b in ranks], backends, step_in_flight=call == "suspend")
 
     both("start")
     hs = [b.submit([1], max_tokens=8) for b in ranks]

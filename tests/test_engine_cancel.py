@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from colo_fsm.adapters.batching import ContinuousBatcher, RequestHandle
-from tests.support.gated import WAIT, GatedBackend
+from tests.support.gated import WAIT, GatedBackend, run_calls
 
 
 def _batcher(backend: GatedBackend, **kw) -> ContinuousBatcher:
@@ -34,12 +34,8 @@ def _after(b: ContinuousBatcher, idle: int) -> None:
 
 
 def _suspend_parked(b: ContinuousBatcher, backend: GatedBackend) -> None:
-    """Suspend with the step in flight finishing first (one grant): the running requests are parked."""
-    t = threading.Thread(target=b.suspend)
-    t.start()
-    backend.grant(1)
-    t.join(WAIT)
-    assert not t.is_alive(), "suspend never returned"
+    """Suspend right after the decode step in flight: the running requests are parked."""
+    run_calls([b.suspend], [backend], step_in_flight=True)
 
 
 def _resolutions(h: RequestHandle) -> list[str]:
@@ -164,9 +160,11 @@ def test_cancel_during_the_suspend_call_is_applied_after_the_resume():
     backend.grant(1)
     backend.wait_steps(1)
     backend.hold("suspend")
+    backend.wait_blocked()
     t = threading.Thread(target=b.suspend)
     t.start()
-    backend.grant(1)  # the step in flight
+    assert b.wait_for_control(WAIT)
+    backend.grant(1)  # the step in flight ends, then the suspend
     backend.wait_entered("suspend")  # the engine thread is inside backend.suspend()
     assert a.cancel() is True
     backend.release("suspend")
@@ -245,14 +243,7 @@ def test_tensor_parallel_pair_applies_a_parked_cancel_after_the_resume_on_both_r
     ranks = [ContinuousBatcher(lambda r=r: backends[r], lockstep=ThreadLockstep(shared, slot, r)) for r in (0, 1)]
 
     def both(call: str) -> None:
-        ts = [threading.Thread(target=getattr(b, call)) for b in ranks]
-        for t in ts:
-            t.start()
-        for be in backends:
-            be.grant(1)  # the step in flight, if any
-        for t in ts:
-            t.join(WAIT)
-        assert not any(t.is_alive() for t in ts), f"{call} never returned on both ranks"
+        run_calls([getattr(b, call) for b in ranks], backends, step_in_flight=call == "suspend")
 
     both("start")
     handles = [[b.submit([1], max_tokens=40), b.submit([20], max_tokens=6)] for b in ranks]
@@ -282,3 +273,33 @@ def test_tensor_parallel_pair_applies_a_parked_cancel_after_the_resume_on_both_r
         t.start()
     for t in ts:
         t.join(WAIT)
+
+
+def test_tensor_parallel_pair_drops_a_queued_cancel_on_every_rank():
+    """The leader's cancel of a queued request reaches the followers too: no copy stays queued there."""
+    from tests.support.properties import ThreadLockstep
+
+    shared, slot = threading.Barrier(2), [None]
+    backends = [GatedBackend(free=True), GatedBackend(free=True)]
+    ranks = [
+        ContinuousBatcher(lambda r=r: backends[r], max_active_requests=1, lockstep=ThreadLockstep(shared, slot, r))
+        for r in (0, 1)
+    ]
+    run_calls([b.start for b in ranks], backends, step_in_flight=False)
+    for be in backends:
+        be._free = False  # from here on, steps wait for grants
+    handles = [[b.submit([1], max_tokens=4), b.submit([9], max_tokens=4)] for b in ranks]
+    for be in backends:
+        be.wait_blocked()  # the first step is in flight on both ranks: its admissions are done
+    assert [b.counts() for b in ranks] == [(1, 1, 0), (1, 1, 0)]
+    assert [h[1].cancel() for h in handles] == [True, True]  # the queued one, on both ranks (SPMD)
+    for be in backends:
+        be.run_free()
+    for hs in handles:
+        assert hs[0].result(timeout=WAIT).token_ids == (1, 2, 3, 4)
+        assert hs[1].result(timeout=WAIT).finish_reason == "abort"
+    for b in ranks:
+        _quiet(b)
+    assert [b.counts() for b in ranks] == [(0, 0, 0), (0, 0, 0)]
+    assert backends[0].log == backends[1].log
+    run_calls([b.shutdown for b in ranks], backends, step_in_flight=False)

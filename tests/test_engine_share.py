@@ -28,8 +28,8 @@ def test_a_server_flood_leaves_the_training_requests_their_slots():
     backend.wait_steps(1)  # the engine took what the server may hold; the rest of the flood waits
     assert b.counts(Priority.SERVER) == (38, 2, 0)
     training = [b.submit([40 + i], max_tokens=3) for i in range(6)]
-    backend.grant(1)
-    backend.wait_steps(2)
+    backend.grant(2)
+    backend.wait_steps(3)  # the iteration after the submission admitted them (step 3 at the latest)
     assert b.counts(Priority.TRAINING) == (0, 6, 0)  # admitted at the next boundary: 6 of the 6 free slots
     assert b.counts() == (38, 8, 0)
     backend.run_free()

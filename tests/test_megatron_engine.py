@@ -197,6 +197,72 @@ def test_dynamic_engine_parks_requests_across_a_train_step_on_gpu(mode):
     eng.shutdown()
 
 
+def _gpu_engine_or_skip(**cfg):
+    from colo_fsm.adapters.megatron.dynamic import dynamic_engine_available
+
+    ok, why = dynamic_engine_available()
+    if not ok:
+        pytest.skip(f"megatron-core's dynamic engine cannot run here: {why}")
+    from colo_fsm.adapters.megatron.parallel import init_distributed
+
+    init_distributed(1, device="cuda")
+    model = tiny(TOK, device="cuda", max_sequence_length=128, hidden_size=128, num_attention_heads=2)
+    version = {"v": 0}
+    eng = MegatronEngine(model, TOK, GenerationConfig(buffer_size_gb=0.5, **cfg), weight_version=lambda: version["v"])
+    assert eng.backend_name == "dynamic"
+    eng.bring_up()
+    return model, eng, version
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["persist", "recompute"])
+def test_dynamic_engine_abort_mode_resubmits_after_the_resume_on_gpu(mode):
+    """inflight="abort" on megatron-core's engine: the request ended at the suspend is re-prefilled after the
+    resume and completes with every token, versions per token, nothing left in the engine."""
+    import threading
+
+    model, eng, version = _gpu_engine_or_skip(kv_cache_mode=mode, inflight="abort")
+    reached = threading.Event()
+    seen = []
+
+    def hold(tok, lp, v):
+        seen.append(tok)
+        if len(seen) == 4:
+            reached.set()
+            assert eng._batcher.wait_for_control(120), "no suspend came"
+
+    h = eng.submit(TOK.tokenize("123>"), max_tokens=48, temperature=1.0, top_k=5, on_token=hold)
+    assert reached.wait(120)
+    eng.suspend()
+    assert eng.request_counts() == (1, 0, 0)  # ended in the engine, waiting for its resubmission
+    version["v"] = 1
+    eng.resume()
+    c = h.result(timeout=300)
+    assert c.finish_reason in ("length", "stop") and (c.finish_reason == "stop" or len(c.token_ids) == 48)
+    assert c.weight_versions[:4] == (0,) * 4 and set(c.weight_versions[4:]) <= {1} and c.resubmissions == 1
+    assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)  # none missing (nan)
+    assert eng._batcher.reprefills == 1 and eng._batcher.reprefill_tokens == len(TOK.tokenize("123>")) + 4
+    eng.generate(["12>"], max_tokens=2)  # one more step lets the engine's bookkeeping release the ended row
+    assert eng.request_counts() == (0, 0, 0) and not eng._batcher.backend.engine.requests
+    eng.shutdown()
+
+
+@pytest.mark.gpu
+def test_dynamic_engine_processed_logprobs_give_ratio_one_at_temperature_2_on_gpu():
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig
+
+    model, eng, _ = _gpu_engine_or_skip(logprobs_mode="processed")
+    c = eng.submit(TOK.tokenize("3141>"), max_tokens=16, temperature=2.0).result(timeout=300)
+    with pytest.raises(ConfigError):
+        eng.submit(TOK.tokenize("1>"), max_tokens=2, logprobs_mode="raw")  # one mode for the whole engine
+    eng.suspend()
+    trainer = MegatronTrainer(model, TrainerConfig(temperature=2.0))
+    ratios, comp = trainer.importance_ratios([Rollout(c.prompt_ids, c.token_ids, 0.0, 0, c.logprobs)])
+    assert ratios[comp].tolist() == pytest.approx([1.0] * len(c.token_ids), abs=2e-2)
+    eng.resume()
+    eng.shutdown()
+
+
 def test_dynamic_engine_head_dim_check():
     from types import SimpleNamespace
 

@@ -40,6 +40,7 @@ class GatedBackend:
         self._gate = threading.Condition()
         self._budget = 0
         self._free = free
+        self.waiting = False  # a decode step is in flight, waiting for its grant
 
     # ------------------------------------------------------------------ test controls
     def grant(self, n: int) -> None:
@@ -58,6 +59,12 @@ class GatedBackend:
         """Wait (bounded, by assertion) until ``n`` steps in all have run."""
         with self._gate:
             assert self._gate.wait_for(lambda: self.steps >= n, WAIT), f"only {self.steps} of {n} steps ran"
+
+    def wait_blocked(self) -> None:
+        """Wait (bounded) until a decode step is in flight, held at its grant: a suspend requested now lands
+        after that step, never before it."""
+        with self._gate:
+            assert self._gate.wait_for(lambda: self.waiting, WAIT), "no decode step came to its grant"
 
     def hold(self, call: str) -> None:
         """Make the next ``call`` ("suspend", "resume", "shutdown") wait inside the backend until released."""
@@ -98,7 +105,10 @@ class GatedBackend:
             self.violations.append(f"decode step {self.steps} on a suspended engine")
             raise LifecycleError("decode step on a suspended engine (a handoff must stop at a step boundary)")
         with self._gate:
+            self.waiting = True
+            self._gate.notify_all()
             ok = self._gate.wait_for(lambda: self._free or self._budget > 0, WAIT)
+            self.waiting = False
             assert ok, "a decode step waited for a grant that never came"
             if not self._free:
                 self._budget -= 1
@@ -146,4 +156,26 @@ class GatedBackend:
         self.log.append(("shutdown",))
 
 
-__all__ = ["WAIT", "GatedBackend"]
+def run_calls(calls: list[Any], backends: list[GatedBackend], *, step_in_flight: bool) -> None:
+    """Run each control ``call`` (e.g. ``batcher.suspend``) on its own thread, as the ranks of one program do.
+
+    With ``step_in_flight`` each backend first has a decode step held at its grant, and that step is let go
+    only once every call is queued for its engine thread: the call lands right after that step, on every run.
+    """
+    if step_in_flight:
+        for be in backends:
+            be.wait_blocked()
+    ts = [threading.Thread(target=c) for c in calls]
+    for t in ts:
+        t.start()
+    if step_in_flight:
+        for c in calls:
+            assert c.__self__.wait_for_control(WAIT), "the control call never reached the engine thread"
+        for be in backends:
+            be.grant(1)
+    for t in ts:
+        t.join(WAIT)
+    assert not any(t.is_alive() for t in ts), "a control call never returned"
+
+
+__all__ = ["WAIT", "GatedBackend", "run_calls"]
