@@ -190,3 +190,16 @@ def test_a_condition_that_is_no_condition_is_a_config_error_naming_it():
     engine.condition = "sleeping"
     with pytest.raises(ConfigError, match=r"RecordingEngine.condition.*'sleeping'.*awake"):
         engine_state_of(engine)
+
+
+def test_stopping_before_start_on_a_spec_that_builds_accepts_an_engine_still_absent():
+    j, engine, trainer, collector, drain = recording_adapters()
+    lc = Lifecycle(engine, trainer, collector, drain=drain, spec=NEMO_RL)
+    refused = None
+    try:
+        lc.stop()  # declared torn down; the engine, never built, still reports absent: no mismatch
+    except EngineStateMismatch as exc:
+        refused = exc
+    assert refused is None, refused
+    assert lc.state is S.STOPPED and lc.failure is None and engine.condition == "absent"
+    assert j.count("engine", "shutdown") == 0
