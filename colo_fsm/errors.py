@@ -261,9 +261,12 @@ class EngineLoopDied(EngineStopped):
 
 
 class EngineStateMismatch(LifecycleError):
-    """The engine's own state machine and the lifecycle disagree (e.g. a training step while the engine runs).
+    """The engine reports a condition other than the one the lifecycle state declares (at ``start``, or before or
+    after an action: e.g. a training step while the engine runs, a suspend that left it awake).
 
-    Names the lifecycle state and the engine condition it expects, and the engine's native state.
+    Names the lifecycle state and the engine condition it expects, and the engine's report (its native state,
+    e.g. megatron-core's ``RUNNING``, or the ``condition`` it reports). The one error for this guarantee
+    (:mod:`colo_fsm.guards.engine_state`); ``ConditionMismatch`` is another name for it.
     """
 
     def __init__(
@@ -276,6 +279,7 @@ class EngineStateMismatch(LifecycleError):
         engine_condition: str,
         accepted: tuple[str, ...] = (),
         when: str = "",
+        hint: str = "",
         rank: int | None = None,
         weight_version: int | None = None,
     ) -> None:
@@ -286,15 +290,22 @@ class EngineStateMismatch(LifecycleError):
         self.engine_condition = engine_condition
         self.accepted = tuple(accepted)
         self.when = when
+        self.hint = hint
         want = f" ({engine} state {' or '.join(self.accepted)})" if self.accepted else ""
         at = f" {when}" if when else ""
+        got = engine_state if engine_state == engine_condition else f"{engine_state} ({engine_condition})"
+        fix = f": {hint}" if hint else ""
         super().__init__(
             f"engine state mismatch{at}: lifecycle state {lifecycle_state} expects the engine {expected}{want}, "
-            f"but {engine} reports {engine_state} ({engine_condition})",
+            f"but {engine} reports {got}{fix}",
             state=lifecycle_state,
             rank=rank,
             weight_version=weight_version,
         )
+
+
+ConditionMismatch = EngineStateMismatch
+"""Another name for :class:`EngineStateMismatch` (kept for code written against the first engine-up release)."""
 
 
 class RequestTooLarge(ConfigError):
@@ -439,29 +450,6 @@ class SpecError(ConfigError):
 
     def __init__(self, where: str, rule: str) -> None:
         super().__init__(where, "(spec)", rule)
-
-
-class ConditionMismatch(LifecycleError):
-    """The engine reports a condition other than the one the lifecycle state declares (at start or a handoff)."""
-
-    def __init__(
-        self,
-        reported: str,
-        declared: str,
-        *,
-        hint: str = "",
-        state: str | None = None,
-        rank: int | None = None,
-        weight_version: int | None = None,
-    ) -> None:
-        self.reported = reported
-        self.declared = declared
-        super().__init__(
-            f"engine reports {reported}, the lifecycle declares {declared}{hint}",
-            state=state,
-            rank=rank,
-            weight_version=weight_version,
-        )
 
 
 class ServerStopping(ColoFsmError):

@@ -1,5 +1,6 @@
 """An engine that is up at construction (NeMo-RL's MegatronGeneration): declared in the spec, adopted by start,
-and a mismatch between what the engine reports and what the state declares refused by the runtime itself."""
+and a mismatch between what the engine reports (its plain ``condition``, the simple form of the one engine-state
+report) and what the state declares refused by the runtime itself with ``EngineStateMismatch``."""
 
 from __future__ import annotations
 
@@ -9,13 +10,22 @@ import logging
 import pytest
 from hypothesis import Phase
 
+import colo_fsm
 from colo_fsm import diagram
-from colo_fsm.errors import ConditionMismatch, ConfigError, SpecError
+from colo_fsm.errors import ConditionMismatch, ConfigError, EngineStateMismatch, SpecError
+from colo_fsm.guards.engine_state import EngineStateReport, engine_state_of
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.states import LIFECYCLE, NEMO_RL, NEMO_RL_ENGINE_UP, State, engine_at_construction, resolve_spec
 from colo_fsm.states.validate import validate_spec
 from colo_fsm.testing.checker import check, scenarios_for
-from colo_fsm.testing.fakes import RecordingEngine, recording_adapters
+from colo_fsm.testing.fakes import (
+    Journal,
+    RecordingCollector,
+    RecordingDrain,
+    RecordingEngine,
+    RecordingTrainer,
+    recording_adapters,
+)
 from colo_fsm.testing.lifecycle_machine import check_lifecycle, recording_fakes
 from colo_fsm.testing.profiles import lifecycle_settings
 
@@ -68,17 +78,19 @@ def test_stopping_before_start_tears_down_the_engine_that_came_up_at_constructio
 def test_start_refuses_an_engine_up_at_construction_on_a_spec_that_builds_it():
     j, engine, trainer, collector, drain = recording_adapters(engine_up=True)
     lc = Lifecycle(engine, trainer, collector, drain=drain, spec=NEMO_RL)
-    with pytest.raises(ConditionMismatch) as err:
+    with pytest.raises(EngineStateMismatch) as err:
         lc.start()
-    text = str(err.value)
-    assert "engine reports awake" in text and "declares absent (Created)" in text and "engine_at_construction" in text
+    e, text = err.value, str(err.value)
+    assert (e.lifecycle_state, e.expected, e.engine_state, e.when) == ("Created", "absent", "awake", "at start")
+    assert "lifecycle state Created expects the engine absent, but RecordingEngine reports awake" in text
+    assert "engine_at_construction" in text
     assert lc.state is S.CREATED and j.calls == []  # refused before anything ran
 
 
 def test_start_refuses_an_engine_not_up_on_a_spec_that_adopts_it():
     j, engine, trainer, collector, drain = recording_adapters()
     lc = Lifecycle(engine, trainer, collector, drain=drain, spec=NEMO_RL_ENGINE_UP)
-    with pytest.raises(ConditionMismatch, match=r"engine reports absent.*declares awake \(Created\)"):
+    with pytest.raises(EngineStateMismatch, match=r"at start: lifecycle state Created expects the engine awake, but "):
         lc.start()
     assert lc.state is S.CREATED and j.calls == []
 
@@ -110,9 +122,16 @@ def test_the_runtime_refuses_a_mismatch_at_a_handoff_naming_both():
     engine = StaysAwakeEngine(j)
     lc = Lifecycle(engine, trainer, collector, drain=drain, config=LifecycleConfig(num_steps=3))
     lc.start()
-    with pytest.raises(ConditionMismatch) as err:
+    with pytest.raises(EngineStateMismatch) as err:
         lc.step([0])
-    assert "engine reports awake, the lifecycle declares suspended (Draining) at the handoff barrier" in str(err.value)
+    e = err.value
+    assert (e.lifecycle_state, e.expected, e.engine_state, e.when) == (
+        "Draining",
+        "suspended",
+        "awake",
+        "after suspend_engine",
+    )
+    assert "lifecycle state Draining expects the engine suspended, but StaysAwakeEngine reports awake" in str(e)
     assert lc.state is S.FAILED and lc.failure is err.value
     assert "trainer.train_step" not in j.methods()  # refused before the training step
 
@@ -133,3 +152,54 @@ def test_the_kit_runs_a_spec_that_adopts_and_catches_an_adapter_that_does_not_ma
     check_lifecycle(settings=lifecycle_settings("colo-fsm-dev", **_QUICK), spec=NEMO_RL_ENGINE_UP)
     with pytest.raises(AssertionError, match="engine reports absent"):
         check_lifecycle(recording_fakes, settings=lifecycle_settings("colo-fsm-dev", **_QUICK), spec=NEMO_RL_ENGINE_UP)
+
+
+def test_one_error_for_both_forms_importable_from_the_package():
+    assert colo_fsm.EngineStateMismatch is EngineStateMismatch is ConditionMismatch  # the old name: an alias
+    assert "EngineStateMismatch" in colo_fsm.__all__ and colo_fsm.EngineStateReport is not None
+
+
+class RichReportEngine(RecordingEngine):
+    """Reports the rich form too (a native state machine); ``engine_state()`` wins over ``condition``."""
+
+    def engine_state(self):
+        native = {"awake": "RUNNING", "suspended": "SUSPENDED", "torn_down": "STOPPED"}.get(self.condition)
+        if native is None:
+            return None
+        from colo_fsm.states.spec import EngineCondition
+
+        return EngineStateReport(native, EngineCondition(self.condition), "toy", {EngineCondition.AWAKE: ("RUNNING",)})
+
+
+def test_both_forms_are_one_report_checked_at_start_and_at_every_action_and_traced():
+    for engine_cls, awake in ((RecordingEngine, "awake"), (RichReportEngine, "RUNNING")):
+        j = Journal()
+        engine = engine_cls(j, up=True)
+        trainer, collector, drain = RecordingTrainer(j), RecordingCollector(j, engine=engine), RecordingDrain(j)
+        lc = Lifecycle(engine, trainer, collector, drain=drain, spec=NEMO_RL_ENGINE_UP, config=LifecycleConfig())
+        lc.start()
+        assert {r.dest: r.engine_state for r in lc.trace.records}["Generating"] == awake
+        engine.condition = "suspended"  # behind the lifecycle's back
+        with pytest.raises(EngineStateMismatch, match=r"before \w+: lifecycle state \w+ expects the engine awake"):
+            lc.step([0])
+        assert lc.state is S.FAILED and lc.failure is not None and "trainer.train_step" not in j.methods()
+
+
+def test_a_condition_that_is_no_condition_is_a_config_error_naming_it():
+    engine = RecordingEngine()
+    engine.condition = "sleeping"
+    with pytest.raises(ConfigError, match=r"RecordingEngine.condition.*'sleeping'.*awake"):
+        engine_state_of(engine)
+
+
+def test_stopping_before_start_on_a_spec_that_builds_accepts_an_engine_still_absent():
+    j, engine, trainer, collector, drain = recording_adapters()
+    lc = Lifecycle(engine, trainer, collector, drain=drain, spec=NEMO_RL)
+    refused = None
+    try:
+        lc.stop()  # declared torn down; the engine, never built, still reports absent: no mismatch
+    except EngineStateMismatch as exc:
+        refused = exc
+    assert refused is None, refused
+    assert lc.state is S.STOPPED and lc.failure is None and engine.condition == "absent"
+    assert j.count("engine", "shutdown") == 0

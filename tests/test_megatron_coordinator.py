@@ -119,9 +119,12 @@ def test_park_across_suspend_train_resume_records_versions_and_engine_states(eng
     eng._weight_version = lambda: lc.weight_version
     lc.start()
     llm = fake(eng)
-    llm.engine.allow_steps = 3  # exactly three decode steps before the handoff
+    llm.engine.allow_steps = 0  # no decode step until all four requests are in (none may start late)
     handles = [eng.submit([5, 6, 7, 8], max_tokens=8) for _ in range(4)]
-    wait_for(lambda: llm.engine.steps == 3 and len(llm.engine.requests) == 4, "three decode steps")
+    wait_for(lambda: len(llm.engine.requests) == 4, "four requests in the engine")
+    assert llm.engine.steps == 0
+    llm.engine.allow_steps = 3  # exactly three decode steps, every request in each, before the handoff
+    wait_for(lambda: llm.engine.steps == 3, "three decode steps")
     steps_at_train: list[int] = []
 
     def train_step(batch: Any) -> Any:

@@ -10,7 +10,7 @@ from colo_fsm.guards.decision import (
     broadcast_from_rank0,
 )
 from colo_fsm.guards.drain import DeviceDrain, NoDeviceDrain, default_drain, local_rank_from_env
-from colo_fsm.guards.engine_state import EngineStateReport, check_engine_state
+from colo_fsm.guards.engine_state import EngineStateReport, check_engine_state, engine_state_of
 from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.memory import MemoryBudget, MemoryEstimate, TrainingShape, check_budget
 from colo_fsm.guards.mode import ModelMode, ModeReport, check_training_mode
@@ -44,5 +44,6 @@ __all__ = [
     "check_parallelism",
     "check_training_mode",
     "default_drain",
+    "engine_state_of",
     "local_rank_from_env",
 ]

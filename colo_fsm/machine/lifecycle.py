@@ -20,7 +20,6 @@ from transitions import Machine, MachineError
 from colo_fsm.adapters.protocols import Collector, GenerationEngine, StepResult, Trainer, takes_weight_version
 from colo_fsm.errors import (
     ActionFailed,
-    ConditionMismatch,
     ConfigError,
     EngineRebuild,
     EngineStateMismatch,
@@ -34,7 +33,7 @@ from colo_fsm.errors import (
 from colo_fsm.guards.barrier import Barrier, SoloBarrier
 from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision, ValidationDecision
 from colo_fsm.guards.drain import default_drain
-from colo_fsm.guards.engine_state import check_engine_state, engine_state_of
+from colo_fsm.guards.engine_state import check_engine_state, engine_state_of, start_hint
 from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.handoff import HandoffLedger
 from colo_fsm.guards.mode import check_training_mode, mode_digest, report_of
@@ -222,13 +221,13 @@ class Lifecycle:
             checkpoint_extra=checkpoint_extra,
             server_urls_sink=server_urls_sink,
         )
-        if spec.engine_up_at_construction and _reported_condition(engine) is None:
+        if spec.engine_up_at_construction and engine_state_of(engine) is None:
             raise ConfigError(
                 "engine.condition",
                 getattr(engine, "condition", None),
-                f"an engine that reports its condition ('awake', 'suspended', ...): spec {spec.name} declares the "
-                f"engine up at construction ({spec.initial.value}: engine awake) and start adopts it only once it "
-                "reports awake",
+                f"an engine that reports its condition (a condition attribute 'awake', 'suspended', ..., or "
+                f"engine_state() -> EngineStateReport): spec {spec.name} declares the engine up at construction "
+                f"({spec.initial.value}: engine awake) and start adopts it only once it reports awake",
             )
         self.spec = spec
         self.engine = engine
@@ -332,7 +331,7 @@ class Lifecycle:
         ``validator``, the validation at start runs here too."""
         with self._lock:
             if self.state is self.spec.initial:
-                self._check_reported("start")
+                self._check_engine_state("at start")  # before anything runs: nothing to undo when refused
             self.fire("start")
             self._inline_validation()
             return self.state
@@ -527,9 +526,7 @@ class Lifecycle:
 
     def _fail(self, err: _ActionError) -> None:
         state = self.state
-        if isinstance(
-            err.cause, GuardRejected | HandoffDivergence | ModelModeError | EngineStateMismatch | ConditionMismatch
-        ):
+        if isinstance(err.cause, GuardRejected | HandoffDivergence | ModelModeError | EngineStateMismatch):
             self.failure = err.cause
         else:
             self.failure = ActionFailed(
@@ -626,18 +623,23 @@ class Lifecycle:
         return run
 
     def _check_engine_state(self, when: str) -> None:
-        """The engine's own state machine must agree with the lifecycle's engine condition (engines that
-        report their state only; see :mod:`colo_fsm.guards.engine_state`). Not after a failure: the local
-        teardown from Failed runs whatever state the failure left the engine in."""
+        """The engine's report of its condition must agree with the lifecycle's (engines that report one; see
+        :mod:`colo_fsm.guards.engine_state`). Not after a failure: the local teardown from Failed runs whatever
+        state the failure left the engine in."""
         if self.failure is not None:
             return
+        report = engine_state_of(self.engine)
+        hint = ""
+        if when == "at start" and report is not None:
+            hint = start_hint(report, spec_name=self.spec.name, up_at_construction=self.spec.engine_up_at_construction)
         check_engine_state(
-            engine_state_of(self.engine),
+            report,
             self.engine_condition,
             when=when,
             state=self._entering.value,
             rank=self.rank,
             weight_version=self.weight_version,
+            hint=hint,
         )
 
     def _native_engine_state(self) -> str | None:
@@ -706,34 +708,6 @@ class Lifecycle:
             )
         self.engine.bring_up()
 
-    def _check_reported(self, where: str) -> None:
-        """Refuse when the engine reports a condition other than the one the machine holds for it (the state's
-        declared one); engines that report nothing are not checked."""
-        reported = _reported_condition(self.engine)
-        if reported is None or reported is self.engine_condition:
-            return
-        hint = ""
-        if where == "start" and reported is EngineCondition.AWAKE:
-            hint = (
-                f" at start: its adapter brought it up in its constructor, while spec {self.spec.name} builds it in "
-                "start; run engine_at_construction(spec) (e.g. the NEMO_RL_ENGINE_UP preset), which adopts it"
-            )
-        elif where == "start" and self.spec.engine_up_at_construction:
-            hint = (
-                f" at start: spec {self.spec.name} adopts an engine its adapter built in its constructor; bring the "
-                "engine up in the adapter's constructor, or run a spec whose start builds it"
-            )
-        else:
-            hint = f" at the {where}"
-        raise ConditionMismatch(
-            reported.value,
-            f"{self.engine_condition.value} ({self.state.value})",
-            hint=hint,
-            state=self.state.value,
-            rank=self.rank,
-            weight_version=self.weight_version,
-        )
-
     def _role_adopt(self, a: ActionSpec) -> None:
         if self.facts[Fact.ENGINE_BUILT]:
             raise EngineRebuild(
@@ -742,7 +716,7 @@ class Lifecycle:
                 rank=self.rank,
                 weight_version=self.weight_version,
             )
-        self._check_reported("start")  # still awake, as declared: nothing is built here
+        # still awake, as declared: checked before this action, like every action; nothing is built here
         urls = self.engine.server_base_urls()
         if isinstance(urls, str) or not all(isinstance(u, str) and u for u in urls):
             raise ConfigError("engine.server_base_urls()", urls, "a list of base URLs (strings), empty if no server")
@@ -809,7 +783,6 @@ class Lifecycle:
         )
 
     def _role_barrier(self, a: ActionSpec) -> None:
-        self._check_reported("handoff barrier")  # the engine is where the actions so far left it
         self.ledger.before_barrier()
         if getattr(self._barrier, "exchanges_fingerprints", False):  # the fingerprint travels with the barrier
             self._barrier.wait(  # type: ignore[call-arg]
@@ -873,22 +846,6 @@ class Lifecycle:
             hook = getattr(part, "teardown", None) if part is not None else None
             if callable(hook):
                 hook()
-
-
-def _reported_condition(engine: Any) -> EngineCondition | None:
-    """The engine's own report of its condition (a ``condition`` attribute: an EngineCondition or its value), or
-    None when it reports nothing (a proxy's method or any other object is not a report)."""
-    value = getattr(engine, "condition", None)
-    if isinstance(value, EngineCondition):
-        return value
-    if isinstance(value, str):
-        try:
-            return EngineCondition(value)
-        except ValueError:
-            raise ConfigError(
-                "engine.condition", value, f"one of {', '.join(c.value for c in EngineCondition)}"
-            ) from None
-    return None
 
 
 def _step_result(result: Any, batch: Any) -> StepResult:

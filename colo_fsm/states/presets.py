@@ -240,7 +240,8 @@ NEMO_RL = LifecycleSpec(
 def engine_at_construction(spec: LifecycleSpec, *, name: str | None = None) -> LifecycleSpec:
     """``spec`` for an adapter whose engine (and HTTP server) come up in its constructor, as NeMo-RL's
     ``MegatronGeneration`` does: the initial state declares the engine awake and ``start`` adopts it (the engine
-    must report ``condition == "awake"``; its URLs are published) instead of building it. Every tool reads it."""
+    must report awake, through ``condition`` or ``engine_state()``; its URLs are published) instead of building it.
+    Every tool reads it."""
     init = spec.state(spec.initial)
     if init.engine is EngineCondition.AWAKE:
         return spec

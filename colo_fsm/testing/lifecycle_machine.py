@@ -47,6 +47,7 @@ from colo_fsm.guards.barrier import SoloBarrier
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision, ValidationDecision
 from colo_fsm.guards.drain import DeviceDrain
+from colo_fsm.guards.engine_state import engine_state_of
 from colo_fsm.machine.aio import AsyncLifecycle
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.states.presets import PRESETS
@@ -214,7 +215,8 @@ def build_components(
 def as_adapters(obj: Any) -> Adapters:
     """Normalize a factory's result; derive probes from the adapters' own attributes when present.
 
-    ``condition`` (engine) and ``running`` (collector) become condition probes; a collector's ``start_rollout``
+    The engine's report of its condition (``engine_state()`` or ``condition``, see
+    :func:`~colo_fsm.guards.engine_state.engine_state_of`) and ``running`` (collector) become condition probes; a collector's ``start_rollout``
     the rollout hook; an engine's ``decode_step``, ``decode_steps`` and ``request_counts`` the decode hook and
     the decode and request probes.
     """
@@ -228,9 +230,14 @@ def as_adapters(obj: Any) -> Adapters:
         ad.decode_probe = lambda: int(engine_.decode_steps)
     if ad.request_probe is None and callable(getattr(engine_, "request_counts", None)):
         ad.request_probe = engine_.request_counts
-    if ad.engine_probe is None and isinstance(getattr(ad.engine, "condition", None), str | EngineCondition):
+    if ad.engine_probe is None and engine_state_of(ad.engine) is not None:  # the engine's own report, either form
         engine = ad.engine
-        ad.engine_probe = lambda: engine.condition
+
+        def engine_probe() -> EngineCondition | None:
+            report = engine_state_of(engine)
+            return report.condition if report is not None else None
+
+        ad.engine_probe = engine_probe
     if (
         ad.collector is not None
         and ad.collector_probe is None
