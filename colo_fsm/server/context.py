@@ -184,7 +184,7 @@ class ServerContext:
             prompts,
             s,
             timeout_s=self.request_timeout_s if timeout_s is None else timeout_s,
-            hold_gate=self.cfg.inflight == "drain",
+            hold_gate=self.cfg.inflight_policy == "drain",
         )
 
     async def run(self, request: Request, prompts: list[list[int]], s: Sampling, cost: int) -> list[ChoiceResult]:
