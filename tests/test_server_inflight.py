@@ -1,5 +1,6 @@
 """The server's in-flight policy: park, drain and abort (aliases keep/wait) accepted alike by ServerSettings and
-GatedEngine, taken from the engine when unset, and refused when the gate cannot honour it."""
+GatedEngine, taken from the engine when unset, and refused when the gate cannot honour it; /health says which
+policy and which log-prob distribution (the engine's logprobs_mode) the server serves."""
 
 from __future__ import annotations
 
@@ -84,5 +85,19 @@ def test_abort_is_served_like_park_and_reported() -> None:
             gated.resume()
             r = fut.result(30)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "54321"
+    finally:
+        gated.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["processed", "raw", None])
+def test_health_names_the_engines_logprobs_mode(mode: str | None) -> None:
+    """A client reading behaviour log-probs over HTTP can tell which distribution they are of."""
+    eng = _engine(None)
+    if mode is not None:
+        eng.logprobs_mode = mode  # type: ignore[attr-defined]
+    gated, _ = serve_fake(eng)
+    try:
+        h = httpx.get(gated.server_base_urls()[0].removesuffix("/v1") + "/health").json()
+        assert h.get("logprobs_mode", "absent") == mode
     finally:
         gated.shutdown()
