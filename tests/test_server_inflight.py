@@ -11,7 +11,7 @@ import httpx
 import pytest
 from _server_fake import FakeEngine, serve_fake
 
-from colo_fsm.errors import ConfigError
+from colo_fsm.errors import ConfigError, WaitTimeout
 from colo_fsm.server import GatedEngine, ServerSettings
 
 
@@ -64,7 +64,7 @@ def test_a_policy_the_gate_cannot_honour_is_refused() -> None:
 def test_abort_is_served_like_park_and_reported() -> None:
     """With inflight='abort' a suspend does not wait for a running HTTP request (the engine ends and resubmits
     it), the request is answered after the resume, and /health reports the policy."""
-    gated, eng = serve_fake(_engine("abort"))
+    gated, eng = serve_fake(_engine("abort"), drain_timeout_s=1.0)
     url = gated.server_base_urls()[0]
     try:
         assert gated.inflight == "abort"
@@ -77,11 +77,15 @@ def test_abort_is_served_like_park_and_reported() -> None:
                 timeout=60,
             )
             deadline = time.monotonic() + 30
-            while eng.steps < 2 and time.monotonic() < deadline:
+            while eng.steps < 1 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert eng.steps >= 2, "the request to start"
-            gated.suspend()  # drain would return only once the request finished
-            assert not fut.done(), "the suspend waited for the HTTP request (drained, not aborted/parked)"
+            with eng._cond:  # the fake engine steps under this lock: it is frozen, the request in flight
+                assert len(eng._active) == 1, "the request to be running in the engine"
+                try:
+                    gated.suspend()  # a drain would wait for the frozen request (and time out)
+                except WaitTimeout:
+                    pytest.fail("the suspend waited for the HTTP request (drained, not aborted/parked)")
+                assert len(eng._active) == 1 and not fut.done()
             gated.resume()
             r = fut.result(30)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "54321"
