@@ -224,3 +224,30 @@ def test_health_never_waits_on_the_engine() -> None:
         release.set()
         t.join(30)
         gated.shutdown()
+
+
+def test_responses_names_instructions_when_they_make_the_prompt_too_long() -> None:
+    """Over a template that renders a system turn, the refusal of a /v1/responses prompt over the context names
+    `instructions` when the input alone would fit, and `input` when the input alone is too long."""
+    gated, _ = serve_fake(chat_template=lambda msgs: "".join(m["content"] for m in msgs) + ">")
+    url = base(gated)
+    try:
+        long = "1" * 70  # the fake's context is 64 tokens
+        ok = httpx.post(url + "/responses", json={"input": "12", "instructions": "3", "max_output_tokens": 2})
+        assert ok.status_code == 200, ok.text
+        err = refused(
+            httpx.post(url + "/responses", json={"input": "12", "instructions": long, "max_output_tokens": 1}),
+            400,
+            "instructions",
+        )
+        assert "maximum context length is 64" in err["message"], err
+        refused(
+            httpx.post(url + "/responses", json={"input": "12", "instructions": "3" * 62, "max_output_tokens": 1}),
+            400,
+            "instructions",  # 62 + 2 + '>' = 65 tokens: only the instructions push it past the context
+        )
+        refused(httpx.post(url + "/responses", json={"input": long, "instructions": "3"}), 400, "input")
+        refused(httpx.post(url + "/responses", json={"input": "12", "instructions": "\u20ac"}), 400, "instructions")
+        still_serving(gated)
+    finally:
+        gated.shutdown()

@@ -312,6 +312,7 @@ def run_rank(
             count_tokens=lambda text: len(tok.tokenize(text)),
             tokenizer=tok,
             chat_template=resolve_chat_template(cfg.chat_template),
+            inflight=cfg.inflight,  # the engine's own policy: HTTP requests are parked, drained or aborted like rollouts
             settings=ServerSettings(on_policy=OnPolicy(cfg.temperature, 1.0) if cfg.on_policy_guard else None),
         )
     lc = Lifecycle(

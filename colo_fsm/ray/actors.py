@@ -216,7 +216,7 @@ class RolloutWorkerBody:
             serve=serve,
             request_timeout_s=request_timeout_s,
             drain_timeout_s=drain_timeout_s,
-            inflight="drain" if inflight == "drain" else "park",  # the gate holds requests only to drain them
+            inflight=inflight,  # the gate holds requests only to drain them; park/abort must match the engine
             **server_kwargs,
         )
         submit = getattr(generator, "submit", None)

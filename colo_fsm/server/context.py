@@ -26,6 +26,18 @@ from colo_fsm.server.templates import ChatTemplate
 log = get_logger(__name__)
 
 
+def engine_logprobs_mode(engine: Any) -> str | None:
+    """The distribution ``engine`` returns log-probs of (``"raw"`` or ``"processed"``, from its ``config`` or
+    itself), None when it does not say."""
+    if engine is None:
+        return None
+    for src in (getattr(engine, "config", None), engine):
+        mode = getattr(src, "logprobs_mode", None)
+        if mode is not None:
+            return str(getattr(mode, "value", mode))
+    return None
+
+
 class ServerContext:
     """One server's engine (``submit()``, or a plain ``TextGenerator``), tokenizer, gate, settings and counters."""
 
@@ -58,6 +70,7 @@ class ServerContext:
         self.tok: Any = tokenizer if tokenizer is not None else getattr(generator, "tokenizer", None)
         self.max_len = int(getattr(generator, "max_sequence_length", 0) or 0)
         self.max_top = max_top_logprobs(self.engine)
+        self.logprobs_mode = engine_logprobs_mode(self.engine)
         self.agenerate = getattr(generator, "agenerate", None)
         self.use_async = inspect.iscoroutinefunction(self.agenerate)
         self.served = {
@@ -184,7 +197,7 @@ class ServerContext:
             prompts,
             s,
             timeout_s=self.request_timeout_s if timeout_s is None else timeout_s,
-            hold_gate=self.cfg.inflight == "drain",
+            hold_gate=self.cfg.inflight_policy == "drain",
         )
 
     async def run(self, request: Request, prompts: list[list[int]], s: Sampling, cost: int) -> list[ChoiceResult]:

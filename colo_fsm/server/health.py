@@ -58,7 +58,8 @@ def add_health(app: FastAPI, ctx: ServerContext) -> None:
             "tokens": ctx.budget.counters(),
             "max_request_tokens": ctx.max_request_tokens,
             "responses": dict(ctx.served),
-            "inflight_policy": ctx.cfg.inflight,
+            "inflight_policy": ctx.cfg.inflight_policy,
+            "logprobs_mode": ctx.logprobs_mode,
         }
         if ctx.status is not None:
             try:

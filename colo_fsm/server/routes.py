@@ -43,6 +43,22 @@ def _responses_prompt(ctx: ServerContext, msgs: list[dict[str, str]], instructio
         raise BadRequest(param, message) from None
 
 
+def _blame_instructions(
+    ctx: ServerContext, msgs: list[dict[str, str]], instructions: str | None, s: Any, exc: BadRequest
+) -> BadRequest:
+    """``exc`` (a refusal of the rendered ``/v1/responses`` prompt, naming ``input``) renamed to ``instructions``
+    when the input alone would be accepted (it encodes and fits the context and the request bound with one output
+    token): the instructions make the prompt unusable, not the input."""
+    if not instructions or exc.param != "input":
+        return exc
+    try:
+        alone = ctx.encode(ctx.chat_prompt(msgs[1:]), "input")
+        ctx.check_fit([alone], replace(s, max_tokens=1), "input")
+    except BadRequest:
+        return exc  # the input is at fault by itself
+    return BadRequest("instructions", str(exc).removeprefix("input: "))
+
+
 def add_routes(app: FastAPI, ctx: ServerContext) -> None:
     """Register every generation, tokenizer and model endpoint of ``app`` over ``ctx``."""
     cfg = ctx.cfg
@@ -183,8 +199,12 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
             outs = await ctx.legacy([prompt], s, ctx.text_cost([prompt], s, "input"))
             prompt_len = ctx.count_tokens(prompt) if ctx.count_tokens else 0
         else:
-            prompts = [ctx.encode(prompt, "input")]
-            outs = await ctx.run(request, prompts, s, ctx.check_fit(prompts, s, "input"))
+            try:
+                prompts = [ctx.encode(prompt, "input")]
+                cost = ctx.check_fit(prompts, s, "input")
+            except BadRequest as exc:
+                raise _blame_instructions(ctx, msgs, instructions, s, exc) from None
+            outs = await ctx.run(request, prompts, s, cost)
             prompt_len = len(prompts[0])
         o = outs[0]
         ctx.served["responses"] += 1

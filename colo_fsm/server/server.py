@@ -174,6 +174,32 @@ def gather_base_urls(local: str | None, group: Any = None) -> list[str]:
     return [local] if local else []
 
 
+def resolve_inflight(inflight: Any, settings: ServerSettings | None, engine: Any) -> str:
+    """The gate's in-flight policy: ``inflight``, else ``settings.inflight``, else ``engine.inflight``, else park.
+
+    Raises :class:`ConfigError` naming ``inflight`` when two of them disagree in a way the gate cannot honour:
+    ``inflight`` and ``settings.inflight`` both set and different, or a park/abort gate over an engine whose own
+    policy differs (only the engine can park or abort; a drain gate over any engine is fine: it holds HTTP
+    requests out of the suspend).
+    """
+    from colo_fsm.adapters.engine.options import parse_inflight
+
+    given = parse_inflight(inflight).value if inflight is not None else None
+    from_settings = settings.inflight if settings is not None else None
+    if given is not None and from_settings is not None and given != from_settings:
+        raise ConfigError("inflight", inflight, f"the same as settings.inflight={from_settings!r} (or leave one unset)")
+    raw_engine = getattr(engine, "inflight", None)
+    of_engine = parse_inflight(raw_engine).value if raw_engine is not None else None
+    policy = given or from_settings or of_engine or "park"
+    if of_engine is not None and policy != "drain" and policy != of_engine:
+        raise ConfigError(
+            "inflight",
+            policy,
+            f"the engine's own inflight={of_engine!r} or 'drain' (the gate cannot make the engine {policy} requests)",
+        )
+    return policy
+
+
 class GatedEngine:
     """A :class:`GenerationEngine` and :class:`TextGenerator` that never hands a request to a sleeping engine.
 
@@ -198,7 +224,7 @@ class GatedEngine:
         request_timeout_s: float = 30.0,
         drain_timeout_s: float = 300.0,
         shutdown_grace_s: float = 5.0,
-        inflight: str = "park",
+        inflight: Any = None,
         host: str = LOOPBACK,
         port: int = 0,
         model_name: str = "colo-fsm",
@@ -214,8 +240,7 @@ class GatedEngine:
         for name in ("bring_up", "suspend", "resume", "shutdown"):
             if not callable(getattr(engine, name, None)):
                 raise ConfigError("engine", engine, f"a GenerationEngine (missing {name}())")
-        if inflight not in ("park", "drain"):
-            raise ConfigError("inflight", inflight, "'park' (keep requests in the engine) or 'drain'")
+        inflight = resolve_inflight(inflight, settings, engine)
         if isinstance(shutdown_grace_s, bool) or not isinstance(shutdown_grace_s, int | float) or shutdown_grace_s < 0:
             raise ConfigError("shutdown_grace_s", shutdown_grace_s, "a non-negative number of seconds")
         self.inner = engine
@@ -227,9 +252,7 @@ class GatedEngine:
         self.request_timeout_s = request_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.shutdown_grace_s = float(shutdown_grace_s)
-        self.settings = (
-            replace(settings, inflight=inflight) if settings is not None else ServerSettings(inflight=inflight)
-        )
+        self.settings = replace(settings if settings is not None else ServerSettings(), inflight=inflight)
         self.inflight = inflight
         self.serve = serve
         self._server_args = dict(
@@ -350,11 +373,11 @@ class GatedEngine:
     ) -> list[Completion]:
         """Generate behind the gate (waits while suspended; ``ServerUnavailable`` after ``request_timeout_s``).
 
-        Over an engine with ``submit()`` and ``inflight="park"`` only the hand-over holds the gate, so a suspend
-        parks these requests instead of waiting for them.
+        Over an engine with ``submit()`` and ``inflight`` park or abort only the hand-over holds the gate, so a
+        suspend leaves these requests to the engine (parked, or ended and resubmitted) instead of waiting for them.
         """
         submit = getattr(self.generator, "submit", None)
-        if self.inflight == "park" and callable(submit) and self.tokenizer is not None:
+        if self.inflight != "drain" and callable(submit) and self.tokenizer is not None:
             ids = [self.tokenizer.tokenize(p) for p in prompts]
             with self.gate.admit(self.request_timeout_s):
                 handles = [

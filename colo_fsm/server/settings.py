@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from colo_fsm.adapters.engine.options import parse_inflight
 from colo_fsm.errors import ConfigError
 from colo_fsm.server.params import OnPolicy
 
@@ -34,13 +35,16 @@ class ServerSettings:
     unset per-request bound is never above ``max_inflight_tokens``.
     ``max_waiting_requests`` more requests waiting for room get a 429 at once. ``max_body_bytes`` bounds a
     request body (413, checked from ``Content-Length`` and while reading). ``on_policy`` refuses requests whose
-    temperature or top_p differ from the training rollouts'; ``inflight`` is ``"park"`` (a suspend parks
-    admitted requests in the engine) or ``"drain"`` (a suspend waits for them).
+    temperature or top_p differ from the training rollouts'; ``inflight`` is what a suspend does with the
+    requests the server handed to the engine: ``"park"`` (alias ``"keep"``: kept in the engine, finished after the
+    resume), ``"abort"`` (the engine ends them at the suspend and resubmits prompt + tokens so far after the
+    resume; the server's gate does as for park) or ``"drain"`` (alias ``"wait"``: the suspend waits for them);
+    None (default) means the engine's own policy under a :class:`GatedEngine`, else park.
     """
 
     max_request_tokens: int | None = None
     on_policy: OnPolicy | None = None
-    inflight: str = "park"
+    inflight: str | None = None
     default_max_tokens: int = 16
     max_inflight_tokens: int | None = None
     max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
@@ -63,10 +67,15 @@ class ServerSettings:
                 self.max_request_tokens,
                 f"at most max_inflight_tokens={self.max_inflight_tokens} (a request over it could never run)",
             )
-        if self.inflight not in ("park", "drain"):
-            raise ConfigError("inflight", self.inflight, "'park' or 'drain'")
+        if self.inflight is not None:
+            object.__setattr__(self, "inflight", parse_inflight(self.inflight).value)
         if self.on_policy is not None and not isinstance(self.on_policy, OnPolicy):
             raise ConfigError("on_policy", self.on_policy, "an OnPolicy(temperature, top_p) or None")
+
+    @property
+    def inflight_policy(self) -> str:
+        """``inflight`` resolved: ``"park"`` when unset."""
+        return self.inflight or "park"
 
     def token_limits(self, engine: Any) -> tuple[int, int]:
         """``(max_request_tokens, max_inflight_tokens)`` with the defaults resolved against ``engine``: one engine
