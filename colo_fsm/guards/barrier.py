@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -51,16 +52,20 @@ class SoloBarrier:
 
 
 class TorchBarrier:
-    """A ``torch.distributed`` barrier over ``group`` with a timeout.
+    """A ``torch.distributed`` barrier over ``group`` with a timeout counted from this rank's arrival.
 
     Without a fingerprint: ``monitored_barrier`` on gloo (which names the missing ranks) and a ``barrier`` on
-    a work handle with ``wait(timeout)`` elsewhere. With one, the fingerprint exchange *is* the barrier
-    (seven int64 values per rank): on gloo every rank sends its row to rank 0, which answers each with the
-    whole table (the two steps of ``monitored_barrier``, with its property that a rank arriving after rank 0
-    gave up times out as well); on NCCL one all-to-all on ``device`` (default ``cuda:LOCAL_RANK``, never the
-    calling thread's current device). Every rank compares the same rows; on a mode-digest mismatch the ranks,
-    all together, also all_gather their mode records to name the differing mode fields. On timeout raises :class:`BarrierTimeout` naming the state, this rank
-    and the timeout; on a fingerprint mismatch every rank raises :class:`~colo_fsm.errors.HandoffDivergence`.
+    a work handle with ``wait(timeout)`` elsewhere. With one, the fingerprint exchange *is* the barrier: one
+    collective of one int64 per :data:`~colo_fsm.guards.fingerprint.SPEC` field per rank, after which every
+    rank holds every rank's row and compares the same rows. On CPU tensors (gloo) it is an all-to-all of this
+    rank's row (one round: every message in flight at once, where gloo's all_gather is a ring of
+    ``world - 1`` rounds), on ``device`` (NCCL; default ``cuda:LOCAL_RANK``, never the calling thread's current
+    device) an all_gather. The collective carries the barrier's own deadline as its timeout, so gloo closes
+    its connections when it expires and a rank arriving after its peers gave up fails at once instead of
+    passing on their stale rows; the caller waits on the work handle with the same deadline. On a mode-digest
+    mismatch the ranks, all together, also all_gather their mode records to name the differing mode fields.
+    On timeout raises :class:`BarrierTimeout` naming the state, this rank and the timeout; when a rule of the
+    fingerprint is broken every rank raises :class:`~colo_fsm.errors.HandoffDivergence`.
     """
 
     exchanges_fingerprints = True
@@ -74,69 +79,48 @@ class TorchBarrier:
         self.group = group
         self.timeout_s = _check_timeout(timeout_s)
         self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ConfigError("process_group", group, "a group this rank belongs to")
         self.world_size = dist.get_world_size(group)
         self.backend = str(dist.get_backend(group))
         if device is None:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if self.backend == "nccl" else "cpu"
         self.device = torch.device(device)
+        self._pg: Any = group if group is not None else dist.group.WORLD
 
-    def _complete(self, work: Any, deadline: float | None = None) -> None:
-        left = self.timeout_s if deadline is None else max(deadline - time.monotonic(), 1e-3)
-        if work is not None and not work.wait(timeout=timedelta(seconds=left)):
-            raise TimeoutError("fingerprint exchange did not complete")
-
-    def _exchange(self, fingerprint: HandoffFingerprint) -> list[HandoffFingerprint]:
-        """Every rank's fingerprint (the rows every rank compares)."""
+    def _exchange(self, fingerprint: HandoffFingerprint, deadline: float) -> list[HandoffFingerprint]:
+        """Every rank's fingerprint (the rows every rank compares), from one collective bounded by ``deadline``."""
         import torch
+        from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions
 
         ints = fingerprint.to_ints()
         n = len(ints)
-        if self.backend == "gloo":
-            table = self._via_root(torch.tensor(ints, dtype=torch.int64))
+        opts: Any
+        if self.device.type == "cpu":
+            send = torch.tensor(ints * self.world_size, dtype=torch.int64)  # this rank's row, once per peer
+            rows = torch.empty_like(send)
+            opts = AllToAllOptions()
+            opts.timeout = _left(deadline)
+            opts.asyncOp = True
+            work = self._pg.alltoall_base(rows, send, [], [], opts)
         else:
-            table = self._all_to_all(torch.tensor(ints, dtype=torch.int64, device=self.device))
-        flat = table.reshape(-1).tolist()
+            mine = torch.tensor(ints, dtype=torch.int64, device=self.device)
+            rows = torch.empty(n * self.world_size, dtype=torch.int64, device=self.device)
+            opts = AllgatherOptions()
+            opts.timeout = _left(deadline)
+            opts.asyncOp = True
+            work = self._pg._allgather_base(rows, mine, opts)
+        _await(work, deadline)
+        flat = rows.tolist()
         return [HandoffFingerprint.from_ints(flat[i * n : (i + 1) * n]) for i in range(self.world_size)]
 
-    def _via_root(self, mine: Any) -> Any:
-        """gloo: every rank sends its row to rank 0, which answers each with the whole table.
-
-        Like ``monitored_barrier`` (two steps): rank 0 must actively answer, so a rank that arrives after rank 0
-        gave up times out too instead of passing on a contribution rank 0 left behind.
-        """
-        import torch
-        import torch.distributed as dist
-
-        deadline = time.monotonic() + self.timeout_s
-        table = torch.empty((self.world_size, mine.numel()), dtype=torch.int64)
-        if self.rank == 0:
-            table[0] = mine
-            recvs = [dist.irecv(table[i], group=self.group, group_src=i) for i in range(1, self.world_size)]
-            for w in recvs:
-                self._complete(w, deadline)
-            for w in [dist.isend(table, group=self.group, group_dst=i) for i in range(1, self.world_size)]:
-                self._complete(w, deadline)
-        else:
-            answer = dist.irecv(table, group=self.group, group_src=0)  # posted first: both are in flight at once
-            self._complete(dist.isend(mine, group=self.group, group_dst=0), deadline)
-            self._complete(answer, deadline)
-        return table
-
-    def _all_to_all(self, mine: Any) -> Any:
-        """NCCL: one all-to-all of this rank's row to every peer (every rank receives every row at once)."""
-        import torch
-        import torch.distributed as dist
-
-        send = mine.repeat(self.world_size)
-        rows = torch.empty_like(send)
-        self._complete(dist.all_to_all_single(rows, send, group=self.group, async_op=True))
-        return rows.cpu()
-
     def _exchange_modes(self, fingerprint: HandoffFingerprint) -> list[dict[str, Any] | None]:
+        import torch
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, mode_record(fingerprint), group=self.group)
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            dist.all_gather_object(out, mode_record(fingerprint), group=self.group)
         return out
 
     def wait(
@@ -148,17 +132,18 @@ class TorchBarrier:
     ) -> None:
         import torch.distributed as dist
 
+        deadline = time.monotonic() + self.timeout_s  # counted from this rank's arrival
         timeout = timedelta(seconds=self.timeout_s)
         if fingerprint is not None:
             try:
-                gathered = self._exchange(fingerprint)
-                err = divergence(gathered, rank=self.rank)
-                if err is not None and "mode_digest" in err.fields:  # every rank got the same rows: all are here
-                    err = divergence(gathered, rank=self.rank, modes=self._exchange_modes(fingerprint))
-            except Exception as exc:
+                gathered = self._exchange(fingerprint, deadline)
+            except Exception as exc:  # torch raises RuntimeError/DistBackendError on a timeout or a closed peer
                 raise BarrierTimeout(
                     self.timeout_s, state=state, rank=self.rank, weight_version=weight_version, detail=str(exc)
                 ) from exc
+            err = divergence(gathered, rank=self.rank)
+            if err is not None and "mode_digest" in err.fields:  # every rank got the same rows: all are here
+                err = divergence(gathered, rank=self.rank, modes=self._exchange_modes(fingerprint))
             if err is not None:
                 raise err
             return
@@ -173,6 +158,26 @@ class TorchBarrier:
             raise BarrierTimeout(
                 self.timeout_s, state=state, rank=self.rank, weight_version=weight_version, detail=str(exc)
             ) from exc
+
+
+def _left(deadline: float) -> timedelta:
+    return timedelta(seconds=max(deadline - time.monotonic(), 1e-3))
+
+
+def _await(work: Any, deadline: float) -> None:
+    """Wait for ``work`` until ``deadline`` (monotonic); raise TimeoutError past it, never wait longer.
+
+    gloo's and NCCL's ``wait(timeout)`` block the CPU until the work completed or raise at the timeout; a
+    backend whose ``wait`` only orders streams is polled until the deadline.
+    """
+    if work is None:
+        return
+    if work.wait(timeout=_left(deadline)) is False:
+        raise TimeoutError("the exchange did not complete within the barrier's deadline")
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            raise TimeoutError("the exchange did not complete within the barrier's deadline")
+        time.sleep(1e-4)
 
 
 class ThreadBarrier:
