@@ -59,10 +59,10 @@ def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: 
     import torch
     import torch.distributed as dist
 
-    from colo_fsm.adapters.sampling import SamplingStream
     from colo_fsm.guards.barrier import TorchBarrier
     from colo_fsm.guards.fingerprint import HandoffFingerprint, divergence
     from colo_fsm.guards.mode import ModelMode, ModeReport, mode_digest
+    from colo_fsm.guards.sampling import SamplingStream
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     kwargs = {}

@@ -54,8 +54,9 @@ class SoloBarrier:
 class TorchBarrier:
     """A ``torch.distributed`` barrier over ``group`` with a timeout counted from this rank's arrival.
 
-    Without a fingerprint: ``monitored_barrier`` on gloo (which names the missing ranks) and a ``barrier`` on
-    a work handle with ``wait(timeout)`` elsewhere. With one, the fingerprint exchange *is* the barrier: one
+    Without a fingerprint: a ``barrier`` work handle carrying the deadline as its own timeout (gloo's
+    ``monitored_barrier`` is not used: a non-zero rank waiting for a live but silent rank 0 overstays its
+    timeout there). With one, the fingerprint exchange *is* the barrier: one
     collective of one int64 per :data:`~colo_fsm.guards.fingerprint.SPEC` field per rank, after which every
     rank holds every rank's row and compares the same rows. On CPU tensors (gloo) it is an all-to-all of this
     rank's row (one round: every message in flight at once, where gloo's all_gather is a ring of
@@ -114,6 +115,17 @@ class TorchBarrier:
         flat = rows.tolist()
         return [HandoffFingerprint.from_ints(flat[i * n : (i + 1) * n]) for i in range(self.world_size)]
 
+    def _barrier_work(self, deadline: float) -> Any:
+        """A barrier work handle carrying ``deadline`` as its own timeout (on ``device`` for NCCL)."""
+        from torch.distributed.distributed_c10d import BarrierOptions
+
+        opts = BarrierOptions()
+        opts.timeout = _left(deadline)
+        opts.asyncOp = True
+        if self.device.type == "cuda":
+            opts.device_ids = [self.device.index if self.device.index is not None else 0]
+        return self._pg.barrier(opts)
+
     def _exchange_modes(self, fingerprint: HandoffFingerprint) -> list[dict[str, Any] | None]:
         import torch
         import torch.distributed as dist
@@ -130,10 +142,7 @@ class TorchBarrier:
         weight_version: int | None = None,
         fingerprint: HandoffFingerprint | None = None,
     ) -> None:
-        import torch.distributed as dist
-
         deadline = time.monotonic() + self.timeout_s  # counted from this rank's arrival
-        timeout = timedelta(seconds=self.timeout_s)
         if fingerprint is not None:
             try:
                 gathered = self._exchange(fingerprint, deadline)
@@ -148,12 +157,7 @@ class TorchBarrier:
                 raise err
             return
         try:
-            if dist.get_backend(self.group) == "gloo":
-                dist.monitored_barrier(group=self.group, timeout=timeout, wait_all_ranks=True)
-            else:
-                work = dist.barrier(group=self.group, async_op=True)
-                if work is not None and not work.wait(timeout=timeout):
-                    raise TimeoutError("barrier work did not complete")
+            _await(self._barrier_work(deadline), deadline)
         except Exception as exc:  # torch raises RuntimeError/DistBackendError on timeout
             raise BarrierTimeout(
                 self.timeout_s, state=state, rank=self.rank, weight_version=weight_version, detail=str(exc)
@@ -164,18 +168,24 @@ def _left(deadline: float) -> timedelta:
     return timedelta(seconds=max(deadline - time.monotonic(), 1e-3))
 
 
-def _await(work: Any, deadline: float) -> None:
-    """Wait for ``work`` until ``deadline`` (monotonic); raise TimeoutError past it, never wait longer.
+_GRACE_S = 0.5  # the collective's own timeout (the deadline) fires first; this wait backs it up
 
-    gloo's and NCCL's ``wait(timeout)`` block the CPU until the work completed or raise at the timeout; a
-    backend whose ``wait`` only orders streams is polled until the deadline.
+
+def _await(work: Any, deadline: float) -> None:
+    """Wait for ``work``, which carries ``deadline`` (monotonic) as its own timeout; raise TimeoutError past it.
+
+    gloo's and NCCL's ``wait(timeout)`` block the CPU until the work completed or raise at the timeout. This
+    wait ends a moment after the collective's own timeout, so that it is the collective that gives up (gloo
+    then closes its connections: a late peer fails instead of completing the abandoned exchange), and at most
+    ``_GRACE_S`` after the deadline where it does not. A backend whose ``wait`` only orders streams is polled.
     """
     if work is None:
         return
-    if work.wait(timeout=_left(deadline)) is False:
+    end = deadline + _GRACE_S
+    if work.wait(timeout=_left(end)) is False:
         raise TimeoutError("the exchange did not complete within the barrier's deadline")
     while not work.is_completed():
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= end:
             raise TimeoutError("the exchange did not complete within the barrier's deadline")
         time.sleep(1e-4)
 

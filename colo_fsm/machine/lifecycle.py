@@ -35,6 +35,7 @@ from colo_fsm.guards.drain import default_drain
 from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.handoff import HandoffLedger
 from colo_fsm.guards.mode import check_training_mode, mode_digest, report_of
+from colo_fsm.guards.sampling import stream_of
 from colo_fsm.log import get_logger, heartbeat
 from colo_fsm.log import set_context as _log_context
 from colo_fsm.machine.trace import Trace, TraceRecord
@@ -697,6 +698,7 @@ class Lifecycle:
     def _fingerprint(self) -> HandoffFingerprint:
         """This rank's view at a handoff barrier: state, step, version, latched decisions, model mode."""
         report = report_of(self.engine)
+        stream = stream_of(self.engine)  # guards: one sampling stream per data-parallel replica
         return HandoffFingerprint(
             state=self.state.value,
             step=self.step_index,
@@ -705,6 +707,8 @@ class Lifecycle:
             validate=self.facts[Fact.VALIDATE_THIS_STEP],
             last=self.facts[Fact.LAST_STEP],
             mode_digest=mode_digest(report),
+            dp_rank=stream.dp_rank if stream is not None else -1,
+            sampling_seed=stream.seed if stream is not None else 0,
             mode=report,
         )
 
