@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from colo_fsm.errors import BarrierTimeout, ConfigError
-from colo_fsm.guards.fingerprint import HandoffFingerprint, divergence, mode_record
+from colo_fsm.guards.fingerprint import HandoffFingerprint, divergence, mode_record, rows_pass
 
 
 @runtime_checkable
@@ -89,8 +89,8 @@ class TorchBarrier:
         self.device = torch.device(device)
         self._pg: Any = group if group is not None else dist.group.WORLD
 
-    def _exchange(self, fingerprint: HandoffFingerprint, deadline: float) -> list[HandoffFingerprint]:
-        """Every rank's fingerprint (the rows every rank compares), from one collective bounded by ``deadline``."""
+    def _exchange(self, fingerprint: HandoffFingerprint, deadline: float) -> list[list[int]]:
+        """Every rank's wire row (the rows every rank checks), from one collective bounded by ``deadline``."""
         import torch
         from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions
 
@@ -113,7 +113,7 @@ class TorchBarrier:
             work = self._pg._allgather_base(rows, mine, opts)
         _await(work, deadline)
         flat = rows.tolist()
-        return [HandoffFingerprint.from_ints(flat[i * n : (i + 1) * n]) for i in range(self.world_size)]
+        return [flat[i * n : (i + 1) * n] for i in range(self.world_size)]
 
     def _barrier_work(self, deadline: float) -> Any:
         """A barrier work handle carrying ``deadline`` as its own timeout (on ``device`` for NCCL)."""
@@ -150,9 +150,12 @@ class TorchBarrier:
                 raise BarrierTimeout(
                     self.timeout_s, state=state, rank=self.rank, weight_version=weight_version, detail=str(exc)
                 ) from exc
-            err = divergence(gathered, rank=self.rank)
+            if rows_pass(gathered):  # the fast path: integer comparisons only
+                return
+            fps = [HandoffFingerprint.from_ints(row) for row in gathered]
+            err = divergence(fps, rank=self.rank)
             if err is not None and "mode_digest" in err.fields:  # every rank got the same rows: all are here
-                err = divergence(gathered, rank=self.rank, modes=self._exchange_modes(fingerprint))
+                err = divergence(fps, rank=self.rank, modes=self._exchange_modes(fingerprint))
             if err is not None:
                 raise err
             return

@@ -172,6 +172,32 @@ def differing_mode(modes: list[dict[str, Any] | None]) -> dict[str, dict[Any, li
     return _table([{k: r.get(k, "<none>") for k in keys} for r in rows])
 
 
+_UNIFORM_AT = tuple(i for i, f in enumerate(SPEC) if f.rule is FieldRule.UNIFORM)
+_PER_REPLICA_AT = tuple((FIELDS.index(f.key or ""), i) for i, f in enumerate(SPEC) if f.rule is FieldRule.PER_REPLICA)
+
+
+def rows_pass(rows: list[list[int]]) -> bool:
+    """Whether the ranks' wire rows (:meth:`HandoffFingerprint.to_ints`) keep every rule of :data:`SPEC`.
+
+    The barrier's fast path: a few integer comparisons, no decoding; :func:`divergence` names what broke.
+    """
+    first = rows[0]
+    for row in rows[1:]:
+        for i in _UNIFORM_AT:
+            if row[i] != first[i]:
+                return False
+    for key_at, value_at in _PER_REPLICA_AT:
+        value_of: dict[int, int] = {}
+        key_of: dict[int, int] = {}
+        for row in rows:
+            key, value = row[key_at], row[value_at]
+            if key < 0:
+                continue
+            if value_of.setdefault(key, value) != value or key_of.setdefault(value, key) != key:
+                return False
+    return True
+
+
 def divergence(
     fps: list[HandoffFingerprint],
     *,
@@ -179,6 +205,8 @@ def divergence(
     modes: list[dict[str, Any] | None] | None = None,
 ) -> HandoffDivergence | None:
     """The error every rank raises when the gathered fingerprints break a rule, or None when they pass."""
+    if rows_pass([fp.to_ints() for fp in fps]):
+        return None
     fields, notes = _check(fps)
     if not fields:
         return None
@@ -208,4 +236,5 @@ __all__ = [
     "differing_mode",
     "divergence",
     "mode_record",
+    "rows_pass",
 ]

@@ -69,9 +69,9 @@ def stream_of(engine: Any) -> SamplingStream | None:
     return stream
 
 
-def data_parallel_rank(explicit: int | None = None) -> int:
+def data_parallel_rank(explicit: int | None = None, *, default: int = 0) -> int:
     """``explicit`` when given, else megatron-core's data-parallel rank when its groups are initialized, else the
-    ``torch.distributed`` rank (every rank its own replica), else 0."""
+    ``torch.distributed`` rank (every rank its own replica), else ``default``."""
     if explicit is not None:
         if isinstance(explicit, bool) or not isinstance(explicit, int) or explicit < 0:
             raise ConfigError("data_parallel_rank", explicit, "a non-negative integer or None (detect it)")
@@ -85,7 +85,7 @@ def data_parallel_rank(explicit: int | None = None) -> int:
         pass
     import torch.distributed as dist
 
-    return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0
+    return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else default
 
 
 __all__ = ["ReportsSamplingStream", "SamplingStream", "data_parallel_rank", "mix_seed", "stream_of"]
