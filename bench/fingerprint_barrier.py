@@ -212,7 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     only_nccl = args.backend == "nccl"
     path = args.json or ROOT / "bench" / "results" / f"fingerprint_barrier{'_nccl' if only_nccl else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta: dict[str, object] = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    meta: dict[str, object] = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
     try:
         meta["loadavg"] = list(os.getloadavg())
     except OSError:
