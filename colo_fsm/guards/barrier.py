@@ -88,32 +88,43 @@ class TorchBarrier:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if self.backend == "nccl" else "cpu"
         self.device = torch.device(device)
         self._pg: Any = group if group is not None else dist.group.WORLD
+        self._torch = torch
+        self._bufs: tuple[Any, Any, Any] | None = None
 
     def _exchange(self, fingerprint: HandoffFingerprint, deadline: float) -> list[list[int]]:
         """Every rank's wire row (the rows every rank checks), from one collective bounded by ``deadline``."""
-        import torch
         from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions
 
         ints = fingerprint.to_ints()
         n = len(ints)
+        send, rows, host = self._buffers(n)
         opts: Any
         if self.device.type == "cpu":
-            send = torch.tensor(ints * self.world_size, dtype=torch.int64)  # this rank's row, once per peer
-            rows = torch.empty_like(send)
+            host[:] = ints * self.world_size  # this rank's row, once per peer (a numpy view of ``send``)
             opts = AllToAllOptions()
             opts.timeout = _left(deadline)
             opts.asyncOp = True
             work = self._pg.alltoall_base(rows, send, [], [], opts)
         else:
-            mine = torch.tensor(ints, dtype=torch.int64, device=self.device)
-            rows = torch.empty(n * self.world_size, dtype=torch.int64, device=self.device)
+            send.copy_(self._torch.tensor(ints, dtype=self._torch.int64))
             opts = AllgatherOptions()
             opts.timeout = _left(deadline)
             opts.asyncOp = True
-            work = self._pg._allgather_base(rows, mine, opts)
+            work = self._pg._allgather_base(rows, send, opts)
         _await(work, deadline)
         flat = rows.tolist()
         return [flat[i * n : (i + 1) * n] for i in range(self.world_size)]
+
+    def _buffers(self, n: int) -> tuple[Any, Any, Any]:
+        """The send and receive tensors of an ``n``-field exchange (and the send tensor's numpy view on the
+        CPU), allocated once: a fresh pair per barrier costs gloo about as much as the exchange itself."""
+        if self._bufs is None or self._bufs[1].numel() != n * self.world_size:
+            torch = self._torch
+            on_cpu = self.device.type == "cpu"
+            send = torch.empty(n * self.world_size if on_cpu else n, dtype=torch.int64, device=self.device)
+            rows = torch.empty(n * self.world_size, dtype=torch.int64, device=self.device)
+            self._bufs = (send, rows, send.numpy() if on_cpu else None)
+        return self._bufs
 
     def _barrier_work(self, deadline: float) -> Any:
         """A barrier work handle carrying ``deadline`` as its own timeout (on ``device`` for NCCL)."""

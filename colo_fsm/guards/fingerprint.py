@@ -13,6 +13,7 @@ fields, values and ranks, instead of a later hang in a collective (see
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -76,7 +77,8 @@ class HandoffFingerprint:
 
     def to_ints(self) -> list[int]:
         """The wire form: one integer per :data:`SPEC` field (the state as its index in ``State``, -1 unknown)."""
-        return [_encode(name, getattr(self, name)) for name in FIELDS]
+        values = _GET(self)
+        return [_STATE_CODES.get(v, -1) if i == _STATE_AT else int(v) for i, v in enumerate(values)]
 
     @classmethod
     def from_ints(cls, values: list[int]) -> HandoffFingerprint:
@@ -94,10 +96,9 @@ if _WIRE != FIELDS:  # the declaration and the dataclass must list the same fiel
     raise ImportError(f"HandoffFingerprint fields {_WIRE} differ from the declared SPEC {FIELDS}")
 
 
-def _encode(name: str, value: Any) -> int:
-    if name == "state":
-        return _STATES.index(value) if value in _STATES else -1
-    return int(value)
+_GET = operator.attrgetter(*FIELDS)
+_STATE_AT = FIELDS.index("state")
+_STATE_CODES = {name: code for code, name in enumerate(_STATES)}
 
 
 def _decode(name: str, value: int) -> Any:

@@ -11,6 +11,7 @@ fingerprint carries :meth:`SamplingStream.seed` and the data-parallel rank (see
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -40,7 +41,7 @@ class SamplingStream:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(name, v, "a non-negative integer")
 
-    @property
+    @functools.cached_property
     def seed(self) -> int:
         """The seed of the engine's own generator (the requests that carry no seed sample from it)."""
         return mix_seed(self.base_seed, self.dp_rank)
