@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 from colo_fsm.errors import BarrierTimeout, ConfigError
 from colo_fsm.guards.barrier import SoloBarrier, ThreadBarrier, TorchBarrier
 from colo_fsm.guards.decision import LatchedDecision, broadcast_from_rank0
+from tests.support.waits import get_or_fail
 
 
 def _free_port() -> int:
@@ -50,7 +51,7 @@ def _run(timeout_s: float):
         p.start()
     results = {}
     for _ in range(2):
-        rank, kind, payload = out.get(timeout=120)
+        rank, kind, payload = get_or_fail(out, 120, "a rank of two live gloo ranks never left the barrier")
         results[rank] = (kind, payload)
     for p in procs:
         p.join(timeout=60)

@@ -28,6 +28,7 @@ from colo_fsm.guards.fingerprint import (
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.states.spec import State
 from colo_fsm.testing.fakes import Journal, ModalEngine, RecordingCollector, RecordingTrainer
+from tests.support.waits import get_or_fail, join_or_fail
 
 CASES = ("padding", "weight_version", "save")
 
@@ -114,7 +115,7 @@ def _run(world: int) -> dict[tuple[int, int, str, str], tuple[str, object]]:
         p.start()
     results = {}
     for _ in range((world + 2) * len(CASES) * 2):
-        n, rank, case, kind, outcome, payload = out.get(timeout=120)
+        n, rank, case, kind, outcome, payload = get_or_fail(out, 120, "a rank hung at a fingerprint barrier")
         results[(n, rank, case, kind)] = (outcome, payload)
     for p in procs:
         p.join(timeout=60)
@@ -167,8 +168,7 @@ def test_thread_barrier_exchanges_fingerprints_and_names_the_mode_field():
     threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(30)
+    join_or_fail(threads, 30, "a rank hung at the thread fingerprint barrier")
     assert outcomes == {r: {"expert_padding": {False: [0, 1], True: [2]}} for r in range(world)}
 
 
@@ -252,8 +252,7 @@ def test_every_declared_field_is_refused_by_the_thread_barrier(spec):
     threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(60)
+    join_or_fail(threads, 60, f"a rank hung at the thread barrier ({spec.name})")
     for rank in range(2):
         assert isinstance(outcomes.get(rank), dict) and _named(spec) in outcomes[rank], (spec.name, outcomes)
 
@@ -291,7 +290,7 @@ def gloo_field_outcomes() -> dict[tuple[str, int], object]:
     results: dict[tuple[str, int], object] = {}
     try:
         for _ in range(2 * (len(SPEC) + 1)):
-            name, rank, outcome = out.get(timeout=120)
+            name, rank, outcome = get_or_fail(out, 120, "a rank hung at a fingerprint barrier")
             results[(name, rank)] = outcome
     finally:
         for p in procs:

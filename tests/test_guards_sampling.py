@@ -19,6 +19,7 @@ from colo_fsm.guards.drain import NoDeviceDrain
 from colo_fsm.guards.sampling import SamplingStream, mix_seed, stream_of
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.testing.fakes import Journal, RecordingCollector, RecordingTrainer
+from tests.support.waits import join_or_fail
 
 TOK = CharTokenizer("abcdefghijklmnopqrstuvwxyz>")
 PROMPT = "abc>"
@@ -114,8 +115,7 @@ def test_two_replicas_on_one_stream_are_refused_at_the_first_barrier(engine_dp, 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(120)
+    join_or_fail(threads, 120, "a rank hung at start's barrier")
     if engine_dp == (0, 1):
         assert outcome == {0: "Generating", 1: "Generating"}, outcome
         return
