@@ -1,31 +1,38 @@
-"""Cost of the fingerprint barrier against a plain barrier, per handoff, over 2 and 4 ranks (gloo or NCCL).
+"""Cost of the fingerprint barrier against a plain barrier, per handoff: gloo over 2 and 4 ranks, NCCL world 1.
 
-Each rank is a real process in one ``torch.distributed`` group. Three ways to meet, interleaved in one run
-(the order rotates every round, so machine load hits all three alike):
+Each rank is a real process in one ``torch.distributed`` group. Four ways to meet, interleaved in one run
+(the order rotates every round, so machine load hits all of them alike):
 
-* ``plain``: :class:`~colo_fsm.guards.barrier.TorchBarrier` without a fingerprint, the handoff barrier as it
-  was (``monitored_barrier`` on gloo, a ``barrier`` work handle on NCCL);
+* ``plain``: :class:`~colo_fsm.guards.barrier.TorchBarrier` without a fingerprint (a ``barrier`` work
+  carrying the deadline as its own timeout);
 * ``dist.barrier``: torch's bare barrier, for reference;
+* ``monitored_barrier``: gloo's ``monitored_barrier``, the handoff barrier before (it overstays its timeout
+  on a non-zero rank while a live rank 0 stays silent, so ``TorchBarrier`` no longer uses it);
 * ``fingerprint``: the same ``TorchBarrier`` exchanging a :class:`~colo_fsm.guards.fingerprint.HandoffFingerprint`
-  (one all_gather of 7 int64 per rank), *including* building the fingerprint from a mode report and its digest
-  and comparing the gathered rows, i.e. everything the lifecycle's barrier action adds;
-* ``local work``: the fingerprint path without communication (build, encode, decode, compare), timed alone:
+  (one collective of one int64 per declared field per rank: an all-to-all on gloo, an all_gather on NCCL),
+  *including* building the fingerprint from a mode report and its digest and checking the gathered rows,
+  i.e. everything the lifecycle's barrier action adds;
+* ``local work``: the fingerprint path without communication (build, encode, decode, check), timed alone:
   the part of the cost that is not message latency.
 
 Reported: rank 0's median microseconds per handoff for each, and fingerprint / plain as the median (and
 quartiles) of the per-round ratios (the kinds of one round run back to back, so load drift between rounds
-cancels). Target: the fingerprint adds under 20% to a plain gloo barrier.
+cancels). Target: the fingerprint adds at most 20% to a plain gloo barrier.
+
+The default run measures gloo at 2 and 4 ranks, then an NCCL section at world 1 on the first GPU (skipped,
+with a message, where no CUDA device is visible); every row goes to one JSON file.
 
 Usage::
 
-    python bench/fingerprint_barrier.py                    # gloo, 2 and 4 ranks (~20 s on 2 busy cores)
+    python bench/fingerprint_barrier.py                    # gloo 2 and 4 ranks, then NCCL world 1 if a GPU
     python bench/fingerprint_barrier.py --quick
-    python bench/fingerprint_barrier.py --backend nccl --ranks 2 4 8   # one GPU per rank
+    python bench/fingerprint_barrier.py --backend nccl --ranks 2 4 8   # NCCL only, one GPU per rank
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -39,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-KINDS = ("plain", "dist.barrier", "fingerprint")
+KINDS = ("plain", "dist.barrier", "monitored_barrier", "fingerprint")
 
 
 def _free_port() -> int:
@@ -57,6 +64,7 @@ def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: 
     from colo_fsm.guards.barrier import TorchBarrier
     from colo_fsm.guards.fingerprint import HandoffFingerprint, divergence
     from colo_fsm.guards.mode import ModelMode, ModeReport, mode_digest
+    from colo_fsm.guards.sampling import SamplingStream
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     kwargs = {}
@@ -70,33 +78,43 @@ def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: 
     def plain() -> None:
         barrier.wait(state="Draining", weight_version=3)
 
+    def monitored() -> None:  # the handoff barrier before (gloo only; it overstays its timeout, see docs)
+        if backend == "gloo":
+            dist.monitored_barrier(timeout=timedelta(seconds=120), wait_all_ranks=True)
+        else:
+            bare()
+
     def bare() -> None:
         dist.barrier()
         if backend == "nccl":
             torch.cuda.synchronize(rank)
 
+    stream = SamplingStream(base_seed=1234, dp_rank=rank)
+
+    def build() -> HandoffFingerprint:  # what Lifecycle._fingerprint does at a barrier
+        return HandoffFingerprint(
+            state="Draining", step=3, weight_version=3, save=False, validate=True, last=False,
+            mode_digest=mode_digest(report), dp_rank=stream.dp_rank, sampling_seed=stream.seed, mode=report,
+        )  # fmt: skip
+
     def fingerprint() -> None:
-        fp = HandoffFingerprint(
-            state="Draining", step=3, weight_version=3, save=False, validate=True, last=False,
-            mode_digest=mode_digest(report), mode=report,
-        )  # fmt: skip
-        barrier.wait(state="Draining", weight_version=3, fingerprint=fp)
+        barrier.wait(state="Draining", weight_version=3, fingerprint=build())
 
-    def local_only() -> None:  # the fingerprint path without its communication: build, encode, decode, compare
-        fp = HandoffFingerprint(
-            state="Draining", step=3, weight_version=3, save=False, validate=True, last=False,
-            mode_digest=mode_digest(report), mode=report,
-        )  # fmt: skip
-        rows = torch.tensor(fp.to_ints() * world, dtype=torch.int64).reshape(world, -1).tolist()
-        divergence([HandoffFingerprint.from_ints(r) for r in rows], rank=rank)
+    def local_only() -> None:  # the fingerprint path without its communication: build, encode, decode, check
+        fp = build()
+        flat = torch.tensor(fp.to_ints() * world, dtype=torch.int64).tolist()
+        n = len(fp.to_ints())
+        rows = [HandoffFingerprint.from_ints(flat[i * n : (i + 1) * n]) for i in range(world)]
+        rows = [dataclasses.replace(r, dp_rank=i, sampling_seed=r.sampling_seed + i) for i, r in enumerate(rows)]
+        divergence(rows, rank=rank)
 
-    fns = {"plain": plain, "dist.barrier": bare, "fingerprint": fingerprint}
+    fns = {"plain": plain, "dist.barrier": bare, "monitored_barrier": monitored, "fingerprint": fingerprint}
     for fn in fns.values():  # warm up every path (and NCCL's communicators)
         for _ in range(max(5, iters // 10)):
             fn()
     samples: dict[str, list[float]] = {k: [] for k in KINDS}
     for r in range(rounds):
-        order = KINDS[r % 3 :] + KINDS[: r % 3]
+        order = KINDS[r % len(KINDS) :] + KINDS[: r % len(KINDS)]
         for kind in order:
             fn = fns[kind]
             dist.barrier()
@@ -116,6 +134,7 @@ def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: 
 def run(world: int, backend: str, rounds: int, iters: int) -> dict[str, object]:
     import torch.multiprocessing as mp
 
+    load_before = os.getloadavg()[0]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
@@ -143,33 +162,36 @@ def run(world: int, backend: str, rounds: int, iters: int) -> dict[str, object]:
         "ratio_fingerprint_vs_plain_quartiles": [q[0], q[2]],
         "ratio_of_medians_fingerprint_vs_plain": med["fingerprint"] / med["plain"],
         "ratio_fingerprint_vs_dist_barrier": med["fingerprint"] / med["dist.barrier"],
+        "ratio_fingerprint_vs_monitored_barrier": med["fingerprint"] / med["monitored_barrier"],
         "fingerprint_local_us": med["local_only"],
         "rounds": rounds,
         "iters_per_round": iters,
+        "loadavg_1min_before_after": [load_before, os.getloadavg()[0]],
     }
 
 
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
-        "| backend | ranks | plain TorchBarrier us | dist.barrier us | fingerprint barrier us |"
-        " fingerprint / plain (per-round median, IQR) | fingerprint / dist.barrier | fingerprint's local work us |",
-        "|---|---|---|---|---|---|---|---|",
+        "| backend | ranks | plain TorchBarrier us | dist.barrier us | monitored_barrier us | fingerprint barrier us |"
+        " fingerprint / plain (per-round median, IQR) | fingerprint / monitored_barrier | fingerprint's local work us |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         m, iqr = r["median_us"], r["ratio_fingerprint_vs_plain_quartiles"]
         assert isinstance(m, dict) and isinstance(iqr, list)
         lines.append(
-            f"| {r['backend']} | {r['ranks']} | {m['plain']:.0f} | {m['dist.barrier']:.0f} | {m['fingerprint']:.0f} "
+            f"| {r['backend']} | {r['ranks']} | {m['plain']:.0f} | {m['dist.barrier']:.0f} "
+            f"| {m['monitored_barrier']:.0f} | {m['fingerprint']:.0f} "
             f"| {r['ratio_fingerprint_vs_plain']:.2f} ({iqr[0]:.2f}-{iqr[1]:.2f}) "
-            f"| {r['ratio_fingerprint_vs_dist_barrier']:.2f} | {r['fingerprint_local_us']:.0f} |"
+            f"| {r['ratio_fingerprint_vs_monitored_barrier']:.2f} | {r['fingerprint_local_us']:.0f} |"
         )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="one backend only (default: both)")
+    ap.add_argument("--ranks", type=int, nargs="+", default=None, help="gloo default 2 4; NCCL default 1")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--iters", type=int, default=50, help="handoffs per kind per round")
     ap.add_argument("--quick", action="store_true", help="8 rounds of 25")
@@ -177,25 +199,40 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.iters = 8, 25
-    if args.backend == "nccl":
-        import torch
+    sections = [("gloo", args.ranks or [2, 4]), ("nccl", args.ranks or [1])]
+    if args.backend is not None:
+        sections = [s for s in sections if s[0] == args.backend]
+    rows: list[dict[str, object]] = []
+    skipped: list[str] = []
+    for backend, ranks in sections:
+        if backend == "nccl":
+            import torch
 
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if have < min(args.ranks):
-            print(f"--backend nccl needs a GPU per rank: {have} visible; nothing to measure here")
-            return 0
-        args.ranks = [n for n in args.ranks if n <= have]
-    rows = [run(n, args.backend, args.rounds, args.iters) for n in args.ranks]
-    print(table(rows))
-    path = (
-        args.json or ROOT / "bench" / "results" / f"fingerprint_barrier{'_nccl' if args.backend == 'nccl' else ''}.json"
-    )
+            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            usable = [n for n in ranks if n <= have]
+            if not usable:
+                why = f"NCCL section skipped: it needs a GPU per rank ({ranks} ranks), {have} CUDA device(s) visible"
+                print(why)
+                skipped.append(why)
+                continue
+            ranks = usable
+        rows += [run(n, backend, args.rounds, args.iters) for n in ranks]
+    if rows:
+        print(table(rows))
+    only_nccl = args.backend == "nccl"
+    path = args.json or ROOT / "bench" / "results" / f"fingerprint_barrier{'_nccl' if only_nccl else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    meta: dict[str, object] = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
     try:
-        meta["loadavg"] = os.getloadavg()[0]
+        meta["loadavg"] = list(os.getloadavg())
     except OSError:
         pass
+    if skipped:
+        meta["skipped"] = skipped
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {path}")
     return 0

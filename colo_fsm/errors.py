@@ -178,7 +178,9 @@ class HandoffDivergence(LifecycleError):
     """The ranks met at a handoff barrier in different states; raised on every rank within that barrier.
 
     ``fields`` maps each differing fingerprint field to ``{value: [ranks holding it]}``; ``mode`` (when the
-    mode digests differ and the ranks exchanged their mode records) maps each differing mode field likewise.
+    mode digests differ and the ranks exchanged their mode records) maps each differing mode field likewise;
+    ``notes`` say what a field's rule expected where it is not plain equality (e.g. one sampling stream per
+    data-parallel rank).
     """
 
     def __init__(
@@ -186,12 +188,14 @@ class HandoffDivergence(LifecycleError):
         fields: dict[str, dict[Any, list[int]]],
         *,
         mode: dict[str, dict[Any, list[int]]] | None = None,
+        notes: list[str] | None = None,
         state: str | None = None,
         rank: int | None = None,
         weight_version: int | None = None,
     ) -> None:
         self.fields = fields
         self.mode = mode or {}
+        self.notes = list(notes or [])
 
         def fmt(table: dict[str, dict[Any, list[int]]]) -> str:
             return "; ".join(
@@ -202,6 +206,8 @@ class HandoffDivergence(LifecycleError):
         detail = fmt(fields)
         if self.mode:
             detail += f"; model mode: {fmt(self.mode)}"
+        if self.notes:
+            detail += "; " + "; ".join(self.notes)
         super().__init__(
             f"ranks diverged at the handoff barrier: {detail}", state=state, rank=rank, weight_version=weight_version
         )

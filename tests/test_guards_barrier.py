@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 from colo_fsm.errors import BarrierTimeout, ConfigError
 from colo_fsm.guards.barrier import SoloBarrier, ThreadBarrier, TorchBarrier
 from colo_fsm.guards.decision import LatchedDecision, broadcast_from_rank0
+from tests.support.waits import get_or_fail
 
 
 def _free_port() -> int:
@@ -18,8 +19,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, absent_rank: int, timeout_s: float, out) -> None:
-    import time
+def _worker(rank: int, world: int, port: int, timeout_s: float, out) -> None:
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -28,18 +28,13 @@ def _worker(rank: int, world: int, port: int, absent_rank: int, timeout_s: float
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
     try:
         barrier = TorchBarrier(timeout_s=timeout_s)
-        if rank == absent_rank:
-            time.sleep(timeout_s * 4)  # never arrives in time
-            out.put((rank, "absent", None))
-            return
-        t0 = time.monotonic()
         try:
             barrier.wait(state="Draining", weight_version=7)
             # ranks whose clocks disagree still latch one decision: rank 0's
             agreed = LatchedDecision("save", lambda step: rank == 0, agree=broadcast_from_rank0()).decide(0)
             out.put((rank, "ok", agreed))
         except BarrierTimeout as exc:
-            out.put((rank, "timeout", (str(exc), exc.state, exc.rank, exc.timeout_s, time.monotonic() - t0)))
+            out.put((rank, "timeout", str(exc)))
     finally:
         try:
             dist.destroy_process_group()
@@ -47,16 +42,16 @@ def _worker(rank: int, world: int, port: int, absent_rank: int, timeout_s: float
             pass
 
 
-def _run(absent_rank: int, timeout_s: float):
+def _run(timeout_s: float):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, 2, port, absent_rank, timeout_s, out)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, 2, port, timeout_s, out)) for r in range(2)]
     for p in procs:
         p.start()
     results = {}
     for _ in range(2):
-        rank, kind, payload = out.get(timeout=120)
+        rank, kind, payload = get_or_fail(out, 120, "a rank of two live gloo ranks never left the barrier")
         results[rank] = (kind, payload)
     for p in procs:
         p.join(timeout=60)
@@ -66,21 +61,102 @@ def _run(absent_rank: int, timeout_s: float):
 
 
 def test_two_gloo_ranks_meet():
-    results = _run(absent_rank=-1, timeout_s=20)
+    results = _run(timeout_s=20)
     assert results[0] == ("ok", True) and results[1] == ("ok", True)
 
 
-@pytest.mark.parametrize("absent", [1, 0])
-def test_absent_rank_times_out_naming_state_rank_and_timeout(absent):
-    """gloo's monitored barrier treats rank 0 differently: an absent rank 0 must time out the others too."""
-    results = _run(absent_rank=absent, timeout_s=2.0)
-    present = 1 - absent
-    kind, payload = results[present]
-    assert kind == "timeout", results
-    msg, state, rank, timeout_s, waited = payload
-    assert state == "Draining" and rank == present and timeout_s == 2.0
-    assert "Draining" in msg and f"rank={present}" in msg and "2s" in msg
-    assert waited < 15, "the barrier must give up near its timeout, not hang"
+# A live but silent peer: its process stays up (blocked on an event the test sets only after it has seen the
+# other rank's outcome), so nothing but the barrier's own deadline can end the wait. One spawn runs every case,
+# each on a group of its own (a timed-out group is broken for good).
+SILENT_CASES = (("fingerprint", 1), ("fingerprint", 0), ("plain", 1), ("plain", 0))
+DEADLINE_S = 1.0
+SLACK_S = 6.0  # generous for a busy 2-core machine; a barrier that waits for the process group's 120 s fails
+
+
+def _silent_peer_worker(rank: int, port: int, out, releases) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from colo_fsm.guards.fingerprint import HandoffFingerprint
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
+    try:
+        for i, (kind, silent) in enumerate(SILENT_CASES):
+            barrier = TorchBarrier(dist.new_group([0, 1]), timeout_s=DEADLINE_S)
+            fp = HandoffFingerprint("Draining", 0, 7) if kind == "fingerprint" else None
+            if rank == silent:
+                out.put((i, rank, "alive", None))
+                releases[i].wait(300)  # alive, silent: arrives only after the test saw its peer's outcome
+            else:
+                out.put((i, rank, "arrived", None))
+            try:
+                barrier.wait(state="Draining", weight_version=7, fingerprint=fp)
+                out.put((i, rank, "passed", None))
+            except BarrierTimeout as exc:
+                out.put((i, rank, "timeout", (str(exc), exc.state, exc.rank, exc.timeout_s)))
+    finally:
+        dist.destroy_process_group()
+
+
+class _Inbox:
+    """Messages of the workers by ``(case, rank)``, each awaited with a bound (an assertion, never a hang)."""
+
+    def __init__(self, queue) -> None:
+        self.queue = queue
+        self.seen: dict[tuple[int, int], tuple[str, object]] = {}
+
+    def expect(self, case: int, rank: int, within_s: float, what: str) -> tuple[str, object]:
+        import queue as queue_mod
+        import time
+
+        end = time.monotonic() + within_s
+        while (case, rank) not in self.seen:
+            try:
+                i, r, kind, payload = self.queue.get(timeout=max(end - time.monotonic(), 0.01))
+            except queue_mod.Empty:
+                pytest.fail(f"case {SILENT_CASES[case]}: rank {rank} sent nothing within {within_s:g}s ({what})")
+            self.seen[(i, r)] = (kind, payload)
+        return self.seen.pop((case, rank))
+
+
+def test_a_live_silent_peer_times_out_at_the_barriers_own_deadline():
+    """Plain and fingerprint barriers, absent rank 1 and rank 0: the waiting rank raises BarrierTimeout within
+    the deadline + slack of arriving, naming state, rank and timeout; the late rank fails too (gloo closed
+    the connections at the deadline) instead of passing on its peer's abandoned contribution."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    releases = [ctx.Event() for _ in SILENT_CASES]
+    port = _free_port()
+    procs = [ctx.Process(target=_silent_peer_worker, args=(r, port, out, releases)) for r in range(2)]
+    for p in procs:
+        p.start()
+    inbox = _Inbox(out)
+    try:
+        for i, (kind, silent) in enumerate(SILENT_CASES):
+            waiting = 1 - silent
+            assert inbox.expect(i, silent, 120, "start")[0] == "alive"
+            assert inbox.expect(i, waiting, 120, "start")[0] == "arrived"
+            outcome, payload = inbox.expect(
+                i, waiting, DEADLINE_S + SLACK_S, f"a {DEADLINE_S:g}s barrier must give up while its peer is alive"
+            )
+            assert outcome == "timeout", (kind, silent, outcome)
+            msg, state, rank, timeout_s = payload
+            assert (state, rank, timeout_s) == ("Draining", waiting, DEADLINE_S), payload
+            assert msg.startswith(f"barrier timed out after {DEADLINE_S:g}s") and f"rank={waiting}" in msg, msg
+            releases[i].set()
+            late, late_payload = inbox.expect(i, silent, DEADLINE_S + SLACK_S, "the late rank must not hang")
+            # its peer gave up: the late rank must not pass on the peer's abandoned contribution
+            assert late == "timeout", (kind, silent, late)
+            assert late_payload[2] == silent
+    finally:
+        for e in releases:
+            e.set()
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
 
 
 def test_thread_barrier_times_out_with_context():

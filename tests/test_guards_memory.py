@@ -108,3 +108,37 @@ def test_megatron_engine_checks_the_budget_before_it_builds(dist1, caplog):  # n
     unstated.bring_up()
     assert unstated.memory_estimate is None
     unstated.shutdown()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_optimizer_and_gradient_terms_match_adamws_real_state(dist1, dtype):  # noqa: F811
+    """The budget's optimizer-state and gradient terms against what torch AdamW (the trainer's optimizer)
+    really holds after one step on a small megatron GPT: the bytes of every state tensor and every .grad."""
+    import torch
+
+    from colo_fsm.adapters.megatron import CharTokenizer
+    from colo_fsm.adapters.megatron.memory import training_shape
+
+    model = tiny(CharTokenizer()).to(getattr(torch, dtype))
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    loss = sum((p.float() ** 2).sum() for p in params)
+    loss.backward()
+    optimizer.step()
+    state_bytes = sum(
+        t.numel() * t.element_size()
+        for st in optimizer.state.values()
+        for t in st.values()
+        if torch.is_tensor(t) and t.dim() > 0  # the moments (the scalar step counters are a few bytes)
+    )
+    grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in params)
+    est = estimate(
+        training_shape(model),
+        MemoryBudget(sequence_length=8, micro_batch_size=1),
+        buffer_size_gb=0.0,
+        kv_cache_mode="persist",
+        capacity_gib=80.0,
+    )
+    assert state_bytes > 0 and len(optimizer.state) == len(params)
+    assert est.optimizer_gib * GIB == pytest.approx(state_bytes, rel=1e-9), (est.optimizer_gib * GIB, state_bytes)
+    assert est.grads_gib * GIB == pytest.approx(grad_bytes, rel=1e-9), (est.grads_gib * GIB, grad_bytes)

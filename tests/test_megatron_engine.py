@@ -626,6 +626,7 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     be.eod = TOK.eod
     be._tracked, be._want_top = {}, {}
     be.logprobs_mode = "raw"
+    be.sampling = None  # no replica stream: the request's seed as given
     rng = torch.Generator()
     added = []
     be.engine = SimpleNamespace(
@@ -638,3 +639,9 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     expect = torch.Generator().manual_seed(11)
     assert torch.rand(3, generator=rng).tolist() == torch.rand(3, generator=expect).tolist()
     assert touched == [] and added == [(4, 2)] and be._want_top == {4: 2} and be._tracked == {4: RecordCursor()}
+    from colo_fsm.guards.sampling import SamplingStream, mix_seed
+
+    be.sampling = SamplingStream(7, dp_rank=1)  # a replica's stream: the seed is mixed with its DP rank
+    be.add(BackendRequest(5, (1, 2), 3, temperature=1.0, seed=11))
+    expect = torch.Generator().manual_seed(mix_seed(11, 1))
+    assert torch.rand(3, generator=rng).tolist() == torch.rand(3, generator=expect).tolist()

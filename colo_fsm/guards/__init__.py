@@ -15,6 +15,7 @@ from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.memory import MemoryBudget, MemoryEstimate, TrainingShape, check_budget
 from colo_fsm.guards.mode import ModelMode, ModeReport, check_training_mode
 from colo_fsm.guards.parallelism import ParallelismCheck, ParallelismWarning, check_parallelism
+from colo_fsm.guards.sampling import SamplingStream
 
 __all__ = [
     "RAY_ASYNC_ACTOR_DEFAULT_MAX_CONCURRENCY",
@@ -33,6 +34,7 @@ __all__ = [
     "NoDeviceDrain",
     "ParallelismCheck",
     "ParallelismWarning",
+    "SamplingStream",
     "SoloBarrier",
     "ThreadBarrier",
     "TorchBarrier",

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -17,7 +18,7 @@ from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from colo_fsm.errors import BarrierTimeout, ConfigError
-from colo_fsm.guards.fingerprint import HandoffFingerprint, divergence, mode_record
+from colo_fsm.guards.fingerprint import HandoffFingerprint, divergence, mode_record, rows_pass
 
 
 @runtime_checkable
@@ -51,16 +52,21 @@ class SoloBarrier:
 
 
 class TorchBarrier:
-    """A ``torch.distributed`` barrier over ``group`` with a timeout.
+    """A ``torch.distributed`` barrier over ``group`` with a timeout counted from this rank's arrival.
 
-    Without a fingerprint: ``monitored_barrier`` on gloo (which names the missing ranks) and a ``barrier`` on
-    a work handle with ``wait(timeout)`` elsewhere. With one, the fingerprint exchange *is* the barrier
-    (seven int64 values per rank): on gloo every rank sends its row to rank 0, which answers each with the
-    whole table (the two steps of ``monitored_barrier``, with its property that a rank arriving after rank 0
-    gave up times out as well); on NCCL one all-to-all on ``device`` (default ``cuda:LOCAL_RANK``, never the
-    calling thread's current device). Every rank compares the same rows; on a mode-digest mismatch the ranks,
-    all together, also all_gather their mode records to name the differing mode fields. On timeout raises :class:`BarrierTimeout` naming the state, this rank
-    and the timeout; on a fingerprint mismatch every rank raises :class:`~colo_fsm.errors.HandoffDivergence`.
+    Without a fingerprint: a ``barrier`` work handle carrying the deadline as its own timeout (gloo's
+    ``monitored_barrier`` is not used: a non-zero rank waiting for a live but silent rank 0 overstays its
+    timeout there). With one, the fingerprint exchange *is* the barrier: one
+    collective of one int64 per :data:`~colo_fsm.guards.fingerprint.SPEC` field per rank, after which every
+    rank holds every rank's row and compares the same rows. On CPU tensors (gloo) it is an all-to-all of this
+    rank's row (one round: every message in flight at once, where gloo's all_gather is a ring of
+    ``world - 1`` rounds), on ``device`` (NCCL; default ``cuda:LOCAL_RANK``, never the calling thread's current
+    device) an all_gather. The collective carries the barrier's own deadline as its timeout, so gloo closes
+    its connections when it expires and a rank arriving after its peers gave up fails at once instead of
+    passing on their stale rows; the caller waits on the work handle with the same deadline. On a mode-digest
+    mismatch the ranks, all together, also all_gather their mode records to name the differing mode fields.
+    On timeout raises :class:`BarrierTimeout` naming the state, this rank and the timeout; when a rule of the
+    fingerprint is broken every rank raises :class:`~colo_fsm.errors.HandoffDivergence`.
     """
 
     exchanges_fingerprints = True
@@ -74,69 +80,70 @@ class TorchBarrier:
         self.group = group
         self.timeout_s = _check_timeout(timeout_s)
         self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ConfigError("process_group", group, "a group this rank belongs to")
         self.world_size = dist.get_world_size(group)
         self.backend = str(dist.get_backend(group))
         if device is None:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if self.backend == "nccl" else "cpu"
         self.device = torch.device(device)
+        self._pg: Any = group if group is not None else dist.group.WORLD
+        self._torch = torch
+        self._bufs: tuple[Any, Any, Any] | None = None
 
-    def _complete(self, work: Any, deadline: float | None = None) -> None:
-        left = self.timeout_s if deadline is None else max(deadline - time.monotonic(), 1e-3)
-        if work is not None and not work.wait(timeout=timedelta(seconds=left)):
-            raise TimeoutError("fingerprint exchange did not complete")
-
-    def _exchange(self, fingerprint: HandoffFingerprint) -> list[HandoffFingerprint]:
-        """Every rank's fingerprint (the rows every rank compares)."""
-        import torch
+    def _exchange(self, fingerprint: HandoffFingerprint, deadline: float) -> list[list[int]]:
+        """Every rank's wire row (the rows every rank checks), from one collective bounded by ``deadline``."""
+        from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions
 
         ints = fingerprint.to_ints()
         n = len(ints)
-        if self.backend == "gloo":
-            table = self._via_root(torch.tensor(ints, dtype=torch.int64))
+        send, rows, host = self._buffers(n)
+        opts: Any
+        if self.device.type == "cpu":
+            host[:] = ints * self.world_size  # this rank's row, once per peer (a numpy view of ``send``)
+            opts = AllToAllOptions()
+            opts.timeout = _left(deadline)
+            opts.asyncOp = True
+            work = self._pg.alltoall_base(rows, send, [], [], opts)
         else:
-            table = self._all_to_all(torch.tensor(ints, dtype=torch.int64, device=self.device))
-        flat = table.reshape(-1).tolist()
-        return [HandoffFingerprint.from_ints(flat[i * n : (i + 1) * n]) for i in range(self.world_size)]
+            send.copy_(self._torch.tensor(ints, dtype=self._torch.int64))
+            opts = AllgatherOptions()
+            opts.timeout = _left(deadline)
+            opts.asyncOp = True
+            work = self._pg._allgather_base(rows, send, opts)
+        _await(work, deadline)
+        flat = rows.tolist()
+        return [flat[i * n : (i + 1) * n] for i in range(self.world_size)]
 
-    def _via_root(self, mine: Any) -> Any:
-        """gloo: every rank sends its row to rank 0, which answers each with the whole table.
+    def _buffers(self, n: int) -> tuple[Any, Any, Any]:
+        """The send and receive tensors of an ``n``-field exchange (and the send tensor's numpy view on the
+        CPU), allocated once: a fresh pair per barrier costs gloo about as much as the exchange itself."""
+        if self._bufs is None or self._bufs[1].numel() != n * self.world_size:
+            torch = self._torch
+            on_cpu = self.device.type == "cpu"
+            send = torch.empty(n * self.world_size if on_cpu else n, dtype=torch.int64, device=self.device)
+            rows = torch.empty(n * self.world_size, dtype=torch.int64, device=self.device)
+            self._bufs = (send, rows, send.numpy() if on_cpu else None)
+        return self._bufs
 
-        Like ``monitored_barrier`` (two steps): rank 0 must actively answer, so a rank that arrives after rank 0
-        gave up times out too instead of passing on a contribution rank 0 left behind.
-        """
-        import torch
-        import torch.distributed as dist
+    def _barrier_work(self, deadline: float) -> Any:
+        """A barrier work handle carrying ``deadline`` as its own timeout (on ``device`` for NCCL)."""
+        from torch.distributed.distributed_c10d import BarrierOptions
 
-        deadline = time.monotonic() + self.timeout_s
-        table = torch.empty((self.world_size, mine.numel()), dtype=torch.int64)
-        if self.rank == 0:
-            table[0] = mine
-            recvs = [dist.irecv(table[i], group=self.group, group_src=i) for i in range(1, self.world_size)]
-            for w in recvs:
-                self._complete(w, deadline)
-            for w in [dist.isend(table, group=self.group, group_dst=i) for i in range(1, self.world_size)]:
-                self._complete(w, deadline)
-        else:
-            answer = dist.irecv(table, group=self.group, group_src=0)  # posted first: both are in flight at once
-            self._complete(dist.isend(mine, group=self.group, group_dst=0), deadline)
-            self._complete(answer, deadline)
-        return table
-
-    def _all_to_all(self, mine: Any) -> Any:
-        """NCCL: one all-to-all of this rank's row to every peer (every rank receives every row at once)."""
-        import torch
-        import torch.distributed as dist
-
-        send = mine.repeat(self.world_size)
-        rows = torch.empty_like(send)
-        self._complete(dist.all_to_all_single(rows, send, group=self.group, async_op=True))
-        return rows.cpu()
+        opts = BarrierOptions()
+        opts.timeout = _left(deadline)
+        opts.asyncOp = True
+        if self.device.type == "cuda":
+            opts.device_ids = [self.device.index if self.device.index is not None else 0]
+        return self._pg.barrier(opts)
 
     def _exchange_modes(self, fingerprint: HandoffFingerprint) -> list[dict[str, Any] | None]:
+        import torch
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, mode_record(fingerprint), group=self.group)
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            dist.all_gather_object(out, mode_record(fingerprint), group=self.group)
         return out
 
     def wait(
@@ -146,33 +153,55 @@ class TorchBarrier:
         weight_version: int | None = None,
         fingerprint: HandoffFingerprint | None = None,
     ) -> None:
-        import torch.distributed as dist
-
-        timeout = timedelta(seconds=self.timeout_s)
+        deadline = time.monotonic() + self.timeout_s  # counted from this rank's arrival
         if fingerprint is not None:
             try:
-                gathered = self._exchange(fingerprint)
-                err = divergence(gathered, rank=self.rank)
-                if err is not None and "mode_digest" in err.fields:  # every rank got the same rows: all are here
-                    err = divergence(gathered, rank=self.rank, modes=self._exchange_modes(fingerprint))
-            except Exception as exc:
+                gathered = self._exchange(fingerprint, deadline)
+            except Exception as exc:  # torch raises RuntimeError/DistBackendError on a timeout or a closed peer
                 raise BarrierTimeout(
                     self.timeout_s, state=state, rank=self.rank, weight_version=weight_version, detail=str(exc)
                 ) from exc
+            if rows_pass(gathered):  # the fast path: integer comparisons only
+                return
+            fps = [HandoffFingerprint.from_ints(row) for row in gathered]
+            err = divergence(fps, rank=self.rank)
+            if err is not None and "mode_digest" in err.fields:  # every rank got the same rows: all are here
+                err = divergence(fps, rank=self.rank, modes=self._exchange_modes(fingerprint))
             if err is not None:
                 raise err
             return
         try:
-            if dist.get_backend(self.group) == "gloo":
-                dist.monitored_barrier(group=self.group, timeout=timeout, wait_all_ranks=True)
-            else:
-                work = dist.barrier(group=self.group, async_op=True)
-                if work is not None and not work.wait(timeout=timeout):
-                    raise TimeoutError("barrier work did not complete")
+            _await(self._barrier_work(deadline), deadline)
         except Exception as exc:  # torch raises RuntimeError/DistBackendError on timeout
             raise BarrierTimeout(
                 self.timeout_s, state=state, rank=self.rank, weight_version=weight_version, detail=str(exc)
             ) from exc
+
+
+def _left(deadline: float) -> timedelta:
+    return timedelta(seconds=max(deadline - time.monotonic(), 1e-3))
+
+
+_GRACE_S = 0.5  # the collective's own timeout (the deadline) fires first; this wait backs it up
+
+
+def _await(work: Any, deadline: float) -> None:
+    """Wait for ``work``, which carries ``deadline`` (monotonic) as its own timeout; raise TimeoutError past it.
+
+    gloo's and NCCL's ``wait(timeout)`` block the CPU until the work completed or raise at the timeout. This
+    wait ends a moment after the collective's own timeout, so that it is the collective that gives up (gloo
+    then closes its connections: a late peer fails instead of completing the abandoned exchange), and at most
+    ``_GRACE_S`` after the deadline where it does not. A backend whose ``wait`` only orders streams is polled.
+    """
+    if work is None:
+        return
+    end = deadline + _GRACE_S
+    if work.wait(timeout=_left(end)) is False:
+        raise TimeoutError("the exchange did not complete within the barrier's deadline")
+    while not work.is_completed():
+        if time.monotonic() >= end:
+            raise TimeoutError("the exchange did not complete within the barrier's deadline")
+        time.sleep(1e-4)
 
 
 class ThreadBarrier:

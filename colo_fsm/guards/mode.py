@@ -11,6 +11,7 @@ there (see :attr:`colo_fsm.states.rules.LifecycleRule.UNIFORM_MODEL_MODE`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -61,9 +62,16 @@ class ModeReport:
 
 
 def mode_digest(report: ModeReport | None) -> int:
-    """A stable, non-negative 63-bit digest of ``report`` (0 for an engine that reports nothing)."""
+    """A stable, non-negative 63-bit digest of ``report`` (0 for an engine that reports nothing); cached per
+    report value and value types (a frozen snapshot), so a barrier pays for the JSON and hash once per mode."""
     if report is None:
         return 0
+    types = tuple(type(v) for m in (report.current, report.training) for v in vars(m).values())
+    return _digest(report, types)
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(report: ModeReport, types: tuple[type, ...]) -> int:  # types: 1, 1.0 and True are equal keys
     text = json.dumps([report.current.as_dict(), report.training.as_dict()], sort_keys=True, default=str)
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
 

@@ -37,6 +37,7 @@ from colo_fsm.guards.engine_state import check_engine_state, engine_state_of, st
 from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.handoff import HandoffLedger
 from colo_fsm.guards.mode import check_training_mode, mode_digest, report_of
+from colo_fsm.guards.sampling import data_parallel_rank, stream_of
 from colo_fsm.log import get_logger, heartbeat
 from colo_fsm.log import set_context as _log_context
 from colo_fsm.machine.options import checkpointing_enabled, refuse_ignored_options
@@ -85,6 +86,7 @@ class LifecycleConfig:
     val_at_start: bool = False  # validate once before this run's first step (resumed too; a spec deciding it)
     val_at_end: bool = False  # the last step validates (a spec whose last step may wake for validation only)
     save_on_early_stop: bool | None = None  # None: an early stop saves iff the run checkpoints
+    data_parallel_rank: int | None = None  # this rank's replica (None: megatron's DP rank, else the torch rank)
 
     def __post_init__(self) -> None:
         if self.num_steps is not None:
@@ -95,6 +97,8 @@ class LifecycleConfig:
             raise ConfigError("rank", self.rank, f"less than world_size={self.world_size}")
         _check_int("start_step", self.start_step, minimum=0)
         _check_int("start_weight_version", self.start_weight_version, minimum=0)
+        if self.data_parallel_rank is not None:
+            _check_int("data_parallel_rank", self.data_parallel_rank, minimum=0)
         if self.num_steps is not None and self.start_step >= self.num_steps:
             raise ConfigError("start_step", self.start_step, f"less than num_steps={self.num_steps}")
         for name in ("async_training", "val_at_start", "val_at_end"):
@@ -771,6 +775,10 @@ class Lifecycle:
     def _fingerprint(self) -> HandoffFingerprint:
         """This rank's view at a handoff barrier: state, step, version, latched decisions, model mode."""
         report = report_of(self.engine)
+        # guards: the engine's sampling stream, keyed by the replica as the lifecycle sees it (not as the engine
+        # was told), so two replicas whose engines share a stream are refused (guards/sampling.py)
+        stream = stream_of(self.engine)
+        replica = data_parallel_rank(self.config.data_parallel_rank, default=self.config.rank) if stream else -1
         return HandoffFingerprint(
             state=self.state.value,
             step=self.step_index,
@@ -779,6 +787,8 @@ class Lifecycle:
             validate=self.facts[Fact.VALIDATE_THIS_STEP],
             last=self.facts[Fact.LAST_STEP],
             mode_digest=mode_digest(report),
+            dp_rank=replica,
+            sampling_seed=stream.seed if stream is not None else 0,
             mode=report,
         )
 

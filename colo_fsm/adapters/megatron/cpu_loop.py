@@ -20,6 +20,7 @@ import torch
 
 from colo_fsm.adapters.batching import BackendRequest, StepOutput
 from colo_fsm.errors import ConfigError, LifecycleError
+from colo_fsm.guards.sampling import SamplingStream
 
 
 @dataclass(frozen=True)
@@ -235,12 +236,23 @@ class CpuStepLoop:
     (``logprobs_mode="raw"``, the default) or of the distribution its token was sampled from
     (``logprobs_mode="processed"``: temperature, top-k and top-p applied; :func:`processed_logprobs`). A request
     with a ``seed`` samples from its own generator, so its tokens do not depend on which
-    other requests share its steps. ``InferenceMode`` is set while awake and cleared while suspended.
+    other requests share its steps; with a ``sampling`` stream, seeds are mixed with its data-parallel rank and
+    unseeded requests draw from a generator of the engine's own, seeded with the stream (else torch's global
+    one). ``InferenceMode`` is set while awake and cleared while suspended.
     """
 
     name = "cpu"
 
-    def __init__(self, model: Any, *, eod: int, pad: int, max_sequence_length: int, device: Any = "cpu") -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        eod: int,
+        pad: int,
+        max_sequence_length: int,
+        device: Any = "cpu",
+        sampling: SamplingStream | None = None,
+    ) -> None:
         self.model = model
         self.eod = int(eod)
         self.pad = int(pad)
@@ -249,6 +261,11 @@ class CpuStepLoop:
         self.rows: list[_Row] = []
         self.suspended = False
         self.steps = 0
+        self.sampling = sampling  # guards: one stream per data-parallel replica (colo_fsm/guards/sampling.py)
+        self.generator: torch.Generator | None = None
+        if sampling is not None:
+            self.generator = torch.Generator(device=self.device)
+            self.generator.manual_seed(sampling.seed)
         self._set_inference_mode(True)
 
     @staticmethod
@@ -263,10 +280,11 @@ class CpuStepLoop:
             raise ConfigError(
                 "max_tokens", request.max_tokens, f"at most {self.max_sequence_length - len(request.prompt_ids)}"
             )
-        gen = None
+        gen = self.generator
         if request.seed is not None and request.temperature > 0:
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(int(request.seed))
+            seed = int(request.seed)
+            gen.manual_seed(self.sampling.request_seed(seed) if self.sampling is not None else seed)
         self.rows.append(_Row(request, list(request.prompt_ids), gen))
 
     @torch.no_grad()

@@ -46,6 +46,7 @@ import torch
 from colo_fsm.adapters.batching import BackendRequest, StepOutput, TopLogprobs
 from colo_fsm.adapters.megatron.parallel import on_own_device
 from colo_fsm.errors import ConfigError, LifecycleError
+from colo_fsm.guards.sampling import SamplingStream
 from colo_fsm.log import get_logger
 
 log = get_logger(__name__)
@@ -311,6 +312,7 @@ class DynamicStepBackend:
         block_size_tokens: int,
         num_cuda_graphs: int | None = None,
         logprobs_mode: str = "raw",
+        sampling: SamplingStream | None = None,
     ) -> None:
         from megatron.core.inference.apis.llm import MegatronLLM
         from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
@@ -336,6 +338,9 @@ class DynamicStepBackend:
             model=model, tokenizer=tokenizer, inference_config=self.inference_config, use_coordinator=False
         )
         self.engine: Any = self.llm.engine
+        self.sampling = sampling  # guards: this replica's stream, not megatron's 42 + DP rank (guards/sampling.py)
+        if sampling is not None:
+            reseed_sampler(self.engine, sampling.seed)
         self._tracked: dict[int, RecordCursor] = {}  # request id -> where reading its record stands
         self._want_top: dict[int, int] = {}  # request id -> top alternatives asked for
         self._text_ids: dict[str, int] | None = None  # built on the first request asking for alternatives
@@ -351,7 +356,8 @@ class DynamicStepBackend:
                 "(GenerationConfig.logprobs_mode)",
             )
         if request.seed is not None and request.temperature > 0:
-            reseed_sampler(self.engine, int(request.seed))
+            seed = int(request.seed)
+            reseed_sampler(self.engine, self.sampling.request_seed(seed) if self.sampling is not None else seed)
         rid = int(request.request_id)
         fut = self.engine.add_request(rid, [int(t) for t in request.prompt_ids], sampling_params(request, self.eod))
         if fut.done():  # refused at once (too long for the context, more blocks than the buffer has, ...)

@@ -54,6 +54,7 @@ from colo_fsm.errors import ConfigError, EngineRebuild, EngineStopped, Lifecycle
 from colo_fsm.guards.memory import MemoryBudget, MemoryEstimate
 from colo_fsm.guards.mode import ModeReport
 from colo_fsm.guards.parallelism import check_parallelism
+from colo_fsm.guards.sampling import SamplingStream, data_parallel_rank
 from colo_fsm.log import get_logger
 
 log = get_logger(__name__)
@@ -100,6 +101,9 @@ class GenerationConfig:
     temperature, top-k and top-p: the distribution each token was sampled from, what an importance ratio against
     a trainer computing log-probs at the sampling temperature needs). On the CPU path a request may ask for
     either (``submit(logprobs_mode=...)``); megatron-core's dynamic engine has one mode for all its requests.
+    ``sampling_seed`` is the base seed of the engine's sampling stream, mixed with ``data_parallel_rank`` (None:
+    megatron-core's data-parallel rank) so every data-parallel replica samples from a stream of its own
+    (:mod:`colo_fsm.guards.sampling`; two replicas on one stream are refused at the first handoff barrier).
     """
 
     kv_cache_mode: str = "persist"
@@ -120,8 +124,15 @@ class GenerationConfig:
     max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS
     server_share: float = DEFAULT_SERVER_SHARE
     logprobs_mode: str = "raw"
+    sampling_seed: int = 0
+    data_parallel_rank: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.sampling_seed, bool) or not isinstance(self.sampling_seed, int) or self.sampling_seed < 0:
+            raise ConfigError("sampling_seed", self.sampling_seed, "a non-negative integer")
+        d = self.data_parallel_rank
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
+            raise ConfigError("data_parallel_rank", d, "a non-negative integer, or None (megatron-core's DP rank)")
         if not isinstance(self.tp_lockstep, bool):
             raise ConfigError("tp_lockstep", self.tp_lockstep, "True or False")
         object.__setattr__(self, "kv_cache_mode", parse_kv_cache_mode(self.kv_cache_mode).value)
@@ -225,6 +236,8 @@ class MegatronEngine:
         self.mode = mode_control(model)  # guards: the shared model's inference-only switches (megatron/mode.py)
         self.memory_budget: MemoryBudget | None = None  # guards: checked before bring_up builds (megatron/memory.py)
         self.memory_estimate: MemoryEstimate | None = None  # guards: the last budget estimate (breakdown())
+        # guards: this replica's sampling stream (colo_fsm/guards/sampling.py), carried by the fingerprint
+        self.sampling = SamplingStream(self.config.sampling_seed, data_parallel_rank(self.config.data_parallel_rank))
 
     # ------------------------------------------------------------------ GenerationEngine
     def _choose_backend(self) -> tuple[str, str]:
@@ -258,6 +271,7 @@ class MegatronEngine:
                 block_size_tokens=self.config.block_size_tokens,
                 num_cuda_graphs=self.config.num_cuda_graphs,
                 logprobs_mode=self.config.logprobs_mode,
+                sampling=self.sampling,
             )
         from colo_fsm.adapters.megatron.cpu_loop import CpuStepLoop
 
@@ -267,6 +281,7 @@ class MegatronEngine:
             pad=self.tokenizer.pad,
             max_sequence_length=self.max_sequence_length,
             device=self.device,
+            sampling=self.sampling,
         )
 
     @on_own_device
@@ -341,6 +356,10 @@ class MegatronEngine:
     def model_mode(self) -> ModeReport:
         """The shared model's inference-only switches now, and their training values (guards)."""
         return self.mode.report()
+
+    def sampling_stream(self) -> SamplingStream:
+        """The stream this replica's engine samples from (guards: the handoff fingerprint carries it)."""
+        return self.sampling
 
     def server_base_urls(self) -> Sequence[str]:
         """Base URLs of OpenAI-compatible servers over this engine (none unless given)."""

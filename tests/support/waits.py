@@ -1,0 +1,27 @@
+"""Bounded waits that fail a test by assertion, naming what never came (never by a global timeout)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import pytest
+
+
+def get_or_fail(q: Any, within_s: float, what: str) -> Any:
+    """The next item of the (multiprocessing) queue ``q``; ``pytest.fail`` naming ``what`` when none comes
+    within ``within_s`` seconds (a worker hung in a guard that should have raised)."""
+    try:
+        return q.get(timeout=within_s)
+    except queue.Empty:
+        pytest.fail(f"nothing within {within_s:g}s: {what}")
+
+
+def join_or_fail(threads: list[threading.Thread], within_s: float, what: str) -> None:
+    """Join every thread, ``within_s`` each; ``pytest.fail`` naming ``what`` and the threads still running."""
+    for t in threads:
+        t.join(within_s)
+    alive = [t.name for t in threads if t.is_alive()]
+    if alive:
+        pytest.fail(f"threads {alive} still running after {within_s:g}s: {what}")
