@@ -478,7 +478,7 @@ def test_dynamic_abort_dequeues_a_waiting_request_and_finishes_an_active_one():
     from collections import deque
     from types import SimpleNamespace
 
-    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend, RecordCursor
+    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend, EngineIds, RecordCursor
 
     class Fut:
         def __init__(self):
@@ -500,14 +500,18 @@ def test_dynamic_abort_dequeues_a_waiting_request_and_finishes_an_active_one():
         resume_request_ids=None,
         context=SimpleNamespace(),
     )
-    be._tracked = {1: RecordCursor(offset=3, reported=3), 2: RecordCursor()}
-    be._want_top = {1: 2}
-    be.abort(2)
-    assert 2 not in be.engine.requests and not be.engine.waiting_request_ids and waiting_future.cancelled
-    be.abort(1)
-    assert be.engine.stop_word_finished_request_ids == {1} and 1 in be.engine.requests  # finished next step
-    be.abort(1)  # unknown now: a no-op
-    assert be._tracked == {} and be._want_top == {}
+    be.ids = EngineIds()
+    be.ids.add(7), be.ids.add(8)  # the engine's own ids of colo-fsm's requests 7 and 8 are 0 and 1
+    be.engine.requests = {0: be.engine.requests[1], 1: be.engine.requests[2]}
+    be.engine.waiting_request_ids = deque([1])
+    be._tracked = {0: RecordCursor(offset=3, reported=3), 1: RecordCursor()}
+    be._want_top = {0: 2}
+    be.abort(8)
+    assert 1 not in be.engine.requests and not be.engine.waiting_request_ids and waiting_future.cancelled
+    be.abort(7)
+    assert be.engine.stop_word_finished_request_ids == {0} and 0 in be.engine.requests  # finished next step
+    be.abort(7)  # unknown now: a no-op
+    assert be._tracked == {} and be._want_top == {} and len(be.ids) == 0
 
 
 def test_cuda_graph_model_option():
@@ -615,7 +619,7 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     from types import SimpleNamespace
 
     from colo_fsm.adapters.batching import BackendRequest
-    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend, RecordCursor
+    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend, EngineIds, RecordCursor
 
     class Fut:
         def done(self):
@@ -624,7 +628,7 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     be = object.__new__(DynamicStepBackend)  # the engine is stood in for (it needs a GPU)
     be.device = torch.device("cpu")
     be.eod = TOK.eod
-    be._tracked, be._want_top = {}, {}
+    be._tracked, be._want_top, be.ids = {}, {}, EngineIds()
     be.logprobs_mode = "raw"
     be.sampling = None  # no replica stream: the request's seed as given
     rng = torch.Generator()
@@ -638,10 +642,32 @@ def test_dynamic_seed_reseeds_the_engines_sampler_not_the_global_generator(monke
     be.add(BackendRequest(4, (1, 2), 3, temperature=1.0, seed=11, top_logprobs=2))
     expect = torch.Generator().manual_seed(11)
     assert torch.rand(3, generator=rng).tolist() == torch.rand(3, generator=expect).tolist()
-    assert touched == [] and added == [(4, 2)] and be._want_top == {4: 2} and be._tracked == {4: RecordCursor()}
+    assert touched == [] and added == [(0, 2)] and be._want_top == {0: 2} and be._tracked == {0: RecordCursor()}
+    assert be.ids.request_id(0) == 4
     from colo_fsm.guards.sampling import SamplingStream, mix_seed
 
     be.sampling = SamplingStream(7, dp_rank=1)  # a replica's stream: the seed is mixed with its DP rank
     be.add(BackendRequest(5, (1, 2), 3, temperature=1.0, seed=11))
     expect = torch.Generator().manual_seed(mix_seed(11, 1))
     assert torch.rand(3, generator=rng).tolist() == torch.rand(3, generator=expect).tolist()
+
+
+def test_dynamic_engine_sees_dense_int32_ids_whatever_colo_fsm_ids_are():
+    """megatron-core stores request ids in an int32 tensor: a resubmission's id (``inflight="abort"``) or a TP
+    leader's fed request's id is far beyond that, so the backend hands the engine dense ids of its own and
+    translates every output back (on the H200 the untranslated id overflowed: "value cannot be converted to type
+    int without overflow")."""
+    from colo_fsm.adapters.batching import StepOutput
+    from colo_fsm.adapters.megatron.dynamic import DynamicStepBackend, EngineIds
+
+    ids = EngineIds()
+    huge = [(1 << 48) + 3, 5 + (2 << 40), 2**31 + 1]
+    engine_ids = [ids.add(r) for r in huge]
+    assert engine_ids == [0, 1, 2] and all(e < 2**31 for e in engine_ids)
+    with pytest.raises(LifecycleError, match="already in the dynamic engine"):
+        ids.add(huge[0])
+    be = object.__new__(DynamicStepBackend)
+    be.ids = ids
+    out = be._as_requests([StepOutput(1, (3,), (-0.5,)), StepOutput(2, (4,), (-0.1,), "length")])
+    assert [o.request_id for o in out] == huge[1:]
+    assert ids.engine_id(huge[2]) is None and ids.engine_id(huge[1]) == 1 and len(ids) == 2

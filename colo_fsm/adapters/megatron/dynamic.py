@@ -35,6 +35,7 @@ CUDA graphs are only captured when the model's ``TransformerConfig`` asks for th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -233,6 +234,51 @@ def outputs_from_records(
     return out
 
 
+class EngineIds:
+    """colo-fsm request ids <-> the dynamic engine's own request ids.
+
+    megatron-core keeps request ids in an int32 tensor of its context, while colo-fsm's ids can be far larger (a
+    resubmission under ``inflight="abort"``, a request a TP leader feeds its group): the engine sees dense ids
+    of its own, handed out here, and every id crossing the backend boundary is translated here and nowhere else.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._engine: dict[int, int] = {}  # colo-fsm request id -> engine id
+        self._request: dict[int, int] = {}  # engine id -> colo-fsm request id
+
+    def peek(self) -> int:
+        """The engine id the next :meth:`add` hands out."""
+        return self._next
+
+    def add(self, request_id: int) -> int:
+        """A new engine id for ``request_id`` (a live request id is refused: ids are never shared)."""
+        if request_id in self._engine:
+            raise LifecycleError(f"request id {request_id} is already in the dynamic engine")
+        engine_id = self._next
+        self._next += 1
+        self._engine[request_id] = engine_id
+        self._request[engine_id] = request_id
+        return engine_id
+
+    def engine_id(self, request_id: int) -> int | None:
+        """The engine id of a live request (None: unknown or already finished)."""
+        return self._engine.get(request_id)
+
+    def request_id(self, engine_id: int) -> int:
+        """The colo-fsm request id of a live engine id."""
+        return self._request[engine_id]
+
+    def forget(self, engine_id: int) -> None:
+        """Drop a finished or aborted request's mapping."""
+        request_id = self._request.pop(engine_id, None)
+        if request_id is not None:
+            self._engine.pop(request_id, None)
+
+    def __len__(self) -> int:
+        return len(self._request)
+
+
 def sampling_params(request: BackendRequest, eod: int) -> Any:
     """megatron-core ``SamplingParams`` of one request (greedy as top-k 1; top-p 1.0 as megatron's "off" 0.0;
     ``top_logprobs`` as ``top_n_logprobs``, of the same distribution as the sampled token's log-prob: the engine's
@@ -341,8 +387,9 @@ class DynamicStepBackend:
         self.sampling = sampling  # guards: this replica's stream, not megatron's 42 + DP rank (guards/sampling.py)
         if sampling is not None:
             reseed_sampler(self.engine, sampling.seed)
-        self._tracked: dict[int, RecordCursor] = {}  # request id -> where reading its record stands
-        self._want_top: dict[int, int] = {}  # request id -> top alternatives asked for
+        self.ids = EngineIds()
+        self._tracked: dict[int, RecordCursor] = {}  # engine id -> where reading its record stands
+        self._want_top: dict[int, int] = {}  # engine id -> top alternatives asked for
         self._text_ids: dict[str, int] | None = None  # built on the first request asking for alternatives
 
     @on_own_device
@@ -358,14 +405,17 @@ class DynamicStepBackend:
         if request.seed is not None and request.temperature > 0:
             seed = int(request.seed)
             reseed_sampler(self.engine, self.sampling.request_seed(seed) if self.sampling is not None else seed)
-        rid = int(request.request_id)
+        rid = self.ids.peek()
         fut = self.engine.add_request(rid, [int(t) for t in request.prompt_ids], sampling_params(request, self.eod))
         if fut.done():  # refused at once (too long for the context, more blocks than the buffer has, ...)
             if rid in self.engine.failed_request_ids:
                 self.engine.failed_request_ids.remove(rid)
             entry = self.engine.requests.pop(rid, None)
             events = [str(e) for e in getattr(entry.record[-1], "events", [])] if entry is not None else []
-            raise LifecycleError(f"the dynamic engine refused request {rid}: {'; '.join(events) or 'no reason given'}")
+            raise LifecycleError(
+                f"the dynamic engine refused request {request.request_id}: {'; '.join(events) or 'no reason given'}"
+            )
+        self.ids.add(int(request.request_id))
         self._tracked[rid] = RecordCursor()
         if request.top_logprobs > 0:
             self._want_top[rid] = int(request.top_logprobs)
@@ -380,7 +430,7 @@ class DynamicStepBackend:
     def step(self) -> list[StepOutput]:
         """One ``step_modern()`` (prefill of newly added requests and/or one decode token for the others)."""
         if not self.engine.has_unfinished_requests():
-            return outputs_from_records(self._tracked, {}, [], self.eod)
+            return self._as_requests(outputs_from_records(self._tracked, {}, [], self.eod))
         result = self.engine.step_modern()
         live = {rid: entry.record for rid, entry in self.engine.requests.items()}
         outs = outputs_from_records(
@@ -393,12 +443,25 @@ class DynamicStepBackend:
         )
         for rid in [r for r in self._want_top if r not in self._tracked]:
             del self._want_top[rid]
-        return outs
+        return self._as_requests(outs)
+
+    def _as_requests(self, outs: list[StepOutput]) -> list[StepOutput]:
+        """The step's outputs under colo-fsm's request ids (a finished request's mapping is dropped)."""
+        mapped = []
+        for o in outs:
+            request_id = self.ids.request_id(o.request_id)
+            if o.finished is not None:
+                self.ids.forget(o.request_id)
+            mapped.append(dataclasses.replace(o, request_id=request_id))
+        return mapped
 
     @on_own_device
     def abort(self, request_id: int) -> None:
         """Finish one request early (waiting: dequeued; active: through the stop-word hook); others untouched."""
-        rid = int(request_id)
+        rid = self.ids.engine_id(int(request_id))
+        if rid is None:
+            return
+        self.ids.forget(rid)
         self._want_top.pop(rid, None)
         if self._tracked.pop(rid, None) is None:
             return
@@ -444,6 +507,7 @@ class DynamicStepBackend:
         """Drop the engine and free its buffers."""
         self.engine.suspend()
         self._tracked.clear()
+        self.ids = EngineIds()
         self.llm = None
         self.engine = None
         torch.cuda.empty_cache()
