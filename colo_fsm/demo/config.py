@@ -14,6 +14,21 @@ def _int(field: str, v: Any, lo: int, hi: int | None = None) -> None:
         raise ConfigError(field, v, f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
 
 
+def _check_server_extra() -> None:
+    """``serve=True`` needs the ``[server]`` extra (FastAPI, uvicorn): a clear error here, not an ImportError later."""
+    from importlib.util import find_spec
+
+    def absent(module: str) -> bool:
+        try:
+            return find_spec(module) is None
+        except ImportError:
+            return True
+
+    missing = [m for m in ("fastapi", "uvicorn") if absent(m)]
+    if missing:
+        raise ConfigError("serve", True, f"False, or the [server] extra installed (missing: {', '.join(missing)})")
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     """Everything one demo run needs. Defaults finish on 2 CPU cores in about a minute."""
@@ -74,9 +89,16 @@ class DemoConfig:
                 raise ConfigError(name, getattr(self, name), "True or False")
         if self.stop_after is not None:
             _int("stop_after", self.stop_after, 1)
-        from colo_fsm.server.templates import resolve_chat_template
+        if self.serve:
+            _check_server_extra()
+            from colo_fsm.server.templates import resolve_chat_template
 
-        resolve_chat_template(self.chat_template)  # a bad name or path fails here, naming chat_template
+            resolve_chat_template(self.chat_template)  # a bad name or path fails here, naming chat_template
+        else:  # the server's options mean nothing without it: refused, never ignored (and FastAPI not imported)
+            if self.chat_template != "digits":
+                raise ConfigError("chat_template", self.chat_template, "the default 'digits' unless serve=True")
+            if self.on_policy_guard:
+                raise ConfigError("on_policy_guard", True, "False unless serve=True (it guards the server)")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 "hidden_size", self.hidden_size, f"a multiple of num_attention_heads={self.num_attention_heads}"
