@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from colo_fsm.adapters.lockstep import Lockstep, StepPlan
+from colo_fsm.adapters.lockstep import FEED_ID_BASE, CarriedRequest, Lockstep, StepPlan, room_for
 from colo_fsm.errors import ConfigError, EngineStopped, LifecycleError, RequestTooLarge
 from colo_fsm.log import get_logger
 
@@ -187,6 +187,7 @@ class _Request:
     admitted_version: int = 0
     admitted_step: int | None = None
     detached: bool = False  # lockstep follower: the caller got "abort", the row runs on in step with the leader
+    fed: bool = False  # submitted on the TP group's leader alone: the lockstep carries it to the followers
     finish_reason: str | None = None
     completion: TokenCompletion | None = None
 
@@ -320,6 +321,7 @@ class ContinuousBatcher:
         self._name = name
         self._cond = threading.Condition(threading.RLock())
         self._ids = itertools.count()
+        self._feed_ids = itertools.count(FEED_ID_BASE)  # leader-only requests (feed=True): ids of their own
         self._seq = itertools.count()
         self._queue: list[_Request] = []  # waiting for admission (kept sorted by (priority, seq))
         self._active: dict[int, _Request] = {}  # admitted, in the backend (running, or parked while suspended)
@@ -382,8 +384,13 @@ class ContinuousBatcher:
         priority: Priority | int = Priority.TRAINING,
         on_token: OnToken | None = None,
         top_logprobs: int = 0,
+        feed: bool = False,
     ) -> RequestHandle:
         """Queue one request; it is admitted at the next step boundary (after resume if suspended).
+
+        ``feed=True`` (tensor-parallel leader only): this rank alone submits the request and the lockstep carries
+        it to the group's other ranks (an HTTP request of the group's one server); a follower raises
+        :class:`ConfigError`. Without a lockstep the request simply runs here (a group of one).
 
         ``top_logprobs`` (0 to ``max_top_logprobs``) records that many most likely alternatives per generated
         token (:attr:`TokenCompletion.top_logprobs`; also passed to ``on_token`` as a fourth argument). Raises :class:`EngineStopped` after shutdown, :class:`RequestTooLarge` when prompt + ``max_tokens``
@@ -399,6 +406,12 @@ class ContinuousBatcher:
         check_top_logprobs(top_logprobs, self.max_top_logprobs)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigError("priority", priority, "a Priority (TRAINING or SERVER)")
+        if not isinstance(feed, bool):
+            raise ConfigError("feed", feed, "True or False")
+        if feed and self._lockstep is not None and not self._lockstep.leader:
+            raise ConfigError(
+                "feed", True, "False on a follower of a tensor-parallel group (only its leader feeds requests to it)"
+            )
         if self.max_sequence_length is not None and len(prompt) + max_tokens > self.max_sequence_length:
             raise RequestTooLarge(
                 "prompt_tokens+max_tokens",
@@ -408,13 +421,21 @@ class ContinuousBatcher:
             )
         req = _Request(
             backend=BackendRequest(
-                next(self._ids), prompt, max_tokens, float(temperature), float(top_p), top_k, seed, top_logprobs
+                next(self._feed_ids if feed else self._ids),
+                prompt,
+                max_tokens,
+                float(temperature),
+                float(top_p),
+                top_k,
+                seed,
+                top_logprobs,
             ),
             priority=int(priority),
             seq=next(self._seq),
             stop_token_ids=frozenset(int(t) for t in stop_token_ids),
             on_token=on_token,
             future=concurrent.futures.Future(),
+            fed=feed,
         )
         with self._cond:
             if self.stopped:
@@ -599,14 +620,15 @@ class ContinuousBatcher:
         """The leader's plan of this iteration (what the unlocked loop would do)."""
         if cmd is not None:
             return StepPlan(cmd.kind, drain=cmd.drain)
-        room = max(0, (width - 4) // 2)
+        room = room_for(width)
         aborts = tuple(self._pending_aborts[:room])
-        admit: list[int] = []
+        admit: list[_Request] = []
         if self._awake and not self._draining:
             free = self.max_active_requests - len(self._active)
-            admit = [r.request_id for r in self._queue[: max(0, min(free, room))]]
+            admit = self._queue[: max(0, min(free, room))]
         kind = "step" if self._awake and not self._stopping and (self._active or admit) else "noop"
-        return StepPlan(kind, tuple(admit), aborts)
+        carried = tuple(_carried(r) for r in admit if r.fed)
+        return StepPlan(kind, tuple(r.request_id for r in admit), aborts, carried=carried)
 
     def _wait_locked(self, what: str, ready: Callable[[], bool]) -> None:
         if not self._cond.wait_for(ready, timeout=self._lockstep_wait_s):
@@ -650,10 +672,14 @@ class ContinuousBatcher:
                 planned = next(c for c in self._commands if c.kind == plan.kind)
                 self._commands.remove(planned)
             elif plan.kind == "step":
+                fed = {c.request_id: c for c in plan.carried}
                 for rid in plan.admit:
-                    self._wait_locked(f"request {rid}", self._queued_check(rid))
-                    req = next(r for r in self._queue if r.request_id == rid)
-                    self._queue.remove(req)
+                    if not lock.leader and rid in fed:  # the leader's alone: add the same request here
+                        req = self._fed_request(fed[rid])
+                    else:
+                        self._wait_locked(f"request {rid}", self._queued_check(rid))
+                        req = next(r for r in self._queue if r.request_id == rid)
+                        self._queue.remove(req)
                     req.state = "running"
                     req.admitted_version = int(self._weight_version())
                     req.admitted_step = self.steps
@@ -672,9 +698,30 @@ class ContinuousBatcher:
                     req.state = "done"
                     self.completed += 1
                 req.future.set_exception(exc) if not req.future.done() else None
-        if plan.kind == "step" and self._active:
+        if plan.kind == "step":  # every rank steps on the leader's word (rows this rank ended may still run)
             self._step(backend)
         return True
+
+    def _fed_request(self, c: CarriedRequest) -> _Request:
+        """A follower's record of a request the leader alone was given (nobody here waits on its future)."""
+        return _Request(
+            backend=BackendRequest(
+                c.request_id,
+                c.prompt_ids,
+                c.max_tokens,
+                c.temperature,
+                c.top_p,
+                c.top_k,
+                c.seed,
+                c.top_logprobs,
+            ),
+            priority=c.priority,
+            seq=next(self._seq),
+            stop_token_ids=frozenset(c.stop_token_ids),
+            on_token=None,
+            future=concurrent.futures.Future(),
+            fed=True,
+        )
 
     def _step(self, backend: StepBackend) -> None:
         version = int(self._weight_version())
@@ -695,11 +742,14 @@ class ContinuousBatcher:
                 continue  # aborted meanwhile: its backend.abort is pending
             reason = self._take_tokens(req, out, version)
             if reason is not None:
-                if out.finished is None:
-                    backend.abort(req.request_id)  # we ended it (stop token, on_token, length): free its slot
                 with self._cond:
                     if req.state != "running":
                         continue  # a caller aborted it meanwhile: it is already resolved, and only once
+                    if out.finished is None:  # we ended it (stop token, on_token, length): free its slot
+                        if self._lockstep is None:
+                            backend.abort(req.request_id)
+                        elif self._lockstep.leader:  # the whole group drops the row, in the next plan
+                            self._pending_aborts.append(req.request_id)
                     self._active.pop(req.request_id, None)
                     self._mark_done_locked(req, reason)
                 finished.append(req)
@@ -838,6 +888,23 @@ class ContinuousBatcher:
         if not req.future.done():
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 req.future.set_result(req.completion)
+
+
+def _carried(req: _Request) -> CarriedRequest:
+    """The wire record of a leader-only request (what a follower needs to add the same request)."""
+    b = req.backend
+    return CarriedRequest(
+        b.request_id,
+        b.prompt_ids,
+        b.max_tokens,
+        b.temperature,
+        b.top_p,
+        b.top_k,
+        b.seed,
+        b.top_logprobs,
+        tuple(sorted(req.stop_token_ids)),
+        req.priority,
+    )
 
 
 __all__ = [
