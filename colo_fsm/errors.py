@@ -360,6 +360,14 @@ class ClientGone(ColoFsmError):
     """The client disconnected; its request was cancelled in the engine."""
 
 
+class ServingTopologyError(ConfigError):
+    """Serving cannot route requests with this model-parallel layout; refused at bring-up, on every rank.
+
+    The message names the rank, the field, its value and what would route (one server per tensor-parallel
+    group, on its first rank, fed to the group's other ranks through the lockstep).
+    """
+
+
 __all__ = [
     "GRAPHVIZ_INSTALL_HINT",
     "ActionFailed",
@@ -385,6 +393,7 @@ __all__ = [
     "RolloutFailed",
     "ServerStopping",
     "ServerUnavailable",
+    "ServingTopologyError",
     "SpecError",
     "TraceFileError",
     "UnsupportedEngine",

@@ -360,6 +360,13 @@ class MegatronEngine:
         """Requests queued for admission, running, and parked in a suspended engine."""
         return self._batcher.counts() if self._batcher is not None else RequestCounts(0, 0, 0)
 
+    @property
+    def feeds_tensor_parallel_group(self) -> bool:
+        """True when a request submitted here with ``feed=True`` reaches the tensor-parallel group's other ranks
+        (a lockstep carries it): this rank may run the group's one HTTP server. False before ``bring_up``."""
+        lock = getattr(self._batcher, "_lockstep", None)
+        return lock is not None and bool(lock.leader)
+
     def _live(self, what: str) -> ContinuousBatcher:
         if self._batcher is None or not self.built:
             raise LifecycleError(f"engine {what} before bring_up")
@@ -381,8 +388,14 @@ class MegatronEngine:
         priority: Priority | int = Priority.TRAINING,
         on_token: OnToken | None = None,
         top_logprobs: int = 0,
+        feed: bool = False,
     ) -> RequestHandle:
         """Add one request to the running engine; returns its handle (future, cancel).
+
+        ``feed=True`` (the first rank of a tensor-parallel group, where the group's server runs): the request is
+        submitted here only and the lockstep carries it to the group's other ranks. An HTTP request
+        (``Priority.SERVER``) submitted on a follower without it is refused with
+        :class:`~colo_fsm.errors.ConfigError`: it could never run there alone.
 
         ``on_token(token_id, logprob, weight_version)`` runs on the engine thread after each new token;
         returning False ends the request with finish "stop". ``top_logprobs=k`` (0 to
@@ -392,7 +405,16 @@ class MegatronEngine:
         queued and starts after the resume. Raises :class:`~colo_fsm.errors.EngineStopped` after shutdown,
         :class:`~colo_fsm.errors.RequestTooLarge` when prompt + ``max_tokens`` > ``max_sequence_length``.
         """
-        return self._live("submit").submit(
+        batcher = self._live("submit")
+        lock = getattr(batcher, "_lockstep", None)
+        if lock is not None and not lock.leader and int(priority) == int(Priority.SERVER):
+            raise ConfigError(
+                "priority",
+                Priority.SERVER,
+                "TRAINING on a follower of a tensor-parallel group: HTTP requests enter on the group's first rank "
+                "(its server) and reach the followers through the lockstep",
+            )
+        return batcher.submit(
             prompt_ids,
             max_tokens=max_tokens,
             temperature=temperature,
@@ -403,6 +425,7 @@ class MegatronEngine:
             priority=priority,
             on_token=on_token,
             top_logprobs=top_logprobs,
+            feed=feed,
         )
 
     def generate_ids(

@@ -1,0 +1,124 @@
+"""Tensor-parallel serving over gloo: one server per TP group, on its first rank, fed to the others by the lockstep.
+
+WORLD processes (tests/support/tp_serve_ranks.py) run training steps through the lifecycle on a tiny megatron-core
+GPT with tensor parallel 2, each with ``GatedEngine(serve=True)``. Only the first rank of each TP group starts a
+server, ``dp_openai_server_base_urls`` has one URL per data-parallel replica, and the ``openai`` client gets
+answers (plain, streamed, ``n=2``, stop strings that the leader alone acts on, chat) while the steps go on. The
+stop, with a stream still open, ends on every rank within a bounded wait, far below the lockstep's 300 s. A
+layout that cannot route (a server asked for on a follower, TP serving without the lockstep) is refused at
+bring-up on every rank with :class:`~colo_fsm.errors.ServingTopologyError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+openai = pytest.importorskip("openai")
+
+
+class Ranks:
+    def __init__(self, tmp_path: Path, world: int, tp: int = 2, **env: str) -> None:
+        from colo_fsm.adapters.megatron.parallel import free_port
+
+        self.work = tmp_path
+        init = f"tcp://127.0.0.1:{free_port()}"
+        e = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.support.tp_serve_ranks", str(r), str(world), str(tp), init, str(tmp_path)],
+                cwd=ROOT,
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for r in range(world)
+        ]
+
+    def wait_file(self, name: str, ok=lambda v: True, limit_s: float = 240) -> object:
+        """The JSON in ``name`` once it exists and ``ok(value)``; fails at once if a rank exited first."""
+        path = self.work / name
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if path.exists():
+                value = json.loads(path.read_text())
+                if ok(value):
+                    return value
+            dead = [p for p in self.procs if p.poll() is not None]
+            assert not dead, f"a rank exited early:\n{dead[0].stdout.read()[-3000:]}"
+            time.sleep(0.1)
+        raise AssertionError(f"{name} not ready within {limit_s} s")
+
+    def finish(self) -> list[dict]:
+        (self.work / "stop").touch()
+        outs = [p.communicate(timeout=180)[0] for p in self.procs]
+        recs = []
+        for r, out in enumerate(outs):
+            path = self.work / f"rank{r}.json"
+            assert path.exists(), f"rank {r} wrote no result:\n{out[-3000:]}"
+            recs.append(json.loads(path.read_text()))
+        return recs
+
+
+def _serve_across_steps(tmp_path: Path, world: int) -> None:
+    ranks = Ranks(tmp_path, world)
+    try:
+        urls = ranks.wait_file("urls.json")
+        assert len(urls) == world // 2  # one URL per data-parallel replica, not per rank
+        first = ranks.wait_file("steps.json", lambda s: s >= 1)
+        for url in urls:
+            c = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+            r = c.completions.create(model="tp", prompt="12+3=", max_tokens=6, temperature=1.0, n=2)
+            assert len(r.choices) == 2 and all(ch.finish_reason in ("stop", "length") for ch in r.choices)
+            r = c.completions.create(model="tp", prompt="7+7=", max_tokens=12, temperature=1.0, stop=["1", "2", "3"])
+            assert not any(ch in r.choices[0].text for ch in "123")  # the leader's own stop: the group dropped it
+            chunks = list(c.completions.create(model="tp", prompt="4+4=", max_tokens=8, stream=True))
+            assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
+            chat = c.chat.completions.create(model="tp", messages=[{"role": "user", "content": "21"}], max_tokens=5)
+            assert chat.choices[0].finish_reason in ("stop", "length")
+        # training went on while the group served (the requests above ran across handoffs)
+        later = ranks.wait_file("steps.json", lambda s: s >= first + 3)
+        assert later >= first + 3
+        # a stream still open when the run stops: the stop must not wait for the lockstep
+        c = openai.OpenAI(base_url=urls[0], api_key="x", max_retries=0, timeout=120)
+        stream = c.completions.create(model="tp", prompt="9", max_tokens=50, stream=True, temperature=1.0)
+        next(iter(stream))
+    finally:
+        recs = ranks.finish()
+    for rec in recs:
+        assert rec["error"] is None, rec.get("traceback")
+        assert rec["stopped_within_bound"] is True, f"rank {rec['rank']}: the stop did not end within the bound"
+        assert rec["role"]["server"] == (rec["rank"] % 2 == 0)  # the first rank of each TP group, only
+    assert len({r["steps"] for r in recs}) == 1 and recs[0]["steps"] >= 4
+
+
+@pytest.mark.slow  # two processes import megatron-core and train: ~40 s on a busy 2-core machine
+def test_tp2_serves_the_openai_client_across_training_steps(tmp_path):
+    _serve_across_steps(tmp_path, world=2)
+
+
+@pytest.mark.slow  # four processes on two cores
+def test_tp2_dp2_one_url_per_data_parallel_replica(tmp_path):
+    _serve_across_steps(tmp_path, world=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [({"SERVE_RANKS": "1"}, "serve=True"), ({"NO_LOCKSTEP": "1"}, "tp_lockstep=False")],
+    ids=["server-on-a-follower", "no-lockstep"],
+)
+def test_a_layout_that_cannot_route_is_refused_on_every_rank(tmp_path, env, field):
+    ranks = Ranks(tmp_path, 2, ROLE_ONLY="1", **env)
+    recs = ranks.finish()
+    for rec in recs:
+        assert rec["error"] and rec["error"].startswith("ServingTopologyError") and field in rec["error"], rec
+        assert rec["stopped_within_bound"] is True
