@@ -360,6 +360,11 @@ class ClientGone(ColoFsmError):
     """The client disconnected; its request was cancelled in the engine."""
 
 
+class RanksDidNotStop(ColoFsmError):
+    """A multi-rank run's ranks did not stop within the bound after a signal (or a second signal came): they
+    were killed, so the run's last step may not be saved."""
+
+
 class ServingTopologyError(ConfigError):
     """Serving cannot route requests with this model-parallel layout; refused at bring-up, on every rank.
 
@@ -387,6 +392,7 @@ __all__ = [
     "MemoryBudgetExceeded",
     "ModelModeError",
     "ParallelismMismatch",
+    "RanksDidNotStop",
     "RenderError",
     "RequestTooLarge",
     "RolloutDeferred",
