@@ -350,6 +350,7 @@ def _run_rank(
     steps_this_run = 0
     t_loop = time.monotonic()
     last_saved: int | None = None
+    saving_step_ran = False  # the step after an agreed SIGTERM ran (its latch saved and made it the last)
     try:
         lc.start()
         if show:  # one line: the run is up and a signal from now on stops it at a step boundary
@@ -363,10 +364,11 @@ def _run_rank(
         while not lc.finished:
             groups = buffer.sample(lc.weight_version, timeout=cfg.sample_timeout_s)
             sig = stop.agree()  # every rank's signal: all stop after the same step
-            if sig and not (sig == signal.SIGTERM and cfg.save_on_signal):
-                break  # SIGINT, or SIGTERM with save_on_signal off: stop after the last finished step
+            if sig and not (sig == signal.SIGTERM and cfg.save_on_signal and not saving_step_ran):
+                break  # SIGINT, SIGTERM with save_on_signal off, or the saving step ran: stop here
             visited.clear()
             result = lc.step(_to_rollouts(groups))  # after an agreed SIGTERM: saves, and is the last step
+            saving_step_ran = sig == signal.SIGTERM
             steps_this_run += 1
             if State.CHECKPOINTING.value in visited:
                 last_saved = lc.step_index
