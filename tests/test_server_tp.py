@@ -77,7 +77,32 @@ class Ranks:
         return recs
 
 
-def _serve_across_steps(tmp_path: Path, world: int) -> None:
+def _gym_python() -> str | None:
+    """The nemo-gym venv's interpreter (``make nemo-gym-venv``), or None when it is not set up here."""
+    explicit = os.environ.get("COLO_FSM_NEMO_GYM_PYTHON")
+    path = Path(explicit) if explicit else ROOT / ".venv-gym" / "bin" / "python"
+    return str(path) if path.is_file() else None
+
+
+def _nemo_gym(url: str, tmp_path: Path) -> dict:
+    """nemo-gym's own clients (tests/nemo_gym_driver.py) against ``url``; what they received."""
+    gym = _gym_python()
+    assert gym is not None
+    prompts = ["123", "4567"]
+    p = subprocess.run(
+        [gym, str(ROOT / "tests" / "nemo_gym_driver.py")],
+        env={**os.environ, "NEMO_GYM_DRIVER_URL": url, "NEMO_GYM_DRIVER_PROMPTS": json.dumps(prompts)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,  # hydra writes an outputs/ folder into its working directory
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("NEMO_GYM_RESULT "))
+    return json.loads(line.removeprefix("NEMO_GYM_RESULT "))
+
+
+def _serve_across_steps(tmp_path: Path, world: int, nemo_gym: bool = False) -> None:
     ranks = Ranks(tmp_path, world)
     try:
         urls = ranks.wait_file("urls.json")
@@ -93,6 +118,11 @@ def _serve_across_steps(tmp_path: Path, world: int) -> None:
             assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
             chat = c.chat.completions.create(model="tp", messages=[{"role": "user", "content": "21"}], max_tokens=5)
             assert chat.choices[0].finish_reason in ("stop", "length")
+        if nemo_gym:  # nemo-gym's clients: completions and chat with token ids, the VLLMModel responses server
+            out = _nemo_gym(urls[0], tmp_path)
+            assert all(c["choices"][0]["token_ids"] for c in out["completions"] + out["chat"])
+            for mode in ("vllm_chat", "vllm_completions"):
+                assert all(r["output"][-1]["generation_token_ids"] for r in out[mode]), mode
         # training went on while the group served (the requests above ran across handoffs)
         later = ranks.wait_file("steps.json", lambda s: s >= first + 3)
         assert later >= first + 3
@@ -112,6 +142,13 @@ def _serve_across_steps(tmp_path: Path, world: int) -> None:
 @pytest.mark.slow  # two processes import megatron-core and train: ~40 s on a busy 2-core machine
 def test_tp2_serves_the_openai_client_across_training_steps(tmp_path):
     _serve_across_steps(tmp_path, world=2)
+
+
+@pytest.mark.slow  # nemo-gym's clients run in their own Python 3.13 venv
+def test_tp2_serves_nemo_gym_clients_across_training_steps(tmp_path):
+    if _gym_python() is None:
+        pytest.skip("the nemo-gym venv is not set up (make nemo-gym-venv, or COLO_FSM_NEMO_GYM_PYTHON)")
+    _serve_across_steps(tmp_path, world=2, nemo_gym=True)
 
 
 @pytest.mark.slow  # four processes on two cores
