@@ -104,12 +104,13 @@ def _nemo_gym(url: str, tmp_path: Path) -> dict:
 
 def _serve_across_steps(tmp_path: Path, world: int, nemo_gym: bool = False) -> None:
     ranks = Ranks(tmp_path, world)
+    client_error: BaseException | None = None
     try:
         urls = ranks.wait_file("urls.json")
         assert len(urls) == world // 2  # one URL per data-parallel replica, not per rank
         first = ranks.wait_file("steps.json", lambda s: s >= 1)
         for url in urls:
-            c = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+            c = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
             r = c.completions.create(model="tp", prompt="12+3=", max_tokens=6, temperature=1.0, n=2)
             assert len(r.choices) == 2 and all(ch.finish_reason in ("stop", "length") for ch in r.choices)
             r = c.completions.create(model="tp", prompt="7+7=", max_tokens=12, temperature=1.0, stop=["1", "2", "3"])
@@ -130,12 +131,15 @@ def _serve_across_steps(tmp_path: Path, world: int, nemo_gym: bool = False) -> N
         c = openai.OpenAI(base_url=urls[0], api_key="x", max_retries=0, timeout=120)
         stream = c.completions.create(model="tp", prompt="9", max_tokens=50, stream=True, temperature=1.0)
         next(iter(stream))
+    except Exception as exc:  # reported after the ranks' own account of their stop
+        client_error = exc
     finally:
         recs = ranks.finish()
     for rec in recs:
         assert rec["error"] is None, rec.get("traceback")
         assert rec["stopped_within_bound"] is True, f"rank {rec['rank']}: the stop did not end within the bound"
         assert rec["role"]["server"] == (rec["rank"] % 2 == 0)  # the first rank of each TP group, only
+    assert client_error is None, repr(client_error)
     assert len({r["steps"] for r in recs}) == 1 and recs[0]["steps"] >= 4
 
 

@@ -5,9 +5,9 @@ starts WORLD of them). Every rank builds a tiny megatron-core GPT with tensor pa
 :class:`~colo_fsm.adapters.megatron.engine.MegatronEngine` and a :class:`~colo_fsm.server.GatedEngine` with
 ``serve=True`` (the same SPMD program on every rank), and runs training steps through the lifecycle until rank 0
 sees ``WORKDIR/stop``. Rank 0 writes ``urls.json`` (``dp_openai_server_base_urls``) once up, and ``steps`` after
-every step. At the end each rank stops the lifecycle on a thread and waits for it on an event, bounded well
-below the engine's 300 s lockstep wait, and writes ``rank<R>.json``: steps, whether the stop finished within the
-bound, its role, its error if any. ``ROLE_ONLY`` in the environment: bring up, write the result, stop (layout
+every step. From the moment ``stop`` exists, each rank must have stopped its lifecycle within a bound well below
+the engine's 300 s lockstep wait (a watchdog writes the result and exits otherwise, even from a rank stuck in a
+step); it writes ``rank<R>.json``: steps, whether the stop finished within the bound, its role, its error if any. ``ROLE_ONLY`` in the environment: bring up, write the result, stop (layout
 checks).
 """
 
@@ -59,6 +59,16 @@ def main(rank: int, world: int, tp: int, init: str, work: Path) -> int:
     from colo_fsm.server.templates import digits_chat_template
 
     rec: dict[str, Any] = {"rank": rank, "steps": 0, "error": None, "stopped_within_bound": None}
+    finished = threading.Event()
+
+    def watchdog() -> None:  # from the stop request on, the whole stop is bounded (a rank stuck in a step too)
+        while not (work / "stop").exists() and not finished.is_set():
+            time.sleep(0.1)
+        if not finished.wait(STOP_BOUND_S):
+            write_json(work / f"rank{rank}.json", {**rec, "stopped_within_bound": False, "stuck": True})
+            os._exit(3)
+
+    threading.Thread(target=watchdog, daemon=True).start()
     torch.set_num_threads(1)
     lc = None
     try:
@@ -137,6 +147,7 @@ def main(rank: int, world: int, tp: int, init: str, work: Path) -> int:
 
         threading.Thread(target=stop, daemon=True).start()
         rec["stopped_within_bound"] = done.wait(STOP_BOUND_S)
+    finished.set()
     write_json(work / f"rank{rank}.json", rec)
     sys.stdout.flush()
     os._exit(0)  # a stuck engine thread must not keep the process (the result says so)
