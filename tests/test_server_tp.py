@@ -139,6 +139,8 @@ def _serve_across_steps(tmp_path: Path, world: int, nemo_gym: bool = False) -> N
         assert rec["error"] is None, rec.get("traceback")
         assert rec["stopped_within_bound"] is True, f"rank {rec['rank']}: the stop did not end within the bound"
         assert rec["role"]["server"] == (rec["rank"] % 2 == 0)  # the first rank of each TP group, only
+        if rec["rank"] % 2:  # an HTTP request handed to a follower directly is refused, not left to hang
+            assert rec["follower_http"].startswith("ConfigError: priority=") and "first rank" in rec["follower_http"]
     assert client_error is None, repr(client_error)
     assert len({r["steps"] for r in recs}) == 1 and recs[0]["steps"] >= 4
 

@@ -118,7 +118,7 @@ def run_rank(
     """
     from colo_fsm.demo.signals import StopSignals
 
-    signals = StopSignals(escalate=world == 1).install()  # a rank of several: the parent escalates, not us
+    signals = StopSignals(escalate=world == 1, rank=rank).install()  # a rank of several: the parent escalates, not us
     try:
         return _run_rank(cfg, run_dir, rank, world, init_method, signals)
     finally:

@@ -34,9 +34,10 @@ class StopSignals:
     ranks themselves, so a repeat is not a request to hurry; the parent escalates instead (it kills its ranks).
     """
 
-    def __init__(self, *, escalate: bool = True) -> None:
+    def __init__(self, *, escalate: bool = True, rank: int = 0) -> None:
         self.signum: int | None = None
         self.escalate = escalate
+        self.rank = rank
         self._old: dict[int, Any] = {}
 
     def install(self) -> StopSignals:
@@ -49,13 +50,13 @@ class StopSignals:
     def _handle(self, signum: int, _frame: Any) -> None:
         if self.signum is not None:
             if not self.escalate:
-                log.warning("%s again: already stopping", signal.Signals(signum).name)
+                log.warning("rank %d: %s again: already stopping", self.rank, signal.Signals(signum).name)
                 return
             signal.signal(signum, signal.SIG_DFL)  # asked twice: stop now
             os.kill(os.getpid(), signum)
             return
         self.signum = signum
-        log.warning("%s: stopping at the next step boundary", signal.Signals(signum).name)
+        log.warning("rank %d: %s: stopping at the next step boundary", self.rank, signal.Signals(signum).name)
 
     def close(self) -> None:
         """Restore the handlers that were there before :meth:`install`."""

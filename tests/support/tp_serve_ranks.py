@@ -118,6 +118,14 @@ def main(rank: int, world: int, tp: int, init: str, work: Path) -> int:
         role = gated.role
         rec["role"] = None if role is None else {"group": list(role.group), "server": role.runs_server}
         rec["urls"] = list(lc.dp_openai_server_base_urls)
+        if role is not None and not role.leader:  # HTTP traffic submitted on a follower could never run alone
+            from colo_fsm.adapters.batching import Priority
+
+            try:
+                engine.submit(tok.tokenize("12"), max_tokens=2, priority=Priority.SERVER)
+                rec["follower_http"] = "accepted"
+            except Exception as exc:
+                rec["follower_http"] = f"{type(exc).__name__}: {exc}"
         if rank == 0:
             write_json(work / "urls.json", rec["urls"])
         flag = torch.zeros(1, dtype=torch.int64)
