@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -114,22 +115,23 @@ def run_ranks_forwarding_signals(start: Callable[[], Any], *, stop_timeout_s: fl
     ctx: Any = None
 
     def forward(signum: int, _frame: Any) -> None:
-        if got["signum"] is not None:
+        if got["signum"] is not None:  # a second signal: the loop below kills the ranks (not forwarded)
             got["again"] = True
-        got["signum"] = got["signum"] or signum
+            return
+        got["signum"] = signum
         for p in getattr(ctx, "processes", []):
             if p.is_alive() and p.pid is not None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signum)
-                except ProcessLookupError:
-                    pass
 
     old = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
         ctx = start()
         if got["signum"] is not None:  # it came while the ranks were being started: they get it now
-            forward(got["signum"], None)
-            got["again"] = False
+            for p in ctx.processes:
+                if p.is_alive() and p.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, got["signum"])
         deadline: float | None = None
         while not ctx.join(timeout=poll_s):
             if got["signum"] is not None and deadline is None:
