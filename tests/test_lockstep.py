@@ -117,3 +117,30 @@ def test_step_plan_carries_leader_only_requests_on_the_wire():
     p = StepPlan("step", (2, c.request_id, d.request_id), (1,), carried=(c, d))
     assert StepPlan.from_ints(p.to_ints(16)) == p
     assert len(p.to_ints(16)) == 16 + len(p.payload())
+
+
+def test_an_idle_follower_serves_what_the_leader_alone_was_given():
+    """A follower with no work of its own (no request, no command: a gym-driven run waiting for HTTP answers)
+    still takes the leader's plans: a request fed on the leader completes without any call on the follower."""
+    import concurrent.futures
+
+    shared, slot = threading.Barrier(2), [None]
+    logs: list[list] = [[], []]
+    batchers = [
+        ContinuousBatcher(lambda r=r: RecordingStepBackend(logs[r]), lockstep=ThreadLockstep(shared, slot, r))
+        for r in (0, 1)
+    ]
+    starts = [threading.Thread(target=b.start) for b in batchers]
+    for t in starts:
+        t.start()
+    for t in starts:
+        t.join(timeout=30)
+    h = batchers[0].submit([2] * 5, max_tokens=8, feed=True)
+    done, _ = concurrent.futures.wait([h.future], timeout=20)
+    stops = [threading.Thread(target=b.shutdown) for b in batchers]
+    for t in stops:
+        t.start()
+    for t in stops:
+        t.join(timeout=30)
+    assert done, "the leader's request waited for the follower to have work of its own"
+    assert h.result().finish_reason == "length" and logs[0] == logs[1]

@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from colo_fsm.adapters.lockstep import FEED_ID_BASE, CarriedRequest, Lockstep, StepPlan, room_for
+from colo_fsm.adapters.lockstep import (
+    FEED_ID_BASE,
+    LOCKSTEP_HEARTBEAT_S,
+    CarriedRequest,
+    Lockstep,
+    StepPlan,
+    room_for,
+)
 from colo_fsm.errors import ConfigError, EngineStopped, LifecycleError, RequestTooLarge
 from colo_fsm.log import get_logger
 
@@ -644,12 +651,16 @@ class ContinuousBatcher:
     def _loop_once_lockstep(self, lock: Lockstep) -> bool:
         """One iteration of a tensor-parallel group: agree on the leader's plan, then every rank carries it out."""
         with self._cond:
-            while True:  # enter the group's agreement only with something to do (the leader does the same)
+            cmd: _Command | None = None
+            # the leader plans once it has something to do, or after an idle heartbeat (a noop plan keeps the
+            # followers' wait inside the group's timeout); a follower goes straight to the agreement: the leader's
+            # plan is what it waits for, requests only the leader was given included
+            while lock.leader:
                 cmd = self._peek_command_locked()
-                has_cmd = bool(self._commands) if not lock.leader else cmd is not None
-                if has_cmd or self._pending_aborts or self._can_step_locked():
+                if cmd is not None or self._pending_aborts or self._can_step_locked():
                     break
-                self._cond.wait()
+                if not self._cond.wait(timeout=LOCKSTEP_HEARTBEAT_S):
+                    break
             mine = self._plan_locked(cmd, lock.width) if lock.leader else StepPlan("noop")
         plan = lock.agree(mine)
         backend = self.backend

@@ -34,6 +34,9 @@ KINDS = ("step", "suspend", "resume", "shutdown", "noop")
 HEADER = 5
 """Integers before the ids in a plan's wire form: kind, drain, admitted count, aborted count, payload length."""
 
+LOCKSTEP_HEARTBEAT_S = 5.0
+"""An idle leader plans a noop this often: followers wait for the leader's plan inside the agreement itself."""
+
 FEED_ID_BASE = 1 << 48
 """Ids of requests fed by the leader alone start here (SPMD submissions count from 0 on every rank)."""
 
@@ -196,7 +199,13 @@ class TorchLockstep:
 
 
 def tensor_parallel_lockstep(device: Any, *, max_active_requests: int) -> TorchLockstep | None:
-    """A :class:`TorchLockstep` over megatron-core's TP group when TP > 1 (None for TP = 1 or no groups)."""
+    """A :class:`TorchLockstep` for megatron-core's TP group when TP > 1 (None for TP = 1 or no groups).
+
+    The plans travel on a gloo group of their own over the same ranks (CPU tensors; ``device`` is not used for
+    them): a follower waits for the leader's next plan inside that broadcast, even while the model's own TP
+    communicator trains, which a pending collective on the TP group itself would corrupt. Every rank must call
+    this, in the same order (creating the groups is a collective over the world).
+    """
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
@@ -205,18 +214,22 @@ def tensor_parallel_lockstep(device: Any, *, max_active_requests: int) -> TorchL
 
     if not ps.model_parallel_is_initialized() or ps.get_tensor_model_parallel_world_size() == 1:
         return None
-    return TorchLockstep(
-        ps.get_tensor_model_parallel_group(),
-        src=ps.get_tensor_model_parallel_src_rank(),
-        device=device,
-        width=HEADER + 2 * max_active_requests + 64,
-    )
+    mine = sorted(int(r) for r in dist.get_process_group_ranks(ps.get_tensor_model_parallel_group()))
+    groups: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(groups, mine)
+    plan_group: Any = None
+    for ranks in sorted({tuple(g) for g in groups}):  # every rank creates every group, in one order
+        g = dist.new_group(list(ranks), backend="gloo")
+        if list(ranks) == mine:
+            plan_group = g
+    return TorchLockstep(plan_group, src=mine[0], device="cpu", width=HEADER + 2 * max_active_requests + 64)
 
 
 __all__ = [
     "FEED_ID_BASE",
     "HEADER",
     "KINDS",
+    "LOCKSTEP_HEARTBEAT_S",
     "CarriedRequest",
     "Lockstep",
     "StepPlan",
