@@ -466,6 +466,19 @@ class ClientGone(ColoFsmError):
     """The client disconnected; its request was cancelled in the engine."""
 
 
+class RanksDidNotStop(ColoFsmError):
+    """A multi-rank run's ranks did not stop within the bound after a signal (or a second signal came): they
+    were killed, so the run's last step may not be saved."""
+
+
+class ServingTopologyError(ConfigError):
+    """Serving cannot route requests with this model-parallel layout; refused at bring-up, on every rank.
+
+    The message names the rank, the field, its value and what would route (one server per tensor-parallel
+    group, on its first rank, fed to the group's other ranks through the lockstep).
+    """
+
+
 __all__ = [
     "GRAPHVIZ_INSTALL_HINT",
     "ActionFailed",
@@ -489,6 +502,7 @@ __all__ = [
     "ModelModeError",
     "ParallelismMismatch",
     "PayloadTooLarge",
+    "RanksDidNotStop",
     "RenderError",
     "RequestTooLarge",
     "RolloutDeferred",
@@ -496,6 +510,7 @@ __all__ = [
     "ServerBusy",
     "ServerStopping",
     "ServerUnavailable",
+    "ServingTopologyError",
     "SpecError",
     "TraceFileError",
     "UnsupportedEngine",

@@ -151,6 +151,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --serve: answer 400 to a request whose temperature or top_p differ from the training rollouts' "
         "(a gym then cannot silently train on off-policy samples)",
     )
+    p.add_argument(
+        "--no-save-on-signal",
+        action="store_false",
+        dest="save_on_signal",
+        help="on SIGTERM stop after the step in progress without saving (default: that boundary's next step saves "
+        "a checkpoint and is the run's last, so a preempted run loses at most the step in progress)",
+    )
+    p.add_argument(
+        "--stop-timeout",
+        type=_positive_float,
+        default=d.stop_timeout_s,
+        dest="stop_timeout_s",
+        metavar="SECONDS",
+        help=f"with --ranks N: how long the parent waits for its ranks to stop after SIGTERM/SIGINT before it kills "
+        f"them (default {d.stop_timeout_s:g})",
+    )
     p.add_argument("--stop-after", type=_positive_int, default=None, help=argparse.SUPPRESS)
 
 
@@ -172,8 +188,13 @@ def run(args: argparse.Namespace) -> int:
         import signal
 
         name = signal.Signals(res.stopped_by_signal).name
+        saved = (
+            f"checkpoint saved at step {res.checkpoint_step} (resume with --resume --run-dir {res.run_dir})"
+            if res.checkpoint_step is not None and res.checkpoint_step == res.end_step
+            else "no checkpoint at this step"
+        )
         print(
-            f"stopped by {name} after step {res.end_step}: lifecycle stopped, trace and metrics closed "
+            f"stopped by {name} after step {res.end_step}: {saved}; lifecycle stopped, trace and metrics closed "
             f"(run folder: {res.run_dir}); exit code {EXIT_SIGNAL_BASE + res.stopped_by_signal}",
             flush=True,
         )

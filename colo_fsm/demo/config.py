@@ -14,6 +14,21 @@ def _int(field: str, v: Any, lo: int, hi: int | None = None) -> None:
         raise ConfigError(field, v, f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
 
 
+def _check_server_extra() -> None:
+    """``serve=True`` needs the ``[server]`` extra (FastAPI, uvicorn): a clear error here, not an ImportError later."""
+    from importlib.util import find_spec
+
+    def absent(module: str) -> bool:
+        try:
+            return find_spec(module) is None
+        except ImportError:
+            return True
+
+    missing = [m for m in ("fastapi", "uvicorn") if absent(m)]
+    if missing:
+        raise ConfigError("serve", True, f"False, or the [server] extra installed (missing: {', '.join(missing)})")
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     """Everything one demo run needs. Defaults finish on 2 CPU cores in about a minute."""
@@ -45,6 +60,8 @@ class DemoConfig:
     stop_after: int | None = None  # stop early after this many steps of this run (tests; simulates an interruption)
     chat_template: str = "digits"  # --serve chat: 'digits' (the task alphabet), 'roles', or a Jinja2 file
     on_policy_guard: bool = False  # --serve: refuse requests whose temperature/top_p differ from the rollouts'
+    save_on_signal: bool = True  # SIGTERM: the next step saves a checkpoint and is the run's last
+    stop_timeout_s: float = 120.0  # --ranks N: how long the parent waits for its ranks after a signal
 
     def __post_init__(self) -> None:
         _int("steps", self.steps, 1)
@@ -69,23 +86,29 @@ class DemoConfig:
         _int("seed", self.seed, 0)
         if self.threads is not None:
             _int("threads", self.threads, 1)
-        for name in ("resume", "tensorboard", "serve", "on_policy_guard"):
+        for name in ("resume", "tensorboard", "serve", "on_policy_guard", "save_on_signal"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
         if self.stop_after is not None:
             _int("stop_after", self.stop_after, 1)
-        from colo_fsm.server.templates import resolve_chat_template
+        if self.serve:
+            _check_server_extra()
+            from colo_fsm.server.templates import resolve_chat_template
 
-        resolve_chat_template(self.chat_template)  # a bad name or path fails here, naming chat_template
-        if not self.serve:  # options of the server only: without --serve they would be silently ignored
-            for name, default in (("chat_template", "digits"), ("on_policy_guard", False)):
-                if getattr(self, name) != default:
-                    raise ConfigError(name, getattr(self, name), f"serve=True (--serve): {name} applies to the server")
+            resolve_chat_template(self.chat_template)  # a bad name or path fails here, naming chat_template
+        else:  # the server's options mean nothing without it: refused, never ignored (and FastAPI not imported)
+            if self.chat_template != "digits":
+                raise ConfigError("chat_template", self.chat_template, "the default 'digits' unless serve=True")
+            if self.on_policy_guard:
+                raise ConfigError("on_policy_guard", True, "False unless serve=True (it guards the server)")
+        if self.ranks == 1 and self.stop_timeout_s != DemoConfig.stop_timeout_s:
+            raise ConfigError("stop_timeout_s", self.stop_timeout_s, "the default unless ranks > 1 (it bounds the wait "
+                              "of the parent of several ranks)")  # fmt: skip
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 "hidden_size", self.hidden_size, f"a multiple of num_attention_heads={self.num_attention_heads}"
             )
-        for name in ("lr", "temperature", "sample_timeout_s"):
+        for name in ("lr", "temperature", "sample_timeout_s", "stop_timeout_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(name, v, "a positive finite number")

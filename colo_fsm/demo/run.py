@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ class DemoResult:
     elapsed_s: float
     backend: str
     stopped_by_signal: int | None = None  # SIGTERM / SIGINT asked the run to stop; it stopped cleanly
+    checkpoint_step: int | None = None  # the step of the last checkpoint this run saved (None: none)
 
 
 def default_run_dir(base: str | Path = "runs") -> Path:
@@ -115,44 +115,28 @@ def _to_rollouts(groups: Sequence[Any]) -> list[Any]:
     return out
 
 
-class _StopSignals:
-    """SIGTERM and SIGINT ask the run to stop: the main loop finishes the step in progress, then the lifecycle
-    stops (the server answers waiting requests 503 at once), trace and metrics are closed. A second signal
-    while stopping is left to the default action. Installed only on the main thread; restored on exit."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopSignals:
-        import signal
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        import signal
-
-        if self.signum is not None:  # asked twice: stop now
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        self.signum = signum
-        log.warning("%s: stopping after the step in progress", signal.Signals(signum).name)
-
-    def __exit__(self, *exc: Any) -> None:
-        import signal
-
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
 def run_rank(
     cfg: DemoConfig, run_dir: Path, rank: int = 0, world: int = 1, init_method: str | None = None
 ) -> DemoResult | None:
-    """Run the demo as ``rank`` of ``world``; rank 0 shows progress and returns the result."""
+    """Run the demo as ``rank`` of ``world``; rank 0 shows progress and returns the result.
+
+    SIGTERM / SIGINT (from the first line on) stop the run at the next step boundary, on every rank at the same
+    step; on SIGTERM (unless ``save_on_signal=False``) that step saves a checkpoint and is the run's last.
+    """
+    from colo_fsm.demo.signals import StopSignals
+
+    signals = StopSignals(escalate=world == 1, rank=rank).install()  # a rank of several: the parent escalates, not us
+    try:
+        return _run_rank(cfg, run_dir, rank, world, init_method, signals)
+    finally:
+        signals.close()
+
+
+def _run_rank(
+    cfg: DemoConfig, run_dir: Path, rank: int, world: int, init_method: str | None, signals: Any
+) -> DemoResult | None:
+    import signal
+
     import torch
 
     from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine, to_completion
@@ -163,6 +147,7 @@ def run_rank(
     from colo_fsm.collector import AsyncCollector, ReplayBuffer, TrajectoryGroup, step_metrics
     from colo_fsm.collector.metrics import StateTimer
     from colo_fsm.demo.progress import ProgressDisplay, follow
+    from colo_fsm.demo.signals import StopAgreement
     from colo_fsm.demo.task import ALPHABET, PromptStream, ReverseTask, validation_prompts
     from colo_fsm.guards import CheckpointDecision, InFlightCap, TorchBarrier, ValidationDecision
     from colo_fsm.guards.drain import DeviceDrain, NoDeviceDrain
@@ -178,6 +163,12 @@ def run_rank(
         os.environ.setdefault("LOCAL_RANK", str(rank))
     init_distributed(1, device=cfg.device, rank=rank, world_size=world, init_method=init_method)
     show = rank == 0
+    if world > 1:
+        import torch.distributed as dist
+
+        stop = StopAgreement(signals, group=dist.new_group(backend="gloo"), world=world)
+    else:
+        stop = StopAgreement(signals)
     task = ReverseTask(cfg.num_digits)
     tok = CharTokenizer(ALPHABET)
     model = build_model(
@@ -329,7 +320,12 @@ def run_rank(
         ),
         barrier=TorchBarrier(timeout_s=300) if world > 1 else None,
         drain=NoDeviceDrain("demo on the CPU") if cfg.device != "cuda" else DeviceDrain(),
-        checkpoint=CheckpointDecision(cfg.checkpoint_every),
+        # SIGTERM agreed at a step boundary: that step saves and is the run's last (the latch reads it once)
+        checkpoint=CheckpointDecision(
+            cfg.checkpoint_every,
+            save_and_stop=(lambda: stop.signum == signal.SIGTERM) if cfg.save_on_signal else None,
+            agree=stop.agree_any if world > 1 else None,
+        ),
         validation=ValidationDecision(cfg.validate_every),
         validator=validator,
         checkpoint_extra=checkpoint_extra,
@@ -365,21 +361,29 @@ def run_rank(
     val_acc: float | None = None
     steps_this_run = 0
     t_loop = time.monotonic()
-    signals = _StopSignals().__enter__()
+    last_saved: int | None = None
+    saving_step_ran = False  # the step after an agreed SIGTERM ran (its latch saved and made it the last)
     try:
         lc.start()
+        if show:  # one line: the run is up and a signal from now on stops it at a step boundary
+            on_term = "saves a checkpoint at the next step boundary and stops" if cfg.save_on_signal else "stops"
+            print(f"ready: training from step {start_step}; SIGTERM {on_term}, SIGINT stops", flush=True)
         if cfg.serve and show:
             # one line, machine-readable: external agents/gyms build OpenAI clients against these
             print(f"dp_openai_server_base_urls={json.dumps(lc.dp_openai_server_base_urls)}", flush=True)
             if display is not None:
                 display.event(f"OpenAI-compatible servers (127.0.0.1 only): {lc.dp_openai_server_base_urls}")
-        while not lc.finished and signals.signum is None:
+        while not lc.finished:
             groups = buffer.sample(lc.weight_version, timeout=cfg.sample_timeout_s)
-            if signals.signum is not None:
-                break
+            sig = stop.agree()  # every rank's signal: all stop after the same step
+            if sig and not (sig == signal.SIGTERM and cfg.save_on_signal and not saving_step_ran):
+                break  # SIGINT, SIGTERM with save_on_signal off, or the saving step ran: stop here
             visited.clear()
-            result = lc.step(_to_rollouts(groups))
+            result = lc.step(_to_rollouts(groups))  # after an agreed SIGTERM: saves, and is the last step
+            saving_step_ran = sig == signal.SIGTERM
             steps_this_run += 1
+            if State.CHECKPOINTING.value in visited:
+                last_saved = lc.step_index
             consumed += result.consumed_samples * dp
             reward = float(result.metrics.get("train/reward_mean", 0.0))
             rewards_seen.append(reward)
@@ -418,8 +422,9 @@ def run_rank(
                 if display is not None:
                     display.event(f"stopping early after {steps_this_run} steps (--stop-after)")
                 break
-        if signals.signum is not None and display is not None:
-            display.event(f"stopping: signal {signals.signum} (after step {lc.step_index})")
+        if stop.signum and display is not None:
+            saved_note = f"checkpoint saved at step {last_saved}" if last_saved == lc.step_index else "no checkpoint"
+            display.event(f"stopping: {signal.Signals(stop.signum).name} (after step {lc.step_index}; {saved_note})")
     finally:
         try:
             lc.stop()
@@ -430,7 +435,6 @@ def run_rank(
             if metrics is not None:
                 metrics.close()
             lc.trace.close()
-            signals.__exit__()
     if world > 1:
         import torch.distributed as dist
 
@@ -450,7 +454,8 @@ def run_rank(
             consumed_samples=consumed,
             elapsed_s=time.monotonic() - t_start,
             backend=engine.backend_name,
-            stopped_by_signal=signals.signum,
+            stopped_by_signal=stop.signum or None,
+            checkpoint_step=last_saved,
         )
         (run_dir / "result.json").write_text(json.dumps(result_out.__dict__, indent=1), encoding="utf-8")
     shutdown_distributed()
@@ -512,8 +517,18 @@ def launch(cfg: DemoConfig) -> DemoResult:
     from colo_fsm.adapters.megatron.parallel import free_port
 
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    mp.spawn(_worker, args=(cfg, str(run_dir), cfg.ranks, init_method), nprocs=cfg.ranks, join=True)
-    return _read_result(run_dir)
+    from colo_fsm.demo.signals import run_ranks_forwarding_signals
+
+    (run_dir / "result.json").unlink(missing_ok=True)  # the result of an earlier run here: never read as this one's
+    args = (cfg, str(run_dir), cfg.ranks, init_method)
+    got = run_ranks_forwarding_signals(
+        lambda: mp.start_processes(_worker, args=args, nprocs=cfg.ranks, join=False, start_method="spawn"),
+        stop_timeout_s=cfg.stop_timeout_s,
+    )
+    res = _read_result(run_dir)
+    if got is not None and res.stopped_by_signal is None:  # the ranks finished their last step meanwhile
+        res = replace(res, stopped_by_signal=got)
+    return res
 
 
 def _read_result(run_dir: Path) -> DemoResult:

@@ -5,7 +5,9 @@ before the engine is suspended and ``resume()`` opens it only after the engine r
 handed to an engine that is not awake. With ``inflight="park"`` (the default) requests already handed over are
 parked in the engine with the rest and answered after the resume; ``"drain"`` waits for them before suspending.
 With ``serve=True`` it brings the HTTP server up once, in ``bring_up()`` (that is, when the engine is built),
-and publishes the base URLs of every data-parallel rank.
+and publishes the base URLs of every data-parallel replica: with tensor parallelism, one server per
+tensor-parallel group on its first rank, whose requests the lockstep feeds to the group's other ranks
+(:mod:`colo_fsm.server.topology`); a layout that cannot route is refused there, on every rank.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from colo_fsm.errors import ConfigError, EngineRebuild, WaitTimeout
 from colo_fsm.log import get_logger
 from colo_fsm.server.app import ChatTemplate, ServerSettings, create_app, default_chat_template
 from colo_fsm.server.gate import SuspendGate
+from colo_fsm.server.topology import ServingRole, check_serving_layout, gather_roles, serving_role
 from colo_fsm.states.spec import LIFECYCLE, EngineCondition, LifecycleSpec
 
 log = get_logger(__name__)
@@ -264,6 +267,7 @@ class GatedEngine:
             **server_kwargs,
         )
         self._dp_group = dp_group
+        self.role: ServingRole | None = None  # this rank's part in serving, known after bring_up
         self.server: OpenAIServer | None = None
         self._urls: list[str] = []
         self._built = False
@@ -293,10 +297,14 @@ class GatedEngine:
             raise EngineRebuild("the colocated engine (and its server) come up exactly once")
         self._built = True
         self.inner.bring_up()
+        # every rank reports its part; every rank refuses a layout that cannot route, with the same error
+        self.role = serving_role(self.serve, self.generator)
+        check_serving_layout(gather_roles(self.role, self._dp_group))
         local = None
-        if self.serve:
+        if self.role.runs_server:  # with TP > 1: the group's first rank only; the lockstep feeds the others
+            fed = _FeedGroup(self.generator) if len(self.role.group) > 1 else self.generator
             self.server = OpenAIServer(
-                self.generator,
+                fed,
                 gate=self.gate,
                 status=lambda: self._status() if self._status else None,
                 tokenizer=self.tokenizer,
@@ -397,6 +405,21 @@ class GatedEngine:
             ]
         with self.gate.admit(self.request_timeout_s):
             return list(self.generator.generate(prompts, max_tokens=max_tokens, temperature=temperature, seed=seed))
+
+
+class _FeedGroup:
+    """The generator as the tensor-parallel group's server sees it: every ``submit`` is made with ``feed=True``,
+    so the lockstep carries the request to the group's other ranks."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def submit(self, prompt_ids: Sequence[int], **kwargs: Any) -> Any:
+        """``engine.submit(prompt_ids, feed=True, **kwargs)``."""
+        return self._engine.submit(prompt_ids, feed=True, **kwargs)
 
 
 class _Stopping:

@@ -35,6 +35,7 @@ class Admission(Cancellation):
     a request's future is tied to the cancel path when it is submitted)."""
 
     _ids: itertools.count[int]
+    _feed_ids: itertools.count[int]  # leader-only requests (feed=True): ids of their own (lockstep.FEED_ID_BASE up)
     _seq: itertools.count[int]
 
     def counts(self, priority: Priority | int | None = None) -> RequestCounts:
@@ -61,8 +62,13 @@ class Admission(Cancellation):
         on_token: OnToken | None = None,
         top_logprobs: int = 0,
         logprobs_mode: LogprobsMode | str | None = None,
+        feed: bool = False,
     ) -> RequestHandle:
         """Queue one request; it is admitted at the next step boundary (after resume if suspended).
+
+        ``feed=True`` (tensor-parallel leader only): this rank alone submits the request and the lockstep carries
+        it to the group's other ranks (an HTTP request of the group's one server); a follower raises
+        :class:`ConfigError`. Without a lockstep the request simply runs here (a group of one).
 
         ``top_logprobs`` (0 to ``max_top_logprobs``) records that many most likely alternatives per generated
         token (:attr:`TokenCompletion.top_logprobs`; also passed to ``on_token`` as a fourth argument). Raises
@@ -82,6 +88,12 @@ class Admission(Cancellation):
         mode = self.logprobs_mode if logprobs_mode is None else parse_logprobs_mode(logprobs_mode)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigError("priority", priority, "a Priority (TRAINING or SERVER)")
+        if not isinstance(feed, bool):
+            raise ConfigError("feed", feed, "True or False")
+        if feed and self._lockstep is not None and not self._lockstep.leader:
+            raise ConfigError(
+                "feed", True, "False on a follower of a tensor-parallel group (only its leader feeds requests to it)"
+            )
         if self.max_sequence_length is not None and len(prompt) + max_tokens > self.max_sequence_length:
             raise RequestTooLarge(
                 "prompt_tokens+max_tokens",
@@ -91,7 +103,7 @@ class Admission(Cancellation):
             )
         req = EngineRequest(
             backend=BackendRequest(
-                next(self._ids),
+                next(self._feed_ids if feed else self._ids),
                 prompt,
                 max_tokens,
                 float(temperature),
@@ -106,6 +118,7 @@ class Admission(Cancellation):
             stop_token_ids=frozenset(int(t) for t in stop_token_ids),
             on_token=on_token,
             future=concurrent.futures.Future(),
+            fed=feed,
         )
         with self._cond:
             if self.stopped:

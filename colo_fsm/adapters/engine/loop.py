@@ -30,7 +30,7 @@ from colo_fsm.adapters.engine.options import (
 from colo_fsm.adapters.engine.protocol import StepBackend
 from colo_fsm.adapters.engine.results import EngineRequest
 from colo_fsm.adapters.engine.state import Command
-from colo_fsm.adapters.lockstep import Lockstep
+from colo_fsm.adapters.lockstep import FEED_ID_BASE, Lockstep
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.log import get_logger
 
@@ -85,6 +85,7 @@ class ContinuousBatcher(LockstepIteration):
         self._name = name
         self._cond = threading.Condition(threading.RLock())
         self._ids = itertools.count()
+        self._feed_ids = itertools.count(FEED_ID_BASE)  # leader-only requests (feed=True): ids of their own
         self._seq = itertools.count()
         self._queue: list[EngineRequest] = []  # waiting for admission (kept sorted by (priority, seq))
         self._active: dict[int, EngineRequest] = {}  # admitted, in the backend (running, or parked while suspended)

@@ -83,6 +83,7 @@ class EngineRequest:
     admitted_version: int = 0
     admitted_step: int | None = None
     detached: bool = False  # lockstep follower: the caller got "abort", the row runs on in step with the leader
+    fed: bool = False  # submitted on the TP group's leader alone: the lockstep carries it to the followers
     finish_reason: str | None = None
     completion: TokenCompletion | None = None
     origin: BackendRequest | None = None  # the request as submitted (``backend`` changes when it is resubmitted)

@@ -77,13 +77,15 @@ class EngineState:
             return False
         return bool(self._active) or (bool(self._queue) and not self._draining)
 
-    def _sleep_locked(self) -> None:
-        """Wait for work with nothing to do (counted, so a test can tell the loop has seen a change)."""
+    def _sleep_locked(self, timeout: float | None = None) -> bool:
+        """Wait for work with nothing to do (counted, so a test can tell the loop has seen a change); False
+        when ``timeout`` passed without a notification."""
         self.idle_waits += 1
         self.idle = True
         self._cond.notify_all()
-        self._cond.wait()
+        woken = self._cond.wait(timeout)
         self.idle = False
+        return woken
 
     def _mark_done_locked(self, req: EngineRequest, reason: str) -> None:
         req.state = "done"

@@ -1,7 +1,9 @@
 """Stepping: one decode step over every active request, and the intake of the tokens it produced.
 
 Every token is stamped with the weight version read just before the step that produced it; a request ends on
-its backend's finish, a stop token, ``on_token`` returning False (or raising: "abort") or ``max_tokens``.
+its backend's finish, a stop token, ``on_token`` returning False (or raising: "abort") or ``max_tokens``. A row
+the loop itself ended leaves the backend at once; under a tensor-parallel lockstep it leaves every rank's
+backend together, through the leader's next plan (a follower never drops a row on its own).
 """
 
 from __future__ import annotations
@@ -37,11 +39,14 @@ class Stepping(EngineState):
                 continue  # aborted meanwhile: its backend.abort is pending
             reason = self._take_tokens(req, out, version)
             if reason is not None:
-                if out.finished is None:
-                    backend.abort(req.backend_id)  # we ended it (stop token, on_token, length): free its slot
                 with self._cond:
                     if req.state != "running":
                         continue  # a caller aborted it meanwhile: it is already resolved, and only once
+                    if out.finished is None:  # we ended it (stop token, on_token, length): free its slot
+                        if self._lockstep is None:
+                            backend.abort(req.backend_id)
+                        elif self._lockstep.leader:  # the whole group drops the row, in the next plan
+                            self._pending_aborts.append(req.backend_id)
                     self._active.pop(req.backend_id, None)
                     self._mark_done_locked(req, reason)
                 finished.append(req)

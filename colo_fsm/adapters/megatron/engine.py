@@ -406,6 +406,13 @@ class MegatronEngine:
             return self._batcher.server_slots
         return share_slots(self.config.server_share, self.config.max_active_requests)
 
+    @property
+    def feeds_tensor_parallel_group(self) -> bool:
+        """True when a request submitted here with ``feed=True`` reaches the tensor-parallel group's other ranks
+        (a lockstep carries it): this rank may run the group's one HTTP server. False before ``bring_up``."""
+        lock = getattr(self._batcher, "_lockstep", None)
+        return lock is not None and bool(lock.leader)
+
     def _live(self, what: str) -> ContinuousBatcher:
         if self._batcher is None or not self.built:
             raise LifecycleError(f"engine {what} before bring_up")
@@ -428,8 +435,14 @@ class MegatronEngine:
         on_token: OnToken | None = None,
         top_logprobs: int = 0,
         logprobs_mode: str | None = None,
+        feed: bool = False,
     ) -> RequestHandle:
         """Add one request to the running engine; returns its handle (future, cancel).
+
+        ``feed=True`` (the first rank of a tensor-parallel group, where the group's server runs): the request is
+        submitted here only and the lockstep carries it to the group's other ranks. An HTTP request
+        (``Priority.SERVER``) submitted on a follower without it is refused with
+        :class:`~colo_fsm.errors.ConfigError`: it could never run there alone.
 
         ``on_token(token_id, logprob, weight_version)`` runs on the engine thread after each new token;
         returning False ends the request with finish "stop". ``top_logprobs=k`` (0 to
@@ -442,7 +455,16 @@ class MegatronEngine:
         log-probs ("raw" or "processed"; see :class:`GenerationConfig`).
         """
         self._check_logprobs_mode(logprobs_mode)
-        return self._live("submit").submit(
+        batcher = self._live("submit")
+        lock = getattr(batcher, "_lockstep", None)
+        if lock is not None and not lock.leader and int(priority) == int(Priority.SERVER):
+            raise ConfigError(
+                "priority",
+                Priority.SERVER,
+                "TRAINING on a follower of a tensor-parallel group: HTTP requests enter on the group's first rank "
+                "(its server) and reach the followers through the lockstep",
+            )
+        return batcher.submit(
             prompt_ids,
             max_tokens=max_tokens,
             temperature=temperature,
@@ -454,6 +476,7 @@ class MegatronEngine:
             on_token=on_token,
             top_logprobs=top_logprobs,
             logprobs_mode=logprobs_mode,
+            feed=feed,
         )
 
     def _check_logprobs_mode(self, logprobs_mode: str | None) -> None:
