@@ -17,6 +17,19 @@ from bench import inflight_handoff  # noqa: E402
 from bench._handoff import add_ratios  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _logger_levels_restored():
+    """The bench's ``main`` quiets colo-fsm's loggers for its table: run in-process here, it must not leave them
+    quiet for the tests that follow (their ``caplog`` would see nothing)."""
+    import logging
+
+    names = ("", "colo_fsm", "megatron", "torch", "transitions")
+    levels = {n: logging.getLogger(n).level for n in names}
+    yield
+    for n, level in levels.items():
+        logging.getLogger(n).setLevel(level)
+
+
 def test_reasoning_smoke_writes_every_mode_and_the_ratios(tmp_path):
     out = tmp_path / "inflight_handoff_reasoning_smoke.json"
     argv = ["--workload", "reasoning", "--smoke", "--steps", "5", "--out", str(out)]
