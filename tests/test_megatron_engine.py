@@ -221,7 +221,7 @@ def test_dynamic_engine_abort_mode_resubmits_after_the_resume_on_gpu(mode):
     resume and completes with every token, versions per token, nothing left in the engine."""
     import threading
 
-    model, eng, version = _gpu_engine_or_skip(kv_cache_mode=mode, inflight="abort")
+    model, eng, version = _gpu_engine_or_skip(kv_cache_mode=mode, inflight="abort", unverified_dynamic_abort=True)
     reached = threading.Event()
     seen = []
 
@@ -671,3 +671,16 @@ def test_dynamic_engine_sees_dense_int32_ids_whatever_colo_fsm_ids_are():
     out = be._as_requests([StepOutput(1, (3,), (-0.5,)), StepOutput(2, (4,), (-0.1,), "length")])
     assert [o.request_id for o in out] == huge[1:]
     assert ids.engine_id(huge[2]) is None and ids.engine_id(huge[1]) == 1 and len(ids) == 2
+
+
+def test_abort_on_the_dynamic_engine_is_refused_unless_asked_for(monkeypatch):
+    """inflight="abort" failed its GPU tests on megatron-core's dynamic engine in this release: a run that picks it
+    there is refused at construction (naming the field and what works), not left to hang at its first handoff."""
+    monkeypatch.setattr(MegatronEngine, "_choose_backend", lambda self: ("dynamic", "stand-in"))
+    model = tiny(TOK)
+    with pytest.raises(ConfigError, match=r"inflight.*'park' or 'drain' on megatron-core's dynamic engine"):
+        MegatronEngine(model, TOK, GenerationConfig(inflight="abort"))
+    MegatronEngine(model, TOK, GenerationConfig(inflight="abort", unverified_dynamic_abort=True))  # asked for
+    MegatronEngine(model, TOK, GenerationConfig(inflight="park"))
+    monkeypatch.undo()
+    assert MegatronEngine(model, TOK, GenerationConfig(inflight="abort")).backend_name == "cpu"  # runs there

@@ -159,3 +159,18 @@ def test_megatron_schedule_path_equals_the_one_pass_step(dist1, monkeypatch, wit
     assert g2.keys() == g1.keys() and g1
     for name, g in g1.items():
         torch.testing.assert_close(g2[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_distributed_optimizer_checkpointing_is_refused_unless_asked_for(tmp_path):
+    """The distributed optimizer's checkpoint round trip failed its GPU test in this release: a config that would
+    save with it is refused at construction, naming the field (a lost checkpoint is found only at resume)."""
+    from colo_fsm.adapters.megatron.trainer import TrainerConfig
+
+    with pytest.raises(ConfigError, match="use_distributed_optimizer.*failed its GPU test"):
+        TrainerConfig(use_distributed_optimizer=True, checkpoint_dir=str(tmp_path))
+    TrainerConfig(use_distributed_optimizer=True)  # no checkpoints: nothing at risk
+    TrainerConfig(
+        use_distributed_optimizer=True, checkpoint_dir=str(tmp_path), unverified_distributed_optimizer_checkpoint=True
+    )
+    with pytest.raises(ConfigError, match="unverified_distributed_optimizer_checkpoint"):
+        TrainerConfig(unverified_distributed_optimizer_checkpoint="yes")

@@ -108,7 +108,12 @@ def test_megatron_optimizer_checkpoint_roundtrip_on_gpu(tmp_path, distributed):
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig
 
     model = tiny(TOK, device="cuda", max_sequence_length=64, hidden_size=128, num_attention_heads=2)
-    tr = MegatronTrainer(model, TrainerConfig(checkpoint_dir=str(tmp_path), use_distributed_optimizer=distributed))
+    cfg = TrainerConfig(
+        checkpoint_dir=str(tmp_path),
+        use_distributed_optimizer=distributed,
+        unverified_distributed_optimizer_checkpoint=distributed,
+    )
+    tr = MegatronTrainer(model, cfg)
     rs = [Rollout((1, 2, 3), (4, 5, 6, 7), float(i % 2), i // 2) for i in range(8)]
     tr.train_step(rs)
     tr.save_checkpoint(1, 1, {"k": 1})

@@ -126,8 +126,13 @@ class GenerationConfig:
     logprobs_mode: str = "raw"
     sampling_seed: int = 0
     data_parallel_rank: int | None = None
+    # inflight="abort" on megatron-core's dynamic engine failed its GPU tests in this release: refused there
+    # unless this is set (what the GPU tests do, to keep exercising it); the CPU backend runs abort as tested
+    unverified_dynamic_abort: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.unverified_dynamic_abort, bool):
+            raise ConfigError("unverified_dynamic_abort", self.unverified_dynamic_abort, "a bool")
         if isinstance(self.sampling_seed, bool) or not isinstance(self.sampling_seed, int) or self.sampling_seed < 0:
             raise ConfigError("sampling_seed", self.sampling_seed, "a non-negative integer")
         d = self.data_parallel_rank
@@ -229,6 +234,18 @@ class MegatronEngine:
         self._weight_version = weight_version or (lambda: 0)
         self._urls = list(server_urls)
         self.backend_name, self.backend_reason = self._choose_backend()
+        if (
+            self.backend_name == "dynamic"
+            and self.inflight is InflightPolicy.ABORT
+            and not self.config.unverified_dynamic_abort
+        ):
+            raise ConfigError(
+                "inflight",
+                "abort",
+                "'park' or 'drain' on megatron-core's dynamic engine: its abort mode failed its GPU tests in this "
+                "release (persist and recompute, one H200); 'abort' runs on the CPU backend, and "
+                "GenerationConfig(unverified_dynamic_abort=True) runs it on the GPU anyway",
+            )
         self._batcher: ContinuousBatcher | None = None
         self.built = False
         self.torn_down = False
