@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Batch 1 of the H200 benchmarks (one device call). Run from the folder holding colo_fsm/ and bench/, with
-# megatron-core + flash-attn-4 importable (../shared/device/README.md) and OUT set to the results folder.
+# megatron-core + flash-attn-4 importable (wheels installed under /opt/site; see docs/megatron.md) and OUT set to the results folder.
 # Each step has its own timeout and the whole batch stops starting new steps past BUDGET_S seconds.
 set -u
 out=${OUT:-gpu-bench-out}

@@ -2,7 +2,7 @@
 # Run the megatron adapter checks on a GPU machine: 1 GPU, then 2 GPUs (TP=2 and DP=2 over NCCL), then a
 # short demo on CUDA, then a 2-rank demo (one process per GPU, NCCL) with --serve whose OpenAI-compatible servers
 # are probed mid-run. Usage: bash scripts/gpu_megatron_check.sh OUT_DIR   (PYTHONPATH must reach megatron-core,
-# flash-attn-4, transitions, fastapi/uvicorn and this checkout; see ../shared/device/README.md).
+# flash-attn-4, transitions, fastapi/uvicorn and this checkout; wheels installed under /opt/site, see docs/megatron.md).
 # GPU_CHECK_ONLY="name ..." runs only the named steps (e.g. GPU_CHECK_ONLY=demo_cuda2_serve).
 set -uo pipefail
 out=${1:-gpu-check-out}

@@ -189,9 +189,9 @@ def test_an_async_save_needs_a_finalize_hook():
 def test_demo_server_options_without_serve_are_refused():
     from colo_fsm.demo.config import DemoConfig
 
-    with pytest.raises(ConfigError, match=r"on_policy_guard=True: expected serve=True"):
+    with pytest.raises(ConfigError, match=r"on_policy_guard=True: expected False unless serve=True"):
         DemoConfig(on_policy_guard=True)
-    with pytest.raises(ConfigError, match=r"chat_template='roles': expected serve=True"):
+    with pytest.raises(ConfigError, match=r"chat_template='roles': expected the default 'digits' unless serve=True"):
         DemoConfig(chat_template="roles")
     assert DemoConfig(serve=True, on_policy_guard=True, chat_template="roles").on_policy_guard
 
