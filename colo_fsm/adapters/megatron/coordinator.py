@@ -35,8 +35,9 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from colo_fsm.adapters.batching import OnToken, Priority, RequestCounts, TokenCompletion, request_seed
+from colo_fsm.adapters.batching import OnToken, Priority, RequestCounts, TokenCompletion
 from colo_fsm.adapters.engine.options import share_slots
+from colo_fsm.adapters.megatron.batch_calls import TextGeneration, submit_and_wait
 from colo_fsm.adapters.megatron.coordinator_config import (
     SPAWN_HINT,
     CoordinatorConfig,
@@ -61,11 +62,9 @@ from colo_fsm.adapters.megatron.coordinator_requests import (
     state_name,
 )
 from colo_fsm.adapters.megatron.coordinator_states import SLEEP, WAKE, condition_of, natives_by_condition
-from colo_fsm.adapters.megatron.engine import to_completion
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import device_context, rank_device_index
-from colo_fsm.adapters.protocols import Completion
 from colo_fsm.errors import (
     ConfigError,
     EngineLoopDied,
@@ -87,7 +86,7 @@ log = get_logger(__name__)
 ENGINE_NAME = "megatron-core"
 
 
-class CoordinatorEngine:
+class CoordinatorEngine(TextGeneration):
     """megatron-core's coordinator mode over the training model object (see the module docstring).
 
     ``weight_version`` (a callable, e.g. ``lambda: lifecycle.weight_version``) is set as megatron's generation
@@ -415,49 +414,20 @@ class CoordinatorEngine:
     ) -> list[TokenCompletion]:
         """Submit every prompt and wait for all (a suspend in between parks them; they finish after the resume)."""
         self._live("generate")
-        limit = self.config.max_request_tokens
-        if limit is not None and isinstance(max_tokens, int) and len(prompts) * max_tokens > limit:
-            raise RequestTooLarge("prompts*max_tokens", len(prompts) * max_tokens, limit, "max_request_tokens")
         self.generate_calls += 1
-        handles: list[CoordinatorHandle] = []
-        try:
-            for i, p in enumerate(prompts):
-                handles.append(
-                    self.submit(
-                        p,
-                        max_tokens=max_tokens,
-                        temperature=temperature,
-                        top_p=top_p,
-                        top_k=top_k,
-                        seed=request_seed(seed, i),
-                        stop_token_ids=stop_token_ids,
-                        priority=priority,
-                        top_logprobs=top_logprobs,
-                    )
-                )
-            return [h.result() for h in handles]
-        except BaseException:
-            for h in handles:
-                h.cancel()
-            raise
-
-    def generate(
-        self,
-        prompts: Sequence[str],
-        *,
-        max_tokens: int,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        priority: Priority | int = Priority.TRAINING,
-    ) -> list[Completion]:
-        """Text in, text out (the ``TextGenerator`` protocol), with per-token versions and log-probs."""
-        ids = [self.tokenizer.tokenize(p) for p in prompts]
-        outs = self.generate_ids(
-            ids, max_tokens=max_tokens, temperature=temperature, seed=seed, top_p=top_p, top_k=top_k, priority=priority
+        return submit_and_wait(
+            self.submit,
+            prompts,
+            max_tokens=max_tokens,
+            seed=seed,
+            max_request_tokens=self.config.max_request_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_token_ids=stop_token_ids,
+            priority=priority,
+            top_logprobs=top_logprobs,
         )
-        return [to_completion(c) for c in outs]
 
     # ------------------------------------------------------------------ internals
     async def _pin_device(self) -> int | None:

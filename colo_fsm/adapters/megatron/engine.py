@@ -46,11 +46,11 @@ from colo_fsm.adapters.batching import (
     request_seed,
 )
 from colo_fsm.adapters.engine.options import share_slots
+from colo_fsm.adapters.megatron.batch_calls import TextGeneration, submit_and_wait, to_completion
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import device_context, on_own_device
-from colo_fsm.adapters.protocols import Completion
-from colo_fsm.errors import ConfigError, EngineRebuild, EngineStopped, LifecycleError, RequestTooLarge
+from colo_fsm.errors import ConfigError, EngineRebuild, EngineStopped, LifecycleError
 from colo_fsm.guards.memory import MemoryBudget, MemoryEstimate
 from colo_fsm.guards.mode import ModeReport
 from colo_fsm.guards.parallelism import check_parallelism
@@ -197,7 +197,7 @@ class GenerationConfig:
                 raise ConfigError(name, v, "a positive integer, or None (inherit the training model's)")
 
 
-class MegatronEngine:
+class MegatronEngine(TextGeneration):
     """Colocated generation on the training model object (``GenerationEngine`` and ``TextGenerator``).
 
     ``weight_version`` (a callable, e.g. ``lambda: lifecycle.weight_version``) stamps every generated token.
@@ -530,68 +530,21 @@ class MegatronEngine:
         """
         batcher = self._live("generate")
         self._check_logprobs_mode(logprobs_mode)
-        limit = self.config.max_request_tokens
-        if limit is not None and isinstance(max_tokens, int) and len(prompts) * max_tokens > limit:
-            raise RequestTooLarge(
-                "prompts*max_tokens",
-                len(prompts) * max_tokens,
-                limit,
-                f"max_request_tokens; {len(prompts)} prompt(s) x max_tokens={max_tokens}",
-            )
         self.generate_calls += 1
-        handles: list[RequestHandle] = []
-        try:
-            for i, p in enumerate(prompts):
-                handles.append(
-                    batcher.submit(
-                        p,
-                        max_tokens=max_tokens,
-                        temperature=temperature,
-                        top_p=top_p,
-                        top_k=top_k,
-                        seed=request_seed(seed, i),
-                        stop_token_ids=stop_token_ids,
-                        priority=priority,
-                        top_logprobs=top_logprobs,
-                        logprobs_mode=logprobs_mode,
-                    )
-                )
-        except BaseException:
-            for h in handles:  # a bad prompt in the list: the ones already submitted are withdrawn
-                h.cancel()
-            raise
-        try:
-            return [h.result() for h in handles]
-        except BaseException:
-            for h in handles:  # one request failed (or the wait was interrupted): free the others' slots
-                h.cancel()
-            raise
-
-    def generate(
-        self,
-        prompts: Sequence[str],
-        *,
-        max_tokens: int,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        priority: Priority | int = Priority.TRAINING,
-    ) -> list[Completion]:
-        """Text in, text out (the ``TextGenerator`` protocol); completions carry per-token versions and log-probs."""
-        ids = [self.tokenizer.tokenize(p) for p in prompts]
-        return [
-            to_completion(c)
-            for c in self.generate_ids(
-                ids,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                seed=seed,
-                top_p=top_p,
-                top_k=top_k,
-                priority=priority,
-            )
-        ]
+        return submit_and_wait(
+            batcher.submit,
+            prompts,
+            max_tokens=max_tokens,
+            seed=seed,
+            max_request_tokens=self.config.max_request_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_token_ids=stop_token_ids,
+            priority=priority,
+            top_logprobs=top_logprobs,
+            logprobs_mode=logprobs_mode,
+        )
 
     def timing_summary(self) -> dict[str, float]:
         """Median suspend and resume seconds so far."""
@@ -601,18 +554,6 @@ class MegatronEngine:
             if xs:
                 out[f"{kind}_median_s"] = xs[len(xs) // 2]
         return out
-
-
-def to_completion(c: TokenCompletion) -> Completion:
-    """The text-protocol :class:`~colo_fsm.adapters.protocols.Completion` of a :class:`TokenCompletion`."""
-    return Completion(
-        text=c.text,
-        token_ids=c.token_ids,
-        weight_version=c.weight_version,
-        finish_reason=c.finish_reason,
-        weight_versions=c.weight_versions,
-        logprobs=c.logprobs,
-    )
 
 
 __all__ = [
