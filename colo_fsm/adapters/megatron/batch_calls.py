@@ -1,6 +1,7 @@
 """The calls both megatron-core engines (direct, :class:`~colo_fsm.adapters.megatron.engine.MegatronEngine`, and
 coordinator mode, :class:`~colo_fsm.adapters.megatron.coordinator.CoordinatorEngine`) build on their ``submit``:
-a batch of prompts submitted together and waited for, and the text-in, text-out ``generate``."""
+a batch of prompts submitted together and waited for, the text-in, text-out ``generate``, and the
+medians of their handoff timings."""
 
 from __future__ import annotations
 
@@ -55,6 +56,17 @@ def submit_and_wait(
         raise
 
 
+def timing_medians(timings: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """Median seconds of each handoff kind in ``timings`` (``("suspend"|"resume", seconds)``), as
+    ``{"suspend_median_s": ..., "resume_median_s": ...}`` (a kind not seen yet is left out)."""
+    out: dict[str, float] = {}
+    for kind in ("suspend", "resume"):
+        xs = sorted(t for k, t in timings if k == kind)
+        if xs:
+            out[f"{kind}_median_s"] = xs[len(xs) // 2]
+    return out
+
+
 def to_completion(c: TokenCompletion) -> Completion:
     """The text-protocol :class:`~colo_fsm.adapters.protocols.Completion` of a :class:`TokenCompletion`."""
     return Completion(
@@ -105,4 +117,4 @@ class TextGeneration:
         return [to_completion(c) for c in outs]
 
 
-__all__ = ["TextGeneration", "submit_and_wait", "to_completion"]
+__all__ = ["TextGeneration", "submit_and_wait", "timing_medians", "to_completion"]

@@ -36,12 +36,11 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from colo_fsm.adapters.batching import OnToken, Priority, RequestCounts, TokenCompletion
-from colo_fsm.adapters.engine.options import share_slots
-from colo_fsm.adapters.megatron.batch_calls import TextGeneration, submit_and_wait
+from colo_fsm.adapters.engine.options import positive_int, share_slots
+from colo_fsm.adapters.megatron.batch_calls import TextGeneration, submit_and_wait, timing_medians
 from colo_fsm.adapters.megatron.coordinator_config import (
     SPAWN_HINT,
     CoordinatorConfig,
-    check_positive,
     client_of,
     coordinator_dependencies,
     entry_script,
@@ -300,12 +299,7 @@ class CoordinatorEngine(TextGeneration):
 
     def timing_summary(self) -> dict[str, float]:
         """Median suspend and resume seconds so far."""
-        out: dict[str, float] = {}
-        for kind in ("suspend", "resume"):
-            xs = sorted(t for k, t in self.timings if k == kind)
-            if xs:
-                out[f"{kind}_median_s"] = xs[len(xs) // 2]
-        return out
+        return timing_medians(self.timings)
 
     # ------------------------------------------------------------------ generation
     def submit(
@@ -340,7 +334,7 @@ class CoordinatorEngine(TextGeneration):
                 "rank", self.rank, "0: in coordinator mode only global rank 0 holds megatron-core's InferenceClient"
             )
         ids = check_prompt(prompt_ids)
-        check_positive("max_tokens", max_tokens, "a positive integer")
+        positive_int("max_tokens", max_tokens)
         if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
             raise ConfigError("temperature", temperature, "a number >= 0 (0: greedy)")
         if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from colo_fsm.adapters.batching import DEFAULT_SERVER_SHARE, check_share, parse_logprobs_mode
+from colo_fsm.adapters.engine.options import positive_int
 from colo_fsm.adapters.megatron.engine import KVCacheMode
 from colo_fsm.errors import ConfigError, WaitTimeout
 
@@ -24,14 +25,6 @@ SPAWN_HINT = (
     "an import-safe entry script: megatron-core starts its inference coordinator with multiprocessing 'spawn', "
     'which re-imports the script that built the engine; put the run under `if __name__ == "__main__":`'
 )
-
-
-def check_positive(name: str, value: Any, what: str, *, none_ok: bool = False) -> None:
-    """Raise :class:`~colo_fsm.errors.ConfigError` unless ``value`` is a positive integer (or None when allowed)."""
-    if value is None and none_ok:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(name, value, what)
 
 
 @dataclass(frozen=True)
@@ -75,9 +68,10 @@ class CoordinatorConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or not math.isfinite(v):
                 raise ConfigError(name, v, "a positive number")
-        check_positive("block_size_tokens", self.block_size_tokens, "a positive integer")
+        positive_int("block_size_tokens", self.block_size_tokens)
         for name in ("max_requests", "num_cuda_graphs", "max_request_tokens", "coordinator_port"):
-            check_positive(name, getattr(self, name), "a positive integer, or None", none_ok=True)
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name), "a positive integer, or None")
         if self.coordinator_host is not None and (
             not isinstance(self.coordinator_host, str) or not self.coordinator_host
         ):
@@ -89,9 +83,8 @@ class CoordinatorConfig:
             "expert_tensor_parallel_size",
             "context_parallel_size",
         ):
-            check_positive(
-                name, getattr(self, name), "a positive integer, or None (inherit the training model's)", none_ok=True
-            )
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name), "a positive integer, or None (inherit the training model's)")
         if self.kv_cache_mode == "offload" and self.num_cuda_graphs is not None:
             # megatron-core 0.19.2 recaptures graphs at an offload resume and resets the context after the capture:
             # requests parked in the context would be lost (recompute re-adds them after the capture).
@@ -222,7 +215,6 @@ def global_rank() -> int:
 __all__ = [
     "SPAWN_HINT",
     "CoordinatorConfig",
-    "check_positive",
     "client_of",
     "coordinator_dependencies",
     "entry_script",

@@ -46,7 +46,7 @@ from colo_fsm.adapters.batching import (
     request_seed,
 )
 from colo_fsm.adapters.engine.options import share_slots
-from colo_fsm.adapters.megatron.batch_calls import TextGeneration, submit_and_wait, to_completion
+from colo_fsm.adapters.megatron.batch_calls import TextGeneration, submit_and_wait, timing_medians, to_completion
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import device_context, on_own_device
@@ -548,12 +548,7 @@ class MegatronEngine(TextGeneration):
 
     def timing_summary(self) -> dict[str, float]:
         """Median suspend and resume seconds so far."""
-        out: dict[str, float] = {}
-        for kind in ("suspend", "resume"):
-            xs = sorted(t for k, t in self.timings if k == kind)
-            if xs:
-                out[f"{kind}_median_s"] = xs[len(xs) // 2]
-        return out
+        return timing_medians(self.timings)
 
 
 __all__ = [

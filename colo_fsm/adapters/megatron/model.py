@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from colo_fsm.adapters.engine.options import positive_int
 from colo_fsm.errors import ConfigError
 from colo_fsm.log import get_logger
 
@@ -25,9 +26,7 @@ _GRAPH_SCOPES = ("block", "layer")
 
 
 def _pos_int(field: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(field, value, "a positive integer")
-    return value
+    return positive_int(field, value)
 
 
 @dataclass(frozen=True)
