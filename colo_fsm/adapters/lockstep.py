@@ -194,6 +194,7 @@ class TorchLockstep:
         self.width = width
         self.device = torch.device(device)
         self.rounds = 0
+        self._held: list[Any] = []  # the last round's work handles: see TorchBarrier._exchange on why
 
     def agree(self, plan: StepPlan) -> StepPlan:
         import torch
@@ -202,14 +203,17 @@ class TorchLockstep:
         sends = dist.get_rank() == self.src
         wire = plan.to_ints(self.width) if sends else [0] * self.width
         head = torch.tensor(wire[: self.width], dtype=torch.int64, device=self.device)
-        dist.broadcast(head, src=self.src, group=self.group)
+        held = [dist.broadcast(head, src=self.src, group=self.group, async_op=True)]
+        held[0].wait()
         self.rounds += 1
         values = head.cpu().tolist()
         npay = int(values[HEADER - 1])
         if npay:  # carried requests: a second broadcast, sized by the header every rank now has
             body = torch.tensor(wire[self.width :] if sends else [0] * npay, dtype=torch.int64, device=self.device)
-            dist.broadcast(body, src=self.src, group=self.group)
+            held.append(dist.broadcast(body, src=self.src, group=self.group, async_op=True))
+            held[1].wait()
             values += body.cpu().tolist()
+        self._held = held
         return plan if self.leader else StepPlan.from_ints(values)
 
 

@@ -87,9 +87,17 @@ class TorchBarrier:
         if device is None:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if self.backend == "nccl" else "cpu"
         self.device = torch.device(device)
-        self._pg: Any = group if group is not None else dist.group.WORLD
+        self._dist = dist
         self._torch = torch
         self._bufs: tuple[Any, Any, Any] | None = None
+        # The last exchange's work handle, kept until the next one (see _exchange).
+        self._last_work: Any = None
+
+    @property
+    def _pg(self) -> Any:
+        """The group's process group, looked up per call: holding the default group would keep it alive past
+        ``destroy_process_group`` (its gloo threads then outlive it into interpreter shutdown)."""
+        return self.group if self.group is not None else self._dist.group.WORLD
 
     def _exchange(self, fingerprint: HandoffFingerprint, deadline: float) -> list[list[int]]:
         """Every rank's wire row (the rows every rank checks), from one collective bounded by ``deadline``."""
@@ -112,6 +120,11 @@ class TorchBarrier:
             opts.asyncOp = True
             work = self._pg._allgather_base(rows, send, opts)
         _await(work, deadline)
+        # gloo's worker thread drops its own handle on the work just after completing it; whichever handle
+        # goes last destroys the work, and that releases tensors Python made, which takes the GIL. Were it the
+        # worker thread's, at interpreter shutdown it would abort the process ("terminate called without an
+        # active exception"). Holding ours until the next exchange makes the last release this thread's.
+        self._last_work = work
         flat = rows.tolist()
         return [flat[i * n : (i + 1) * n] for i in range(self.world_size)]
 

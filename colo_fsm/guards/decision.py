@@ -151,6 +151,8 @@ class ValidationDecision(LatchedDecision):
 def broadcast_from_rank0(group: Any = None) -> Callable[[bool], bool]:
     """An ``agree`` function for SPMD runs: every rank adopts rank 0's decision (a torch broadcast)."""
 
+    held: list[Any] = []  # the last broadcast's work handle: see TorchBarrier._exchange on why
+
     def agree(value: bool) -> bool:
         import torch
         import torch.distributed as dist
@@ -161,7 +163,9 @@ def broadcast_from_rank0(group: Any = None) -> Callable[[bool], bool]:
         # the rank's own GPU, by LOCAL_RANK: the calling thread may never have called set_device
         device = torch.device("cuda", local_rank_from_env()) if dist.get_backend(group) == "nccl" else "cpu"
         t = torch.tensor([1 if value else 0], dtype=torch.int32, device=device)
-        dist.broadcast(t, src=src, group=group)
+        work = dist.broadcast(t, src=src, group=group, async_op=True)
+        work.wait()
+        held[:] = [work]
         return bool(t.item())
 
     return agree
