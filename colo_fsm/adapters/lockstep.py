@@ -203,18 +203,23 @@ class TorchLockstep:
         sends = dist.get_rank() == self.src
         wire = plan.to_ints(self.width) if sends else [0] * self.width
         head = torch.tensor(wire[: self.width], dtype=torch.int64, device=self.device)
-        held = [dist.broadcast(head, src=self.src, group=self.group, async_op=True)]
-        held[0].wait()
+        held = [_wait(dist.broadcast(head, src=self.src, group=self.group, async_op=True))]
         self.rounds += 1
         values = head.cpu().tolist()
         npay = int(values[HEADER - 1])
         if npay:  # carried requests: a second broadcast, sized by the header every rank now has
             body = torch.tensor(wire[self.width :] if sends else [0] * npay, dtype=torch.int64, device=self.device)
-            held.append(dist.broadcast(body, src=self.src, group=self.group, async_op=True))
-            held[1].wait()
+            held.append(_wait(dist.broadcast(body, src=self.src, group=self.group, async_op=True)))
             values += body.cpu().tolist()
         self._held = held
         return plan if self.leader else StepPlan.from_ints(values)
+
+
+def _wait(work: Any) -> Any:
+    """Wait for a collective's work handle (None where this rank is not in the group) and return it."""
+    if work is not None:
+        work.wait()
+    return work
 
 
 def tensor_parallel_lockstep(device: Any, *, max_active_requests: int) -> TorchLockstep | None:

@@ -164,7 +164,8 @@ def broadcast_from_rank0(group: Any = None) -> Callable[[bool], bool]:
         device = torch.device("cuda", local_rank_from_env()) if dist.get_backend(group) == "nccl" else "cpu"
         t = torch.tensor([1 if value else 0], dtype=torch.int32, device=device)
         work = dist.broadcast(t, src=src, group=group, async_op=True)
-        work.wait()
+        if work is not None:  # None: this rank is not in ``group``
+            work.wait()
         held[:] = [work]
         return bool(t.item())
 
