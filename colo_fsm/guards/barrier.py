@@ -92,6 +92,7 @@ class TorchBarrier:
         self._bufs: tuple[Any, Any, Any] | None = None
         # The last exchange's work handle, kept until the next one (see _exchange).
         self._last_work: Any = None
+        self._peers = [r for r in range(self.world_size) if r != self.rank]
 
     @property
     def _pg(self) -> Any:
@@ -100,43 +101,51 @@ class TorchBarrier:
         return self.group if self.group is not None else self._dist.group.WORLD
 
     def _exchange(self, fingerprint: HandoffFingerprint, deadline: float) -> list[list[int]]:
-        """Every rank's wire row (the rows every rank checks), from one collective bounded by ``deadline``."""
-        from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions
-
+        """Every rank's wire row (the rows every rank checks), from one exchange bounded by ``deadline``."""
         ints = fingerprint.to_ints()
         n = len(ints)
-        send, rows, host = self._buffers(n)
-        opts: Any
+        send, recv, host = self._buffers(n)
         if self.device.type == "cpu":
-            host[:] = ints * self.world_size  # this rank's row, once per peer (a numpy view of ``send``)
-            opts = AllToAllOptions()
-            opts.timeout = _left(deadline)
-            opts.asyncOp = True
-            work = self._pg.alltoall_base(rows, send, [], [], opts)
+            host[:] = ints  # a numpy view of ``send``
+            pg, peers = self._pg, self._peers
+            # receives first, so every peer's row has a place to land before any row is on the wire
+            works = [pg.recv([recv[p * n : (p + 1) * n]], p, _FINGERPRINT_TAG) for p in peers]
+            works += [pg.send([send], p, _FINGERPRINT_TAG) for p in peers]
         else:
+            from torch.distributed.distributed_c10d import AllgatherOptions
+
             send.copy_(self._torch.tensor(ints, dtype=self._torch.int64))
             opts = AllgatherOptions()
             opts.timeout = _left(deadline)
             opts.asyncOp = True
-            work = self._pg._allgather_base(rows, send, opts)
-        _await(work, deadline)
-        # gloo's worker thread drops its own handle on the work just after completing it; whichever handle
-        # goes last destroys the work, and that releases tensors Python made, which takes the GIL. Were it the
-        # worker thread's, at interpreter shutdown it would abort the process ("terminate called without an
-        # active exception"). Holding ours until the next exchange makes the last release this thread's.
-        self._last_work = work
-        flat = rows.tolist()
-        return [flat[i * n : (i + 1) * n] for i in range(self.world_size)]
+            works = [self._pg._allgather_base(recv, send, opts)]
+        if self.device.type == "cpu":
+            # point-to-point messages carry no timeout of their own: the deadline bounds the wait itself, and
+            # gloo's wait returns once the message is through (no polling after it)
+            for work in works:
+                if work.wait(timeout=_left(deadline)) is False:
+                    raise TimeoutError("the exchange did not complete within the barrier's deadline")
+        else:
+            _await(works[0], deadline)
+        # A work handle's last release frees tensors Python made, which takes the GIL; gloo's worker thread
+        # releases its handle just after completing a collective, and were that release the last one, at
+        # interpreter shutdown it would abort the process ("terminate called without an active exception").
+        # Holding ours until the next exchange makes the last release this thread's.
+        self._last_work = works
+        flat = recv.tolist()
+        rows = [flat[i * n : (i + 1) * n] for i in range(self.world_size)]
+        if self.device.type == "cpu":
+            rows[self.rank] = ints
+        return rows
 
     def _buffers(self, n: int) -> tuple[Any, Any, Any]:
         """The send and receive tensors of an ``n``-field exchange (and the send tensor's numpy view on the
         CPU), allocated once: a fresh pair per barrier costs gloo about as much as the exchange itself."""
-        if self._bufs is None or self._bufs[1].numel() != n * self.world_size:
+        if self._bufs is None or self._bufs[0].numel() != n:
             torch = self._torch
-            on_cpu = self.device.type == "cpu"
-            send = torch.empty(n * self.world_size if on_cpu else n, dtype=torch.int64, device=self.device)
-            rows = torch.empty(n * self.world_size, dtype=torch.int64, device=self.device)
-            self._bufs = (send, rows, send.numpy() if on_cpu else None)
+            send = torch.empty(n, dtype=torch.int64, device=self.device)
+            recv = torch.zeros(n * self.world_size, dtype=torch.int64, device=self.device)
+            self._bufs = (send, recv, send.numpy() if self.device.type == "cpu" else None)
         return self._bufs
 
     def _barrier_work(self, deadline: float) -> Any:
@@ -194,6 +203,10 @@ class TorchBarrier:
 def _left(deadline: float) -> timedelta:
     return timedelta(seconds=max(deadline - time.monotonic(), 1e-3))
 
+
+# The tag of the fingerprint's point-to-point messages on gloo; a user's own send/recv on the same group should
+# not use it.
+_FINGERPRINT_TAG = 0x0C0F5
 
 _GRACE_S = 0.5  # the collective's own timeout (the deadline) fires first; this wait backs it up
 
