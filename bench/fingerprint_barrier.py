@@ -9,7 +9,7 @@ Each rank is a real process in one ``torch.distributed`` group. Four ways to mee
 * ``monitored_barrier``: gloo's ``monitored_barrier``, the handoff barrier before (it overstays its timeout
   on a non-zero rank while a live rank 0 stays silent, so ``TorchBarrier`` no longer uses it);
 * ``fingerprint``: the same ``TorchBarrier`` exchanging a :class:`~colo_fsm.guards.fingerprint.HandoffFingerprint`
-  (one collective of one int64 per declared field per rank: an all-to-all on gloo, an all_gather on NCCL),
+  (one int64 per declared field per rank to every rank: point-to-point messages on gloo, an all_gather on NCCL),
   *including* building the fingerprint from a mode report and its digest and checking the gathered rows,
   i.e. everything the lifecycle's barrier action adds;
 * ``local work``: the fingerprint path without communication (build, encode, decode, check), timed alone:
