@@ -65,46 +65,51 @@ def test_two_gloo_ranks_meet():
     assert results[0] == ("ok", True) and results[1] == ("ok", True)
 
 
-def _regroup_worker(store_dir: str, out) -> None:
+def _regroup_worker(rank: int, store_dir: str, out) -> None:
     import torch.distributed as dist
 
     from colo_fsm.guards.fingerprint import HandoffFingerprint
 
     try:
-        dist.init_process_group("gloo", init_method=f"file://{store_dir}/first", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method=f"file://{store_dir}/first", rank=rank, world_size=2)
         barrier = TorchBarrier(timeout_s=20)
         barrier.wait(state="Draining", weight_version=1, fingerprint=HandoffFingerprint("Draining", 1, 1))
         held = barrier._last_work is not None
         groups = [k for k, v in vars(barrier).items() if isinstance(v, dist.ProcessGroup)]
         dist.destroy_process_group()
-        dist.init_process_group("gloo", init_method=f"file://{store_dir}/second", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method=f"file://{store_dir}/second", rank=rank, world_size=2)
         barrier.wait(state="Draining", weight_version=2, fingerprint=HandoffFingerprint("Draining", 2, 2))
         barrier.wait(state="Draining", weight_version=2)
         dist.destroy_process_group()
-        out.put(("ok", held, groups))
+        out.put((rank, "ok", held, groups))
     except Exception as exc:  # reported to the test, which names it
-        out.put(("error", repr(exc), None))
+        out.put((rank, "error", repr(exc), None))
 
 
 def test_the_barrier_holds_its_last_exchange_and_not_the_default_group(tmp_path):
-    """The fingerprint exchange's work handle stays with the barrier until the next exchange, so that this
-    thread, not gloo's worker thread, releases it (the worker's release takes the GIL, which aborts the process
-    when it lands in interpreter shutdown: "terminate called without an active exception", seen in about one
-    2-rank run of eight before). The default group is looked up per call, so ``destroy_process_group`` really
-    ends it and a barrier built before a re-init works on the new group."""
+    """The fingerprint exchange's work handles stay with the barrier until the next exchange, so that this
+    thread, not a gloo thread, releases them last (that release takes the GIL, which aborts the process when it
+    lands in interpreter shutdown: "terminate called without an active exception", seen in about one 2-rank run
+    of eight before). The default group is looked up per call, so ``destroy_process_group`` really ends it and a
+    barrier built before a re-init works on the new group."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    proc = ctx.Process(target=_regroup_worker, args=(str(tmp_path), out))
-    proc.start()
+    procs = [ctx.Process(target=_regroup_worker, args=(r, str(tmp_path), out)) for r in range(2)]
+    for p in procs:
+        p.start()
     try:
-        kind, held, groups = get_or_fail(out, 120, "the one-rank gloo worker never reported")
+        results = [get_or_fail(out, 120, "a gloo worker never reported") for _ in procs]
     finally:
-        proc.join(timeout=60)
-        if proc.is_alive():
-            proc.kill()
-    assert kind == "ok", held
-    assert held, "the barrier dropped the exchange's work handle: gloo's worker thread may release it last"
-    assert groups == [], f"the barrier holds the default process group in {groups}"
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    for rank, kind, held, groups in results:
+        assert kind == "ok", (rank, held)
+        assert held, (
+            f"rank {rank}: the barrier dropped the exchange's work handles: a gloo thread may release them last"
+        )
+        assert groups == [], f"rank {rank}: the barrier holds the default process group in {groups}"
 
 
 # A live but silent peer: its process stays up (blocked on an event the test sets only after it has seen the

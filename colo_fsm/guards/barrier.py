@@ -103,6 +103,8 @@ class TorchBarrier:
     def _exchange(self, fingerprint: HandoffFingerprint, deadline: float) -> list[list[int]]:
         """Every rank's wire row (the rows every rank checks), from one exchange bounded by ``deadline``."""
         ints = fingerprint.to_ints()
+        if self.world_size == 1:  # nobody to meet: the one row always agrees
+            return [ints]
         n = len(ints)
         send, recv, host = self._buffers(n)
         if self.device.type == "cpu":
@@ -111,6 +113,11 @@ class TorchBarrier:
             # receives first, so every peer's row has a place to land before any row is on the wire
             works = [pg.recv([recv[p * n : (p + 1) * n]], p, _FINGERPRINT_TAG) for p in peers]
             works += [pg.send([send], p, _FINGERPRINT_TAG) for p in peers]
+            # point-to-point messages carry no timeout of their own: the deadline bounds the wait itself, and
+            # gloo's wait returns once the message is through (no polling after it)
+            for work in works:
+                if work.wait(timeout=_left(deadline)) is False:
+                    raise TimeoutError("the exchange did not complete within the barrier's deadline")
         else:
             from torch.distributed.distributed_c10d import AllgatherOptions
 
@@ -119,23 +126,16 @@ class TorchBarrier:
             opts.timeout = _left(deadline)
             opts.asyncOp = True
             works = [self._pg._allgather_base(recv, send, opts)]
-        if self.device.type == "cpu":
-            # point-to-point messages carry no timeout of their own: the deadline bounds the wait itself, and
-            # gloo's wait returns once the message is through (no polling after it)
-            for work in works:
-                if work.wait(timeout=_left(deadline)) is False:
-                    raise TimeoutError("the exchange did not complete within the barrier's deadline")
-        else:
             _await(works[0], deadline)
-        # A work handle's last release frees tensors Python made, which takes the GIL; gloo's worker thread
-        # releases its handle just after completing a collective, and were that release the last one, at
-        # interpreter shutdown it would abort the process ("terminate called without an active exception").
-        # Holding ours until the next exchange makes the last release this thread's.
+        # A work handle's last release frees tensors Python made, which takes the GIL. A backend thread that
+        # releases its own handle after completing the work (gloo's worker thread does, for a collective) would
+        # abort the process were its release the last one and land in interpreter shutdown ("terminate called
+        # without an active exception"). Holding ours until the next exchange makes the last release this
+        # thread's.
         self._last_work = works
         flat = recv.tolist()
         rows = [flat[i * n : (i + 1) * n] for i in range(self.world_size)]
-        if self.device.type == "cpu":
-            rows[self.rank] = ints
+        rows[self.rank] = ints  # (on the CPU its slot in ``recv`` stays empty: a rank sends itself nothing)
         return rows
 
     def _buffers(self, n: int) -> tuple[Any, Any, Any]:
