@@ -11,8 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from transitions import Machine, MachineError
@@ -21,7 +20,6 @@ from colo_fsm.adapters.protocols import Collector, GenerationEngine, StepResult,
 from colo_fsm.errors import (
     ActionFailed,
     ConfigError,
-    EngineRebuild,
     EngineStateMismatch,
     GuardRejected,
     HandoffDivergence,
@@ -34,18 +32,16 @@ from colo_fsm.guards.barrier import Barrier, SoloBarrier
 from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision, ValidationDecision
 from colo_fsm.guards.drain import default_drain
 from colo_fsm.guards.engine_state import check_engine_state, engine_state_of, start_hint
-from colo_fsm.guards.fingerprint import HandoffFingerprint
 from colo_fsm.guards.handoff import HandoffLedger
-from colo_fsm.guards.mode import check_training_mode, mode_digest, report_of
-from colo_fsm.guards.sampling import data_parallel_rank, stream_of
 from colo_fsm.log import get_logger, heartbeat
 from colo_fsm.log import set_context as _log_context
+from colo_fsm.machine.config import LifecycleConfig, LifecycleStatus, check_arguments, has_methods
 from colo_fsm.machine.options import checkpointing_enabled, refuse_ignored_options
+from colo_fsm.machine.roles import ActionRoles
 from colo_fsm.machine.trace import Trace, TraceRecord
 from colo_fsm.states.spec import (
     LIFECYCLE,
     ActionSpec,
-    Collective,
     CollectorCondition,
     EngineCondition,
     Fact,
@@ -55,65 +51,9 @@ from colo_fsm.states.spec import (
     TransitionSpec,
 )
 from colo_fsm.states.validate import validate_spec
-from colo_fsm.states.walk import stop_upgrades
 
 log = get_logger(__name__)
 _STATE_BY_NAME = {s.value: s for s in State}
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(name, value, f"an integer >= {minimum}")
-
-
-@dataclass(frozen=True)
-class LifecycleConfig:
-    """Run-level settings of a :class:`Lifecycle`.
-
-    ``num_steps`` is the number of training steps in the run (None: until :meth:`Lifecycle.stop`); the
-    step with index ``num_steps - 1`` is the last and never wakes the engine. ``start_step`` and
-    ``start_weight_version`` are where a resumed run picks up.
-    """
-
-    num_steps: int | None = None
-    rank: int = 0
-    world_size: int = 1
-    start_step: int = 0
-    start_weight_version: int = 0
-    async_training: bool = True
-    trace_path: str | Path | None = None
-    progress_interval_s: float = 30.0  # log a progress line while one action runs longer than this
-    val_at_start: bool = False  # validate once before this run's first step (resumed too; a spec deciding it)
-    val_at_end: bool = False  # the last step validates (a spec whose last step may wake for validation only)
-    save_on_early_stop: bool | None = None  # None: an early stop saves iff the run checkpoints
-    data_parallel_rank: int | None = None  # this rank's replica (None: megatron's DP rank, else the torch rank)
-
-    def __post_init__(self) -> None:
-        if self.num_steps is not None:
-            _check_int("num_steps", self.num_steps, minimum=1)
-        _check_int("rank", self.rank, minimum=0)
-        _check_int("world_size", self.world_size, minimum=1)
-        if self.rank >= self.world_size:
-            raise ConfigError("rank", self.rank, f"less than world_size={self.world_size}")
-        _check_int("start_step", self.start_step, minimum=0)
-        _check_int("start_weight_version", self.start_weight_version, minimum=0)
-        if self.data_parallel_rank is not None:
-            _check_int("data_parallel_rank", self.data_parallel_rank, minimum=0)
-        if self.num_steps is not None and self.start_step >= self.num_steps:
-            raise ConfigError("start_step", self.start_step, f"less than num_steps={self.num_steps}")
-        for name in ("async_training", "val_at_start", "val_at_end"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(name, getattr(self, name), "True or False")
-        if self.save_on_early_stop is not None and not isinstance(self.save_on_early_stop, bool):
-            raise ConfigError("save_on_early_stop", self.save_on_early_stop, "True, False or None")
-        if (
-            isinstance(self.progress_interval_s, bool)
-            or not isinstance(self.progress_interval_s, int | float)
-            or not self.progress_interval_s > 0
-        ):
-            raise ConfigError("progress_interval_s", self.progress_interval_s, "a positive number of seconds")
-        if self.trace_path is not None and not isinstance(self.trace_path, str | Path):
-            raise ConfigError("trace_path", self.trace_path, "a file path (str or pathlib.Path) or None")
 
 
 @dataclass
@@ -123,21 +63,7 @@ class _Model:
     state: str = State.CREATED.value
 
 
-@dataclass
-class LifecycleStatus:
-    """A snapshot of where the machine is (for progress displays, health endpoints and checkpoints)."""
-
-    state: str
-    rank: int
-    step: int
-    weight_version: int
-    engine: str
-    collector: str
-    facts: dict[str, bool] = field(default_factory=dict)
-    failure: str | None = None
-
-
-class Lifecycle:
+class Lifecycle(ActionRoles):
     """The colocation lifecycle of one rank (or of a single controller), driving engine, trainer, collector.
 
     Typical loop::
@@ -172,7 +98,7 @@ class Lifecycle:
         spec: LifecycleSpec = LIFECYCLE,
         check_spec: bool = True,
     ) -> None:
-        _check_arguments(
+        check_arguments(
             engine,
             trainer,
             collector,
@@ -210,7 +136,7 @@ class Lifecycle:
                 "must_save_by_s time rule is set: otherwise each rank's own clock decides whether to save and stop, "
                 "and the ranks split at the next barrier",
             )
-        if early_stop is not None and not _has(early_stop, ("decide",)):
+        if early_stop is not None and not has_methods(early_stop, ("decide",)):
             raise ConfigError("early_stop", early_stop, "a LatchedDecision (decide(step) -> bool) or None")
         if check_spec:  # False only for mutation testing: a spec the validator rejects, caught at run time
             validate_spec(spec)
@@ -656,286 +582,6 @@ class Lifecycle:
 
     def _refuse(self, what: str) -> LifecycleError:
         return LifecycleError(what, state=self.state.value, rank=self.rank, weight_version=self.weight_version)
-
-    def _check_preconditions(self, a: ActionSpec) -> None:
-        """What every action of a kind requires, read from its declaration (issues, role), not from its name."""
-        if a.issues in (Collective.TRAIN, Collective.CHECKPOINT) and (
-            self.engine_condition is not EngineCondition.SUSPENDED
-            or self.collector_condition is not CollectorCondition.PAUSED
-        ):
-            kind = "training step" if a.issues is Collective.TRAIN else "checkpoint save"
-            raise self._refuse(
-                f"{kind} ({a.name}) with engine {self.engine_condition.value} and collector "
-                f"{self.collector_condition.value}; both must be down"
-            )
-        if a.issues is Collective.DECODE:
-            if self.facts.get(Fact.SAVE_PENDING):
-                raise self._refuse(f"{a.name} with a checkpoint save not finalized (every checkpoint collective first)")
-            if self.facts.get(Fact.LAST_STEP) and (
-                a.role is Role.RESUME_COLLECTOR or not self.spec.state(self._entering).validates
-            ):
-                raise self._refuse(f"{a.name} after the last step latched (only a validation-only wake is allowed)")
-        if a.role is Role.RESUME_COLLECTOR and self.engine_condition is not EngineCondition.AWAKE:
-            raise self._refuse("collector resumed while the engine is not awake")
-        if (
-            a.role is Role.SAVE
-            and self.spec.validate_before_save
-            and self.facts.get(Fact.VALIDATE_THIS_STEP)
-            and not self._validated_this_step
-        ):
-            raise self._refuse(f"{a.name} before the step's validation (this spec validates before the save)")
-        if a.role is Role.TEARDOWN and not self.spec.state(self._entering).terminal:
-            raise self._refuse("engine teardown outside Stopped")
-
-    def _decide(self, fact: Fact) -> bool:
-        step = self.step_index
-        cd = self.checkpoint_decision
-        deadline_stop = isinstance(cd, CheckpointDecision) and cd.stops_run(step)
-        if fact is Fact.SAVE_THIS_STEP:
-            return bool(cd.decide(step))
-        last = (self.config.num_steps is not None and step + 1 >= self.config.num_steps) or deadline_stop
-        if fact is Fact.LAST_STEP:
-            return last
-        if fact is Fact.VALIDATE_THIS_STEP:
-            return bool(self.validation_decision.decide(step)) or (last and self.config.val_at_end)
-        if fact is Fact.VALIDATE_AT_START:  # before this run's first step, a resumed run's too (never ignored)
-            return self.config.val_at_start
-        raise ConfigError("spec.actions", fact.value, "a fact a latch can decide")
-
-    def _role_build(self, a: ActionSpec) -> None:
-        if self.facts[Fact.ENGINE_BUILT]:
-            raise EngineRebuild(
-                "the colocated engine is built exactly once per run",
-                state=self.state.value,
-                rank=self.rank,
-                weight_version=self.weight_version,
-            )
-        self.engine.bring_up()
-
-    def _role_adopt(self, a: ActionSpec) -> None:
-        if self.facts[Fact.ENGINE_BUILT]:
-            raise EngineRebuild(
-                "the colocated engine is adopted exactly once per run",
-                state=self.state.value,
-                rank=self.rank,
-                weight_version=self.weight_version,
-            )
-        # still awake, as declared: checked before this action, like every action; nothing is built here
-        urls = self.engine.server_base_urls()
-        if isinstance(urls, str) or not all(isinstance(u, str) and u for u in urls):
-            raise ConfigError("engine.server_base_urls()", urls, "a list of base URLs (strings), empty if no server")
-
-    def _role_publish(self, a: ActionSpec) -> None:
-        self.dp_openai_server_base_urls = list(self.engine.server_base_urls())
-        if self._server_urls_sink is not None:
-            self._server_urls_sink(list(self.dp_openai_server_base_urls))
-        if self.dp_openai_server_base_urls:
-            self._log(logging.INFO, "dp_openai_server_base_urls=%s", self.dp_openai_server_base_urls)
-
-    def _role_latch(self, a: ActionSpec) -> None:
-        # save first: the deadline rule that may end the run fires inside the checkpoint decision
-        order = sorted(a.decides, key=lambda f: f is not Fact.SAVE_THIS_STEP)
-        decided = {f: self._decide(f) for f in order}
-        self.facts.update(decided)
-        if Fact.SAVE_THIS_STEP in a.decides or Fact.LAST_STEP in a.decides:
-            self._latched_step = self.step_index
-            self._validated_this_step = False
-        self._log(
-            logging.INFO,
-            "step %d decisions: %s",
-            self.step_index,
-            " ".join(f"{f.value.removesuffix('_this_step').removesuffix('_step')}={v}" for f, v in decided.items()),
-        )
-
-    def _role_latch_stop(self, a: ActionSpec) -> None:
-        # asked with the validator's step: the steps trained so far (start_step at start, s + 1 after step s)
-        step = self.step_index
-        stop = bool(self.early_stop.decide(step)) if self.early_stop is not None else False
-        for f in a.decides:
-            self.facts[f] = stop
-        if stop:
-            upgraded = stop_upgrades(a, self.facts, save_on_stop=self.saves_on_early_stop)
-            for f in upgraded:
-                self.facts[f] = True
-            self._log(logging.INFO, "after %d step(s): early stop latched (%s)", step, ", ".join(map(str, upgraded)))
-
-    def _role_pause(self, a: ActionSpec) -> None:
-        if self.collector is not None:
-            self.collector.pause()
-
-    def _role_suspend(self, a: ActionSpec) -> None:
-        self.engine.suspend()
-        if getattr(self.engine, "decode_in_flight", False) is True:
-            raise self._refuse("engine.suspend() returned with a decode step in flight (park at a step boundary)")
-
-    def _role_drain(self, a: ActionSpec) -> None:
-        self._drain()
-        self.ledger.record_drain()
-
-    def _fingerprint(self) -> HandoffFingerprint:
-        """This rank's view at a handoff barrier: state, step, version, latched decisions, model mode."""
-        report = report_of(self.engine)
-        # guards: the engine's sampling stream, keyed by the replica as the lifecycle sees it (not as the engine
-        # was told), so two replicas whose engines share a stream are refused (guards/sampling.py)
-        stream = stream_of(self.engine)
-        replica = data_parallel_rank(self.config.data_parallel_rank, default=self.config.rank) if stream else -1
-        return HandoffFingerprint(
-            state=self.state.value,
-            step=self.step_index,
-            weight_version=self.weight_version,
-            save=self.facts[Fact.SAVE_THIS_STEP],
-            validate=self.facts[Fact.VALIDATE_THIS_STEP],
-            last=self.facts[Fact.LAST_STEP],
-            mode_digest=mode_digest(report),
-            dp_rank=replica,
-            sampling_seed=stream.seed if stream is not None else 0,
-            mode=report,
-        )
-
-    def _role_barrier(self, a: ActionSpec) -> None:
-        self.ledger.before_barrier()
-        if getattr(self._barrier, "exchanges_fingerprints", False):  # the fingerprint travels with the barrier
-            self._barrier.wait(  # type: ignore[call-arg]
-                state=self.state.value, weight_version=self.weight_version, fingerprint=self._fingerprint()
-            )
-        else:
-            self._barrier.wait(state=self.state.value, weight_version=self.weight_version)
-        self.ledger.record_barrier()
-        for f in a.sets:
-            self.facts[f] = self.ledger.complete
-
-    def _role_restore(self, a: ActionSpec) -> None:
-        self.trainer.restore_buffers()
-
-    def _role_train(self, a: ActionSpec) -> None:
-        check_training_mode(  # no training forward on a model some switch still holds in inference mode
-            report_of(self.engine), state=self.state.value, rank=self.rank, weight_version=self.weight_version
-        )
-        result = self.trainer.train_step(self._batch)
-        self.last_result = _step_result(result, self._batch)
-
-    def _role_bump(self, a: ActionSpec) -> None:
-        if self.facts[Fact.STEP_TRAINED]:
-            raise self._refuse("weight version bumped twice in one step")
-        self.weight_version += 1
-        self.step_index += 1
-
-    def _role_offload(self, a: ActionSpec) -> None:
-        self.trainer.offload_buffers()
-
-    def _role_save(self, a: ActionSpec) -> None:
-        extra: dict[str, Any] = {"colo_fsm": {"step": self.step_index, "weight_version": self.weight_version}}
-        if self.spec.validate_before_save and self._validated_this_step and self.last_validation is not None:
-            extra["validation"] = dict(self.last_validation)
-        if self._checkpoint_extra is not None:
-            extra.update(self._checkpoint_extra())
-        self.trainer.save_checkpoint(self.step_index, self.weight_version, extra)
-
-    def _role_finalize(self, a: ActionSpec) -> None:
-        self.trainer.finalize_checkpoint()  # type: ignore[attr-defined]  # required at construction
-
-    def _role_resume(self, a: ActionSpec) -> None:
-        counts = getattr(self.engine, "request_counts", None)
-        self.engine.resume()
-        if callable(counts):
-            left = getattr(counts(), "parked", 0)
-            if left:
-                raise self._refuse(f"engine.resume() left {left} request(s) parked (each parked request resumes once)")
-
-    def _role_resume_collector(self, a: ActionSpec) -> None:
-        if self.collector is not None:
-            if self._collector_takes_version:
-                self.collector.resume(weight_version=self.weight_version)  # type: ignore[call-arg]
-            else:
-                self.collector.resume()
-
-    def _role_teardown(self, a: ActionSpec) -> None:
-        if self.engine_condition not in (EngineCondition.ABSENT, EngineCondition.TORN_DOWN):
-            self.engine.shutdown()
-        for part in (self.trainer, self.collector):
-            hook = getattr(part, "teardown", None) if part is not None else None
-            if callable(hook):
-                hook()
-
-
-def _step_result(result: Any, batch: Any) -> StepResult:
-    """A trainer's return value as a :class:`StepResult`: a StepResult, a Mapping of metrics, or None."""
-    if isinstance(result, StepResult):
-        return result
-    if result is None:
-        return StepResult()
-    if isinstance(result, Mapping):
-        metrics = dict(result)
-        consumed = metrics.pop("consumed_samples", None)
-        if consumed is None:
-            if isinstance(batch, Mapping):  # its len counts keys (fields), not samples
-                raise ConfigError(
-                    "train_step result",
-                    sorted(map(str, result)),
-                    "a 'consumed_samples' entry (or a StepResult): the batch is a mapping, whose len counts its "
-                    "keys, not samples",
-                )
-            consumed = len(batch) if hasattr(batch, "__len__") else 0
-        return StepResult(metrics=metrics, consumed_samples=int(consumed))
-    raise ConfigError("train_step result", type(result).__name__, "a StepResult, a Mapping of metrics, or None")
-
-
-_ENGINE_METHODS = ("bring_up", "suspend", "resume", "shutdown", "server_base_urls")
-_TRAINER_METHODS = ("train_step", "offload_buffers", "restore_buffers", "save_checkpoint")
-_COLLECTOR_METHODS = ("pause", "resume")
-
-
-def _has(obj: Any, methods: tuple[str, ...]) -> bool:
-    """Duck-typed protocol check that also accepts proxies resolving attributes in ``__getattr__``."""
-    return obj is not None and all(callable(getattr(obj, m, None)) for m in methods)
-
-
-def _check_arguments(
-    engine: Any,
-    trainer: Any,
-    collector: Any,
-    config: Any,
-    drain: Any,
-    barrier: Any,
-    checkpoint: Any,
-    validation: Any,
-    spec: Any,
-    **callbacks: Any,
-) -> None:
-    """Refuse wrong kinds of arguments up front, before anything runs (each error names the argument)."""
-    needed: tuple[str, ...] = _ENGINE_METHODS
-    if isinstance(spec, LifecycleSpec) and not spec.with_role(Role.BUILD):  # up at construction: nothing to build
-        needed = tuple(m for m in _ENGINE_METHODS if m != "bring_up")
-    checks: list[tuple[str, Any, bool, str]] = [
-        ("engine", engine, _has(engine, needed), f"a GenerationEngine ({', '.join(needed)})"),
-        ("trainer", trainer, _has(trainer, _TRAINER_METHODS), f"a Trainer ({', '.join(_TRAINER_METHODS)})"),
-        (
-            "collector",
-            collector,
-            collector is None or _has(collector, _COLLECTOR_METHODS),
-            "a Collector (pause, resume) or None",
-        ),
-        ("config", config, config is None or isinstance(config, LifecycleConfig), "a LifecycleConfig or None"),
-        ("drain", drain, drain is None or callable(drain), "a callable that drains this rank's device, or None"),
-        ("barrier", barrier, barrier is None or _has(barrier, ("wait",)), "a Barrier (with wait()) or None"),
-        (
-            "checkpoint",
-            checkpoint,
-            checkpoint is None or _has(checkpoint, ("decide",)),
-            "a LatchedDecision (e.g. CheckpointDecision) or None",
-        ),
-        (
-            "validation",
-            validation,
-            validation is None or _has(validation, ("decide",)),
-            "a LatchedDecision (e.g. ValidationDecision) or None",
-        ),
-        ("spec", spec, isinstance(spec, LifecycleSpec), "a LifecycleSpec"),
-    ]
-    checks += [(name, fn, fn is None or callable(fn), "a callable or None") for name, fn in callbacks.items()]
-    for name, value, ok, expected in checks:
-        if not ok:
-            raise ConfigError(name, value, expected)
 
 
 class _ActionError(Exception):
