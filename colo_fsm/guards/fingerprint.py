@@ -4,7 +4,7 @@ Ranks that meet at a handoff barrier must agree on where they are: the lifecycle
 version, the latched save / validate / last decisions and the shared model's mode; and each data-parallel
 replica must sample from its own random stream. :data:`SPEC` declares every exchanged field with the rule it
 is checked by (:class:`FieldRule`); a fingerprint barrier gathers one :class:`HandoffFingerprint` per rank
-*as* the barrier (one collective of ``len(SPEC)`` int64 values per rank) and :func:`divergence` turns any
+*as* the barrier (``len(SPEC)`` int64 values per rank, sent to every rank) and :func:`divergence` turns any
 broken rule into a :class:`~colo_fsm.errors.HandoffDivergence` that every rank raises at once, naming the
 fields, values and ranks, instead of a later hang in a collective (see
 :attr:`colo_fsm.states.rules.LifecycleRule.UNIFORM_MODEL_MODE`).
