@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from colo_fsm.errors import ConfigError
+from colo_fsm.guards.barrier import wait_for
 
 KINDS = ("step", "suspend", "resume", "shutdown", "noop")
 """What an iteration does: one decode step (after admissions/aborts), a control command, or only aborts."""
@@ -194,7 +195,7 @@ class TorchLockstep:
         self.width = width
         self.device = torch.device(device)
         self.rounds = 0
-        self._held: list[Any] = []  # the last round's work handles: see TorchBarrier._exchange on why
+        self._held: list[Any] = []  # the last round's work handles (see wait_for)
 
     def agree(self, plan: StepPlan) -> StepPlan:
         import torch
@@ -203,23 +204,16 @@ class TorchLockstep:
         sends = dist.get_rank() == self.src
         wire = plan.to_ints(self.width) if sends else [0] * self.width
         head = torch.tensor(wire[: self.width], dtype=torch.int64, device=self.device)
-        held = [_wait(dist.broadcast(head, src=self.src, group=self.group, async_op=True))]
+        held = [wait_for(dist.broadcast(head, src=self.src, group=self.group, async_op=True))]
         self.rounds += 1
         values = head.cpu().tolist()
         npay = int(values[HEADER - 1])
         if npay:  # carried requests: a second broadcast, sized by the header every rank now has
             body = torch.tensor(wire[self.width :] if sends else [0] * npay, dtype=torch.int64, device=self.device)
-            held.append(_wait(dist.broadcast(body, src=self.src, group=self.group, async_op=True)))
+            held.append(wait_for(dist.broadcast(body, src=self.src, group=self.group, async_op=True)))
             values += body.cpu().tolist()
         self._held = held
         return plan if self.leader else StepPlan.from_ints(values)
-
-
-def _wait(work: Any) -> Any:
-    """Wait for a collective's work handle (None where this rank is not in the group) and return it."""
-    if work is not None:
-        work.wait()
-    return work
 
 
 def tensor_parallel_lockstep(device: Any, *, max_active_requests: int) -> TorchLockstep | None:

@@ -78,30 +78,29 @@ class StopAgreement:
         self.group = group
         self.world = world
         self.signum = 0  # the world's answer at the latest agree()
+        self._held: list[Any] = []  # the last all-reduce's work handle (see colo_fsm.guards.barrier.wait_for)
 
     def agree(self) -> int:
         """Every rank's signal, combined (MAX); remembered in :attr:`signum` (a signal once agreed stays)."""
-        mine = self.signals.signum or 0
-        if self.world > 1:
-            import torch
-            import torch.distributed as dist
-
-            t = torch.tensor([mine], dtype=torch.int64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-            mine = int(t.item())
-        self.signum = max(self.signum, mine)
+        self.signum = max(self.signum, self._world_max(self.signals.signum or 0))
         return self.signum
 
     def agree_any(self, value: bool) -> bool:
         """True on every rank when any rank passes True (the checkpoint decision's ``agree`` for its stop rule)."""
+        return bool(self._world_max(int(bool(value))))
+
+    def _world_max(self, value: int) -> int:
+        """The largest ``value`` any rank passed (this rank's own with one rank)."""
         if self.world == 1:
             return value
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor([int(bool(value))], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(t.item())
+        from colo_fsm.guards.barrier import wait_for
+
+        t = torch.tensor([value], dtype=torch.int64)
+        self._held = [wait_for(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True))]
+        return int(t.item())
 
 
 def run_ranks_forwarding_signals(start: Callable[[], Any], *, stop_timeout_s: float, poll_s: float = 0.2) -> int | None:

@@ -200,6 +200,15 @@ class TorchBarrier:
             ) from exc
 
 
+def wait_for(work: Any) -> Any:
+    """Wait for a collective's work handle (None where this rank is not in the group) and return it, for the caller
+    to hold until its next collective: see :meth:`TorchBarrier._exchange` on why the last release must be the
+    caller's."""
+    if work is not None:
+        work.wait()
+    return work
+
+
 def _left(deadline: float) -> timedelta:
     return timedelta(seconds=max(deadline - time.monotonic(), 1e-3))
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from colo_fsm.errors import ConfigError
+from colo_fsm.guards.barrier import wait_for
 from colo_fsm.guards.drain import local_rank_from_env
 
 
@@ -151,7 +152,7 @@ class ValidationDecision(LatchedDecision):
 def broadcast_from_rank0(group: Any = None) -> Callable[[bool], bool]:
     """An ``agree`` function for SPMD runs: every rank adopts rank 0's decision (a torch broadcast)."""
 
-    held: list[Any] = []  # the last broadcast's work handle: see TorchBarrier._exchange on why
+    held: list[Any] = []  # the last broadcast's work handle (see wait_for)
 
     def agree(value: bool) -> bool:
         import torch
@@ -163,10 +164,7 @@ def broadcast_from_rank0(group: Any = None) -> Callable[[bool], bool]:
         # the rank's own GPU, by LOCAL_RANK: the calling thread may never have called set_device
         device = torch.device("cuda", local_rank_from_env()) if dist.get_backend(group) == "nccl" else "cpu"
         t = torch.tensor([1 if value else 0], dtype=torch.int32, device=device)
-        work = dist.broadcast(t, src=src, group=group, async_op=True)
-        if work is not None:  # None: this rank is not in ``group``
-            work.wait()
-        held[:] = [work]
+        held[:] = [wait_for(dist.broadcast(t, src=src, group=group, async_op=True))]
         return bool(t.item())
 
     return agree
