@@ -118,7 +118,44 @@ class _Owner(Protocol):
     def _completion_of(self, req: EngineRequest, reason: str) -> TokenCompletion: ...
 
 
-class RequestHandle:
+class FutureHandle:
+    """What every engine's request handle offers over its ``future`` (a
+    :class:`~concurrent.futures.Future` of a :class:`TokenCompletion`): :meth:`done`, :meth:`result` and
+    :meth:`wait`, where a cancelled future gives the engine's "abort" completion (:meth:`_aborted`)."""
+
+    future: concurrent.futures.Future[TokenCompletion]
+
+    def _aborted(self) -> TokenCompletion:
+        """The completion a cancelled request answers with (finish "abort")."""
+        raise NotImplementedError
+
+    def done(self) -> bool:
+        """Whether the request finished (any reason), failed or was cancelled."""
+        return self.future.done()
+
+    def result(self, timeout: float | None = None) -> TokenCompletion:
+        """Wait for the completion; a cancelled future gives the "abort" completion."""
+        try:
+            return self.future.result(timeout)
+        except concurrent.futures.CancelledError:
+            return self._aborted()
+
+    async def wait(self) -> TokenCompletion:
+        """Await the completion from asyncio code (same semantics as :meth:`result`).
+
+        Cancelling the awaiting task (e.g. an HTTP client disconnected) cancels the future, which aborts the
+        request in the engine; the task's cancellation is then re-raised as usual.
+        """
+        try:
+            return await asyncio.wrap_future(self.future)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being cancelled: the request was aborted through the future
+            return self._aborted()  # someone else cancelled the future
+
+
+class RequestHandle(FutureHandle):
     """A submitted request: its id and future (``future.cancel()`` and :meth:`cancel` abort it in the engine)."""
 
     def __init__(self, batcher: _Owner, request: EngineRequest) -> None:
@@ -136,30 +173,8 @@ class RequestHandle:
         """Abort the request in the engine; the future resolves with ``finish_reason="abort"``. False if done."""
         return self._batcher.abort(self.request_id)
 
-    def done(self) -> bool:
-        """Whether the request finished (any reason) or was cancelled."""
-        return self.future.done()
-
-    def result(self, timeout: float | None = None) -> TokenCompletion:
-        """Wait for the completion; a cancelled future gives the partial completion with finish "abort"."""
-        try:
-            return self.future.result(timeout)
-        except concurrent.futures.CancelledError:
-            return self._batcher._completion_of(self._request, "abort")
-
-    async def wait(self) -> TokenCompletion:
-        """Await the completion from asyncio code (same semantics as :meth:`result`).
-
-        Cancelling the awaiting task (e.g. an HTTP client disconnected) cancels the future, which aborts the
-        request in the engine; the task's cancellation is then re-raised as usual.
-        """
-        try:
-            return await asyncio.wrap_future(self.future)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # this task is being cancelled: the request was aborted through the future
-            return self._batcher._completion_of(self._request, "abort")  # someone else cancelled the future
+    def _aborted(self) -> TokenCompletion:
+        return self._batcher._completion_of(self._request, "abort")  # the partial completion
 
 
 def completion_of(req: EngineRequest, reason: str, detokenize: Callable[[Sequence[int]], str]) -> TokenCompletion:
@@ -189,4 +204,13 @@ def resolve(req: EngineRequest) -> None:
             req.future.set_result(req.completion)
 
 
-__all__ = ["EngineRequest", "OnToken", "RequestCounts", "RequestHandle", "TokenCompletion", "completion_of", "resolve"]
+__all__ = [
+    "EngineRequest",
+    "FutureHandle",
+    "OnToken",
+    "RequestCounts",
+    "RequestHandle",
+    "TokenCompletion",
+    "completion_of",
+    "resolve",
+]

@@ -8,7 +8,6 @@ Used by :mod:`colo_fsm.adapters.megatron.coordinator`.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import math
 import threading
@@ -17,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from colo_fsm.adapters.batching import OnToken, TokenCompletion
+from colo_fsm.adapters.engine.results import FutureHandle
 from colo_fsm.adapters.megatron.coordinator_states import token_versions
 from colo_fsm.errors import ConfigError
 from colo_fsm.log import get_logger
@@ -37,7 +37,7 @@ def as_list(x: Any) -> list[Any]:
     return list(tolist()) if callable(tolist) else list(x)
 
 
-class CoordinatorHandle:
+class CoordinatorHandle(FutureHandle):
     """One submitted request: ``future`` resolves to a :class:`~colo_fsm.adapters.batching.TokenCompletion`.
 
     ``cancel()`` resolves it at once with finish "abort" and no tokens; megatron-core 0.19.2 has no per-request
@@ -61,37 +61,16 @@ class CoordinatorHandle:
         self.server = False  # a Priority.SERVER request: holds a slot of the server share while in the engine
         self.future: concurrent.futures.Future[TokenCompletion] = concurrent.futures.Future()
 
-    def _abort(self) -> TokenCompletion:
+    def _aborted(self) -> TokenCompletion:
         return TokenCompletion(self.request_id, self.prompt_ids, (), (), (), "", "abort", self.admitted_version)
 
     def cancel(self) -> bool:
         """Resolve with finish "abort" (False if already done); the engine finishes the request on its own."""
         try:
-            self.future.set_result(self._abort())
+            self.future.set_result(self._aborted())
         except concurrent.futures.InvalidStateError:
             return False
         return True
-
-    def done(self) -> bool:
-        """Whether the request finished, failed or was cancelled."""
-        return self.future.done()
-
-    def result(self, timeout: float | None = None) -> TokenCompletion:
-        """Wait for the completion (a cancelled future gives the "abort" completion)."""
-        try:
-            return self.future.result(timeout)
-        except concurrent.futures.CancelledError:
-            return self._abort()
-
-    async def wait(self) -> TokenCompletion:
-        """Await the completion from asyncio code."""
-        try:
-            return await asyncio.wrap_future(self.future)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
-            return self._abort()
 
 
 def settle(fut: concurrent.futures.Future[Any], *, result: Any = None, exc: BaseException | None = None) -> None:
