@@ -109,16 +109,20 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
         options["direction"] = args.direction
     elif fmt == "dot":
         options["rankdir"] = args.direction
-    text = diagram.diagram_text(fmt, spec, **options)
+    return _emit(diagram.diagram_text(fmt, spec, **options), output)
+
+
+def _emit(text: str, output: Path | None) -> int:
+    """Write a diagram's ``text`` to ``output`` (its folders created), or to stdout without one."""
     if output is None:
         sys.stdout.write(text)
-    else:
-        try:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"argument --output: cannot write {output}: {exc.strerror or exc}") from None
-        print(f"wrote {output}")
+        return EXIT_OK
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"argument --output: cannot write {output}: {exc.strerror or exc}") from None
+    print(f"wrote {output}")
     return EXIT_OK
 
 
@@ -136,17 +140,7 @@ def _write_builtin_svg(args: argparse.Namespace, spec: LifecycleSpec, output: Pa
     options: dict[str, Any] = {"actions": not args.no_actions, "conditions": not args.no_conditions}
     if args.title is not None:
         options["title"] = args.title or None
-    text = to_svg(spec, **options)
-    if output is None:
-        sys.stdout.write(text)
-        return EXIT_OK
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"argument --output: cannot write {output}: {exc.strerror or exc}") from None
-    print(f"wrote {output}")
-    return EXIT_OK
+    return _emit(to_svg(spec, **options), output)
 
 
 # ---------------------------------------------------------------------------------------------- timeline
