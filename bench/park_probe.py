@@ -25,20 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _gpu as g
-
-
-class NeverEnds:
-    """A tokenizer whose end-of-document id is outside the model's vocabulary (requests stop at their length)."""
-
-    def __init__(self, base: Any) -> None:
-        self._base = base
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._base, name)
-
-    @property
-    def eod(self) -> int:
-        return int(self._base.vocab_size)
+from _handoff import NeverEndsTokenizer
 
 
 def build(args: argparse.Namespace, tok: Any, graphs: bool) -> Any:
@@ -206,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     g.setup(args.device)
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
 
-    tok = NeverEnds(CharTokenizer())
+    tok = NeverEndsTokenizer(CharTokenizer())
     res = g.Results(
         args.out,
         bench="park_probe",
