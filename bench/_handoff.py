@@ -197,7 +197,6 @@ def direct_engine(
             backend="auto",
             num_cuda_graphs=args.cuda_graphs,
             buffer_size_gb=args.buffer_gb,
-            unverified_dynamic_abort=mode == "abort",  # the bench measures abort where the product refuses it
         ),
         weight_version=weight_version,
         max_sequence_length=max_sequence_length,

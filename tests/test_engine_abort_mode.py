@@ -47,6 +47,7 @@ def test_abort_ends_requests_at_the_suspend_and_resubmits_prompt_plus_tokens_aft
     again = backend.added[-1]
     assert again.prompt_ids == (1, 1, 2, 3) and again.max_tokens == 7 and again.request_id != a.request_id
     assert (b.reprefills, b.reprefill_tokens) == (1, 4)  # the re-prefill is counted
+    assert b.inflight_stats() == (1, 4, 1, 4)  # ended once, its prompt + 3 tokens of KV discarded, re-prefilled
     assert b.steps_while_suspended == 0 and backend.violations == []
     assert b.counts() == (0, 0, 0) and b.completed == 2
     b.shutdown()
@@ -120,3 +121,59 @@ def test_a_bad_inflight_value_is_a_typed_error_naming_the_field_and_the_choices(
             parse(bad)
         assert exc.value.field == "inflight"
         assert all(name in str(exc.value) for name in ("park", "drain", "abort", "keep", "wait"))
+
+
+def test_the_policy_switches_only_while_the_engine_holds_no_request():
+    """One built engine serves every policy in turn (a benchmark compares them on one engine): the switch is
+    refused while a request is queued or admitted, since it would change the promise that request was admitted
+    with."""
+    from colo_fsm.errors import LifecycleError
+
+    backend = GatedBackend()
+    b = ContinuousBatcher(lambda: backend, inflight="park")
+    b.start()
+    a = b.submit([1], max_tokens=3)
+    with pytest.raises(LifecycleError, match=r"set_inflight\('abort'\) with 1 request"):
+        b.set_inflight("abort")
+    assert b.inflight is InflightPolicy.PARK
+    backend.grant(3)
+    a.result(timeout=WAIT)
+    b.set_inflight("wait")
+    assert b.inflight is InflightPolicy.DRAIN
+    with pytest.raises(ConfigError, match="inflight"):
+        b.set_inflight("stop")
+    b.set_inflight("abort")
+    c = b.submit([5], max_tokens=6)
+    backend.grant(1)
+    backend.wait_steps(4)
+    _suspend(b, backend)
+    assert b.inflight_stats().ended == 1  # the new policy acts at the next suspend
+    b.resume()
+    backend.run_free()
+    assert c.result(timeout=WAIT).resubmissions == 1
+    b.shutdown()
+
+
+def test_a_recompute_resume_does_not_re_prefill_a_request_ended_at_the_suspend():
+    """megatron-core's RECOMPUTE suspend checkpoints every active request for the resume, the ones an abort just
+    marked finished too: they are taken off the resume list (their futures cancelled), not re-prefilled to be
+    finished at the next step."""
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from colo_fsm.adapters.megatron.dynamic import drop_finished_from_resume
+
+    def entry():
+        return SimpleNamespace(future=concurrent.futures.Future())
+
+    engine = SimpleNamespace(
+        stop_word_finished_request_ids={1, 3},
+        resume_request_ids=[0, 1, 2, 3],
+        requests={0: entry(), 1: entry(), 2: entry(), 3: entry()},
+    )
+    ended = {1: engine.requests[1], 3: engine.requests[3]}
+    assert drop_finished_from_resume(engine) == [1, 3]
+    assert engine.resume_request_ids == [0, 2] and sorted(engine.requests) == [0, 2]
+    assert engine.stop_word_finished_request_ids == set() and all(e.future.cancelled() for e in ended.values())
+    persist = SimpleNamespace(stop_word_finished_request_ids={4}, resume_request_ids=None, requests={})
+    assert drop_finished_from_resume(persist) == [] and persist.stop_word_finished_request_ids == {4}

@@ -16,6 +16,7 @@ from colo_fsm.errors import ConfigError, EngineRebuild, LifecycleError, Parallel
 from colo_fsm.guards.parallelism import ParallelismWarning
 
 TOK = CharTokenizer("0123456789>")
+NOEND = CharTokenizer("0123456789>", generates_eod=False)  # the same vocabulary; no request ends before max_tokens
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +198,7 @@ def test_dynamic_engine_parks_requests_across_a_train_step_on_gpu(mode):
     eng.shutdown()
 
 
-def _gpu_engine_or_skip(**cfg):
+def _gpu_engine_or_skip(tokenizer=TOK, **cfg):
     from colo_fsm.adapters.megatron.dynamic import dynamic_engine_available
 
     ok, why = dynamic_engine_available()
@@ -208,7 +209,9 @@ def _gpu_engine_or_skip(**cfg):
     init_distributed(1, device="cuda")
     model = tiny(TOK, device="cuda", max_sequence_length=128, hidden_size=128, num_attention_heads=2)
     version = {"v": 0}
-    eng = MegatronEngine(model, TOK, GenerationConfig(buffer_size_gb=0.5, **cfg), weight_version=lambda: version["v"])
+    eng = MegatronEngine(
+        model, tokenizer, GenerationConfig(buffer_size_gb=0.5, **cfg), weight_version=lambda: version["v"]
+    )
     assert eng.backend_name == "dynamic"
     eng.bring_up()
     return model, eng, version
@@ -218,10 +221,12 @@ def _gpu_engine_or_skip(**cfg):
 @pytest.mark.parametrize("mode", ["persist", "recompute"])
 def test_dynamic_engine_abort_mode_resubmits_after_the_resume_on_gpu(mode):
     """inflight="abort" on megatron-core's engine: the request ended at the suspend is re-prefilled after the
-    resume and completes with every token, versions per token, nothing left in the engine."""
+    resume and completes with every token, versions per token, nothing left in the engine. The tokenizer's
+    end-of-document id lies outside the vocabulary: a tiny random model sampling it would end the request before
+    the suspend it waits for (what made this test fail on the GPU before, not the abort)."""
     import threading
 
-    model, eng, version = _gpu_engine_or_skip(kv_cache_mode=mode, inflight="abort", unverified_dynamic_abort=True)
+    model, eng, version = _gpu_engine_or_skip(NOEND, kv_cache_mode=mode, inflight="abort")
     reached = threading.Event()
     seen = []
 
@@ -241,7 +246,23 @@ def test_dynamic_engine_abort_mode_resubmits_after_the_resume_on_gpu(mode):
     assert c.finish_reason in ("length", "stop") and (c.finish_reason == "stop" or len(c.token_ids) == 48)
     assert c.weight_versions[:4] == (0,) * 4 and set(c.weight_versions[4:]) <= {1} and c.resubmissions == 1
     assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)  # none missing (nan)
-    assert eng._batcher.reprefills == 1 and eng._batcher.reprefill_tokens == len(TOK.tokenize("123>")) + 4
+    assert eng.inflight_stats() == (1, len(TOK.tokenize("123>")) + 4, 1, len(TOK.tokenize("123>")) + 4)
+    lens = [10, 20, 30, 40, 50, 60]  # several ended at two suspends, each still gets exactly its length
+    going = threading.Event()
+    many = [
+        eng.submit(TOK.tokenize("12>"), max_tokens=n, temperature=1.0, top_k=5, on_token=lambda *a: going.set())
+        for n in lens
+    ]
+    assert going.wait(120)
+    for v in (2, 3):
+        eng.suspend()
+        version["v"] = v
+        eng.resume()
+    outs = [h.result(timeout=300) for h in many]
+    assert [len(o.token_ids) for o in outs] == lens and all(o.finish_reason == "length" for o in outs)
+    assert all(len(o.logprobs) == len(o.token_ids) for o in outs)
+    assert all(o.weight_versions == tuple(sorted(o.weight_versions)) for o in outs)
+    assert eng.inflight_stats().ended > 1  # the first suspend ended the requests then running
     eng.generate(["12>"], max_tokens=2)  # one more step lets the engine's bookkeeping release the ended row
     assert eng.request_counts() == (0, 0, 0) and not eng._batcher.backend.engine.requests
     eng.shutdown()
@@ -673,14 +694,30 @@ def test_dynamic_engine_sees_dense_int32_ids_whatever_colo_fsm_ids_are():
     assert ids.engine_id(huge[2]) is None and ids.engine_id(huge[1]) == 1 and len(ids) == 2
 
 
-def test_abort_on_the_dynamic_engine_is_refused_unless_asked_for(monkeypatch):
-    """inflight="abort" failed its GPU tests on megatron-core's dynamic engine in this release: a run that picks it
-    there is refused at construction (naming the field and what works), not left to hang at its first handoff."""
+def test_abort_runs_on_the_dynamic_engine_without_an_opt_in(monkeypatch):
+    """inflight="abort" passed its GPU tests on megatron-core's dynamic engine: it is no longer refused there, and
+    the old opt-in is gone (a stale ``unverified_dynamic_abort=True`` is an error, not silently accepted)."""
     monkeypatch.setattr(MegatronEngine, "_choose_backend", lambda self: ("dynamic", "stand-in"))
     model = tiny(TOK)
-    with pytest.raises(ConfigError, match=r"inflight.*'park' or 'drain' on megatron-core's dynamic engine"):
-        MegatronEngine(model, TOK, GenerationConfig(inflight="abort"))
-    MegatronEngine(model, TOK, GenerationConfig(inflight="abort", unverified_dynamic_abort=True))  # asked for
-    MegatronEngine(model, TOK, GenerationConfig(inflight="park"))
-    monkeypatch.undo()
-    assert MegatronEngine(model, TOK, GenerationConfig(inflight="abort")).backend_name == "cpu"  # runs there
+    assert MegatronEngine(model, TOK, GenerationConfig(inflight="abort")).inflight.value == "abort"
+    with pytest.raises(TypeError, match="unverified_dynamic_abort"):
+        GenerationConfig(inflight="abort", unverified_dynamic_abort=True)  # type: ignore[call-arg]
+
+
+def test_the_engine_switches_its_policy_only_when_idle(model):
+    eng = MegatronEngine(model, TOK, GenerationConfig(inflight="park"))
+    eng.set_inflight("abort")  # before bring_up: the config changes
+    assert eng.config.inflight == "abort" and eng.inflight.value == "abort"
+    with pytest.raises(ConfigError, match="inflight"):
+        eng.set_inflight("later")
+    eng.bring_up()
+    eng.suspend()
+    waiting = eng.submit(TOK.tokenize("12>"), max_tokens=2)
+    with pytest.raises(LifecycleError, match="set_inflight"):
+        eng.set_inflight("drain")
+    assert eng.config.inflight == "abort"  # unchanged by the refused switch
+    eng.resume()
+    waiting.result(timeout=60)
+    eng.set_inflight("drain")
+    assert eng._batcher.inflight.value == "drain" and eng.inflight_stats() == (0, 0, 0, 0)
+    eng.shutdown()

@@ -161,16 +161,34 @@ def test_megatron_schedule_path_equals_the_one_pass_step(dist1, monkeypatch, wit
         torch.testing.assert_close(g2[name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_distributed_optimizer_checkpointing_is_refused_unless_asked_for(tmp_path):
-    """The distributed optimizer's checkpoint round trip failed its GPU test in this release: a config that would
-    save with it is refused at construction, naming the field (a lost checkpoint is found only at resume)."""
+def test_the_distributed_optimizer_is_asked_for_a_layout_dist_checkpointing_saves(tmp_path, dist1):  # noqa: F811
+    """megatron-core 0.19.2's distributed optimizer defaults to flattened-range state, which its dist-checkpointing
+    refuses: its sharded state is asked for ``dp_reshardable`` (on save and on load), the plain optimizers for
+    nothing; the old refusal and its opt-in are gone."""
+    from megatron.core.optimizer import ChainedOptimizer
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    from colo_fsm.adapters.megatron import checkpoint
     from colo_fsm.adapters.megatron.trainer import TrainerConfig
 
-    with pytest.raises(ConfigError, match="use_distributed_optimizer.*failed its GPU test"):
-        TrainerConfig(use_distributed_optimizer=True, checkpoint_dir=str(tmp_path))
-    TrainerConfig(use_distributed_optimizer=True)  # no checkpoints: nothing at risk
-    TrainerConfig(
-        use_distributed_optimizer=True, checkpoint_dir=str(tmp_path), unverified_distributed_optimizer_checkpoint=True
-    )
-    with pytest.raises(ConfigError, match="unverified_distributed_optimizer_checkpoint"):
-        TrainerConfig(unverified_distributed_optimizer_checkpoint="yes")
+    TrainerConfig(use_distributed_optimizer=True, checkpoint_dir=str(tmp_path))  # no longer refused
+    with pytest.raises(TypeError, match="unverified_distributed_optimizer_checkpoint"):
+        TrainerConfig(unverified_distributed_optimizer_checkpoint=True)  # type: ignore[call-arg]
+
+    asked = []
+
+    class Sharded(DistributedOptimizer):  # a stand-in: megatron's class needs a GPU to build
+        def sharded_state_dict(self, model_sd, is_loading=False, metadata=None):
+            asked.append((is_loading, metadata))
+            return {}
+
+    dist = object.__new__(Sharded)
+    chained = object.__new__(ChainedOptimizer)
+    chained.chained_optimizers = [dist]
+    want = {"distrib_optim_sharding_type": "dp_reshardable"}
+    assert checkpoint.optimizer_metadata(dist) == want and checkpoint.optimizer_metadata(chained) == want
+    assert checkpoint.optimizer_metadata(object()) is None
+    model = tiny(TOK)
+    for loading in (False, True):
+        checkpoint._sharded_state(model, dist, {}, {"step": 1}, is_loading=loading)
+    assert asked == [(False, want), (True, want)]

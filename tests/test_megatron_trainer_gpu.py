@@ -108,19 +108,22 @@ def test_megatron_optimizer_checkpoint_roundtrip_on_gpu(tmp_path, distributed):
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig
 
     model = tiny(TOK, device="cuda", max_sequence_length=64, hidden_size=128, num_attention_heads=2)
-    cfg = TrainerConfig(
-        checkpoint_dir=str(tmp_path),
-        use_distributed_optimizer=distributed,
-        unverified_distributed_optimizer_checkpoint=distributed,
-    )
+    cfg = TrainerConfig(checkpoint_dir=str(tmp_path), use_distributed_optimizer=distributed)
     tr = MegatronTrainer(model, cfg)
     rs = [Rollout((1, 2, 3), (4, 5, 6, 7), float(i % 2), i // 2) for i in range(8)]
     tr.train_step(rs)
     tr.save_checkpoint(1, 1, {"k": 1})
     saved = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
     tr.train_step(rs)
+    after_one = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
+    tr.train_step(rs)
     info = tr.load_checkpoint()
     assert (info.step, info.weight_version, info.extra_state) == (1, 1, {"k": 1})
     for k, v in model.state_dict().items():
         if k in saved:
             torch.testing.assert_close(v, saved[k], msg=k)
+    # the optimizer state came back too: the same step from the loaded state lands on the same weights
+    tr.train_step(rs)
+    for k, v in model.state_dict().items():
+        if k in after_one:
+            torch.testing.assert_close(v, after_one[k], msg=f"{k} after a step from the loaded optimizer state")

@@ -43,7 +43,7 @@ from colo_fsm.adapters.engine.options import (
     request_seed,
 )
 from colo_fsm.adapters.engine.protocol import BackendRequest, StepBackend, StepOutput, TopLogprobs
-from colo_fsm.adapters.engine.results import OnToken, RequestCounts, RequestHandle, TokenCompletion
+from colo_fsm.adapters.engine.results import InflightStats, OnToken, RequestCounts, RequestHandle, TokenCompletion
 
 __all__ = [
     "DEFAULT_MAX_TOP_LOGPROBS",
@@ -51,6 +51,7 @@ __all__ = [
     "BackendRequest",
     "ContinuousBatcher",
     "InflightPolicy",
+    "InflightStats",
     "LogprobsMode",
     "OnToken",
     "Priority",

@@ -106,6 +106,8 @@ class ContinuousBatcher(LockstepIteration):
         self.idle = False  # True while the engine thread sleeps with nothing to do
         self.reprefills = 0  # requests re-admitted after an inflight="abort" suspend ended them
         self.reprefill_tokens = 0  # prompt + generated tokens those re-admissions prefilled again
+        self.resubmissions = 0  # requests an inflight="abort" suspend ended (each resubmitted)
+        self.discarded_tokens = 0  # KV tokens (prompt + generated) those ended attempts held
 
     # ------------------------------------------------------------------ lifecycle of the loop
     def start(self) -> None:

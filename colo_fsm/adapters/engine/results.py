@@ -60,6 +60,17 @@ class RequestCounts(NamedTuple):
     parked: int
 
 
+class InflightStats(NamedTuple):
+    """What the in-flight policy cost so far (all zero under "park" and "drain"): requests an ``inflight="abort"``
+    suspend ended, the tokens of KV cache they discarded (prompt + generated, per ended attempt), and their
+    re-admissions with the tokens those prefilled again."""
+
+    ended: int
+    discarded_tokens: int
+    reprefills: int
+    reprefill_tokens: int
+
+
 OnToken = Callable[..., "bool | None"]
 """``on_token(token_id, logprob, weight_version)``; a request submitted with ``top_logprobs > 0`` gets a fourth
 argument, that token's :data:`TopLogprobs`."""
@@ -207,6 +218,7 @@ def resolve(req: EngineRequest) -> None:
 __all__ = [
     "EngineRequest",
     "FutureHandle",
+    "InflightStats",
     "OnToken",
     "RequestCounts",
     "RequestHandle",

@@ -17,7 +17,7 @@ from typing import Any
 
 from colo_fsm.adapters.engine.options import InflightPolicy, LogprobsMode
 from colo_fsm.adapters.engine.protocol import StepBackend
-from colo_fsm.adapters.engine.results import EngineRequest, TokenCompletion, completion_of
+from colo_fsm.adapters.engine.results import EngineRequest, InflightStats, TokenCompletion, completion_of
 from colo_fsm.adapters.lockstep import Lockstep
 
 
@@ -66,6 +66,14 @@ class EngineState:
     idle: bool
     reprefills: int
     reprefill_tokens: int
+    resubmissions: int
+    discarded_tokens: int
+
+    def inflight_stats(self) -> InflightStats:
+        """What ``inflight="abort"`` cost so far: requests ended at a suspend, the KV tokens they discarded, and
+        the re-admissions that prefilled prompt + tokens so far again."""
+        with self._cond:
+            return InflightStats(self.resubmissions, self.discarded_tokens, self.reprefills, self.reprefill_tokens)
 
     @property
     def stopped(self) -> bool:

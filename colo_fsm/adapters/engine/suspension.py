@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from colo_fsm.adapters.engine.options import InflightPolicy, request_seed
+from colo_fsm.adapters.engine.options import InflightPolicy, parse_inflight, request_seed
 from colo_fsm.adapters.engine.protocol import StepBackend
 from colo_fsm.adapters.engine.results import resolve
 from colo_fsm.adapters.engine.state import Command, EngineState
@@ -39,6 +39,21 @@ class Suspension(EngineState):
     def resume(self) -> None:
         """Resume the backend; parked requests continue and queued ones are admitted."""
         self._command("resume")
+
+    def set_inflight(self, inflight: InflightPolicy | str) -> None:
+        """Change what the next suspends do with admitted requests ("park", "drain", "abort"; aliases "keep",
+        "wait"). Only while nothing is queued, admitted or waiting for the engine thread (a policy switched under
+        a request would change the promise it was admitted with); under a tensor-parallel lockstep every rank of
+        the group must make the same call at the same point. Raises :class:`LifecycleError` otherwise."""
+        policy = parse_inflight(inflight)
+        with self._cond:
+            busy = len(self._queue) + len(self._active)
+            if busy or self._commands:
+                raise LifecycleError(
+                    f"engine set_inflight({policy.value!r}) with {busy} request(s) queued or admitted and "
+                    f"{len(self._commands)} control call(s) pending: switch the policy while the engine is idle"
+                )
+            self.inflight = policy
 
     def shutdown(self) -> None:
         """Abort everything left (futures resolve "abort"), tear the backend down and stop the engine thread."""
@@ -108,10 +123,12 @@ class Suspension(EngineState):
                         self._draining = False
                     self.timings.append(("suspend", float(dt or 0.0)))
                     log.debug(
-                        "engine suspended at weight version %d: %d request(s) parked, %d ended for resubmission",
+                        "engine suspended at weight version %d: %d request(s) parked, %d ended for resubmission "
+                        "(%d tokens of KV discarded in all so far)",
                         int(self._weight_version()),
                         len(self._active),
                         ended,
+                        self.discarded_tokens,
                     )
             elif cmd.kind == "resume":
                 if not self._awake:
@@ -148,6 +165,8 @@ class Suspension(EngineState):
             for req in ended:
                 req.attempt += 1
                 sub = req.submitted
+                self.resubmissions += 1
+                self.discarded_tokens += len(sub.prompt_ids) + len(req.token_ids)  # the KV this attempt held
                 req.backend = dataclasses.replace(
                     sub,
                     request_id=sub.request_id + (req.attempt << 40),  # the same on every rank of a TP group

@@ -103,6 +103,24 @@ def _is_megatron_optimizer(optimizer: Any) -> bool:
     return optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer)
 
 
+OPTIMIZER_SHARDING = "dp_reshardable"
+"""How megatron-core's distributed optimizer lays its state out in a checkpoint. megatron-core 0.19.2's default
+(``fully_sharded_model_space``) builds flattened-range sharded tensors, which its own dist-checkpointing then
+refuses ("ShardedTensor.flattened_range is not supported"); ``dp_reshardable`` saves each rank's buffers as
+plain sharded tensors (fully parallel, reshardable along data parallelism only)."""
+
+
+def optimizer_metadata(optimizer: Any) -> dict[str, str] | None:
+    """The sharding metadata megatron-core's optimizer is asked for: :data:`OPTIMIZER_SHARDING` when it is (or
+    chains) a distributed optimizer, else None (the plain optimizers have one layout)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    inner = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    if any(isinstance(o, DistributedOptimizer) for o in inner):
+        return {"distrib_optim_sharding_type": OPTIMIZER_SHARDING}
+    return None
+
+
 def _sharded_state(
     model: Any,
     optimizer: Any,
@@ -121,7 +139,9 @@ def _sharded_state(
     model_sd = model.sharded_state_dict(prefix="model.")
     state: dict[str, Any] = {"model": model_sd, "colo_fsm": dict(meta)}
     if _is_megatron_optimizer(optimizer):  # megatron-core's own mapping (fp32 main params, sharded state)
-        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
+        state["optimizer"] = optimizer.sharded_state_dict(
+            model_sd, is_loading=is_loading, metadata=optimizer_metadata(optimizer)
+        )
     elif optimizer is not None:
         _init_optimizer_state(optimizer)
         params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -297,9 +317,11 @@ def _strip(sd: Mapping[str, Any], prefix: str) -> dict[str, Any]:
 
 __all__ = [
     "FORMATS",
+    "OPTIMIZER_SHARDING",
     "CheckpointInfo",
     "latest_checkpoint",
     "load_checkpoint",
+    "optimizer_metadata",
     "resolve_format",
     "save_checkpoint",
     "step_dir_name",

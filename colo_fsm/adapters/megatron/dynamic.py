@@ -328,6 +328,25 @@ def token_text_index(tokenizer: Any) -> dict[str, int]:
     return index
 
 
+def drop_finished_from_resume(engine: Any) -> list[int]:
+    """After ``engine.suspend()``: take the requests already marked finished (ended through the stop-word hook by
+    :meth:`DynamicStepBackend.abort`, e.g. by an ``inflight="abort"`` suspend) off the list a RECOMPUTE-mode resume
+    re-adds, so none is re-prefilled only to be finished at the next step. Returns the engine ids dropped (none in
+    PERSIST and OFFLOAD, where the list holds only waiting requests and finished rows go at the next step)."""
+    finished = engine.stop_word_finished_request_ids
+    resume_ids = list(engine.resume_request_ids or [])
+    dropped = [rid for rid in resume_ids if rid in finished]
+    if not dropped:
+        return []
+    engine.resume_request_ids = [rid for rid in resume_ids if rid not in finished]
+    for rid in dropped:
+        finished.discard(rid)
+        entry = engine.requests.pop(rid, None)
+        if entry is not None and not entry.future.done():
+            entry.future.cancel()
+    return dropped
+
+
 class DynamicStepBackend:
     """``DynamicInferenceEngine`` as a step backend (built through ``MegatronLLM(use_coordinator=False)``).
 
@@ -492,6 +511,7 @@ class DynamicStepBackend:
         """Suspend the engine with its requests kept (KV per mode, ``InferenceMode`` cleared); seconds taken."""
         t = time.perf_counter()
         self.engine.suspend()
+        drop_finished_from_resume(self.engine)
         return time.perf_counter() - t
 
     @on_own_device
@@ -517,6 +537,7 @@ __all__ = [
     "DynamicStepBackend",
     "RecordCursor",
     "check_head_dim",
+    "drop_finished_from_resume",
     "dynamic_engine_available",
     "outputs_from_records",
     "record_status",

@@ -25,6 +25,7 @@ and the trainer clears it again before any training forward.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -35,6 +36,7 @@ from colo_fsm.adapters.batching import (
     DEFAULT_SERVER_SHARE,
     ContinuousBatcher,
     InflightPolicy,
+    InflightStats,
     OnToken,
     Priority,
     RequestCounts,
@@ -126,13 +128,8 @@ class GenerationConfig:
     logprobs_mode: str = "raw"
     sampling_seed: int = 0
     data_parallel_rank: int | None = None
-    # inflight="abort" on megatron-core's dynamic engine failed its GPU tests in this release: refused there
-    # unless this is set (what the GPU tests do, to keep exercising it); the CPU backend runs abort as tested
-    unverified_dynamic_abort: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.unverified_dynamic_abort, bool):
-            raise ConfigError("unverified_dynamic_abort", self.unverified_dynamic_abort, "a bool")
         if isinstance(self.sampling_seed, bool) or not isinstance(self.sampling_seed, int) or self.sampling_seed < 0:
             raise ConfigError("sampling_seed", self.sampling_seed, "a non-negative integer")
         d = self.data_parallel_rank
@@ -234,18 +231,6 @@ class MegatronEngine(TextGeneration):
         self._weight_version = weight_version or (lambda: 0)
         self._urls = list(server_urls)
         self.backend_name, self.backend_reason = self._choose_backend()
-        if (
-            self.backend_name == "dynamic"
-            and self.inflight is InflightPolicy.ABORT
-            and not self.config.unverified_dynamic_abort
-        ):
-            raise ConfigError(
-                "inflight",
-                "abort",
-                "'park' or 'drain' on megatron-core's dynamic engine: its abort mode failed its GPU tests in this "
-                "release (persist and recompute, one H200); 'abort' runs on the CPU backend, and "
-                "GenerationConfig(unverified_dynamic_abort=True) runs it on the GPU anyway",
-            )
         self._batcher: ContinuousBatcher | None = None
         self.built = False
         self.torn_down = False
@@ -411,6 +396,21 @@ class MegatronEngine(TextGeneration):
     def timings(self) -> list[tuple[str, float]]:
         """("suspend"|"resume", seconds the backend took), in order."""
         return list(self._batcher.timings) if self._batcher is not None else []
+
+    def inflight_stats(self) -> InflightStats:
+        """What ``inflight="abort"`` cost so far: requests ended at suspends, the KV tokens they discarded, and the
+        tokens their re-admissions prefilled again (zeros under "park" and "drain", and before ``bring_up``)."""
+        return self._batcher.inflight_stats() if self._batcher is not None else InflightStats(0, 0, 0, 0)
+
+    def set_inflight(self, inflight: str) -> None:
+        """Change what the next suspends do with admitted requests ("park", "drain" or "abort"); only while the
+        engine holds no request (:class:`~colo_fsm.errors.LifecycleError` otherwise). The engine, its KV buffer
+        and its CUDA graphs stay as they are: e.g. a benchmark compares the policies on one built engine."""
+        config = dataclasses.replace(self.config, inflight=inflight)  # validated as at construction
+        if self._batcher is not None:
+            self._batcher.set_inflight(config.inflight)
+        self.config = config
+        self.inflight = InflightPolicy(config.inflight)
 
     def request_counts(self, priority: Priority | int | None = None) -> RequestCounts:
         """Requests queued for admission, running, and parked in a suspended engine (of ``priority`` if given)."""

@@ -15,15 +15,22 @@ class CharTokenizer:
 
     Exposes what megatron-core's ``TextGenerationController`` uses (``tokenize``, ``detokenize``, ``bos``,
     ``eod``, ``offsets``, ``vocab_size``), so the same tokenizer serves the CPU path and the dynamic engine.
+
+    ``generates_eod=False`` moves the end-of-document id outside the vocabulary (``eod == vocab_size``): a model
+    never samples it, so every request runs to its ``max_tokens`` (fixed output lengths, for benchmarks and for
+    tests that must not see a request end early). A plain class: it pickles into megatron-core's coordinator.
     """
 
     PAD, BOS, EOD = 0, 1, 2
     _SPECIAL = ("<pad>", "<bos>", "<eod>")
 
-    def __init__(self, alphabet: str = DEFAULT_ALPHABET) -> None:
+    def __init__(self, alphabet: str = DEFAULT_ALPHABET, *, generates_eod: bool = True) -> None:
         if not isinstance(alphabet, str) or not alphabet or len(set(alphabet)) != len(alphabet):
             raise ConfigError("alphabet", alphabet, "a non-empty string of distinct characters")
+        if not isinstance(generates_eod, bool):
+            raise ConfigError("generates_eod", generates_eod, "True or False")
         self.alphabet = alphabet
+        self.generates_eod = generates_eod
         self._to_id = {ch: i + len(self._SPECIAL) for i, ch in enumerate(alphabet)}
         self._to_ch = {i: ch for ch, i in self._to_id.items()}
 
@@ -44,8 +51,9 @@ class CharTokenizer:
 
     @property
     def eod(self) -> int:
-        """End-of-document id: generation stops when it is produced."""
-        return self.EOD
+        """End-of-document id: generation stops when it is produced (``vocab_size``, never produced, when
+        ``generates_eod=False``)."""
+        return self.EOD if self.generates_eod else self.vocab_size
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text``; a character outside the alphabet raises :class:`ConfigError`."""

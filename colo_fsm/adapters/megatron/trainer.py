@@ -76,29 +76,8 @@ class TrainerConfig:
     use_distributed_optimizer: bool = False  # megatron backend: shard optimizer state over data-parallel ranks
     overlap_param_gather: bool = False  # megatron backend: all-gather params in forward pre-hooks (needs the above)
     ddp_bucket_size: int | None = None  # megatron backend: DDP bucket size in elements (None: megatron's default)
-    # the distributed optimizer's checkpoint round trip failed on one H200 in this release: refused with a
-    # checkpoint_dir unless this is set (what the GPU test does, to keep exercising it)
-    unverified_distributed_optimizer_checkpoint: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.unverified_distributed_optimizer_checkpoint, bool):
-            raise ConfigError(
-                "unverified_distributed_optimizer_checkpoint",
-                self.unverified_distributed_optimizer_checkpoint,
-                "a bool",
-            )
-        if (
-            self.use_distributed_optimizer is True
-            and self.checkpoint_dir is not None
-            and not self.unverified_distributed_optimizer_checkpoint
-        ):
-            raise ConfigError(
-                "use_distributed_optimizer",
-                True,
-                "False when checkpointing (checkpoint_dir is set): the distributed optimizer's save/load round trip "
-                "failed its GPU test in this release (megatron-core 0.19.2, one H200); "
-                "unverified_distributed_optimizer_checkpoint=True runs it anyway",
-            )
         for name in ("lr", "grad_clip", "clip_eps", "temperature"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or not math.isfinite(v):
