@@ -14,55 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 
-class EodOutsideTokenizer:
-    """A character tokenizer whose end-of-document id lies outside the vocabulary (each request stops at its
-    drawn length); a plain class, so it pickles into megatron's coordinator process."""
-
-    def __init__(self, alphabet: str) -> None:
-        from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
-
-        self.base = CharTokenizer(alphabet)
-
-    @property
-    def eod(self) -> int:
-        """One past the vocabulary: never sampled."""
-        return int(self.base.vocab_size)
-
-    @property
-    def vocab_size(self) -> int:
-        """The base tokenizer's vocabulary size."""
-        return int(self.base.vocab_size)
-
-    @property
-    def pad(self) -> int:
-        """The base tokenizer's padding id."""
-        return int(self.base.pad)
-
-    @property
-    def bos(self) -> int:
-        """The base tokenizer's beginning-of-sequence id."""
-        return int(self.base.bos)
-
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text``."""
-        return self.base.tokenize(text)
-
-    def detokenize(self, ids: Any, skip_special_tokens: bool = True) -> str:
-        """Text of ``ids``."""
-        return self.base.detokenize(ids, skip_special_tokens)
-
-    def offsets(self, ids: Any, text: str) -> list[int]:
-        """Character offset of each token in ``text``."""
-        return self.base.offsets(ids, text)
-
-    def __getattr__(self, name: str) -> Any:
-        # anything else megatron's controller may read comes from the base tokenizer; never during unpickling
-        # (``base`` not set yet) and never a dunder, so pickle finds no phantom __setstate__
-        if name == "base" or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.base, name)
-
-
 def coordinator_engine(
     mode: str,
     args: Any,
@@ -80,11 +31,9 @@ def coordinator_engine(
     ok, why = coordinator_dependencies()
     if not ok:
         raise SystemExit(f"--engine coordinator: {why}")
-    alphabet = getattr(getattr(tokenizer, "_base", tokenizer), "alphabet", None)
-    tok = EodOutsideTokenizer(alphabet) if alphabet is not None else tokenizer
     return CoordinatorEngine(
         model,
-        tok,
+        tokenizer,  # the bench's CharTokenizer(generates_eod=False): a plain class, it pickles into the coordinator
         CoordinatorConfig(
             kv_cache_mode="persist",
             buffer_size_gb=args.buffer_gb,
@@ -96,4 +45,4 @@ def coordinator_engine(
     )
 
 
-__all__ = ["EodOutsideTokenizer", "coordinator_engine"]
+__all__ = ["coordinator_engine"]

@@ -5,6 +5,7 @@ in), the pure graph-decode baseline, the JSON report written after every mode, a
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ REASONING: dict[str, Any] = {
     "samples_per_group": 8,
     "max_active_requests": 256,
     "max_trajectory_age_steps": 2,
-    "steps": 8,
+    "steps": 3,
     "warmup": 1,
     "temperature": 1.0,
 }
@@ -67,21 +68,6 @@ def pct(xs: list[float], q: float) -> float:
     return s[max(0, min(len(s) - 1, round(q / 100 * (len(s) - 1))))]
 
 
-class NeverEndsTokenizer:
-    """A :class:`CharTokenizer` whose end-of-document id lies outside the vocabulary: no request ends early, each
-    stops at its drawn length."""
-
-    def __init__(self, base: Any) -> None:
-        self._base = base
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._base, name)
-
-    @property
-    def eod(self) -> int:
-        return int(self._base.vocab_size)
-
-
 class Meter:
     """Completed requests: when, how many tokens, how many weight versions their tokens span."""
 
@@ -106,9 +92,26 @@ class Meter:
             return [r for r in self.rows if t0 <= r[0] <= t1]
 
 
+def spread(xs: list[float]) -> dict[str, float] | None:
+    """Median, min and max of ``xs`` (None for no values)."""
+    if not xs:
+        return None
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def spread_text(row: dict[str, Any]) -> str:
+    """How one mode's figure varies: over its runs when it has two or more, else over its measured steps."""
+    runs = row.get("per_round_samples_per_s") or []
+    if len(runs) >= 2:
+        return f"runs {min(runs):.2f}-{max(runs):.2f}"
+    steps = row.get("step_samples_per_s") or {}
+    return f"steps {steps['min']:.2f}-{steps['max']:.2f}" if steps else "-"
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One mode's row over its rounds: totals over the measured windows (samples and tokens per wall-clock
-    second, Draining's share of wall-clock from the lifecycle trace), the median handoff over every step."""
+    """One mode's row over its rounds: samples made in the measured windows and trained, per wall-clock second
+    (``samples_per_s``), with their spread over rounds and over single steps; tokens per second; Draining's share
+    of wall-clock from the lifecycle trace; the median handoff over every step."""
     measured_s = sum(r["measured_s"] for r in runs)
     state_s: dict[str, float] = {}
     for r in runs:
@@ -116,8 +119,15 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             state_s[k] = state_s.get(k, 0.0) + v
     total = sum(state_s.values())
     draining = [x for r in runs for x in r["draining_s"]]
+    stats: dict[str, int] = {}
+    for r in runs:
+        for k, v in (r.get("inflight_stats") or {}).items():
+            stats[k] = stats.get(k, 0) + int(v)
     return {
-        "samples_per_s": sum(r["trained_samples"] for r in runs) / measured_s,
+        "samples_per_s": sum(r["fresh_samples"] for r in runs) / measured_s,
+        "trained_samples_per_s": sum(r["trained_samples"] for r in runs) / measured_s,  # incl. made before the window
+        "step_samples_per_s": spread([x for r in runs for x in r["step_samples_per_s"]]),
+        "per_round_samples_per_s": [r["fresh_samples"] / r["measured_s"] for r in runs],
         "draining_share": state_s.get("Draining", 0.0) / total if total else float("nan"),
         "handoff_p50_ms": pct(draining, 50) * 1e3,
         "handoff_max_ms": max(draining) * 1e3 if draining else float("nan"),
@@ -133,12 +143,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "engine_idle_share": sum(r["idle_samples"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
         "spanning_groups_trained": sum(r["spanning_groups_trained"] for r in runs),
         "measured_steps": sum(r["measured_steps"] for r in runs),
+        "measured_steps_per_round": [r["measured_steps"] for r in runs],
         "measured_s": measured_s,
         "trained_samples": sum(r["trained_samples"] for r in runs),
+        "fresh_samples": sum(r["fresh_samples"] for r in runs),
         "state_share": {k: v / total for k, v in state_s.items()} if total else {},
-        "per_round_samples_per_s": [r["trained_samples"] / r["measured_s"] for r in runs],
         # load-independent on the CPU (one torch thread): trained samples per second of this process's CPU time
-        "samples_per_cpu_s": sum(r["trained_samples"] for r in runs) / max(1e-9, sum(r["cpu_s"] for r in runs)),
+        "samples_per_cpu_s": sum(r["fresh_samples"] for r in runs) / max(1e-9, sum(r["cpu_s"] for r in runs)),
         "cpu_share": sum(r["cpu_s"] for r in runs) / measured_s,  # CPU time / wall-clock: low when contended
         "loadavg": [round(x, 2) for r in runs for x in (r["loadavg_start"], r["loadavg_end"])],
         "cut_by_budget": any(r["cut_by_budget"] for r in runs),
@@ -146,6 +157,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "peak_allocated_gib": max((r["peak_allocated_gib"] or 0.0) for r in runs) or None,
         "engine_backend": runs[0]["engine_backend"],
         "rounds": len(runs),
+        **({"inflight_stats": stats} if stats else {}),
     }
 
 
@@ -281,25 +293,81 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str) -> dict[str, A
     }
 
 
+MIN_STEPS = 3
+"""A ratio is computed only between modes that each ran this many measured steps or more: a one-step figure is an
+anecdote (the first H200 figures, 2.26x and 2.51x, were one step each and came out 1.24x and 1.57x over
+several)."""
+
+
+def ratio_refusal(name: str, row: dict[str, Any] | None) -> str | None:
+    """Why mode ``name`` cannot enter a ratio (None when it can)."""
+    if row is None:
+        return f"{name} was not measured"
+    if "samples_per_s" not in row:
+        return f"{name} did not run ({row.get('skipped', 'no measured step')})"
+    if row["measured_steps"] < MIN_STEPS:
+        return f"{name} has {row['measured_steps']} measured step(s), fewer than {MIN_STEPS}"
+    if not row["samples_per_s"] > 0:
+        return f"{name} made no sample in its measured window"
+    return None
+
+
 def add_ratios(out: dict[str, Any]) -> None:
     """Park against each other mode in samples/s (and samples per CPU-second), and park's decode tokens/s against
     the pure graph decode at the batch nearest park's mean concurrency (which then becomes
-    ``graph_decode_tokens_per_s``); only for modes already measured."""
-    modes = {m: r for m, r in out.get("modes", {}).items() if "samples_per_s" in r}
+    ``graph_decode_tokens_per_s``), only between modes that each have :data:`MIN_STEPS` measured steps or more;
+    for every other pair ``out["no_ratio"]`` says why there is none. With two or more interleaved rounds each
+    ratio also gets its per-round values."""
+    modes = out.get("modes", {})
     park = modes.get("park")
-    if park is None:
-        return
+    no_ratio: dict[str, str] = {}
+    for k in [k for k in out if k.startswith("ratio_park_")]:
+        del out[k]  # recomputed from the rows as they are now
     for other in ("sync", "drain", "abort"):
-        if other in modes:
-            out[f"ratio_park_over_{other}"] = park["samples_per_s"] / modes[other]["samples_per_s"]
-            out[f"ratio_park_over_{other}_cpu"] = park["samples_per_cpu_s"] / modes[other]["samples_per_cpu_s"]
+        if other not in modes:
+            continue
+        why = ratio_refusal("park", park) or ratio_refusal(other, modes[other])
+        if why:
+            no_ratio[f"park_over_{other}"] = why
+            continue
+        assert park is not None
+        out[f"ratio_park_over_{other}"] = park["samples_per_s"] / modes[other]["samples_per_s"]
+        out[f"ratio_park_over_{other}_cpu"] = park["samples_per_cpu_s"] / modes[other]["samples_per_cpu_s"]
+        mine, theirs = park["per_round_samples_per_s"], modes[other]["per_round_samples_per_s"]
+        if len(mine) >= 2 and len(mine) == len(theirs):
+            out[f"ratio_park_over_{other}_per_round"] = [a / b for a, b in zip(mine, theirs)]
     rows = out.get("graph_decode", {}).get("rows") or []
     if rows:
-        near = min(rows, key=lambda r: abs(r["batch"] - park["mean_running_requests"]))
-        out["graph_decode_tokens_per_s"] = near["decode_tokens_per_s"]
-        out["graph_decode_batch"] = near["batch"]
-        # park's tokens per second of engine time (Generating + Draining) against the graph decode alone
-        out["ratio_park_decode_over_graph_decode"] = park["engine_decode_tokens_per_s"] / near["decode_tokens_per_s"]
+        why = ratio_refusal("park", park)
+        if why:
+            no_ratio["park_decode_over_graph_decode"] = why
+        else:
+            assert park is not None
+            near = min(rows, key=lambda r: abs(r["batch"] - park["mean_running_requests"]))
+            out["graph_decode_tokens_per_s"] = near["decode_tokens_per_s"]
+            out["graph_decode_batch"] = near["batch"]
+            # park's tokens per second of engine time (Generating + Draining) against the graph decode alone
+            out["ratio_park_decode_over_graph_decode"] = (
+                park["engine_decode_tokens_per_s"] / near["decode_tokens_per_s"]
+            )
+    out["no_ratio"] = no_ratio
+
+
+def git_commit() -> str | None:
+    """The commit the bench runs at (``COMMIT`` file first: a copied tree has no .git), None if unknown."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    marker = root / "COMMIT"
+    if marker.exists():
+        return marker.read_text(encoding="utf-8").strip() or None
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 class JsonReport:
@@ -326,16 +394,20 @@ class JsonReport:
 
 __all__ = [
     "ENGINES",
+    "MIN_STEPS",
     "REASONING",
     "SMOKE",
     "JsonReport",
     "Meter",
-    "NeverEndsTokenizer",
     "add_ratios",
     "direct_engine",
+    "git_commit",
     "graph_decode_baseline",
     "mode_unavailable",
     "pct",
+    "ratio_refusal",
     "release_model_graphs",
+    "spread",
+    "spread_text",
     "summarize",
 ]

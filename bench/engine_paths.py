@@ -7,8 +7,12 @@ wall-clock per engine step while the engine had work (``(1 - engine_idle_share) 
 forward plus every host cost of a step (colo-fsm's per-step bookkeeping on the direct path, megatron's own on
 both). The engines run one after the other, not interleaved: compare ratios from one run, on one machine.
 
-    python bench/engine_paths.py --device cuda --model gpt200m --quick --steps 4 --modes park,drain,sync
     python bench/engine_paths.py --workload reasoning --modes park,sync          # the reasoning workload
+    python bench/engine_paths.py --device cuda --model gpt200m --quick --steps 3 --modes park,drain,sync
+
+Both engines follow the handoff bench's rules: each mode runs ``--steps`` measured steps after its warm-up, on one
+engine built once per engine path, and a ratio is given only where both paths ran the mode for 3 or more measured
+steps (``no_ratio`` says why otherwise).
 
 Every argument but ``--engine`` and ``--out`` goes to ``inflight_handoff.py``. Writes
 ``bench/results/engine_paths.json`` (``--out`` to change) and each engine's own JSON beside it.
@@ -28,6 +32,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "engine_paths.json"
 PATHS = ("direct", "coordinator")
+
+from bench._handoff import ratio_refusal  # noqa: E402  (after the sys.path line above)
 
 
 def coordinator_unavailable() -> str | None:
@@ -50,17 +56,26 @@ def step_wall_ms(row: dict[str, Any]) -> float:
     return 1e3 * (1.0 - float(row.get("engine_idle_share") or 0.0)) / rate
 
 
-def compare(per_engine: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per mode: each engine's samples/s and step_wall_ms, and the ratios coordinator / direct."""
+def compare(per_engine: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Per mode: each engine's samples/s and step_wall_ms, and the ratios coordinator / direct, only where both
+    engines ran the mode for :data:`~bench._handoff.MIN_STEPS` measured steps or more; the second dict says why
+    a mode has no ratio."""
     out: dict[str, dict[str, float]] = {}
-    modes = set(per_engine.get("direct", {}).get("modes", {})) & set(per_engine.get("coordinator", {}).get("modes", {}))
-    for m in sorted(modes):
-        d, c = per_engine["direct"]["modes"][m], per_engine["coordinator"]["modes"][m]
-        if "samples_per_s" not in d or "samples_per_s" not in c:
+    no_ratio: dict[str, str] = {}
+    direct = per_engine.get("direct", {}).get("modes", {})
+    coord = per_engine.get("coordinator", {}).get("modes", {})
+    for m in sorted(set(direct) | set(coord)):
+        d, c = direct.get(m), coord.get(m)
+        why = ratio_refusal(f"direct {m}", d) or ratio_refusal(f"coordinator {m}", c)
+        if why:
+            no_ratio[m] = why
             continue
+        assert d is not None and c is not None
         row = {
             "direct_samples_per_s": d["samples_per_s"],
             "coordinator_samples_per_s": c["samples_per_s"],
+            "direct_measured_steps": d["measured_steps"],
+            "coordinator_measured_steps": c["measured_steps"],
             "direct_step_wall_ms": step_wall_ms(d),
             "coordinator_step_wall_ms": step_wall_ms(c),
             "direct_handoff_p50_ms": d.get("handoff_p50_ms", float("nan")),
@@ -69,7 +84,7 @@ def compare(per_engine: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]
         row["ratio_samples_per_s"] = row["coordinator_samples_per_s"] / row["direct_samples_per_s"]
         row["ratio_step_wall_ms"] = row["coordinator_step_wall_ms"] / row["direct_step_wall_ms"]
         out[m] = row
-    return out
+    return out, no_ratio
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             per_engine[engine] = json.loads(path.read_text(encoding="utf-8"))
         if rc:
             print(f"=== engine {engine}: inflight_handoff returned {rc}", flush=True)
-    table = compare(per_engine)
+    table, no_ratio = compare(per_engine)
     print()
     cols = ["mode", "direct s/s", "coord s/s", "ratio", "direct ms/step", "coord ms/step", "ratio", "handoff d/c ms"]
     print("  ".join(f"{c:>14}" for c in cols))
@@ -122,11 +137,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['direct_handoff_p50_ms']:.1f}/{r['coordinator_handoff_p50_ms']:.1f}",
         ]
         print("  ".join(f"{c:>14}" for c in cells))
+    for m, why in no_ratio.items():
+        print(f"no ratio for {m}: {why}")
     result = {
         "benchmark": "engine_paths",
         "command": " ".join(["python3", "bench/engine_paths.py", *(argv if argv is not None else sys.argv[1:])]),
         "engines": engines,
         "compare": table,
+        "no_ratio": no_ratio,
         "errors": errors,
         "runs": per_engine,
     }

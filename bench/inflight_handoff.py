@@ -1,38 +1,44 @@
 """Park vs drain vs sync vs abort: what a handoff that keeps in-flight rollouts is worth, with heavy-tailed lengths.
 
-One run, up to four modes, the same model (rebuilt from the same seed for each mode), prompts, output lengths and
-sampling seeds:
+One process, up to four modes on one engine: the model, the trainer and the engine (its KV buffer and CUDA graphs)
+are built and warmed once (``bench/_rig.py``) and every mode runs its own
+:class:`~colo_fsm.machine.lifecycle.Lifecycle` over them, with the same prompts, output lengths and sampling seeds:
 
-* ``park``: the colocation :class:`~colo_fsm.machine.lifecycle.Lifecycle` with an
-  :class:`~colo_fsm.collector.AsyncCollector` (``inflight="park"``) over the continuous-batching
+* ``park``: an :class:`~colo_fsm.collector.AsyncCollector` (``inflight="park"``) over the continuous-batching
   :class:`~colo_fsm.adapters.megatron.engine.MegatronEngine` (``inflight="park"``): each handoff stops at a
   decode-step boundary, the rollouts in flight stay parked and finish after the step under the new weights;
 * ``drain``: the same with ``inflight="drain"`` on both: each handoff waits for every rollout in flight, so
   every step waits for the slowest one;
 * ``sync``: no collector: generate the whole batch (tail included), then train; the same lifecycle handoffs;
 * ``abort``: the peers' colocated async (``inflight="abort"`` on both): each handoff ends the requests in
-  flight, and after it each is resubmitted as prompt + the tokens it had, re-prefilled under the new weights.
+  flight, and after it each is resubmitted as prompt + the tokens it had, re-prefilled under the new weights
+  (its row reports the requests ended and the KV tokens discarded and re-prefilled).
+
+What counts (a figure a user can reproduce): each mode runs ``--steps`` measured steps after its warm-up (park
+and abort: ``--warmup`` steps, which fill their pipeline; drain and sync start every step empty, so they need
+none once the rig is warm). ``samples_per_s`` counts the trained samples *made* inside the measured window (a
+group that completed before it, e.g. waiting in the buffer, does not count) per wall-clock second; its spread is
+given over rounds (``--rounds``, interleaved: two runs of the same seed) and over single steps. A ratio is
+printed, and written, only between modes that each ran 3 or more measured steps; otherwise the table and the
+JSON (``no_ratio``) say why there is none.
 
 ``--workload reasoning`` is the shape of RL for reasoning models (see ``bench/_handoff.py``: 32 x 8 per step,
 lengths lognormal median 768 cut at ``--max-len``, 256 active, 40 GiB KV, CUDA graphs, a pure graph-decode
 baseline first); ``--smoke`` runs its code path on the CPU in seconds. ``--mode-budget-s`` bounds each mode; the
-JSON is rewritten after every mode.
+JSON is rewritten after every measured step.
 
 Output lengths are lognormal (``--median-tokens``, ``--sigma``), cut at ``--max-tokens``; each request stops
-at its drawn length (the bench's tokenizer has an end-of-document id the model never samples), so the tail is
-real in every mode. ``samples_per_s`` counts trained samples per wall-clock second after ``--warmup`` steps;
-``draining_share`` is the fraction of that wall-clock the lifecycle spent in Draining (from its trace);
-``handoff_p50_ms`` the median time in Draining per step; ``spanning_rollouts`` the requests whose tokens came
-from more than one weight version (they started before a training step and finished after it);
-``decode_tokens_per_s`` the tokens generated per wall-clock second.
+at its drawn length (the tokenizer's end-of-document id lies outside the vocabulary), so the tail is real in every
+mode. ``draining_share`` is the fraction of the measured wall-clock the lifecycle spent in Draining (from its
+trace); ``handoff_p50_ms`` the median time in Draining per step; ``spanning_rollouts`` the requests whose tokens
+came from more than one weight version; ``decode_tokens_per_s`` the tokens generated per wall-clock second.
 
 Usage::
 
     python bench/inflight_handoff.py --quick                   # CPU, tiny GPT, < 3 min on 2 shared cores
-    python bench/inflight_handoff.py                           # CPU, longer
-    python bench/inflight_handoff.py --device cuda --model gpt200m   # one GPU, megatron-core's dynamic engine
-    python bench/inflight_handoff.py --workload reasoning --mode-budget-s 80   # one GPU, reasoning shape
-    python bench/inflight_handoff.py --workload reasoning --smoke              # its code path, CPU, seconds
+    python bench/inflight_handoff.py --workload reasoning --modes park,drain        # one GPU, reasoning shape
+    python bench/inflight_handoff.py --workload reasoning --max-len 32768 --modes park,sync
+    python bench/inflight_handoff.py --workload reasoning --smoke                   # its code path, CPU, seconds
 
 Writes ``bench/results/inflight_handoff.json`` (reasoning: ``inflight_handoff_reasoning_<model>_cut<N>_age<A>
 .json``; ``--out`` to change).
@@ -41,7 +47,7 @@ Writes ``bench/results/inflight_handoff.json`` (reasoning: ``inflight_handoff_re
 from __future__ import annotations
 
 import argparse
-import gc
+import itertools
 import logging
 import math
 import os
@@ -51,7 +57,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,19 +70,23 @@ RESULTS = ROOT / "bench" / "results" / "inflight_handoff.json"
 
 from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     ENGINES,
+    MIN_STEPS,
     REASONING,
     SMOKE,
     JsonReport,
     Meter,
-    NeverEndsTokenizer,
     add_ratios,
+    git_commit,
     graph_decode_baseline,
     mode_unavailable,
     pct,
     release_model_graphs,
+    spread_text,
     summarize,
 )
+from bench._rig import EngineLease, Rig  # noqa: E402
 from colo_fsm.adapters.megatron.model import MODEL_PRESETS  # noqa: E402
+from colo_fsm.adapters.megatron.trainer import Rollout  # noqa: E402
 
 MODES = ("park", "drain", "sync", "abort")
 
@@ -96,8 +106,8 @@ class Shape:
     num_prompts_per_step: int
     samples_per_group: int
     max_trajectory_age_steps: int
-    steps: int
-    warmup: int
+    steps: int  # measured steps per mode
+    warmup: int  # steps before them for the modes that carry rollouts over (park, abort): see warmup_steps
     max_active_requests: int
     lr: float
     temperature: float
@@ -107,9 +117,9 @@ class Shape:
 MODELS: dict[str, Shape] = {
     # CPU: a tiny GPT whose decode step costs about the same for 1 or 24 short requests (per-step overhead
     # dominates; the CPU path recomputes every sequence each step, so long batches stop being cheap)
-    "small": Shape(16, 1, 4, 16, 4, 64, 3.0, 1.6, 8, 2, 3, 100, 5, 48, 1e-4, 0.0),
+    "small": Shape(16, 1, 4, 16, 4, 64, 3.0, 1.6, 8, 2, 3, 95, 5, 48, 1e-4, 0.0),
     # one GPU: ~200M parameters (16 layers x 1024 hidden), long tails
-    "gpt200m": Shape(1024, 16, 16, 200, 16, 1024, 64.0, 1.3, 32, 4, 2, 20, 2, 512, 1e-5, 1.0),
+    "gpt200m": Shape(1024, 16, 16, 200, 16, 1024, 64.0, 1.3, 32, 4, 2, 18, 2, 512, 1e-5, 1.0),
 }
 
 
@@ -128,9 +138,9 @@ def _preset(name: str, base: Shape, **kw: Any) -> Shape:
 MODELS["gpt200m"] = _preset("gpt200m", MODELS["gpt200m"])
 MODELS["gpt1b"] = _preset("gpt1b", MODELS["gpt200m"], micro_batch_tokens=8192)  # ~1.0B: less activation room
 QUICK: dict[str, dict[str, Any]] = {
-    "small": {"steps": 50, "warmup": 5},
-    "gpt200m": {"steps": 12, "warmup": 2},
-    "gpt1b": {"steps": 12, "warmup": 2},
+    "small": {"steps": 45, "warmup": 5},
+    "gpt200m": {"steps": 10, "warmup": 2},
+    "gpt1b": {"steps": 10, "warmup": 2},
 }
 
 
@@ -150,25 +160,18 @@ def _peak_gib(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30
 
 
-def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any]:
-    """One mode from a fresh model: returns its measured row."""
-    from colo_fsm.adapters.batching import Priority
-    from colo_fsm.adapters.megatron.engine import to_completion
+def build_rig(args: argparse.Namespace, shape: Shape) -> Rig:
+    """The model, trainer and engine every mode of this process shares (built, then warmed, once)."""
     from colo_fsm.adapters.megatron.model import ModelConfig, build_model
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
-    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig
-    from colo_fsm.collector import AsyncCollector, Prompt, ReplayBuffer, RolloutDeferred, StateTimer, TrajectoryGroup
-    from colo_fsm.guards import CheckpointDecision, InFlightCap, ValidationDecision
-    from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
-    from colo_fsm.states.spec import State
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
 
-    alphabet = "".join(chr(ord("a") + i) if i < 26 else chr(0x100 + i) for i in range(shape.alphabet_size))
-    base_tok = CharTokenizer(alphabet)
-    tok = NeverEndsTokenizer(base_tok)
+    t0 = time.monotonic()
+    tok = CharTokenizer(alphabet_of(shape), generates_eod=False)  # each request stops at its drawn length
     seq_len = shape.prompt_len + shape.max_tokens
     model = build_model(
         ModelConfig(
-            vocab_size=base_tok.vocab_size,
+            vocab_size=tok.vocab_size,
             hidden_size=shape.hidden_size,
             num_layers=shape.num_layers,
             num_attention_heads=shape.num_attention_heads,
@@ -180,23 +183,77 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
     )
     # the trainer first: megatron-core's DDP may move parameters into its buffer before graphs are captured
     trainer = MegatronTrainer(
-        model, TrainerConfig(lr=shape.lr, micro_batch_tokens=shape.micro_batch_tokens), pad_id=base_tok.pad
+        model, TrainerConfig(lr=shape.lr, micro_batch_tokens=shape.micro_batch_tokens), pad_id=tok.pad
     )
-    holder: dict[str, Lifecycle] = {}
+    rig = Rig(model, trainer, EngineLease(None), tok)
+    engine = ENGINES[args.engine]("park", args, shape, model, tok, rig.weight_version, seq_len)
+    rig.engine = EngineLease(engine)
+    rig.engine.bring_up()
+    rig.engine.shutdown()  # built and awake; each mode's lifecycle takes its own lease
+    rig.build_s = time.monotonic() - t0
+    rng = random.Random(args.seed + 1)
+    warm = [
+        tok.tokenize("".join(rng.choice(tok.alphabet) for _ in range(shape.prompt_len)))
+        for _ in range(shape.max_active_requests)
+    ]
+    rig.warm(
+        warm,
+        max_tokens=min(64, shape.max_tokens),
+        temperature=shape.temperature,
+        batch_of=lambda ps, outs: [
+            Rollout(tuple(p), tuple(o.token_ids), 0.0, i // shape.samples_per_group, tuple(o.logprobs), 0)
+            for i, (p, o) in enumerate(zip(ps, outs))
+        ],
+    )
+    return rig
 
-    def version() -> int:
-        lc = holder.get("lc")
-        return lc.weight_version if lc is not None else 0
 
-    engine = ENGINES[args.engine](mode, args, shape, model, tok, version, seq_len)
+def alphabet_of(shape: Shape) -> str:
+    """The bench tokenizer's characters (``alphabet_size`` of them)."""
+    return "".join(chr(ord("a") + i) if i < 26 else chr(0x100 + i) for i in range(shape.alphabet_size))
+
+
+def warmup_steps(mode: str, shape: Shape) -> int:
+    """Steps a mode runs before its measured ones: park and abort carry rollouts from one step into the next, so
+    their steady state starts after ``shape.warmup`` steps; drain and sync start every step empty, which is their
+    steady state from the first step on (the rig already warmed the engine and the trainer)."""
+    return shape.warmup if mode in ("park", "abort") else 0
+
+
+def run_mode(
+    mode: str,
+    rig: Rig,
+    args: argparse.Namespace,
+    shape: Shape,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """One mode on the rig's engine: ``warmup_steps`` steps, then ``shape.steps`` measured ones; returns its row.
+
+    Only samples *made* in the measured window count (``fresh_samples``, what samples/s is computed from): a group
+    completed before it (during the warm-up, or waiting in the buffer at its start) does not, and one completed
+    inside it does, trained by its end or not (in steady state the buffer holds as much at the end as at the
+    start). ``trained_samples`` counts what the measured steps trained. ``on_step`` gets the row so far after every
+    measured step (a run cut mid-mode keeps its steps)."""
+    from colo_fsm.adapters.batching import Priority
+    from colo_fsm.adapters.megatron.engine import to_completion
+    from colo_fsm.collector import AsyncCollector, Prompt, ReplayBuffer, RolloutDeferred, StateTimer, TrajectoryGroup
+    from colo_fsm.guards import CheckpointDecision, InFlightCap, ValidationDecision
+    from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
+    from colo_fsm.states.spec import State
+
+    tok, engine = rig.tokenizer, rig.engine
+    engine.real.set_inflight("park" if mode == "sync" else mode)  # sync never suspends with requests in flight
     meter = Meter()
-    target = base_tok.tokenize(alphabet[0])[0]
+    made: list[tuple[float, int]] = []  # (completion time, samples) of every group the engine made
+    target = tok.tokenize(tok.alphabet[0])[0]
+    w = warmup_steps(mode, shape)
+    holder: dict[str, Lifecycle] = {}
 
     def prompt_stream() -> Iterator[Prompt]:
         rng = random.Random(args.seed)
         i = 0
         while True:
-            text = "".join(rng.choice(alphabet) for _ in range(shape.prompt_len))
+            text = "".join(rng.choice(tok.alphabet) for _ in range(shape.prompt_len))
             yield Prompt(f"p{i}", text, {"index": i})
             i += 1
 
@@ -204,7 +261,7 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
         i = int(prompt.metadata["index"])
         return meter.watch(
             engine.submit(
-                base_tok.tokenize(prompt.text),
+                tok.tokenize(prompt.text),
                 max_tokens=output_length(args.seed, i, j, shape),
                 temperature=shape.temperature,
                 seed=args.seed * 7919 + i * 131 + j,
@@ -214,16 +271,17 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
 
     def group_of(prompt: Prompt, outs: list[Any]) -> TrajectoryGroup:
         if any(o.finish_reason == "abort" for o in outs):
-            raise RolloutDeferred("the engine was shut down")  # the run is over; not a failure
+            raise RolloutDeferred("the engine was shut down")  # the mode is over; not a failure
         rewards = [sum(1 for t in o.token_ids if t == target) / max(1, len(o.token_ids)) for o in outs]
         samples = [to_completion(o) for o in outs]
+        made.append((time.monotonic(), len(samples)))  # when this group's samples were made
         return TrajectoryGroup(
             prompt.prompt_id,
             prompt.text,
             tuple(samples),
             tuple(rewards),
             weight_version=min(s.weight_version for s in samples),
-            metadata={"prompt_ids": base_tok.tokenize(prompt.text)},
+            metadata={"prompt_ids": tok.tokenize(prompt.text)},
         )
 
     async def rollout(prompt: Prompt) -> TrajectoryGroup:
@@ -245,7 +303,7 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
             rollout,
             prompt_stream(),
             buffer,
-            weight_version=version,
+            weight_version=rig.weight_version,
             cap=InFlightCap(
                 shape.num_prompts_per_step, shape.max_trajectory_age_steps, samples_per_group=shape.samples_per_group
             ),
@@ -255,12 +313,13 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
         )
     lc = holder["lc"] = Lifecycle(
         engine,
-        trainer,
+        rig.trainer,
         collector,
-        config=LifecycleConfig(num_steps=shape.steps),
+        config=LifecycleConfig(num_steps=w + shape.steps),
         checkpoint=CheckpointDecision(None),
         validation=ValidationDecision(None),
     )
+    rig.version["source"] = lambda: lc.weight_version
     timer = StateTimer(lc.spec)
     lc.trace.subscribe(timer)
     occupancy: list[tuple[float, int, int]] = []  # (time, running, queued): how full the engine's batch is
@@ -281,6 +340,8 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
     decode_steps: list[int] = []
     consumed: list[int] = []
     spans: list[int] = []
+    times: list[dict[str, float]] = []  # seconds per state, per finished step
+    stats0 = engine.inflight_stats() if hasattr(engine.real, "inflight_stats") else None
     if args.device == "cuda":
         import torch
 
@@ -288,9 +349,62 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
     t_start = time.monotonic()
     cpu_start = time.process_time()
     load_start = os.getloadavg()
-    # sync carries nothing from one step to the next: no warm-up step (the engine is up before t_ready)
-    w = 0 if mode == "sync" else shape.warmup
+    steps0 = engine.steps
     cut = False
+    t_ready = cpu_ready = 0.0
+
+    def made_between(a: float, b: float) -> int:
+        return sum(n for t, n in list(made) if a < t <= b)
+
+    def row() -> dict[str, Any]:
+        """The mode's row from the steps measured so far."""
+        n = len(consumed) - w
+        t0 = step_ends[w - 1] if w else t_ready
+        t1 = step_ends[-1] if n > 0 else t0
+        c0 = step_cpu[w - 1] if w else cpu_ready
+        c1 = step_cpu[-1] if n > 0 else c0
+        times.extend(timer.pop_completed())
+        measured = times[w:]
+        rows = meter.window(t0, t1)
+        occ = [(r, q) for t, r, q in occupancy if t0 <= t <= t1]
+        ends = [t0, *step_ends[w:]]
+        out = {
+            "occupancy_samples": len(occ),
+            "active_sum": sum(r for r, _ in occ),
+            "idle_samples": sum(1 for r, _ in occ if r == 0),
+            "measured_s": t1 - t0,
+            "trained_samples": sum(consumed[w:]),
+            "fresh_samples": made_between(t0, t1),
+            "step_samples_per_s": [made_between(a, b) / max(1e-9, b - a) for a, b in itertools.pairwise(ends)],
+            "state_s": {k: sum(d.get(k, 0.0) for d in measured) for k in sorted({k for d in measured for k in d})},
+            "draining_s": [d.get(State.DRAINING.value, 0.0) for d in measured],
+            "spanning_rollouts": sum(1 for r in rows if r[2] > 0),
+            "max_version_span": max((r[2] for r in meter.window(t_start, t1)), default=0),
+            "decode_tokens": sum(r[1] for r in rows),
+            "decode_steps": (decode_steps[-1] - (decode_steps[w - 1] if w else steps0)) if n > 0 else 0,
+            "spanning_groups_trained": sum(1 for x in spans[w * shape.num_prompts_per_step :] if x > 0),
+            "measured_steps": max(0, n),
+            "engine_backend": engine.backend_name,
+            "run_s": time.monotonic() - t_start,
+            "cpu_s": c1 - c0,  # this process's CPU time over the measured window (all threads)
+            "loadavg_start": load_start[0],
+            "loadavg_end": os.getloadavg()[0],
+            "cut_by_budget": cut,
+            "warmup_steps": w,
+            "peak_allocated_gib": _peak_gib(args.device),
+            "cpu_s_total": time.process_time() - cpu_start,
+        }
+        if stats0 is not None:
+            now = engine.inflight_stats()
+            out["inflight_stats"] = {k: getattr(now, k) - getattr(stats0, k) for k in now._fields}
+        if collector is not None:
+            out["collector"] = {
+                k: v
+                for k, v in asdict(collector.stats()).items()
+                if k in ("started", "completed", "spanning", "failed")
+            }
+        return out
+
     try:
         lc.start()
         t_ready = time.monotonic()
@@ -315,59 +429,22 @@ def run_mode(mode: str, args: argparse.Namespace, shape: Shape) -> dict[str, Any
             decode_steps.append(engine.steps)
             consumed.append(result.consumed_samples)
             spans += [g.version_span for g in groups]
-            counts = engine.request_counts()
             if args.verbose:
+                counts = engine.request_counts()
                 print(
-                    f"  {mode} step {lc.step_index}: {result.consumed_samples} samples, "
+                    f"  {mode} step {lc.step_index}: {result.consumed_samples} samples trained, "
                     f"queued/running/parked={counts.queued}/{counts.running}/{counts.parked}",
                     flush=True,
                 )
+            if on_step is not None and len(consumed) > w:
+                on_step(row())
     finally:
         stop_sampling.set()
         try:
             lc.stop()
         finally:
-            if collector is not None:
-                collector.close()
-            if args.cuda_graphs is not None:
-                # megatron-core keeps the captured graphs, and with them the engine's inference context (its KV
-                # buffer), in process-wide records: free them before the next mode builds its own
-                release_model_graphs(model)
-    times = timer.pop_completed()
-    t0, t1 = step_ends[w - 1] if w else t_ready, step_ends[-1]
-    c0, c1 = step_cpu[w - 1] if w else cpu_ready, step_cpu[-1]
-    measured = times[w:]
-    rows = meter.window(t0, t1)
-    occ = [(r, q) for t, r, q in occupancy if t0 <= t <= t1]
-    run = {
-        "occupancy_samples": len(occ),
-        "active_sum": sum(r for r, _ in occ),
-        "idle_samples": sum(1 for r, _ in occ if r == 0),
-        "measured_s": t1 - t0,
-        "trained_samples": sum(consumed[w:]),
-        "state_s": {k: sum(d.get(k, 0.0) for d in measured) for k in sorted({k for d in measured for k in d})},
-        "draining_s": [d.get(State.DRAINING.value, 0.0) for d in measured],
-        "spanning_rollouts": sum(1 for r in rows if r[2] > 0),
-        "max_version_span": max((r[2] for r in meter.window(t_start, t1)), default=0),
-        "decode_tokens": sum(r[1] for r in rows),
-        "decode_steps": decode_steps[-1] - (decode_steps[w - 1] if w else 0),
-        "spanning_groups_trained": sum(1 for x in spans[w * shape.num_prompts_per_step :] if x > 0),
-        "measured_steps": len(consumed) - w,
-        "engine_backend": engine.backend_name,
-        "run_s": time.monotonic() - t_start,
-        "cpu_s": c1 - c0,  # this process's CPU time over the measured window (all threads)
-        "loadavg_start": load_start[0],
-        "loadavg_end": os.getloadavg()[0],
-        "cut_by_budget": cut,
-        "warmup_steps": w,
-        "peak_allocated_gib": _peak_gib(args.device),
-        "cpu_s_total": time.process_time() - cpu_start,
-    }
-    if collector is not None:
-        run["collector"] = {
-            k: v for k, v in asdict(collector.stats()).items() if k in ("started", "completed", "spanning", "failed")
-        }
-    return run
+            rig.settle(close=collector.close if collector is not None else None)
+    return row()
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, list[str]]:
@@ -385,8 +462,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
     ap.add_argument("--engine", choices=sorted(ENGINES), default="direct", help="how the engine is built")
     ap.add_argument("--quick", action="store_true", help="fewer steps (under 3 min on 2 CPU cores)")
     ap.add_argument("--modes", default=None, help=f"comma-separated subset of {','.join(MODES)} (default: all)")
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--warmup", type=int, default=None, help="steps not measured (default per model; sync: 0)")
+    ap.add_argument(
+        "--steps", type=int, default=None, help=f"measured steps per mode (a ratio needs {MIN_STEPS} or more)"
+    )
+    ap.add_argument(
+        "--warmup", type=int, default=None, help="steps before them in park and abort (drain and sync need none)"
+    )
     ap.add_argument("--max-tokens", "--max-len", dest="max_tokens", type=int, default=None, help="output-length cut")
     ap.add_argument("--median-tokens", type=float, default=None)
     ap.add_argument("--sigma", type=float, default=None)
@@ -455,8 +536,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         ap.error(f"--modes: {bad or modes} not in {MODES}")
-    if shape.warmup >= shape.steps:
-        ap.error(f"--warmup {shape.warmup} must be below --steps {shape.steps}")
+    if shape.steps < 1 or shape.warmup < 0:
+        ap.error(f"--steps {shape.steps} (>= 1) and --warmup {shape.warmup} (>= 0): measured and warm-up steps")
     if args.mode_budget_s is not None and not args.mode_budget_s > 0:
         ap.error(f"--mode-budget-s {args.mode_budget_s}: a positive number of seconds")
     if args.out is None:
@@ -503,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "inflight_handoff",
             "workload": args.workload,
             "command": " ".join([Path(sys.executable).name, "bench/inflight_handoff.py", *(argv or sys.argv[1:])]),
+            "commit": git_commit(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": {
                 "python": platform.python_version(),
@@ -515,11 +597,14 @@ def main(argv: list[str] | None = None) -> int:
             },
             "model": model_name,
             "engine": args.engine,
+            "seed": args.seed,
             "rounds": rounds,
+            "min_steps_for_a_ratio": MIN_STEPS,
             "mode_budget_s": args.mode_budget_s,
             "kv_buffer_gb": args.buffer_gb,
             "num_cuda_graphs": args.cuda_graphs,
             "shape": asdict(shape),
+            "warmup_steps": {m: warmup_steps(m, shape) for m in modes},
             "output_lengths": {
                 "p50": pct(lengths, 50),
                 "p90": pct(lengths, 90),
@@ -532,10 +617,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     t_all = time.monotonic()
+    rig: Rig | None = None
+
+    def publish(mode: str, partial: dict[str, Any] | None = None) -> None:
+        """The mode's row (rounds so far, plus the round in progress) and the ratios, written at once."""
+        done = runs[mode] + ([partial] if partial is not None else [])
+        if done and any(r["measured_steps"] for r in done):
+            report.data["modes"][mode] = summarize([r for r in done if r["measured_steps"]])
+        add_ratios(report.data)
+        report.data["total_s"] = time.monotonic() - t_all
+        report.write()  # what is measured so far, in case the run is cut short (a time-limited GPU call)
+
     try:
         if args.device == "cuda" and args.cuda_graphs is not None and not args.no_graph_baseline:
             report.update(graph_decode_baseline(args, shape, model_name))
             print(f"  graph-decode baseline: {report.data['graph_decode']}", flush=True)
+        rig = build_rig(args, shape)
+        report.update({"rig": {"build_s": rig.build_s, "warm_s": rig.warm_s}})
+        print(f"  engine built in {rig.build_s:.1f} s, warmed in {rig.warm_s:.1f} s (shared by every mode)", flush=True)
         for k in range(rounds):  # interleaved, so a busy moment of a shared machine hits every mode alike
             for mode in modes:
                 why = mode_unavailable(mode)
@@ -544,47 +643,64 @@ def main(argv: list[str] | None = None) -> int:
                     report.data["modes"][mode] = {"skipped": why}
                     report.write()
                     continue
-                r = run_mode(mode, args, shape)
-                gc.collect()  # the mode's model, engine and trainer refer to each other: free them (KV buffer
-                if args.device == "cuda":  # included) before the next mode builds its own
-                    torch.cuda.empty_cache()
+                r = run_mode(mode, rig, args, shape, on_step=lambda row, m=mode: publish(m, row))
                 runs[mode].append(r)
+                rate = r["fresh_samples"] / r["measured_s"] if r["measured_s"] > 0 else float("nan")
                 print(
-                    f"  round {k + 1}/{rounds} {mode}: {r['trained_samples'] / r['measured_s']:.2f} samples/s, "
-                    f"draining {sum(r['draining_s']):.2f} of {r['measured_s']:.2f} s, run {r['run_s']:.1f} s, "
-                    f"{r['measured_steps']} measured steps{' (cut by the budget)' if r['cut_by_budget'] else ''}, "
+                    f"  round {k + 1}/{rounds} {mode}: {rate:.2f} samples/s over {r['measured_steps']} measured "
+                    f"steps (after {r['warmup_steps']} warm-up), draining {sum(r['draining_s']):.2f} of "
+                    f"{r['measured_s']:.2f} s, run {r['run_s']:.1f} s"
+                    f"{' (cut by the budget)' if r['cut_by_budget'] else ''}, "
                     f"load {r['loadavg_start']:.1f}->{r['loadavg_end']:.1f}",
                     flush=True,
                 )
-                report.data["modes"][mode] = summarize(runs[mode])
                 report.data["rounds_done"] = k + (mode == modes[-1])
-                add_ratios(report.data)
-                report.data["total_s"] = time.monotonic() - t_all
-                report.write()  # what is measured so far, in case the run is cut short (a time-limited GPU call)
+                publish(mode)
     finally:
-        shutdown_distributed()
-    out = report.data
+        try:
+            if rig is not None:
+                rig.close()
+                if args.cuda_graphs is not None:
+                    # megatron-core keeps the captured graphs, and with them the engine's KV buffer, in
+                    # process-wide records
+                    release_model_graphs(rig.model)
+        finally:
+            shutdown_distributed()
+    print_table(report.data)
+    print(f"total {report.data.get('total_s', 0.0):.0f} s; wrote {args.out}")
+    return 0
+
+
+def print_table(out: dict[str, Any]) -> None:
+    """The modes side by side, then each ratio (or why there is none)."""
     results = {m: r for m, r in out["modes"].items() if "samples_per_s" in r}
     cols = [
         ("mode", "{}"),
         ("samples_per_s", "{:.2f}"),
-        ("samples_per_cpu_s", "{:.2f}"),
+        ("spread", "{}"),
+        ("steps", "{}"),
         ("draining_share", "{:.3f}"),
         ("handoff_p50_ms", "{:.1f}"),
-        ("spanning_rollouts", "{}"),
         ("decode_tokens_per_s", "{:.0f}"),
+        ("mean_running", "{:.0f}"),
     ]
     print()
     print("  ".join(f"{c:>19}" if i else f"{c:<6}" for i, (c, _) in enumerate(cols)))
     for m, r in results.items():
-        cells = [m] + [fmt.format(r[c]) for c, fmt in cols[1:]]
+        values = {
+            **r,
+            "spread": spread_text(r),
+            "steps": r["measured_steps"],
+            "mean_running": r["mean_running_requests"],
+        }
+        cells = [m] + [fmt.format(values[c]) for c, fmt in cols[1:]]
         print("  ".join(f"{x:>19}" if i else f"{x:<6}" for i, x in enumerate(cells)))
     print()
     for k, v in out.items():
-        if k.startswith("ratio_"):
+        if k.startswith("ratio_") and not k.endswith("_cpu") and isinstance(v, float):
             print(f"{k} = {v:.2f}")
-    print(f"total {out.get('total_s', 0.0):.0f} s; wrote {args.out}")
-    return 0
+    for k, why in (out.get("no_ratio") or {}).items():
+        print(f"no ratio_{k}: {why}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _gpu as g
-from _handoff import NeverEndsTokenizer
 
 
 def build(args: argparse.Namespace, tok: Any, graphs: bool) -> Any:
@@ -193,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     g.setup(args.device)
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
 
-    tok = NeverEndsTokenizer(CharTokenizer())
+    tok = CharTokenizer(generates_eod=False)  # nothing stops before its requested length
     res = g.Results(
         args.out,
         bench="park_probe",

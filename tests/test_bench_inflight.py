@@ -30,53 +30,79 @@ def _logger_levels_restored():
         logging.getLogger(n).setLevel(level)
 
 
-def test_reasoning_smoke_writes_every_mode_and_the_ratios(tmp_path):
+def test_reasoning_smoke_writes_every_mode_and_the_ratios_on_one_engine(tmp_path, monkeypatch):
+    from colo_fsm.adapters.megatron.engine import MegatronEngine
+
+    builds = []
+    real_bring_up = MegatronEngine.bring_up
+    monkeypatch.setattr(MegatronEngine, "bring_up", lambda self: (builds.append(1), real_bring_up(self))[1])
     out = tmp_path / "inflight_handoff_reasoning_smoke.json"
-    argv = ["--workload", "reasoning", "--smoke", "--steps", "5", "--out", str(out)]
+    argv = ["--workload", "reasoning", "--smoke", "--steps", "3", "--out", str(out)]
     assert inflight_handoff.main(argv) == 0
+    assert builds == [1], "every mode must run on the one engine the process built"
     data = json.loads(out.read_text())
+    assert data["rig"]["build_s"] >= 0 and data["min_steps_for_a_ratio"] == 3
     assert data["workload"] == "reasoning" and data["shape"]["samples_per_group"] == 2
     for mode in ("park", "drain", "sync"):
         row = data["modes"][mode]
         assert row["samples_per_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["samples_per_cpu_s"] > 0
         assert not row["cut_by_budget"] and row["loadavg"] and 0 < row["cpu_share"]
+        assert row["measured_steps"] == 3 and row["step_samples_per_s"]["n"] == 3
+        assert row["fresh_samples"] <= row["trained_samples"] + 2 * 4 * 2  # at most the buffer's carry-over more
     assert data["modes"]["sync"]["warmup_steps"] == 0 and data["modes"]["park"]["warmup_steps"] == 1
     abort = data["modes"]["abort"]
-    assert "samples_per_s" in abort or "abort" in abort["skipped"]
+    assert abort["samples_per_s"] > 0 and abort["inflight_stats"]["ended"] >= 0
     for other in ("sync", "drain"):
         assert data[f"ratio_park_over_{other}"] == pytest.approx(
             data["modes"]["park"]["samples_per_s"] / data["modes"][other]["samples_per_s"]
         )
 
 
-def test_the_mode_budget_stops_each_mode_after_its_first_measured_step(tmp_path):
+def test_the_mode_budget_stops_each_mode_after_its_first_measured_step_and_no_ratio_is_given(tmp_path, capsys):
     out = tmp_path / "budget.json"
     argv = ["--workload", "reasoning", "--smoke", "--modes", "park,sync", "--steps", "6", "--mode-budget-s", "1e-3"]
     assert inflight_handoff.main([*argv, "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     for mode in ("park", "sync"):
         assert data["modes"][mode]["cut_by_budget"] and data["modes"][mode]["measured_steps"] == 1
+    assert "ratio_park_over_sync" not in data  # one step each: an anecdote, not a ratio
+    assert data["no_ratio"]["park_over_sync"] == "park has 1 measured step(s), fewer than 3"
+    assert "no ratio_park_over_sync: park has 1 measured step(s)" in capsys.readouterr().out
 
 
 def test_a_run_cut_after_the_first_mode_keeps_its_data(tmp_path, monkeypatch):
     out = tmp_path / "cut.json"
     real = inflight_handoff.run_mode
 
-    def dies_in_drain(mode, args, shape):
-        if mode == "drain":
-            raise KeyboardInterrupt("the device call's time limit")
-        return real(mode, args, shape)
+    def dies_in_drains_third_step(mode, rig, args, shape, on_step=None):
+        steps = []
 
-    monkeypatch.setattr(inflight_handoff, "run_mode", dies_in_drain)
+        def count(row):
+            steps.append(row)
+            on_step(row)
+            if mode == "drain" and len(steps) == 2:
+                raise KeyboardInterrupt("the device call's time limit")
+
+        return real(mode, rig, args, shape, on_step=count)
+
+    monkeypatch.setattr(inflight_handoff, "run_mode", dies_in_drains_third_step)
     with pytest.raises(KeyboardInterrupt):
         inflight_handoff.main(["--workload", "reasoning", "--smoke", "--modes", "park,drain", "--out", str(out)])
     assert out.exists(), "nothing written before the run was cut"
     data = json.loads(out.read_text())
-    assert data["modes"]["park"]["samples_per_s"] > 0 and "drain" not in data["modes"]
+    assert data["modes"]["park"]["samples_per_s"] > 0 and data["modes"]["park"]["measured_steps"] == 3
+    assert data["modes"]["drain"]["measured_steps"] == 2  # the steps measured before the cut are kept
+    assert "ratio_park_over_drain" not in data and "fewer than 3" in data["no_ratio"]["park_over_drain"]
 
 
 def test_ratios_compare_park_with_the_graph_decode_at_its_concurrency():
-    row = {"samples_per_s": 2.0, "samples_per_cpu_s": 1.0, "decode_tokens_per_s": 900.0}
+    row = {
+        "samples_per_s": 2.0,
+        "samples_per_cpu_s": 1.0,
+        "decode_tokens_per_s": 900.0,
+        "measured_steps": 3,
+        "per_round_samples_per_s": [2.0],
+    }
     out = {
         "modes": {
             "park": {**row, "samples_per_s": 6.0, "engine_decode_tokens_per_s": 14000.0, "mean_running_requests": 120},
@@ -89,6 +115,7 @@ def test_ratios_compare_park_with_the_graph_decode_at_its_concurrency():
     }
     add_ratios(out)
     assert out["ratio_park_over_sync"] == 3.0 and "ratio_park_over_abort" not in out
+    assert out["no_ratio"] == {"park_over_abort": "abort did not run (not offered)"}
     assert out["graph_decode_batch"] == 128 and out["graph_decode_tokens_per_s"] == 20000.0
     assert out["ratio_park_decode_over_graph_decode"] == pytest.approx(0.7)
 

@@ -398,14 +398,28 @@ def test_moe_gpt_on_the_cpu_has_expert_layers_in_the_training_mode(dist1) -> Non
 def test_engine_paths_bench_compares_mode_by_mode() -> None:
     from bench.engine_paths import compare, step_wall_ms
 
-    row = {"samples_per_s": 2.0, "decode_steps_per_s": 50.0, "engine_idle_share": 0.5, "handoff_p50_ms": 1.0}
+    row = {
+        "samples_per_s": 2.0,
+        "decode_steps_per_s": 50.0,
+        "engine_idle_share": 0.5,
+        "handoff_p50_ms": 1.0,
+        "measured_steps": 3,
+    }
     assert step_wall_ms(row) == pytest.approx(10.0) and math.isnan(step_wall_ms({"decode_steps_per_s": 0}))
     faster = {**row, "samples_per_s": 3.0, "decode_steps_per_s": 100.0}
-    out = compare(
-        {"direct": {"modes": {"park": row, "abort": {"skipped": "x"}}}, "coordinator": {"modes": {"park": faster}}}
+    one_step = {**row, "measured_steps": 1}
+    out, no_ratio = compare(
+        {
+            "direct": {"modes": {"park": row, "drain": row, "abort": {"skipped": "x"}}},
+            "coordinator": {"modes": {"park": faster, "drain": one_step}},
+        }
     )
     assert list(out) == ["park"]
     assert out["park"]["ratio_samples_per_s"] == pytest.approx(1.5) and out["park"]["ratio_step_wall_ms"] == 0.5
+    assert no_ratio == {
+        "drain": "coordinator drain has 1 measured step(s), fewer than 3",
+        "abort": "direct abort did not run (x)",
+    }
 
 
 def test_server_traffic_holds_at_most_its_share_of_the_engine() -> None:
@@ -436,10 +450,9 @@ def test_server_traffic_holds_at_most_its_share_of_the_engine() -> None:
         eng.shutdown()
 
 
-def test_the_bench_tokenizer_pickles_into_the_coordinator_process() -> None:
+def test_the_fixed_length_tokenizer_pickles_into_the_coordinator_process() -> None:
     import pickle
 
-    from bench._coordinator import EodOutsideTokenizer
-
-    tok = pickle.loads(pickle.dumps(EodOutsideTokenizer("0123>")))
+    tok = pickle.loads(pickle.dumps(CharTokenizer("0123>", generates_eod=False)))
     assert tok.eod == tok.vocab_size == 8 and tok.tokenize("1>") == [4, 7] and tok.alphabet == "0123>"
+    assert CharTokenizer("0123>").eod == 2

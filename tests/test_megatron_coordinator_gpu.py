@@ -29,11 +29,10 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 pytest.importorskip("zmq", reason="pyzmq (the coordinator extra)")
 pytest.importorskip("msgpack", reason="msgpack (the coordinator extra)")
 
-from bench._coordinator import EodOutsideTokenizer  # noqa: E402
 from colo_fsm.adapters.megatron.coordinator import CoordinatorConfig, CoordinatorEngine  # noqa: E402
 from colo_fsm.adapters.megatron.mode import mode_control  # noqa: E402
 from colo_fsm.adapters.megatron.model import ModelConfig, build_model  # noqa: E402
-from colo_fsm.adapters.megatron.tokenizer import DEFAULT_ALPHABET  # noqa: E402
+from colo_fsm.adapters.megatron.tokenizer import DEFAULT_ALPHABET, CharTokenizer  # noqa: E402
 from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig  # noqa: E402
 from colo_fsm.errors import EngineRebuild, EngineStateMismatch  # noqa: E402
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig  # noqa: E402
@@ -41,7 +40,7 @@ from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig  # noqa: E402
 # end-of-document outside the model's vocabulary: every request runs to its requested length (greedy decoding of a
 # random model would otherwise stop wherever it first picks eod); a plain class, so it pickles into megatron's
 # coordinator process
-TOK = EodOutsideTokenizer(DEFAULT_ALPHABET)
+TOK = CharTokenizer(DEFAULT_ALPHABET, generates_eod=False)
 SEQ = 1024
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
 
