@@ -11,6 +11,9 @@ What :class:`~colo_fsm.adapters.megatron.coordinator.CoordinatorEngine` touches,
 * ``SET_GENERATION_EPOCH`` stamps ``policy_epoch`` boundaries ``(index of the last token, epoch)`` on every
   request, and new requests get ``[(0, epoch)]``;
 * ``add_request`` asserts like megatron when log-probs are asked with prompt log-probs;
+* the stop-word hook: a request whose id is in ``engine.stop_word_finished_request_ids`` is finished at the next
+  decode step with the tokens it has (none appended), and ``engine.context`` lists the requests in the context
+  (``request_ids[:total_request_count]``; here every request is in it, none waits);
 * coroutine methods ``generate``, ``pause``, ``unpause``, ``suspend``, ``resume``, ``shutdown``; the epoch goes
   through ``_coord_runtime.client.set_generation_epoch``.
 
@@ -43,8 +46,23 @@ class FakeRequest:
     status: Any = None
 
 
+class FakeContext:
+    def __init__(self, engine: FakeEngine) -> None:
+        self._engine = engine
+
+    @property
+    def request_ids(self) -> list[int]:
+        return list(self._engine.requests)
+
+    @property
+    def total_request_count(self) -> int:
+        return len(self._engine.requests)
+
+
 class FakeEngine:
     def __init__(self, eod: int) -> None:
+        self.stop_word_finished_request_ids: set[int] = set()
+        self.context = FakeContext(self)
         self.state = SimpleNamespace(name="RUNNING")
         self.eod = eod
         self.requests: dict[int, FakeRequest] = {}
@@ -109,16 +127,23 @@ class FakeEngine:
             elif sig == "stop":
                 self._set("STOPPING")
 
+    def _finish(self, r: FakeRequest) -> None:
+        r.status = SimpleNamespace(name="COMPLETED")
+        del self.requests[r.request_id]
+        if not r.future.done():
+            r.future.set_result(r)
+
     def _step(self) -> None:
         for r in list(self.requests.values()):
+            if r.request_id in self.stop_word_finished_request_ids:  # megatron's hook: finished, nothing appended
+                self.stop_word_finished_request_ids.discard(r.request_id)
+                self._finish(r)
+                continue
             tok = 3 + (len(r.prompt_tokens) + len(r.generated_tokens)) % 20
             r.generated_tokens.append(tok)
             r.generated_log_probs.append(-0.25)
             if len(r.generated_tokens) >= r.sampling_params.num_tokens_to_generate:
-                r.status = SimpleNamespace(name="COMPLETED")
-                del self.requests[r.request_id]
-                if not r.future.done():
-                    r.future.set_result(r)
+                self._finish(r)
         self.steps += 1
         self.stepped.set()
 
@@ -249,4 +274,4 @@ class FakeAsyncLLM:
         self.thread.join(10)
 
 
-__all__ = ["FakeAsyncLLM", "FakeClient", "FakeEngine", "FakeRequest"]
+__all__ = ["FakeAsyncLLM", "FakeClient", "FakeContext", "FakeEngine", "FakeRequest"]

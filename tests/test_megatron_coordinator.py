@@ -57,12 +57,12 @@ class TinyModel(torch.nn.Module):
         self.max_sequence_length = 64
 
 
-def make(**kw: Any) -> tuple[CoordinatorEngine, dict[str, int]]:
+def make(inflight: str = "park", **kw: Any) -> tuple[CoordinatorEngine, dict[str, int]]:
     version = {"v": 0}
     eng = CoordinatorEngine(
         TinyModel(),
         CharTokenizer(),
-        CoordinatorConfig(watch_interval_s=0.01, control_timeout_s=30.0),
+        CoordinatorConfig(watch_interval_s=0.01, control_timeout_s=30.0, inflight=inflight),
         weight_version=lambda: version["v"],
         llm_factory=FakeAsyncLLM,
         **kw,
@@ -456,3 +456,98 @@ def test_the_fixed_length_tokenizer_pickles_into_the_coordinator_process() -> No
     tok = pickle.loads(pickle.dumps(CharTokenizer("0123>", generates_eod=False)))
     assert tok.eod == tok.vocab_size == 8 and tok.tokenize("1>") == [4, 7] and tok.alphabet == "0123>"
     assert CharTokenizer("0123>").eod == 2
+
+
+# ---------------------------------------------------------------------------------------------- in-flight policies
+def _suspend_resume(eng: CoordinatorEngine, version: dict[str, int], to: int) -> None:
+    eng.suspend()
+    version["v"] = to
+    eng.resume()
+
+
+def test_abort_ends_the_running_requests_and_resubmits_prompt_plus_tokens_after_the_resume() -> None:
+    """inflight="abort" on the coordinator path: megatron's stop-word hook ends the requests running at the suspend
+    (no per-request abort in megatron-core 0.19.2); after the resume each goes back as prompt + the tokens it had
+    with the rest of its max_tokens, and its caller gets one completion with every token and its version."""
+    eng, version = make("abort")
+    eng.bring_up()
+    try:
+        llm = fake(eng)
+        llm.engine.allow_steps = 0
+        handles = [eng.submit([5, 6, 7, 8], max_tokens=n) for n in (10, 6)]
+        wait_for(lambda: len(llm.engine.requests) == 2, "both requests in megatron's engine")
+        llm.engine.allow_steps = 3
+        wait_for(lambda: llm.engine.steps == 3, "three decode steps")
+        llm.engine.allow_steps = None  # the stop-word step the abort waits for runs freely
+        eng.suspend()
+        assert not llm.engine.requests, "the suspend left requests in megatron's engine"
+        assert eng.request_counts() == (2, 0, 0)  # both wait for their resubmission
+        assert eng.inflight_stats() == (2, 2 * (4 + 3), 0, 0)  # prompt + 3 tokens of KV each, discarded
+        assert not any(h.done() for h in handles)
+        version["v"] = 1
+        eng.resume()
+        wait_for(lambda: all(h.done() for h in handles), "every ended request answered after the resume")
+        outs = [h.result() for h in handles]
+        assert [len(c.token_ids) for c in outs] == [10, 6] and all(c.finish_reason == "length" for c in outs)
+        assert outs[0].weight_versions == (0, 0, 0) + (1,) * 7 and outs[1].weight_versions == (0, 0, 0, 1, 1, 1)
+        assert all(c.resubmissions == 1 and c.prompt_ids == (5, 6, 7, 8) for c in outs)
+        # the continuation is what the engine makes from prompt + tokens so far (the fake's tokens follow position)
+        assert outs[0].token_ids == tuple(3 + (4 + i) % 20 for i in range(10))
+        assert eng.inflight_stats() == (2, 14, 2, 14) and eng.request_counts() == (0, 0, 0)
+    finally:
+        eng.shutdown()
+
+
+def test_a_request_cancelled_while_waiting_for_its_resubmission_is_never_sent_again() -> None:
+    eng, version = make("abort")
+    eng.bring_up()
+    try:
+        llm = fake(eng)
+        h = eng.submit([5, 6], max_tokens=10)
+        wait_for(lambda: llm.engine.steps >= 2, "two decode steps")
+        eng.suspend()
+        carried = len(h.carry.token_ids)
+        assert carried >= 2 and h.cancel()
+        assert h.result().finish_reason == "abort" and len(h.result().token_ids) == carried
+        sent = llm._next
+        _suspend_resume(eng, version, 1)  # the resume resubmits nothing for it
+        eng.resume()
+        assert llm._next == sent and eng.request_counts() == (0, 0, 0)
+        assert eng.inflight_stats().reprefills == 0
+    finally:
+        eng.shutdown()
+
+
+def test_drain_waits_for_every_answer_before_the_pause() -> None:
+    eng, version = make("drain")
+    eng.bring_up()
+    try:
+        llm = fake(eng)
+        handles = [eng.submit([5, 6], max_tokens=n) for n in (3, 30)]
+        wait_for(lambda: llm.engine.steps >= 1, "a decode step")
+        eng.suspend()
+        assert all(h.done() for h in handles), "a drain-mode suspend returned with requests unanswered"
+        assert [len(h.result().token_ids) for h in handles] == [3, 30] and eng.inflight_stats().ended == 0
+        eng.resume()
+    finally:
+        eng.shutdown()
+
+
+def test_the_policy_switches_only_while_no_request_is_pending() -> None:
+    eng, _ = make()
+    eng.bring_up()
+    try:
+        llm = fake(eng)
+        llm.engine.allow_steps = 0
+        h = eng.submit([5, 6], max_tokens=2)
+        with pytest.raises(LifecycleError, match=r"set_inflight\('abort'\) with 1 request"):
+            eng.set_inflight("abort")
+        llm.engine.allow_steps = None
+        h.result(timeout=20)
+        wait_for(lambda: eng.request_counts() == (0, 0, 0), "the reply handled")
+        eng.set_inflight("abort")
+        assert eng.inflight.value == "abort" and eng.config.inflight == "abort"
+        with pytest.raises(ConfigError, match="inflight"):
+            eng.set_inflight("sometimes")
+    finally:
+        eng.shutdown()

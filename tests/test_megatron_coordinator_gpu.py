@@ -99,7 +99,7 @@ def _prompts(n: int, length: int = 32) -> list[list[int]]:
 class _Run:
     """A lifecycle over a coordinator engine and the real trainer on one model."""
 
-    def __init__(self, model: Any, mode: str) -> None:
+    def __init__(self, model: Any, mode: str, inflight: str = "park") -> None:
         self.trainer = MegatronTrainer(
             model, TrainerConfig(lr=1e-3, backend="torch")
         )  # the adapter under test, not DDP
@@ -107,7 +107,9 @@ class _Run:
         self.engine = CoordinatorEngine(
             model,
             TOK,
-            CoordinatorConfig(kv_cache_mode=mode, buffer_size_gb=2.0, max_requests=64, control_timeout_s=120.0),
+            CoordinatorConfig(
+                kv_cache_mode=mode, buffer_size_gb=2.0, max_requests=64, control_timeout_s=120.0, inflight=inflight
+            ),
             max_sequence_length=SEQ,
             weight_version=lambda: self.box["lc"].weight_version if "lc" in self.box else 0,
         )
@@ -167,6 +169,30 @@ def test_park_across_suspend_train_resume_then_a_mismatch_is_refused(dense, mode
     finally:
         lc.stop()
     assert eng.native_state() == "STOPPED"
+
+
+def test_abort_ends_requests_at_the_handoff_and_resubmits_them_after(dense) -> None:
+    """inflight="abort" on megatron-core's own engine loop: the lifecycle's handoff ends the requests running in
+    megatron's engine (its stop-word hook), and after the training step each is re-prefilled as prompt + its
+    tokens and runs to exactly its length, its tokens stamped with the version that made them."""
+    run = _Run(dense, "persist", inflight="abort")
+    lc, eng = run.lc, run.engine
+    lc.start()
+    try:
+        lengths = [96, 192, 320, 448]
+        handles = [eng.submit(p, max_tokens=n) for p, n in zip(_prompts(len(lengths)), lengths)]
+        _wait_decoding(eng, 40)
+        lc.step(_rollouts())
+        stats = eng.inflight_stats()
+        assert stats.ended == len(lengths) and stats.discarded_tokens > len(lengths) * 32
+        outs = [h.result(timeout=180) for h in handles]
+        for n, c in zip(lengths, outs):
+            assert len(c.token_ids) == n and len(c.logprobs) == n and all(math.isfinite(x) for x in c.logprobs)
+            assert c.resubmissions == 1 and c.weight_versions[0] == 0 and c.weight_versions[-1] == 1
+            assert list(c.weight_versions) == sorted(c.weight_versions)
+        assert eng.inflight_stats().reprefills == len(lengths) and eng.request_counts() == (0, 0, 0)
+    finally:
+        lc.stop()
 
 
 def test_moe_generates_trains_after_a_resume_and_generates_again(moe) -> None:

@@ -14,6 +14,10 @@ The handoff is megatron's own (see :mod:`colo_fsm.adapters.megatron.coordinator_
   resume -> wait RESUMED -> unpause -> wait RUNNING. The lifecycle drains this rank's device and meets the
   barrier before calling it (and after ``suspend()``), as for every engine.
 
+``CoordinatorConfig.inflight`` picks what the suspend does with the requests in flight first: "park" (the above),
+"drain" (wait for their answers) or "abort" (end them through megatron's stop-word hook, resubmit after the
+resume): see :mod:`colo_fsm.adapters.megatron.coordinator_inflight`.
+
 Each token's weight version comes from megatron's own ``policy_epoch`` stamps (checked against the epochs this
 engine set). The engine loop is watched: if it ends (megatron turns an exception in its loop into
 ``sys.exit`` on the loop thread, so nothing else would ever answer), every pending request fails at once with
@@ -29,13 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import queue
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from colo_fsm.adapters.batching import OnToken, Priority, RequestCounts, TokenCompletion
+from colo_fsm.adapters.batching import InflightPolicy, InflightStats, OnToken, Priority, RequestCounts, TokenCompletion
 from colo_fsm.adapters.engine.options import positive_int, share_slots
 from colo_fsm.adapters.megatron.batch_calls import TextGeneration, submit_and_wait, timing_medians
 from colo_fsm.adapters.megatron.coordinator_config import (
@@ -51,6 +56,7 @@ from colo_fsm.adapters.megatron.coordinator_config import (
     run_elsewhere,
     stop_process,
 )
+from colo_fsm.adapters.megatron.coordinator_inflight import carry_over, end_running, ended_early
 from colo_fsm.adapters.megatron.coordinator_requests import (
     CoordinatorHandle,
     ServerShare,
@@ -132,7 +138,14 @@ class CoordinatorEngine(TextGeneration):
         self._stopping = False
         self._dead: EngineLoopDied | None = None
         self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)  # notified whenever a reply was handled
         self._pending: dict[int, CoordinatorHandle] = {}
+        self.inflight = InflightPolicy(self.config.inflight)
+        self._ending: set[int] = set()  # ids of requests in megatron's engine when an abort-mode suspend ended them
+        self._ending_replies = 0  # replies of those since
+        self._holding = False  # an abort-mode handoff is under way: ended requests wait for the resume
+        self._to_resubmit: list[CoordinatorHandle] = []  # ended at a suspend, sent again after the resume
+        self._inflight_stats = [0, 0, 0, 0]  # ended, discarded tokens, re-prefills, re-prefilled tokens
         self._next_id = 0
         self._done_q: queue.SimpleQueue[tuple[CoordinatorHandle, concurrent.futures.Future[Any]]] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
@@ -210,6 +223,10 @@ class CoordinatorEngine(TextGeneration):
         """Park every request: pause -> PAUSED -> suspend -> SUSPENDED; then the model back to training mode."""
         llm = self._live("suspend")
         t0 = time.perf_counter()
+        if self.native_state() == "RUNNING" and self.inflight is InflightPolicy.DRAIN:
+            self._wait_answered(lambda: not any(h.in_engine for h in self._pending.values()), "drain")
+        elif self.native_state() == "RUNNING" and self.inflight is InflightPolicy.ABORT:
+            self._end_in_flight(llm)
         if self.native_state() != "SUSPENDED":
             for call, want in SLEEP:
                 self._call(getattr(llm, call)(), f"{call} (to {want})")
@@ -230,6 +247,7 @@ class CoordinatorEngine(TextGeneration):
         for call, want in WAKE:
             self._call(getattr(llm, call)(), f"{call} (to {want})")
             self.transitions.append((call, self.native_state()))
+        self._resubmit_ended()
         self.timings.append(("resume", time.perf_counter() - t0))
 
     def shutdown(self) -> None:
@@ -292,10 +310,31 @@ class CoordinatorEngine(TextGeneration):
         return int(getattr(getattr(self._llm.engine, "context", None), "step_count", 0) or 0)
 
     def request_counts(self) -> RequestCounts:
-        """Requests this rank submitted and not answered yet: running while RUNNING, else parked."""
+        """Requests this rank submitted and not answered yet: in megatron's engine (running while RUNNING, else
+        parked), or queued here (waiting for a server slot, or ended by an abort-mode suspend and not resubmitted)."""
         with self._lock:
-            n = len(self._pending)
-        return RequestCounts(0, n, 0) if self.native_state() == "RUNNING" else RequestCounts(0, 0, n)
+            n = sum(1 for h in self._pending.values() if h.in_engine)
+            queued = len(self._pending) - n
+        return RequestCounts(queued, n, 0) if self.native_state() == "RUNNING" else RequestCounts(queued, 0, n)
+
+    def inflight_stats(self) -> InflightStats:
+        """What ``inflight="abort"`` cost so far: requests ended at suspends, the KV tokens they held, and their
+        re-admissions with the tokens those prefilled again (zeros under "park" and "drain")."""
+        with self._lock:
+            return InflightStats(*self._inflight_stats)
+
+    def set_inflight(self, inflight: str) -> None:
+        """Change what the next suspends do with the requests in flight ("park", "drain" or "abort"); only while
+        no request is pending (:class:`~colo_fsm.errors.LifecycleError` otherwise)."""
+        config = dataclasses.replace(self.config, inflight=inflight)  # validated as at construction
+        with self._lock:
+            if self._pending:
+                raise LifecycleError(
+                    f"coordinator engine set_inflight({config.inflight!r}) with {len(self._pending)} request(s) "
+                    "pending: switch the policy while the engine is idle"
+                )
+            self.config = config
+            self.inflight = InflightPolicy(config.inflight)
 
     def timing_summary(self) -> dict[str, float]:
         """Median suspend and resume seconds so far."""
@@ -361,7 +400,6 @@ class CoordinatorEngine(TextGeneration):
                     "(counted in seeds_not_applied)",
                     seed,
                 )
-        sp = sampling_params(max_tokens, temperature, top_p, top_k, int(self.tokenizer.eod))
         with self._lock:
             rid = self._next_id
             self._next_id += 1
@@ -371,22 +409,34 @@ class CoordinatorEngine(TextGeneration):
                 on_token=on_token,
                 stop_token_ids=frozenset(int(t) for t in stop_token_ids),
                 admitted_version=int(self._weight_version()),
+                max_tokens=max_tokens,
+                sampling=(float(temperature), float(top_p), int(top_k)),
             )
             self._pending[rid] = handle
         handle.server = int(priority) == int(Priority.SERVER)
-        if handle.server:  # HTTP traffic holds at most its share of the engine; the rest waits here
-            self.server_share.admit(lambda: self._send(handle, sp))
-        else:
-            self._send(handle, sp)
+        self._admit(handle)
         return handle
 
-    def _send(self, handle: CoordinatorHandle, sp: Any) -> None:
-        if handle.future.done():  # cancelled (or failed) while it waited for a server slot
+    def _admit(self, handle: CoordinatorHandle) -> None:
+        """Send ``handle``'s next attempt: HTTP traffic holds at most its share of the engine, the rest waits."""
+        if handle.server:
+            self.server_share.admit(lambda: self._send(handle))
+        else:
+            self._send(handle)
+
+    def _send(self, handle: CoordinatorHandle) -> None:
+        if handle.future.done():  # cancelled (or failed) while it waited for a server slot or a resubmission
+            with self._lock:
+                self._pending.pop(handle.request_id, None)
             if handle.server:
                 self.server_share.release()
             return
         assert self._loop is not None
-        fut = asyncio.run_coroutine_threadsafe(self._llm.generate(list(handle.prompt_ids), sp), self._loop)
+        temperature, top_p, top_k = handle.sampling
+        sp = sampling_params(handle.tokens_left, temperature, top_p, top_k, int(self.tokenizer.eod))
+        with self._lock:
+            handle.in_engine = True
+        fut = asyncio.run_coroutine_threadsafe(self._llm.generate(list(handle.attempt_prompt), sp), self._loop)
 
         def finished(f: concurrent.futures.Future[Any], h: CoordinatorHandle = handle) -> None:
             self._done_q.put((h, f))  # turned into a completion on the watch thread, off megatron's loop
@@ -525,10 +575,32 @@ class CoordinatorEngine(TextGeneration):
             self._finish(handle, fut)
 
     def _finish(self, handle: CoordinatorHandle, fut: concurrent.futures.Future[Any]) -> None:
+        try:
+            self._answer(handle, fut)
+        finally:
+            with self._answered:
+                if handle.request_id in self._ending:
+                    self._ending.discard(handle.request_id)
+                    self._ending_replies += 1
+                self._answered.notify_all()
+
+    def _answer(self, handle: CoordinatorHandle, fut: concurrent.futures.Future[Any]) -> None:
+        ended = (
+            handle.request_id in self._ending
+            and not handle.future.done()
+            and not fut.cancelled()
+            and fut.exception() is None
+            and ended_early(fut.result(), max_tokens=handle.tokens_left, eod=int(self.tokenizer.eod))
+        )
         with self._lock:
-            self._pending.pop(handle.request_id, None)
+            handle.in_engine = False
+            if not ended:
+                self._pending.pop(handle.request_id, None)
         if handle.server:
             self.server_share.release()
+        if ended:
+            self._carry(handle, fut.result())
+            return
         if handle.future.done():
             self.cancelled_still_decoding += 1
             return
@@ -551,6 +623,70 @@ class CoordinatorEngine(TextGeneration):
             settle(handle.future, exc=err)
         else:
             settle(handle.future, result=completion)
+
+    # ------------------------------------------------------------------ in-flight policy (coordinator_inflight)
+    def _wait_answered(self, done: Callable[[], bool], what: str) -> None:
+        """Wait until ``done()`` holds (read under the lock), watching megatron's loop; bounded by
+        ``control_timeout_s``."""
+        deadline = time.monotonic() + self.config.control_timeout_s
+        while True:
+            with self._answered:
+                if done() or (self._answered.wait(self.config.watch_interval_s) and done()):
+                    return
+            death = self._loop_death()
+            if death is not None:
+                self._on_death(death)
+            if self._dead is not None:
+                raise self._dead
+            if time.monotonic() > deadline:
+                raise WaitTimeout(what, self.config.control_timeout_s, f"EngineState {self.native_state()}")
+
+    def _end_in_flight(self, llm: Any) -> None:
+        """``inflight="abort"``: end the requests running in megatron's engine (its stop-word hook, at its next
+        step) and wait for as many replies, which carry each one's tokens over to its resubmission. A request sent
+        but still in megatron's queue is not ended (it holds no KV); if it takes one of those replies, a late
+        ended reply is resubmitted when it comes (:meth:`_carry`)."""
+        with self._lock:
+            self._ending = {h.request_id for h in self._pending.values() if h.in_engine}
+            self._ending_replies = 0
+            self._holding = True
+        ended = self._call(end_running(llm.engine), "end the requests in flight") if self._ending else 0
+        log.debug("abort-mode suspend: %d request(s) running in megatron's engine ended", ended)
+        self._wait_answered(
+            lambda: self._ending_replies >= ended or not self._ending,
+            "the replies of the requests ended at the suspend",
+        )
+
+    def _carry(self, handle: CoordinatorHandle, record: Any) -> None:
+        """An ended attempt: its tokens carried over, the request resubmitted after the resume (at once if its
+        reply came after the resume)."""
+        held = carry_over(
+            handle.carry,
+            record,
+            prompt_len=len(handle.attempt_prompt),
+            sent=self.epochs_sent,
+            request_id=handle.request_id,
+        )
+        with self._lock:
+            self._inflight_stats[0] += 1
+            self._inflight_stats[1] += held
+            self._to_resubmit.append(handle)
+            late = not self._holding
+        if late:
+            self._resubmit_ended()
+
+    def _resubmit_ended(self) -> None:
+        """After the resume: every request ended at the suspend goes to megatron again as prompt + its tokens so
+        far, with the rest of its ``max_tokens``, re-prefilled under the new weights."""
+        with self._lock:
+            self._holding = False
+            again, self._to_resubmit = self._to_resubmit, []
+            for h in again:
+                if not h.future.done():
+                    self._inflight_stats[2] += 1
+                    self._inflight_stats[3] += len(h.attempt_prompt)
+        for h in again:
+            self._admit(h)
 
 
 __all__ = [

@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from colo_fsm.adapters.batching import DEFAULT_SERVER_SHARE, check_share, parse_logprobs_mode
+from colo_fsm.adapters.batching import DEFAULT_SERVER_SHARE, check_share, parse_inflight, parse_logprobs_mode
 from colo_fsm.adapters.engine.options import positive_int
 from colo_fsm.adapters.megatron.engine import KVCacheMode
 from colo_fsm.errors import ConfigError, WaitTimeout
@@ -39,7 +39,10 @@ class CoordinatorConfig:
     ``logprobs_mode`` ("raw": the untempered softmax, or "processed": after temperature, top-k, top-p) is
     megatron-core's ``InferenceConfig.logprobs_mode``, one for every request; ``server_share`` (in (0, 1]) bounds
     the share of ``max_requests`` that ``Priority.SERVER`` requests (HTTP traffic) hold in the engine at once
-    (the rest wait in the adapter), so the trainer's rollouts keep the rest.
+    (the rest wait in the adapter), so the trainer's rollouts keep the rest; ``inflight`` is what a suspend does
+    with the requests in flight: "park" (alias "keep", default: megatron keeps them), "drain" (alias "wait": the
+    suspend waits for their answers) or "abort" (ended, then resubmitted as prompt + tokens so far after the
+    resume: :mod:`~colo_fsm.adapters.megatron.coordinator_inflight`).
     """
 
     kv_cache_mode: str = "persist"
@@ -59,8 +62,10 @@ class CoordinatorConfig:
     expert_model_parallel_size: int | None = None
     expert_tensor_parallel_size: int | None = None
     context_parallel_size: int | None = None
+    inflight: str = "park"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "inflight", parse_inflight(self.inflight).value)
         object.__setattr__(self, "kv_cache_mode", KVCacheMode(_kv_mode(self.kv_cache_mode)).value)
         object.__setattr__(self, "logprobs_mode", parse_logprobs_mode(self.logprobs_mode).value)
         object.__setattr__(self, "server_share", check_share(self.server_share))

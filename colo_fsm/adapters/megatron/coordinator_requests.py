@@ -17,6 +17,7 @@ from typing import Any
 
 from colo_fsm.adapters.batching import OnToken, TokenCompletion
 from colo_fsm.adapters.engine.results import FutureHandle
+from colo_fsm.adapters.megatron.coordinator_inflight import Carry
 from colo_fsm.adapters.megatron.coordinator_states import token_versions
 from colo_fsm.errors import ConfigError
 from colo_fsm.log import get_logger
@@ -40,8 +41,10 @@ def as_list(x: Any) -> list[Any]:
 class CoordinatorHandle(FutureHandle):
     """One submitted request: ``future`` resolves to a :class:`~colo_fsm.adapters.batching.TokenCompletion`.
 
-    ``cancel()`` resolves it at once with finish "abort" and no tokens; megatron-core 0.19.2 has no per-request
-    abort, so the engine still decodes the request to its end and the reply is dropped.
+    ``cancel()`` resolves it at once with finish "abort" (and the tokens an ``inflight="abort"`` suspend carried
+    over, if any); megatron-core 0.19.2 has no per-request abort, so the engine still decodes the request to its
+    end and the reply is dropped. ``max_tokens`` and ``sampling`` (temperature, top-p, top-k) are kept for a
+    resubmission; ``carry`` holds what earlier attempts produced (:mod:`~.coordinator_inflight`).
     """
 
     def __init__(
@@ -52,17 +55,44 @@ class CoordinatorHandle(FutureHandle):
         on_token: OnToken | None,
         stop_token_ids: frozenset[int],
         admitted_version: int,
+        max_tokens: int = 1,
+        sampling: tuple[float, float, int] = (0.0, 1.0, 0),
     ) -> None:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.on_token = on_token
         self.stop_token_ids = stop_token_ids
         self.admitted_version = admitted_version
+        self.max_tokens = max_tokens
+        self.sampling = sampling
+        self.carry = Carry()
+        self.in_engine = False  # sent to megatron and not answered yet
         self.server = False  # a Priority.SERVER request: holds a slot of the server share while in the engine
         self.future: concurrent.futures.Future[TokenCompletion] = concurrent.futures.Future()
 
+    @property
+    def attempt_prompt(self) -> tuple[int, ...]:
+        """What the next attempt prefills: the prompt plus every token carried over from ended attempts."""
+        return self.prompt_ids + tuple(self.carry.token_ids)
+
+    @property
+    def tokens_left(self) -> int:
+        """``max_tokens`` minus the tokens carried over."""
+        return self.max_tokens - len(self.carry.token_ids)
+
     def _aborted(self) -> TokenCompletion:
-        return TokenCompletion(self.request_id, self.prompt_ids, (), (), (), "", "abort", self.admitted_version)
+        c = self.carry
+        return TokenCompletion(
+            self.request_id,
+            self.prompt_ids,
+            tuple(c.token_ids),
+            tuple(c.logprobs),
+            tuple(c.versions),
+            "",
+            "abort",
+            self.admitted_version,
+            resubmissions=c.attempts,
+        )
 
     def cancel(self) -> bool:
         """Resolve with finish "abort" (False if already done); the engine finishes the request on its own."""
@@ -148,15 +178,18 @@ class ServerShare:
 def build_completion(
     handle: CoordinatorHandle, req: Any, *, eod: int, detokenize: Callable[[list[int]], str], sent: Sequence[int]
 ) -> TokenCompletion:
-    """The :class:`TokenCompletion` of a finished megatron request: tokens, log-probs, per-token weight versions
-    (from ``policy_epoch``, checked against the epochs ``sent``), cut at the first stop token id or where the
-    handle's ``on_token`` returned False (called for each token in order)."""
+    """The :class:`TokenCompletion` of a finished megatron request: the tokens carried over from attempts an
+    ``inflight="abort"`` suspend ended, then this reply's; log-probs; per-token weight versions (from
+    ``policy_epoch``, checked against the epochs ``sent``); cut at the first stop token id or where the handle's
+    ``on_token`` returned False (called for each token in order)."""
+    c = handle.carry
     toks = [int(t) for t in as_list(req.generated_tokens)]
     lps = [float(x) for x in as_list(getattr(req, "generated_log_probs", None))]
     lps = (lps + [math.nan] * len(toks))[: len(toks)]
     versions = list(
-        token_versions(req.policy_epoch, len(handle.prompt_ids), len(toks), sent=sent, request_id=handle.request_id)
+        token_versions(req.policy_epoch, len(handle.attempt_prompt), len(toks), sent=sent, request_id=handle.request_id)
     )
+    toks, lps, versions = c.token_ids + toks, c.logprobs + lps, c.versions + versions
     status = state_name(getattr(req, "status", "")) or ""
     finish = "abort" if status.endswith("FAILED") else ""
     if finish:
@@ -183,6 +216,7 @@ def build_completion(
         detokenize(toks),
         finish,
         handle.admitted_version,
+        resubmissions=c.attempts,
     )
 
 

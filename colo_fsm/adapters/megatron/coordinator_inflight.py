@@ -1,0 +1,72 @@
+"""What a suspend does with the requests in flight on megatron-core's coordinator path: park, drain or abort.
+
+megatron-core 0.19.2's coordinator mode keeps every request in its engine across pause -> suspend -> resume ->
+unpause: that is *park*, and it needs nothing here. *Drain* waits, before the pause, until every request this
+engine submitted has been answered. *Abort* is the peers' colocated-async way. megatron-core 0.19.2 has no
+per-request abort, so the requests running in megatron's engine are ended through the engine's own stop-word hook:
+on megatron's loop their ids go into ``stop_word_finished_request_ids`` (:func:`end_running`), the next engine step
+finishes them with the tokens they have (appending none), and their replies come back through the coordinator as
+usual. The adapter waits for those replies, then pauses and suspends. Each ended request is resubmitted after the
+resume as prompt + the tokens it had, with the rest of its ``max_tokens``; its caller gets one completion with
+every token, each stamped with the weight version that produced it. Requests still waiting in megatron's queue
+hold no KV cache and are not ended: they start after the resume.
+
+Used by :mod:`colo_fsm.adapters.megatron.coordinator`; :class:`Carry` is what one ended request keeps between its
+attempts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from colo_fsm.adapters.megatron.coordinator_states import token_versions
+
+
+@dataclass
+class Carry:
+    """The tokens a request had when a suspend ended it (every attempt so far), and how often it was ended."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    attempts: int = 0  # times ended at a suspend and resubmitted
+
+
+async def end_running(engine: Any) -> int:
+    """On megatron's loop: mark every request running in megatron's engine (the context's active and
+    memory-paused rows, not its waiting queue) finished through the stop-word hook; returns how many."""
+    ctx = engine.context
+    rows = ctx.request_ids[: ctx.total_request_count]
+    ids = [int(i) for i in (rows.tolist() if hasattr(rows, "tolist") else rows)]
+    engine.stop_word_finished_request_ids.update(ids)
+    return len(ids)
+
+
+def ended_early(record: Any, *, max_tokens: int, eod: int) -> bool:
+    """True for the reply of a request the stop-word hook ended: fewer tokens than it asked for, not at
+    end-of-document, not failed (a request that finished on its own ends at its length or at end-of-document)."""
+    toks = record.generated_tokens
+    n = len(toks) if toks is not None else 0
+    status = str(getattr(getattr(record, "status", None), "name", getattr(record, "status", "")) or "")
+    if status.endswith("FAILED") or n >= max_tokens:
+        return False
+    return n == 0 or int(toks[-1]) != int(eod)
+
+
+def carry_over(carry: Carry, record: Any, *, prompt_len: int, sent: Any, request_id: int) -> int:
+    """Add an ended attempt's tokens, log-probs and per-token weight versions to ``carry``; returns the tokens of
+    KV cache the attempt held (its prompt + its tokens), which the resubmission prefills again."""
+    from colo_fsm.adapters.megatron.coordinator_requests import as_list
+
+    toks = [int(t) for t in as_list(record.generated_tokens)]
+    lps = [float(x) for x in as_list(getattr(record, "generated_log_probs", None))]
+    lps = (lps + [float("nan")] * len(toks))[: len(toks)]
+    carry.versions += token_versions(record.policy_epoch, prompt_len, len(toks), sent=sent, request_id=request_id)
+    carry.token_ids += toks
+    carry.logprobs += lps
+    carry.attempts += 1
+    return prompt_len + len(toks)
+
+
+__all__ = ["Carry", "carry_over", "end_running", "ended_early"]
