@@ -61,9 +61,10 @@ docs: setup
 bench: setup
 	$(PY) bench/run_all.py
 
-# On a GPU machine with megatron-core and flash-attn-4 (see docs/megatron.md): 1 GPU, TP=2, DP=2, demo on CUDA
+# On a GPU machine with megatron-core and flash-attn-4 importable (docs/megatron.md): the adapter on 1 GPU, TP=2 and
+# DP=2 where there are 2 GPUs, the demo on CUDA. All GPU evidence: python3 -m bench.gpu --list
 gpu-check:
-	bash scripts/gpu_megatron_check.sh gpu-check-out
+	python3 -m bench.gpu --stages adapter-1gpu,adapter-tp2,adapter-dp2,demo-cuda --out gpu-check-out
 
 clean:
 	rm -rf $(VENV) $(GYM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -33,12 +33,16 @@ def has_main(path: Path) -> bool:
     return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == "main" for n in tree.body)
 
 
+NOT_BENCHMARKS = ("gpu.py", "gpu_report.py")  # the GPU stage runner (it runs the benchmarks) and its report
+
+
 def discover(bench_dir: Path = BENCH) -> list[Path]:
-    """Benchmark scripts in ``bench_dir``: ``*.py`` with a ``main()``, except this runner and ``_private.py``."""
+    """Benchmark scripts in ``bench_dir``: ``*.py`` with a ``main()``, except this runner, the GPU stage runner and
+    its report, and ``_private.py``."""
     return sorted(
         p
         for p in bench_dir.glob("*.py")
-        if p.name != Path(__file__).name and not p.name.startswith("_") and has_main(p)
+        if p.name != Path(__file__).name and p.name not in NOT_BENCHMARKS and not p.name.startswith("_") and has_main(p)
     )
 
 

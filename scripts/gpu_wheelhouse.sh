@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Wheel folders for a GPU machine that reaches no package registry (Python 3.12, x86-64, CUDA 13): megatron-core,
+# flash-attn-4 and the CUTLASS DSL it compiles its kernels with, pyzmq (megatron-core's coordinator mode) and the
+# OpenAI server's web stack. Each folder stays under 64 MiB, for remote calls that carry at most that much:
+#   .devwheels/part1   the CUTLASS DSL's one large library (xz) and its small wheels
+#   .devwheels/part2   the rest of the CUTLASS CUDA-13 wheel, megatron-core, flash-attn-4, pyzmq, fastapi, uvicorn ...
+# Run here, from the repository root (needs pip and a registry). On the GPU machine, from the same root:
+#   bash .devwheels/part1/install.sh && bash .devwheels/part2/install.sh
+#   export PYTHONPATH=/opt/site:/opt/site/nvidia_cutlass_dsl/dsl_packages:$PWD NCCL_NVLS_ENABLE=0
+#   python3 -m bench.gpu --list
+# part2's installer exits 3 ("COLD") where part1 is not installed (a machine that was given back meanwhile).
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+dest=.devwheels
+grep -qxF "/$dest/" .gitignore 2>/dev/null || echo "note: $dest/ should be git-ignored" >&2
+rm -rf "$dest" && mkdir -p "$dest/part1" "$dest/part2" "$dest/big"
+fetch() {  # fetch FOLDER [--deps] PACKAGE==VERSION ...: wheels built for CPython 3.12 on x86-64 Linux
+  local folder=$1; shift
+  local deps=--no-deps
+  if [ "${1:-}" = "--deps" ]; then deps=""; shift; fi
+  python3 -m pip download -q $deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
+    --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform any -d "$folder" "$@"
+}
+fetch "$dest/part1" nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
+  apache-tvm-ffi
+fetch "$dest/part2" megatron-core==0.19.2 transitions==0.9.3 flash-attn-4==4.0.0b36 quack-kernels torch-c-dlpack-ext \
+  pyzmq==27.3.0 "$@"
+fetch "$dest/part2" --deps fastapi==0.163.2 uvicorn==0.54.0  # with what they import (opentelemetry-api among them)
+fetch "$dest/big" nvidia-cutlass-dsl-libs-cu13==4.8.1
+# The CUDA-13 CUTLASS wheel (~92 MB) does not fit one folder: its largest library goes to part1, xz-compressed,
+# and everything else it holds to part2 as one archive.
+lib=nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
+python3 -m zipfile -e "$dest"/big/*.whl "$dest/big/tree"
+xz -6 -T0 -c "$dest/big/tree/$lib" > "$dest/part1/cutlass_ir.so.xz"
+rm "$dest/big/tree/$lib"
+tar -C "$dest/big/tree" -cJf "$dest/part2/cutlass_cu13_rest.tar.xz" .
+rm -rf "$dest/big"
+cat > "$dest/part1/install.sh" <<EOF
+#!/usr/bin/env bash
+# Unpack part1 into /opt/site (wheels are zip files; nothing is compiled, nothing fetched).
+set -euo pipefail
+here=\$(dirname "\$0")
+mkdir -p /opt/site
+for w in "\$here"/*.whl; do python3 -m zipfile -e "\$w" /opt/site; done
+mkdir -p "/opt/site/$(dirname "$lib")"
+python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \\
+  "\$here/cutlass_ir.so.xz" "/opt/site/$lib"
+touch /opt/site/.part1
+echo "part1 in /opt/site; now part2"
+EOF
+cat > "$dest/part2/install.sh" <<'EOF'
+#!/usr/bin/env bash
+# Unpack part2 into /opt/site, after part1; exit 3 ("COLD") where part1 is missing.
+set -euo pipefail
+here=$(dirname "$0")
+test -f /opt/site/.part1 || { echo "COLD: part1 is not installed on this machine"; exit 3; }
+tar -C /opt/site -xJf "$here/cutlass_cu13_rest.tar.xz"
+for w in "$here"/*.whl; do python3 -m zipfile -e "$w" /opt/site; done
+touch /opt/site/.part2
+echo "part2 in /opt/site"
+EOF
+chmod +x "$dest/part1/install.sh" "$dest/part2/install.sh"
+du -sh "$dest/part1" "$dest/part2"

@@ -1,0 +1,129 @@
+"""The GPU evidence runner (``python -m bench.gpu``) on the CPU: stages as child processes under their budgets,
+resumable across calls, skipped with a reason when the machine lacks GPUs or time, one bundle per call; and the
+performance page regenerated from JSON alone."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import gpu, gpu_report  # noqa: E402
+
+WRITE_JSON = (
+    "-c",
+    "import json, sys; json.dump({'ratio_park_over_sync': 1.5, 'no_ratio': {'park_over_drain': 'drain has 1'}},"
+    " open(sys.argv[1] + '/out.json', 'w'))",
+    "{out}",
+)
+
+
+@pytest.fixture
+def stages(monkeypatch):
+    """Three quick stages in place of the real ones: one writes JSON, one needs two GPUs, one fails."""
+    fake = (
+        gpu.Stage("writes", "writes a JSON", WRITE_JSON, 60, smoke=()),
+        gpu.Stage("two-gpus", "needs two GPUs", ("-c", "pass"), 60, gpus=2),
+        gpu.Stage("fails", "exits 3", ("-c", "raise SystemExit(3)"), 60, smoke=()),
+    )
+    monkeypatch.setattr(gpu, "STAGES", fake)
+    monkeypatch.setattr(gpu, "BY_NAME", {s.name: s for s in fake})
+    monkeypatch.setattr(gpu, "PY", sys.executable)
+    monkeypatch.setattr(gpu, "gpu_count", lambda: 1)
+    return fake
+
+
+def test_stages_run_once_skip_what_cannot_run_and_resume_where_they_stopped(tmp_path, stages, capsys):
+    out, tgz = tmp_path / "out", tmp_path / "out.tgz"
+    assert gpu.run(["--out", str(out), "--bundle", str(tgz)]) == 1  # "fails" fails: the call says so
+    state = json.loads((out / "stages.json").read_text())
+    assert state["writes"]["rc"] == 0 and state["writes"]["outputs"] == ["writes/out.json"]
+    assert state["two-gpus"] == {"skipped": "needs 2 GPUs, this machine has 1"}
+    assert state["fails"]["rc"] == 3
+    summary = capsys.readouterr().out
+    assert "park_over_sync=1.50" in summary and "no park_over_drain: drain has 1" in summary
+    with tarfile.open(tgz) as tar:
+        assert "out/writes/out.json" in tar.getnames() and "out/stages.json" in tar.getnames()
+    (out / "writes" / "out.json").unlink()
+    gpu.run(["--out", str(out), "--stages", "writes,fails"])  # the next call: only what is not done
+    assert "writes: done in an earlier call" in capsys.readouterr().out
+    assert not (out / "writes" / "out.json").exists()
+    gpu.run(["--out", str(out), "--stages", "writes", "--redo"])
+    assert (out / "writes" / "out.json").exists()
+
+
+def test_a_stage_that_cannot_finish_in_what_is_left_is_not_started(tmp_path, stages, capsys):
+    gpu.run(["--out", str(tmp_path), "--stages", "writes", "--budget-s", "10"])
+    assert "writes: not started (10 s left" in capsys.readouterr().out
+    assert "writes" not in json.loads((tmp_path / "stages.json").read_text())
+
+
+def test_no_gpu_no_run_unless_smoke_and_unknown_stages_are_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu, "gpu_count", lambda: 0)
+    assert gpu.run(["--out", str(tmp_path)]) == 0 and "no CUDA device" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        gpu.run(["--stages", "reasoning-9k"])
+    assert "unknown ['reasoning-9k']" in capsys.readouterr().err
+
+
+def test_every_real_stage_is_named_for_its_job_and_has_a_cpu_twin_where_one_gpu_suffices():
+    for s in gpu.STAGES:
+        assert s.name == s.name.lower() and "round" not in s.name and "batch" not in s.name
+        assert s.timeout_s <= 600, f"{s.name}: one remote call runs at most 10 minutes"
+        if s.gpus == 1 and s.name not in ("colocated-vs-dedicated", "resident-vs-rebuild", "memory-peak"):
+            assert s.smoke is not None, f"{s.name} has no CPU twin"
+    assert gpu.main(["--list"]) == 0
+
+
+def _handoff_json(path: Path, modes: dict, **top) -> None:
+    row = {
+        "samples_per_s": 7.0,
+        "measured_steps": 3,
+        "step_samples_per_s": {"median": 7.0, "min": 6.5, "max": 7.6, "n": 3},
+        "draining_share": 0.01,
+        "handoff_p50_ms": 14.0,
+        "engine_decode_tokens_per_s": 11000.0,
+        "mean_running_requests": 150.0,
+    }
+    data = {
+        "model": "gpt200m",
+        "commit": "abc1234",
+        "command": "python3 bench/inflight_handoff.py ...",
+        "machine": {"device": "NVIDIA H200"},
+        "shape": {"max_tokens": 8192, "max_trajectory_age_steps": 2},
+        "modes": {m: {**row, **v} for m, v in modes.items()},
+        **top,
+    }
+    path.write_text(json.dumps(data))
+
+
+def test_the_performance_page_is_the_json_and_nothing_else(tmp_path):
+    _handoff_json(
+        tmp_path / "a_inflight_handoff_reasoning_x.json",
+        {"park": {"samples_per_s": 8.0}, "drain": {"samples_per_s": 5.0}},
+        ratio_park_over_drain=1.6,
+    )
+    _handoff_json(
+        tmp_path / "b_inflight_handoff_reasoning_y.json",
+        {"park": {"samples_per_s": 7.0}, "sync": {"samples_per_s": 4.0, "measured_steps": 2}},
+        no_ratio={"park_over_sync": "sync has 2 measured step(s), fewer than 3"},
+    )
+    page = tmp_path / "PERFORMANCE.md"
+    assert gpu.main(["report", str(tmp_path), "--out", str(page), "--plot", str(tmp_path / "map.png")]) == 0
+    text = page.read_text()
+    assert "| park | 7.50 | 8.00 / 7.00 |" in text  # park in two runs: the median and each run
+    assert "park_over_drain **1.60**" in text and "no park_over_sync: sync has 2 measured step(s)" in text
+    assert "| sync | 4.00 | 4.00 | 6.50-7.60 | 2 |" in text
+    assert (tmp_path / "map.png").stat().st_size > 0 and "![where parking pays](map.png)" in text
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    _handoff_json(cpu / "inflight_handoff_reasoning_smoke.json", {"park": {}}, machine={"device": "cpu"})
+    assert gpu_report.load(cpu)[0] == {}  # a CPU smoke run is no GPU figure
+    assert list(gpu_report.load(cpu, include_cpu=True)[0]) == [("gpt200m", 8192, 2)]
