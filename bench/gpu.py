@@ -2,7 +2,7 @@
 
     python -m bench.gpu --list                                  # the stages, what each measures, its budget
     python -m bench.gpu --out gpu-out --budget-s 540            # every single-GPU stage not done yet, in order
-    python -m bench.gpu --out gpu-out --stages tests,reasoning-8k-park-drain --bundle $OUT/gpu-out.tgz
+    python -m bench.gpu --out gpu-out --stages reasoning-8k-park-abort,tests --bundle $OUT/gpu-out.tgz
     python -m bench.gpu --smoke --out /tmp/gpu-smoke            # every stage's CPU twin, in seconds each
     python -m bench.gpu report docs/gpu-runs --out docs/gpu-runs/PERFORMANCE.md   # (CPU) the docs' tables
 
@@ -99,7 +99,7 @@ STAGES: tuple[Stage, ...] = (
             "-o",
             "addopts=",
             "--timeout",
-            "240",
+            "150",
             "tests/test_megatron_engine.py",
             "tests/test_megatron_trainer_gpu.py",
             "tests/test_megatron_model.py",
@@ -107,20 +107,20 @@ STAGES: tuple[Stage, ...] = (
             "--junitxml",
             "{out}/pytest_gpu.xml",
         ),
-        420,
+        360,
         smoke=("--collect-only",),
     ),
     Stage(
-        "reasoning-8k-park-drain",
-        "reasoning shape, cut 8,192: park and drain side by side on one engine, 3 measured steps each",
-        _handoff(8192, "park,drain", "--no-graph-baseline"),
+        "reasoning-8k-park-abort",
+        "reasoning shape, cut 8,192: park against the peers' abort-and-resubmit, side by side on one engine",
+        _handoff(8192, "park,abort", "--no-graph-baseline"),
         600,
         smoke=SMOKE_HANDOFF,
     ),
     Stage(
-        "reasoning-8k-park-sync-abort",
-        "reasoning shape, cut 8,192: park, sync and abort side by side, and the pure graph-decode baseline",
-        _handoff(8192, "park,sync,abort"),
+        "reasoning-8k-park-drain-sync",
+        "reasoning shape, cut 8,192: park, drain and sync side by side, and the pure graph-decode baseline",
+        _handoff(8192, "park,drain,sync"),
         600,
         smoke=SMOKE_HANDOFF,
     ),
