@@ -57,6 +57,20 @@ class Stepping(EngineState):
 
     def _take_tokens(self, req: EngineRequest, out: StepOutput, version: int) -> str | None:
         """Append one step's tokens to ``req``; the finish reason if the request ends with them."""
+        limit = req.submitted.max_tokens
+        if len(out.token_ids) == 1 and req.on_token is None and not req.backend.top_logprobs:
+            # the common decode step (one token, nobody watching it): the same rules as below, without the lists
+            if len(req.token_ids) >= limit:
+                return "length"
+            tok = int(out.token_ids[0])
+            req.token_ids.append(tok)
+            req.logprobs.append(float(out.logprobs[0]) if out.logprobs else 0.0)
+            req.versions.append(version)
+            if tok in req.stop_token_ids:
+                return "stop"
+            if out.finished is not None:
+                return out.finished
+            return "length" if len(req.token_ids) >= limit else None
         lps = list(out.logprobs) + [0.0] * (len(out.token_ids) - len(out.logprobs))
         want_top = req.backend.top_logprobs > 0
         tops = list(out.top_logprobs) + [()] * (len(out.token_ids) - len(out.top_logprobs))

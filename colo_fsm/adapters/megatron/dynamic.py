@@ -35,7 +35,6 @@ CUDA graphs are only captured when the model's ``TransformerConfig`` asks for th
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -193,7 +192,7 @@ def top_pairs(raw: Any, k: int, text_to_id: Callable[[str], int | None]) -> TopL
 
 def outputs_from_records(
     tracked: dict[int, RecordCursor],
-    live: dict[int, Any],
+    live: Mapping[int, Any] | LiveRecords,
     finished: Sequence[Any],
     eod: int,
     *,
@@ -232,6 +231,21 @@ def outputs_from_records(
         if new_t or reason is not None:
             out.append(StepOutput(rid, tuple(new_t), tuple(new_lp), reason, new_top))
     return out
+
+
+class LiveRecords:
+    """The records of the requests megatron's engine holds, looked up one id at a time (``engine.requests`` maps
+    an id to an entry holding its record): no per-step copy of the whole table."""
+
+    __slots__ = ("_requests",)
+
+    def __init__(self, requests: Mapping[int, Any]) -> None:
+        self._requests = requests
+
+    def get(self, request_id: int, default: Any = None) -> Any:
+        """The record of ``request_id``, or ``default`` when the engine no longer holds it."""
+        entry = self._requests.get(request_id)
+        return default if entry is None else entry.record
 
 
 class EngineIds:
@@ -451,10 +465,9 @@ class DynamicStepBackend:
         if not self.engine.has_unfinished_requests():
             return self._as_requests(outputs_from_records(self._tracked, {}, [], self.eod))
         result = self.engine.step_modern()
-        live = {rid: entry.record for rid, entry in self.engine.requests.items()}
         outs = outputs_from_records(
             self._tracked,
-            live,
+            LiveRecords(self.engine.requests),
             result["finished_request_records"],
             self.eod,
             want_top=self._want_top,
@@ -466,12 +479,13 @@ class DynamicStepBackend:
 
     def _as_requests(self, outs: list[StepOutput]) -> list[StepOutput]:
         """The step's outputs under colo-fsm's request ids (a finished request's mapping is dropped)."""
+        ids = self.ids
         mapped = []
         for o in outs:
-            request_id = self.ids.request_id(o.request_id)
+            request_id = ids.request_id(o.request_id)
             if o.finished is not None:
-                self.ids.forget(o.request_id)
-            mapped.append(dataclasses.replace(o, request_id=request_id))
+                ids.forget(o.request_id)
+            mapped.append(StepOutput(request_id, o.token_ids, o.logprobs, o.finished, o.top_logprobs))
         return mapped
 
     @on_own_device
