@@ -171,6 +171,13 @@ STAGES: tuple[Stage, ...] = (
         smoke=(*SMOKE_HANDOFF, "--engines", "direct"),
     ),
     Stage(
+        "engine-loop",
+        "the direct engine loop's own host cost per decode step at 64 and 256 active requests (no model)",
+        ("bench/engine_loop.py", "--out", "{out}/engine_loop.json"),
+        60,
+        smoke=("--quick",),
+    ),
+    Stage(
         "graphs",
         "CUDA-graph decode against eager on one trainable model; greedy equality before and after training",
         ("bench/cuda_graph_decode.py", "--out", "{out}/cuda_graph_decode.json"),
