@@ -11,7 +11,10 @@ by what is left of ``--budget-s``; a stage that cannot finish in what is left is
 that needs more GPUs than the machine has is skipped with that reason. Each stage writes its JSON as it goes,
 so a stage cut by its timeout keeps what it measured. ``OUT/stages.json`` records every stage's outcome: a later
 call with the same ``--out`` runs only the stages not yet done (``--redo`` runs them again). ``--bundle`` packs
-``OUT`` into one archive after every stage (a time-limited remote call returns one file, whole or cut).
+``OUT`` into one archive after every stage (a time-limited remote call returns one file, whole or cut). A stage
+longer than one remote call (``reasoning-32k``) runs detached: ``--detach`` starts the runner in a process
+session of its own and returns; ``--wait S`` in the next calls follows it (on a machine that stays warm between
+calls).
 
 It installs nothing: megatron-core, flash-attention and the rest must be importable (``docs/megatron.md`` says
 how to carry them to a machine without a package registry). Every figure in ``docs/gpu-runs/`` names the stage
@@ -52,6 +55,7 @@ class Stage:
     gpus: int = 1
     smoke: tuple[str, ...] | None = None  # extra arguments that make the same code path run on the CPU in seconds
     default: bool = True  # run when no --stages are named (multi-GPU stages run only where the GPUs are)
+    long: bool = False  # needs more than one 10-minute remote call: run it with --detach, then --wait
 
     def command(self, out: Path, *, smoke: bool = False) -> list[str]:
         """The argv to run, with ``{out}`` filled in (and the smoke arguments appended for ``smoke``)."""
@@ -126,10 +130,12 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "reasoning-32k",
-        "reasoning shape, cut 32,768: park, drain and sync (where drain's tail grows)",
+        "reasoning shape, cut 32,768: park, drain and sync (where drain's tail grows); ~25 min: --detach",
         _handoff(32768, "park,drain,sync", "--no-graph-baseline"),
-        600,
+        2400,
         smoke=SMOKE_HANDOFF,
+        default=False,
+        long=True,
     ),
     Stage(
         "reasoning-8k-age1",
@@ -394,7 +400,15 @@ def run(argv: list[str]) -> int:
     ap.add_argument("--smoke", action="store_true", help="every stage's CPU twin (its code path, in seconds)")
     ap.add_argument("--bundle", type=Path, default=None, help="pack --out into this .tgz after every stage")
     ap.add_argument("--list", action="store_true", help="list the stages and exit")
+    ap.add_argument(
+        "--detach", action="store_true", help="run in a session of its own and return at once (long stages)"
+    )
+    ap.add_argument("--wait", type=float, default=None, metavar="S", help="wait up to S s for a detached runner")
     args = ap.parse_args(argv)
+    if args.wait is not None:
+        return wait_detached(args.out, args.wait, args.bundle)
+    if args.detach:
+        return detach(args.out, [a for a in argv if a != "--detach"])
     if args.list:
         for s in STAGES:
             print(f"{s.name:<30} {s.timeout_s:>4} s  {s.gpus} GPU  {s.what}")
@@ -419,6 +433,10 @@ def run(argv: list[str]) -> int:
             continue
         if args.smoke and stage.smoke is None:
             state[name] = {"skipped": "no CPU twin (needs several GPUs)", "smoke": True}
+            continue
+        if stage.long and not args.smoke and not os.environ.get("COLO_FSM_GPU_DETACHED"):
+            state[name] = {"skipped": "longer than one remote call: start it with --detach, follow it with --wait"}
+            print(f"=== {name}: skipped ({state[name]['skipped']})", flush=True)
             continue
         if not args.smoke and stage.gpus > gpus:
             state[name] = {"skipped": f"needs {stage.gpus} GPUs, this machine has {gpus}"}
@@ -451,6 +469,48 @@ def run(argv: list[str]) -> int:
         failed |= o["rc"] != 0
         print(f"{name:<30} {o['rc']:>4} {o['seconds']:>6.0f}  {headline(out, name, o)}")
     return 1 if failed else 0
+
+
+def detach(out: Path, argv: list[str]) -> int:
+    """Start the runner with ``argv`` in a process session of its own (it outlives the command that started it,
+    as a remote machine allows while it stays warm); its output goes to ``OUT/runner.log``."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "COLO_FSM_GPU_DETACHED": "1"}
+    with open(out / "runner.log", "a", encoding="utf-8") as log:
+        proc = subprocess.Popen(
+            [PY, "-m", "bench.gpu", *argv], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    (out / "runner.pid").write_text(str(proc.pid), encoding="utf-8")
+    print(f"bench.gpu: runner {proc.pid} detached; follow it with --wait S (log: {out / 'runner.log'})")
+    return 0
+
+
+def wait_detached(out: Path, seconds: float, bundle_to: Path | None) -> int:
+    """Wait up to ``seconds`` for the detached runner of ``out``; print its log's tail; 3 while it still runs."""
+    pid_file = out / "runner.pid"
+    if not pid_file.exists():
+        print(f"bench.gpu: no detached runner in {out}")
+        return 2
+    pid = int(pid_file.read_text(encoding="utf-8"))
+
+    def alive() -> bool:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+    deadline = time.monotonic() + seconds
+    while alive() and time.monotonic() < deadline:
+        time.sleep(2)
+    bundle(out, bundle_to)
+    log = out / "runner.log"
+    if log.exists():
+        print("\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]))
+    running = alive()
+    print(f"bench.gpu: runner {pid} {'still running' if running else 'finished'}")
+    return 3 if running else 0
 
 
 def main(argv: list[str] | None = None) -> int:

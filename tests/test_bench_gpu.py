@@ -76,7 +76,7 @@ def test_no_gpu_no_run_unless_smoke_and_unknown_stages_are_named(tmp_path, monke
 def test_every_real_stage_is_named_for_its_job_and_has_a_cpu_twin_where_one_gpu_suffices():
     for s in gpu.STAGES:
         assert s.name == s.name.lower() and "round" not in s.name and "batch" not in s.name
-        assert s.timeout_s <= 600, f"{s.name}: one remote call runs at most 10 minutes"
+        assert s.timeout_s <= 600 or s.long, f"{s.name}: one remote call runs at most 10 minutes (else long=True)"
         if s.gpus == 1 and s.name not in ("colocated-vs-dedicated", "resident-vs-rebuild", "memory-peak"):
             assert s.smoke is not None, f"{s.name} has no CPU twin"
     assert gpu.main(["--list"]) == 0
@@ -127,3 +127,16 @@ def test_the_performance_page_is_the_json_and_nothing_else(tmp_path):
     _handoff_json(cpu / "inflight_handoff_reasoning_smoke.json", {"park": {}}, machine={"device": "cpu"})
     assert gpu_report.load(cpu)[0] == {}  # a CPU smoke run is no GPU figure
     assert list(gpu_report.load(cpu, include_cpu=True)[0]) == [("gpt200m", 8192, 2)]
+
+
+def test_a_long_stage_runs_only_detached_and_a_detached_runner_is_followed(tmp_path, stages, monkeypatch, capsys):
+    long = gpu.Stage("long", "longer than a call", WRITE_JSON, 3600, smoke=(), long=True)
+    monkeypatch.setattr(gpu, "BY_NAME", {**gpu.BY_NAME, "long": long})
+    monkeypatch.delenv("COLO_FSM_GPU_DETACHED", raising=False)
+    gpu.run(["--out", str(tmp_path), "--stages", "long"])
+    assert "start it with --detach" in capsys.readouterr().out
+    assert gpu.run(["--out", str(tmp_path / "none"), "--wait", "0"]) == 2  # nothing was detached there
+    (tmp_path / "runner.pid").write_text("999999999")  # a runner that is gone
+    (tmp_path / "runner.log").write_text("=== long: rc=0\n")
+    assert gpu.run(["--out", str(tmp_path), "--wait", "5", "--bundle", str(tmp_path / "b.tgz")]) == 0
+    assert "finished" in capsys.readouterr().out and (tmp_path / "b.tgz").exists()
