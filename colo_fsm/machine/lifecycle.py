@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,6 +194,7 @@ class Lifecycle(ActionRoles):
         self._lock = threading.RLock()
         self._seq = 0
         self._batch: Any = None
+        self._unused: list[Any] = []  # stop(unused=...): the batch handed back to the collector
         self._current_action: str | None = None
         self._action_times: dict[str, float] = {}
         self._action_t0 = 0.0  # time.monotonic() when the running action started
@@ -303,13 +304,45 @@ class Lifecycle(ActionRoles):
             self._validate()
             self.end_validation()
 
-    def stop(self) -> State:
-        """Tear down (the only place teardown happens) and end in Stopped."""
-        try:
-            return self.fire("stop")
-        finally:
-            if self.spec.state(self.state).terminal:
-                self.trace.close()
+    def stop(self, unused: Sequence[Any] | None = None) -> State:
+        """End the run from any state and tear down (the only place teardown happens), ending in Stopped.
+
+        A loop that raised mid-step stops here too: the step in progress is abandoned, not trained. The collector
+        takes back the prompts of its rollouts in flight (``take_back``; the teardown aborts them) and ``unused``,
+        the batch the loop drew and did not train, so that a restart issues them again.
+        """
+        with self._lock:
+            self._unused = self._check_unused(unused)
+            try:
+                return self.fire("stop")
+            finally:
+                self._unused = []
+                if self.spec.state(self.state).terminal:
+                    self.trace.close()
+
+    def _check_unused(self, unused: Sequence[Any] | None) -> list[Any]:
+        """``stop``'s ``unused`` batch as a list, refused before anything runs when nothing would take it back."""
+        if unused is None:
+            return []
+        if isinstance(unused, str | bytes | Mapping) or not isinstance(unused, Iterable):
+            raise ConfigError("unused", unused, "a sequence (the batch the loop drew and did not train) or None")
+        items = list(unused)
+        take_back = getattr(self.collector, "take_back", None) if self.collector is not None else None
+        t = self.spec.select(self.state, "stop", self.facts)
+        if items and not callable(take_back):
+            raise ConfigError(
+                "unused",
+                f"{len(items)} item(s)",
+                f"a collector with take_back(unused) to give them back to ({type(self.collector).__name__} has "
+                "none): keep the batch yourself and call stop() without it",
+            )
+        if items and t is not None and not any(self.spec.action(a).role is Role.RETURN_PROMPTS for a in t.actions):
+            raise ConfigError(
+                "unused",
+                f"{len(items)} item(s)",
+                f"a stop whose actions return them (stop from {self.state.value} has none)",
+            )
+        return items
 
     def close(self) -> None:
         """Close the trace file."""

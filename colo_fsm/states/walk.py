@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from colo_fsm.errors import ConfigError
-from colo_fsm.states.spec import ActionSpec, Fact, LifecycleSpec, Role, State, TransitionSpec
+from colo_fsm.states.spec import STOP_TRIGGER, ActionSpec, Fact, LifecycleSpec, Role, State, TransitionSpec
 
 
 def stop_upgrades(a: ActionSpec, facts: Mapping[Fact, bool], *, save_on_stop: bool = True) -> tuple[Fact, ...]:
@@ -53,25 +53,21 @@ def apply_effects(
             facts[f] = True
 
 
-def find_stuck(spec: LifecycleSpec, *, limit: int = 200_000) -> str | None:
-    """The first place ``spec`` gets stuck, or None: a non-final state that some run reaches (every latch
-    deciding either way, an early stop saving or not) with facts under which no transition can leave it.
+def reachable(spec: LifecycleSpec, *, limit: int = 200_000) -> Iterator[tuple[State, frozenset[Fact]]]:
+    """Every (state, facts that hold) a run of ``spec`` reaches, every latch deciding either way and an early stop
+    saving or not; from each, the automatic transition the machine takes, else every user trigger enabled.
 
-    Cheap: one walk over (state, facts) pairs on the declared effects, no ranks and no interleavings.
-    """
+    Cheap: one walk over (state, facts) pairs on the declared effects, no ranks and no interleavings."""
     start = (spec.initial, frozenset[Fact]())
     seen = {start}
     queue = deque([start])
     while queue:
         state, true = queue.popleft()
+        yield state, true
         facts = {f: f in true for f in Fact}
         enabled = [t for t in spec.outgoing(state) if t.enabled(facts)]
         auto = [t for t in enabled if t.automatic]
-        moves = auto[:1] if auto else [t for t in enabled if not t.automatic]
-        if not moves and not spec.state(state).final:
-            on = ", ".join(sorted(f.value for f in true)) or "none"
-            return f"stuck in {state.value}: no transition enabled (facts: {on})"
-        for t in moves:
+        for t in auto[:1] if auto else enabled:
             latches = [spec.action(n) for n in t.actions if spec.action(n).role in (Role.LATCH, Role.LATCH_STOP)]
             decided = tuple(dict.fromkeys(f for a in latches for f in a.decides))
             stops = any(spec.action(n).role is Role.LATCH_STOP for n in t.actions)
@@ -84,7 +80,37 @@ def find_stuck(spec: LifecycleSpec, *, limit: int = 200_000) -> str | None:
                         seen.add(key)
                         queue.append(key)
         if len(seen) > limit:
-            break
+            return
+
+
+def _facts_text(true: frozenset[Fact]) -> str:
+    return ", ".join(sorted(f.value for f in true)) or "none"
+
+
+def find_stuck(spec: LifecycleSpec, *, limit: int = 200_000) -> str | None:
+    """The first place ``spec`` gets stuck, or None: a non-final state that some run reaches (:func:`reachable`)
+    with facts under which no transition but a ``stop`` can leave it."""
+    for state, true in reachable(spec, limit=limit):
+        facts = {f: f in true for f in Fact}
+        moves = [t for t in spec.outgoing(state) if t.trigger != STOP_TRIGGER and t.enabled(facts)]
+        if not spec.state(state).final and not moves:
+            return f"stuck in {state.value}: no transition enabled (facts: {_facts_text(true)})"
+    return None
+
+
+def find_unstoppable(spec: LifecycleSpec, *, limit: int = 200_000) -> str | None:
+    """The first place a run of ``spec`` cannot be stopped from, or None: a non-terminal state some run reaches
+    (the failed state too) with facts under which no ``stop`` leads into a terminal state."""
+    places = list(reachable(spec, limit=limit))
+    if any(s.state == spec.failed for s in spec.states):
+        places.append((spec.failed, frozenset()))
+    for state, true in places:
+        if spec.state(state).terminal:
+            continue
+        t = spec.select(state, STOP_TRIGGER, {f: f in true for f in Fact})
+        if t is None or not spec.state(t.dest).terminal:
+            why = "no stop is enabled" if t is None else f"stop leads to {t.dest.value}, not a terminal state"
+            return f"{state.value} (facts: {_facts_text(true)}): {why}"
     return None
 
 
@@ -149,4 +175,12 @@ def last_step_validates(spec: LifecycleSpec) -> bool:
         return False
 
 
-__all__ = ["apply_effects", "find_stuck", "last_step_validates", "stop_upgrades", "walk_step"]
+__all__ = [
+    "apply_effects",
+    "find_stuck",
+    "find_unstoppable",
+    "last_step_validates",
+    "reachable",
+    "stop_upgrades",
+    "walk_step",
+]

@@ -44,6 +44,8 @@ from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.states.rules import LifecycleRule, rule_in
 from colo_fsm.states.spec import (
     LIFECYCLE,
+    STEP_WORK,
+    STOP_TRIGGER,
     Collective,
     CollectorCondition,
     EngineCondition,
@@ -115,6 +117,10 @@ class Program:
 _STEP_FACTS = (Fact.SAVE_THIS_STEP, Fact.VALIDATE_THIS_STEP, Fact.LAST_STEP)
 
 
+class _StopHere(Exception):
+    """Raised inside the planner where a step plan's ``stop_in`` state is reached: the loop stops there."""
+
+
 def plan_program(
     spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start: bool = False, stop_at_start: bool = False
 ) -> Program:
@@ -147,6 +153,8 @@ def plan_program(
     saves: dict[int, int] = {}
     early_stopped: int | None = None
     has_stop_latch = any(a.role is Role.LATCH_STOP for a in spec.actions)
+    stopping = False
+    watch_stop = any(p.stop_in is not None for p in steps)
 
     def decision(fact: Fact, plan: StepPlan, i: int) -> bool:
         return {
@@ -245,6 +253,10 @@ def plan_program(
             collector = act.collector or collector
             requests = act.requests or requests
         state = t.dest
+        if watch_stop and not stopping:
+            target = steps[step] if step is not None and step < len(steps) else steps[0]
+            if target.stop_in is state:
+                raise _StopHere
 
     def automatic() -> bool:
         while True:
@@ -274,19 +286,47 @@ def plan_program(
             ok = fire("end_validation")
         return ok
 
-    ok = fire("start") and end_validations()
-    ran = 0
-    for i in range(len(steps)):
-        if not ok or spec.state(state).final:
-            break
-        ran += 1
-        ok = fire("begin_step") and fire("train")
-        if ok and bumps != 1:
+    def stop_here() -> bool:
+        """The loop stops the run where it is (as one that raised there does): nothing of the step is done after."""
+        nonlocal stopping
+        stopping = True
+        t = spec.select(state, STOP_TRIGGER, facts)
+        if t is None:
+            problems.append(R.BUILD_ONCE.tag(f"no way to stop from {state.value}: stop is not enabled there"))
+            return False
+        done = [spec.action(a) for a in t.actions]
+        bad = [a.name for a in done if a.issues in (Collective.TRAIN, Collective.DECODE) or a.role in STEP_WORK]
+        if bad:
             problems.append(
-                R.WEIGHT_VERSIONS.tag(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
+                f"stop from {state.value}: {', '.join(bad)} (a stop abandons the step: it trains, saves and wakes "
+                "nothing)"
             )
-        ok = ok and end_validations()
-    if ok:
+        run(t)
+        return automatic()
+
+    ran = 0
+    stopped_in: State | None = None
+    try:
+        if steps and steps[0].stop_in is state:
+            raise _StopHere
+        ok = fire("start") and end_validations()
+        for i in range(len(steps)):
+            if not ok or spec.state(state).final:
+                break
+            ran += 1
+            ok = fire("begin_step") and fire("train")
+            if ok and bumps != 1:
+                problems.append(
+                    R.WEIGHT_VERSIONS.tag(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
+                )
+            ok = ok and end_validations()
+    except _StopHere:
+        stopped_in = state
+        ran = max(ran - 1, 0)  # the step under way is abandoned: none of its decisions is checked
+        ok = stop_here()
+    if stopped_in is not None and ok and not spec.state(state).terminal:
+        problems.append(f"stop from {stopped_in.value} ends in {state.value}, not a terminal state")
+    if ok and stopped_in is None:
         for i in range(ran):
             plan = steps[i]
             stops = has_stop_latch and plan.early_stop and plan.validate
@@ -300,10 +340,10 @@ def plan_program(
                 problems.append(f"step {i}: the early stop latched, yet the run went on to step {i + 1}")
         if early_stopped is not None and not has_stop_latch:  # pragma: no cover - defensive
             problems.append("an early stop without an early-stop latch")
-    if ok and not spec.state(state).terminal:
+    if ok and stopped_in is None and not spec.state(state).terminal:
         if not spec.state(state).final:
             problems.append(f"after the last step the machine is in {state.value}, not Done")
-        ok = fire("stop")
+        ok = fire(STOP_TRIGGER)
     if ok and not spec.state(state).terminal:
         problems.append(f"the run ends in {state.value}, not a terminal state")
     return Program(ops, engine_before, collector_before, problems, state)
@@ -402,6 +442,14 @@ class _Search:
                     )
                 nxt[r] = (pc, True, s[r][2])
                 if all(a for _p, a, _m in nxt):  # the last rank arrives: everyone passes
+                    met = {q: self.ops[q][p] for q, (p, _a, _m) in enumerate(nxt)}
+                    where = {q: (o.transition.dest, o.step) for q, o in met.items()}
+                    if violation is None and len(set(where.values())) > 1:
+                        violation = R.ONE_COMMUNICATOR.tag(
+                            "ranks met at different barriers ("
+                            + "; ".join(f"rank {q}: {o.label()}" for q, o in met.items())
+                            + "): their handoffs are paired wrongly (a fingerprint barrier raises HandoffDivergence)"
+                        )
                     nxt = [(p + 1, False, m) for p, _a, m in nxt]
                     desc += "  (all ranks met: barrier released)"
                 else:
@@ -416,6 +464,9 @@ class _Search:
             elif op.issues is not None:
                 nxt[r] = (pc + 1, False, s[r][2] | _KIND_BIT[op.issues])
                 desc += f"  (puts {op.issues.value} work on device {r})"
+            elif op.role is Role.TEARDOWN:
+                violation = self.teardown(s, r)
+                nxt[r] = (pc + 1, False, s[r][2])
             else:
                 nxt[r] = (pc + 1, False, s[r][2])
             if op.pending > 0:
@@ -429,6 +480,22 @@ class _Search:
                 violation = self.interleaved(t)
             out.append((r, t, violation, desc))
         return out
+
+    def teardown(self, s: tuple[RankState, ...], r: int) -> str | None:
+        """Rank ``r`` tears its engine down: its own device idle (an async save finalized), no peer decoding."""
+        own = s[r][2]
+        if own:
+            return R.ONE_COMMUNICATOR.tag(
+                f"rank {r} tears its engine down with {', '.join(_label(own))} work still in flight on its own "
+                f"device {r} (drain it, and finalize an async save, first)"
+            )
+        decoding = [q for q, (_p, _a, m) in enumerate(s) if q != r and m & _KIND_BIT[Collective.DECODE]]
+        if decoding:
+            return R.ONE_COMMUNICATOR.tag(
+                f"rank {r} tears its engine down while rank(s) {decoding} still have decode work in flight (every "
+                "rank suspends and drains, then all meet, before any tears down)"
+            )
+        return None
 
     def interleaved(self, s: tuple[RankState, ...]) -> str | None:
         union = 0
@@ -626,12 +693,11 @@ def main(argv: Sequence[str] | None = None, **check_kwargs: Any) -> int:
     ap.add_argument(
         "--ranks", default=[2, 3, 4, 5, 6, 7, 8], type=_parse_ranks, help="N values: '2..8' or '2,4,8' (default 2..8)"
     )
-    all_scenarios = sorted({n for extra in EXTRA_SCENARIOS.values() for n in extra} | set(SCENARIOS))
     ap.add_argument(
         "--scenario",
         action="append",
-        choices=all_scenarios,
-        help="run only these scenarios (repeatable; default: all the spec's)",
+        help="run only these scenarios (repeatable; default: all the spec's: "
+        f"{', '.join(scenarios_for(LIFECYCLE))}, and more for specs that decide more facts)",
     )
     ap.add_argument(
         "--spec",
