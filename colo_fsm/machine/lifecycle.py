@@ -123,19 +123,6 @@ class Lifecycle(ActionRoles):
             )
         if barrier is None and self.config.world_size > 1:
             raise ConfigError("barrier", None, f"a Barrier over the {self.config.world_size} ranks")
-        if (
-            self.config.world_size > 1
-            and isinstance(checkpoint, CheckpointDecision)
-            and checkpoint.needs_agreement
-            and checkpoint._agree is None
-        ):
-            raise ConfigError(
-                "checkpoint.agree",
-                None,
-                f"an agree function (e.g. broadcast_from_rank0()) when world_size={self.config.world_size} and a "
-                "must_save_by_s time rule is set: otherwise each rank's own clock decides whether to save and stop, "
-                "and the ranks split at the next barrier",
-            )
         if early_stop is not None and not has_methods(early_stop, ("decide",)):
             raise ConfigError("early_stop", early_stop, "a LatchedDecision (decide(step) -> bool) or None")
         if check_spec:  # False only for mutation testing: a spec the validator rejects, caught at run time
@@ -150,6 +137,10 @@ class Lifecycle(ActionRoles):
             early_stop=early_stop,
             checkpoint_extra=checkpoint_extra,
             server_urls_sink=server_urls_sink,
+            engine=engine,
+            drain=drain,
+            barrier=barrier,
+            walk_spec=check_spec,
         )
         if spec.engine_up_at_construction and engine_state_of(engine) is None:
             raise ConfigError(
@@ -167,6 +158,8 @@ class Lifecycle(ActionRoles):
         self._drain = drain if drain is not None else default_drain()
         self._barrier = barrier or SoloBarrier()
         self.checkpoint_decision = checkpoint or CheckpointDecision()
+        if isinstance(checkpoint, CheckpointDecision):
+            checkpoint.bind_num_steps(self.config.num_steps)
         save_on_stop = self.config.save_on_early_stop
         self.saves_on_early_stop = checkpointing_enabled(checkpoint) if save_on_stop is None else save_on_stop
         """Whether an early stop saves the step it ends (it checkpoints, or ``save_on_early_stop=True``)."""

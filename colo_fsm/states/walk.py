@@ -114,6 +114,48 @@ def find_unstoppable(spec: LifecycleSpec, *, limit: int = 200_000) -> str | None
     return None
 
 
+def step_path(
+    spec: LifecycleSpec,
+    decisions: Mapping[Fact, bool],
+    *,
+    through_validation: bool = False,
+    save_on_stop: bool = True,
+    max_transitions: int = 100,
+) -> list[TransitionSpec]:
+    """The transitions a training step takes: ``begin_step`` and ``train`` from the state that begins steps,
+    every automatic transition after each, and (``through_validation``) ``end_validation`` from every
+    validation-only state it rests in."""
+    begin = next((t for t in spec.transitions if t.trigger == "begin_step"), None)
+    if begin is None:
+        raise ConfigError("spec", spec.name, "a spec with a begin_step transition")
+    facts: dict[Fact, bool] = dict.fromkeys(Fact, False)
+    facts[Fact.ENGINE_BUILT] = True
+    state = begin.source
+    path: list[TransitionSpec] = []
+
+    def take(t: TransitionSpec | None) -> None:
+        nonlocal state
+        while t is not None:
+            if len(path) >= max_transitions:
+                raise ConfigError("spec", spec.name, "a step that ends (the walk went round in circles)")
+            apply_effects(spec, t, facts, decisions, save_on_stop=save_on_stop)
+            path.append(t)
+            state = t.dest
+            t = next((x for x in spec.outgoing(state) if x.automatic and x.enabled(facts)), None)
+
+    for trigger in ("begin_step", "train"):
+        t = spec.select(state, trigger, facts)
+        if t is None:
+            return path
+        take(t)
+    while through_validation and spec.state(state).validates:
+        t = spec.select(state, "end_validation", facts)
+        if t is None:
+            break
+        take(t)
+    return path
+
+
 def walk_step(
     spec: LifecycleSpec,
     decisions: Mapping[Fact, bool],
@@ -122,45 +164,23 @@ def walk_step(
     save_on_stop: bool = True,
     max_transitions: int = 100,
 ) -> State:
-    """The state a training step rests in: ``begin_step`` and ``train`` from the state that begins steps, every
-    automatic transition after each, and (``through_validation``) ``end_validation`` from every validation-only
-    state it rests in."""
-    begin = next((t for t in spec.transitions if t.trigger == "begin_step"), None)
-    if begin is None:
-        raise ConfigError("spec", spec.name, "a spec with a begin_step transition")
-    facts: dict[Fact, bool] = dict.fromkeys(Fact, False)
-    facts[Fact.ENGINE_BUILT] = True
-    state = begin.source
-    budget = [max_transitions]
+    """The state a training step rests in (the destination of :func:`step_path`'s last transition)."""
+    path = step_path(
+        spec,
+        decisions,
+        through_validation=through_validation,
+        save_on_stop=save_on_stop,
+        max_transitions=max_transitions,
+    )
+    if path:
+        return path[-1].dest
+    begin = next(t for t in spec.transitions if t.trigger == "begin_step")
+    return begin.source
 
-    def take(t: TransitionSpec) -> None:
-        nonlocal state
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise ConfigError("spec", spec.name, "a step that ends (the walk went round in circles)")
-        apply_effects(spec, t, facts, decisions, save_on_stop=save_on_stop)
-        state = t.dest
-        while True:
-            auto = [x for x in spec.outgoing(state) if x.automatic and x.enabled(facts)]
-            if not auto:
-                return
-            budget[0] -= 1
-            if budget[0] < 0:
-                raise ConfigError("spec", spec.name, "a step that ends (the walk went round in circles)")
-            apply_effects(spec, auto[0], facts, decisions, save_on_stop=save_on_stop)
-            state = auto[0].dest
 
-    for trigger in ("begin_step", "train"):
-        t = spec.select(state, trigger, facts)
-        if t is None:
-            return state
-        take(t)
-    while through_validation and spec.state(state).validates:
-        t = spec.select(state, "end_validation", facts)
-        if t is None:
-            break
-        take(t)
-    return state
+def path_text(path: list[TransitionSpec]) -> str:
+    """``Generating -> Draining -> Training -> Waking -> Generating`` (empty: no transition)."""
+    return " -> ".join([path[0].source.value, *(t.dest.value for t in path)]) if path else "(no transition)"
 
 
 def last_step_validates(spec: LifecycleSpec) -> bool:
@@ -180,7 +200,9 @@ __all__ = [
     "find_stuck",
     "find_unstoppable",
     "last_step_validates",
+    "path_text",
     "reachable",
+    "step_path",
     "stop_upgrades",
     "walk_step",
 ]
