@@ -11,7 +11,7 @@ import pytest
 
 from colo_fsm.errors import ConfigError, SpecError
 from colo_fsm.machine.lifecycle import Lifecycle
-from colo_fsm.states import LIFECYCLE, NEMO_RL, Fact, State, TransitionSpec, resolve_spec
+from colo_fsm.states import LIFECYCLE, NEMO_RL, Fact, State, TransitionSpec, resolve_spec, walk
 from colo_fsm.states.validate import validate_spec
 from colo_fsm.states.walk import find_stuck
 from colo_fsm.testing.checker import check
@@ -110,3 +110,35 @@ def test_installed_colo_fsm_draws_a_spec_file_from_the_current_folder(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert "Concluding" in run.stdout
+
+
+def check_stuck_save_and_last() -> None:
+    """A variant with no way out of Checkpointing on a step latched save-and-last (its Checkpointing -> Done edge
+    is gone) gets stuck there; only a walk that follows latches deciding True finds it."""
+    variant = dataclasses.replace(
+        LIFECYCLE,
+        transitions=tuple(
+            t
+            for t in LIFECYCLE.transitions
+            if not (t.trigger == "conclude" and t.source is State.CHECKPOINTING and t.dest is State.DONE)
+        ),
+        name="no-save-and-last",
+    )
+    found = walk.find_stuck(variant)
+    assert found is not None and found.startswith("stuck in Checkpointing"), (
+        f"find_stuck said {found!r} of a spec stuck in Checkpointing on a save-and-last step"
+    )
+    assert "last_step" in found and "save_this_step" in found, found
+
+
+def test_a_spec_stuck_on_a_save_and_last_step_is_refused():
+    check_stuck_save_and_last()
+    with pytest.raises(SpecError, match="stuck in Checkpointing"):
+        validate_spec(
+            dataclasses.replace(
+                LIFECYCLE,
+                transitions=tuple(
+                    t for t in LIFECYCLE.transitions if not (t.source is State.CHECKPOINTING and t.dest is State.DONE)
+                ),
+            )
+        )
