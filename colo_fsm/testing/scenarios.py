@@ -59,29 +59,34 @@ STOP_AT_START_SCENARIOS = frozenset({"early-stop-at-start"})
 """Scenarios whose validation at start decides an early stop (no step runs)."""
 
 
-STOP_BASE = "all-step-kinds"
-"""The scenario the stop scenarios cut short: a ``stop-in-<state>`` scenario runs it until it first reaches the
-state, then stops (see :func:`stop_scenarios`)."""
+_FIRST_STEPS: tuple[StepPlan, ...] = (StepPlan(), StepPlan(save=True), StepPlan(validate=True), StepPlan(True, True))
 
 
-def stop_scenarios(spec: LifecycleSpec, visits: dict[State, int]) -> dict[str, tuple[StepPlan, ...]]:
-    """``stop-in-<state>``: :data:`STOP_BASE` stopped in ``state``, for every non-final state ``spec`` declares a
-    stop from that the base run visits (``visits``: the step in which it first does; -1 before the first step)."""
-    base = SCENARIOS[STOP_BASE]
+def stop_scenarios(spec: LifecycleSpec) -> dict[str, tuple[StepPlan, ...]]:
+    """``stop-in-<state>``: for every non-final state ``spec`` declares a stop from, the shortest run that reaches
+    it (a first step that is plain, saves, validates or both, then a plain last step), stopped the first time it
+    does."""
     stops = {t.source for t in spec.transitions if t.trigger == STOP_TRIGGER}
+    runs = [(first, StepPlan()) for first in _FIRST_STEPS]
+    visits = [visited_states(spec, run) for run in runs]
     out: dict[str, tuple[StepPlan, ...]] = {}
     for s in spec.states:
-        if s.final or s.state not in stops or s.state not in visits:
+        if s.final or s.state not in stops:
             continue
-        i = max(visits[s.state], 0)
-        plan = tuple(dataclasses.replace(p, stop_in=s.state) if k == i else p for k, p in enumerate(base))
-        out[f"stop-in-{s.state.value.lower()}"] = plan
+        found = [(v[s.state], k) for k, v in enumerate(visits) if s.state in v]
+        if not found:
+            continue
+        step, k = min(found)
+        at = max(step, 0)
+        out[f"stop-in-{s.state.value.lower()}"] = tuple(
+            dataclasses.replace(p, stop_in=s.state) if i == at else p for i, p in enumerate(runs[k])
+        )
     return out
 
 
 def scenarios_for(spec: LifecycleSpec) -> dict[str, tuple[StepPlan, ...]]:
     """:data:`SCENARIOS` plus the :data:`EXTRA_SCENARIOS` of every fact ``spec``'s latches decide, plus a
-    ``stop-in-<state>`` scenario for every state the base run visits (:func:`stop_scenarios`)."""
+    ``stop-in-<state>`` scenario for every state a short run visits (:func:`stop_scenarios`)."""
     decided = {f for a in spec.actions for f in a.decides}
     out = dict(SCENARIOS)
     for fact, extra in EXTRA_SCENARIOS.items():
@@ -89,7 +94,7 @@ def scenarios_for(spec: LifecycleSpec) -> dict[str, tuple[StepPlan, ...]]:
             out.update(
                 (k, v) for k, v in extra.items() if k not in VAL_AT_START_SCENARIOS or Fact.VALIDATE_AT_START in decided
             )
-    out.update(stop_scenarios(spec, visited_states(spec, SCENARIOS[STOP_BASE])))
+    out.update(stop_scenarios(spec))
     return out
 
 
@@ -137,7 +142,6 @@ __all__ = [
     "EXTRA_SCENARIOS",
     "SCENARIOS",
     "STOP_AT_START_SCENARIOS",
-    "STOP_BASE",
     "VAL_AT_START_SCENARIOS",
     "StepPlan",
     "scenarios_for",
