@@ -117,10 +117,6 @@ class Program:
 _STEP_FACTS = (Fact.SAVE_THIS_STEP, Fact.VALIDATE_THIS_STEP, Fact.LAST_STEP)
 
 
-class _StopHere(Exception):
-    """Raised inside the planner where a step plan's ``stop_in`` state is reached: the loop stops there."""
-
-
 def plan_program(
     spec: LifecycleSpec, steps: Sequence[StepPlan], *, val_at_start: bool = False, stop_at_start: bool = False
 ) -> Program:
@@ -155,6 +151,7 @@ def plan_program(
     has_stop_latch = any(a.role is Role.LATCH_STOP for a in spec.actions)
     stopping = False
     watch_stop = any(p.stop_in is not None for p in steps)
+    stop_now = False  # the loop stops the run where the machine is now (a step plan's stop_in reached)
 
     def decision(fact: Fact, plan: StepPlan, i: int) -> bool:
         return {
@@ -167,7 +164,7 @@ def plan_program(
 
     def run(t: TransitionSpec) -> None:
         nonlocal state, engine, collector, requests, drained, builds, bumps, step, last_latched, validated
-        nonlocal early_stopped
+        nonlocal early_stopped, stop_now
         if spec.state(t.source).validates and t.dest != t.source:
             validated = True
         for name in t.actions:
@@ -255,11 +252,10 @@ def plan_program(
         state = t.dest
         if watch_stop and not stopping:
             target = steps[step] if step is not None and step < len(steps) else steps[0]
-            if target.stop_in is state:
-                raise _StopHere
+            stop_now = stop_now or target.stop_in is state  # the loop stops the run here
 
     def automatic() -> bool:
-        while True:
+        while not stop_now:
             outgoing = [t for t in spec.outgoing(state) if t.automatic]
             auto = [t for t in outgoing if t.enabled(facts)]
             if not auto:
@@ -271,6 +267,7 @@ def plan_program(
                     return False
                 return True
             run(auto[0])
+        return False  # the loop stops here: nothing after runs
 
     def fire(trigger: str) -> bool:
         t = spec.select(state, trigger, facts)
@@ -288,8 +285,8 @@ def plan_program(
 
     def stop_here() -> bool:
         """The loop stops the run where it is (as one that raised there does): nothing of the step is done after."""
-        nonlocal stopping
-        stopping = True
+        nonlocal stopping, stop_now
+        stopping, stop_now = True, False
         t = spec.select(state, STOP_TRIGGER, facts)
         if t is None:
             problems.append(R.BUILD_ONCE.tag(f"no way to stop from {state.value}: stop is not enabled there"))
@@ -306,21 +303,19 @@ def plan_program(
 
     ran = 0
     stopped_in: State | None = None
-    try:
-        if steps and steps[0].stop_in is state:
-            raise _StopHere
-        ok = fire("start") and end_validations()
-        for i in range(len(steps)):
-            if not ok or spec.state(state).final:
-                break
-            ran += 1
-            ok = fire("begin_step") and fire("train")
-            if ok and bumps != 1:
-                problems.append(
-                    R.WEIGHT_VERSIONS.tag(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
-                )
-            ok = ok and end_validations()
-    except _StopHere:
+    stop_now = bool(steps) and steps[0].stop_in is state
+    ok = not stop_now and fire("start") and end_validations()
+    for i in range(len(steps)):
+        if not ok or spec.state(state).final:
+            break
+        ran += 1
+        ok = fire("begin_step") and fire("train")
+        if ok and bumps != 1:
+            problems.append(
+                R.WEIGHT_VERSIONS.tag(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
+            )
+        ok = ok and end_validations()
+    if stop_now:
         stopped_in = state
         ran = max(ran - 1, 0)  # the step under way is abandoned: none of its decisions is checked
         ok = stop_here()
