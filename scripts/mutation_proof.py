@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Mutation proof: apply each lifecycle bug, run every killer, print mutant -> killed-by; exit 1 if one survives.
 
-.venv/bin/python scripts/mutation_proof.py [--json bench/results/mutation_proof.json] [--max-examples 300]
+.venv/bin/python scripts/mutation_proof.py [--json bench/results/mutation_proof.json] [--max-examples 600]
 """
 
 from __future__ import annotations
@@ -17,13 +17,23 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # tests.support (the proof kit) lives in the repository, not the package
     sys.path.insert(0, str(ROOT))
 
-from tests.support.mutants import KILLERS, MUTANTS, SUITE_MUTANTS, evaluate, kill_by_suite_test, table  # noqa: E402
+from tests.support.mutants import (  # noqa: E402
+    HYPOTHESIS_EXAMPLES,
+    KILLERS,
+    MUTANTS,
+    SUITE_MUTANTS,
+    evaluate,
+    kill_by_suite_test,
+    table,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=Path("bench/results/mutation_proof.json"))
-    ap.add_argument("--max-examples", type=int, default=300, help="hypothesis programs per mutant (stops at a kill)")
+    ap.add_argument(
+        "--max-examples", type=int, default=HYPOTHESIS_EXAMPLES, help="hypothesis programs per mutant (stops at a kill)"
+    )
     ap.add_argument("--only", action="append", help="run only these mutants")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each killer's evidence")
     ap.add_argument("--no-suite", action="store_true", help="skip the component mutants killed by default-suite tests")
