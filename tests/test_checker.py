@@ -3,11 +3,12 @@ protocol yields its shortest counterexample."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 import pytest
 
-from colo_fsm.states.spec import LIFECYCLE
+from colo_fsm.states.spec import LIFECYCLE, State
 from colo_fsm.testing import checker
 from colo_fsm.testing.checker import SCENARIOS, StepPlan, check, check_all, main, plan_program
 from tests.support.mutants import MUTANTS, CallingThreadDrain, checker_main, set_current_device
@@ -19,7 +20,8 @@ BY_NAME = {m.name: m for m in MUTANTS}
 def test_ci_ranks_2_to_4_every_scenario():
     results = check_all(range(2, 5))
     assert all(r.ok for r in results), "\n".join(r.report() for r in results if not r.ok)
-    assert {r.scenario for r in results} == set(SCENARIOS)
+    stops = {f"stop-in-{s.state.value.lower()}" for s in LIFECYCLE.states if not s.final}  # stop from anywhere
+    assert {r.scenario for r in results} == set(SCENARIOS) | stops
     record_stats(
         "checker_ci",
         [
@@ -141,7 +143,37 @@ def test_rank0_decision_split_deadlocks_or_interleaves():
     res = check(
         2, rank0_steps=(StepPlan(save=True), StepPlan(), StepPlan(), StepPlan(), StepPlan()), steps=(StepPlan(),) * 5
     )
-    assert not res.ok and ("deadlock" in res.violation or "in flight" in res.violation)
+    assert not res.ok and any(w in res.violation for w in ("deadlock", "in flight", "different barriers"))
+
+
+def test_a_stop_not_agreed_across_ranks_is_caught():
+    """Stop from anywhere is a world decision: a rank that stops mid-step alone either leaves its peers waiting at
+    their next barrier (a deadlock) or meets them at a barrier of another transition (a fingerprint barrier
+    refuses the pairing)."""
+    base = SCENARIOS["all-step-kinds"]
+    for i, state in ((0, State.DRAINING), (1, State.GENERATING), (1, State.TRAINING)):
+        rank0 = tuple(dataclasses.replace(p, stop_in=state) if k == i else p for k, p in enumerate(base))
+        res = check(2, rank0_steps=rank0, steps=base)
+        assert not res.ok, state
+        assert "deadlock" in res.violation or "met at different barriers" in res.violation, res.violation
+
+
+def test_stop_from_anywhere_needs_drain_and_meeting_where_work_is_in_flight():
+    """A stop that tears down without draining its own device, or while a peer still decodes, is a violation."""
+
+    def stop_from(state: State, actions: tuple[str, ...]):
+        ts = tuple(
+            dataclasses.replace(t, actions=actions) if t.trigger == "stop" and t.source is state else t
+            for t in LIFECYCLE.transitions
+        )
+        return dataclasses.replace(LIFECYCLE, transitions=ts)
+
+    early = stop_from(State.GENERATING, ("pause_collector", "suspend_engine", "drain_device", "shutdown_engine"))
+    res = check(2, spec=early, scenario="stop-in-generating")
+    assert not res.ok and "still have decode work in flight" in res.violation, res.violation
+    undrained = stop_from(State.TRAINING, ("shutdown_engine",))
+    res = check(2, spec=undrained, scenario="stop-in-training")
+    assert not res.ok and "train work still in flight on its own device" in res.violation, res.violation
 
 
 @pytest.mark.parametrize("name", [None, *BY_NAME])

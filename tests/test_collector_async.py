@@ -344,3 +344,36 @@ def test_admit_predicate_holds_back_new_rollouts() -> None:
         assert len(buffer.sample(0, timeout=10)) == 2
     finally:
         collector.close()
+
+
+def check_version_stamp(collector_class: type[AsyncCollector] = AsyncCollector) -> None:
+    """A rollout whose samples carry no per-token versions, started at weight version 3 and finished at 5 (the
+    version moves while it is held), is stamped 3 (its oldest: its age counts from there) and 5 (its newest)."""
+    version = [3]
+    started, finish = threading.Event(), threading.Event()
+
+    def rollout(prompt: Prompt) -> TrajectoryGroup:
+        seen = version[0]
+        started.set()
+        assert finish.wait(30), "the test never let the rollout finish"
+        return TrajectoryGroup(prompt.prompt_id, prompt.text, ("plain text",), (1.0,), weight_version=seen)
+
+    buffer = ReplayBuffer(num_prompts_per_step=1, max_trajectory_age_steps=4)
+    collector = collector_class(rollout, iter(["p"]), buffer, weight_version=lambda: version[0], cap=1)
+    collector.resume()
+    try:
+        assert started.wait(30), "the rollout never started"
+        version[0] = 5  # two steps trained while the rollout was in flight
+        finish.set()
+        (group,) = buffer.sample(5, timeout=30)
+    finally:
+        collector.close(timeout=30)
+    assert group.samples[0].weight_versions == ()  # no per-token record: the collector's stamp is all there is
+    assert (group.weight_version, group.newest_version) == (3, 5), (
+        f"stamped with versions {group.weight_version}..{group.newest_version}: a rollout without per-token "
+        "versions is stamped with its oldest version (3, read at its start), its age counted from there"
+    )
+
+
+def test_a_rollout_without_per_token_versions_is_stamped_with_its_oldest() -> None:
+    check_version_stamp()

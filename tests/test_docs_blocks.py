@@ -18,6 +18,11 @@ The convention, for whoever writes a page:
 
 A failure names the page and the line of the block's opening fence. Keep blocks cheap: a page runs in seconds
 (the megatron-core ones on the tiny CPU model).
+
+A block that runs a training loop (``while not lc.finished``, or a bash block running a file block with one) runs
+five times, each after the first in a folder of its own, with a CPU hog on every core but one for the whole page:
+each run must end cleanly and nothing may print a traceback or a failed rollout
+(``test_page_loops_run_five_times_under_load``).
 """
 
 from __future__ import annotations
@@ -120,29 +125,41 @@ def test_the_block_reader_sees_markers_and_languages(tmp_path: Path) -> None:
 
 
 _DRIVER = r"""
-import json, subprocess, sys, time, traceback
+import json, os, shutil, subprocess, sys, time, traceback
 blocks = json.load(open(sys.argv[1]))
 ns = {"__name__": "__doc_page__"}
 t = time.monotonic()
+home = os.getcwd()
+files = []
 for b in blocks:
     where = f"{b['page']}:{b['line']}"
-    print(f"--- {where} ({b['lang']}) at {time.monotonic() - t:.1f}s", flush=True)
     if b["mark"] == "file":
+        print(f"--- {where} ({b['lang']}) at {time.monotonic() - t:.1f}s", flush=True)
         open(b["arg"], "w").write(b["text"])
+        files.append(b["arg"])
         continue
-    if b["lang"] == "python":
-        code = compile("\n" * b["line"] + b["text"], where, "exec")
-        try:
-            exec(code, ns)
-        except BaseException:
-            traceback.print_exc()
-            print(f"BLOCK FAILED: {where}", flush=True)
-            sys.exit(1)
-    else:
-        rc = subprocess.run(["bash", "-euo", "pipefail", "-c", b["text"]]).returncode
-        if rc:
-            print(f"BLOCK FAILED: {where} (bash exit {rc})", flush=True)
-            sys.exit(1)
+    for k in range(b.get("repeat", 1)):
+        print(f"--- {where} ({b['lang']}) at {time.monotonic() - t:.1f}s" + (f", run {k + 1}" if k else ""), flush=True)
+        if k:  # a run again starts in a folder of its own (what earlier runs wrote stays theirs), files copied in
+            os.chdir(home)
+            os.makedirs(f"rerun-{b['line']}-{k}", exist_ok=True)
+            for f in files:
+                shutil.copy(f, f"rerun-{b['line']}-{k}")
+            os.chdir(f"rerun-{b['line']}-{k}")
+        if b["lang"] == "python":
+            code = compile("\n" * b["line"] + b["text"], where, "exec")
+            try:
+                exec(code, ns)
+            except BaseException:
+                traceback.print_exc()
+                print(f"BLOCK FAILED: {where}", flush=True)
+                sys.exit(1)
+        else:
+            rc = subprocess.run(["bash", "-euo", "pipefail", "-c", b["text"]]).returncode
+            if rc:
+                print(f"BLOCK FAILED: {where} (bash exit {rc})", flush=True)
+                sys.exit(1)
+    os.chdir(home)
 """
 
 
@@ -151,10 +168,15 @@ def _runnable(path: Path, *, slow: bool = False) -> list[Block]:
     return [b for b in blocks(path) if b.lang in RUN and b.mark not in skip]
 
 
-def _run_page(path: Path, tmp_path: Path, run: list[Block]) -> None:
+def _run_page(
+    path: Path, tmp_path: Path, run: list[Block], *, repeat: dict[int, int] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``run`` in order in one fresh process (``repeat``: block line -> how many times it runs)."""
     shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("*.log", "_ext", "api"))
     spec = tmp_path / ".blocks.json"
-    spec.write_text(json.dumps([b.__dict__ for b in run]), encoding="utf-8")
+    spec.write_text(
+        json.dumps([{**b.__dict__, "repeat": (repeat or {}).get(b.line, 1)} for b in run]), encoding="utf-8"
+    )
     driver = tmp_path / ".driver.py"
     driver.write_text(_DRIVER, encoding="utf-8")
     env = dict(os.environ)
@@ -166,6 +188,7 @@ def _run_page(path: Path, tmp_path: Path, run: list[Block]) -> None:
     )
     failed = next((ln for ln in proc.stdout.splitlines() if ln.startswith("BLOCK FAILED")), "")
     assert proc.returncode == 0, f"{failed or path.name}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
 
 
 _PAGES = [p for p in pages() if _runnable(p)]
@@ -183,3 +206,71 @@ def test_page_blocks_run(path: Path, tmp_path: Path) -> None:
 def test_page_blocks_run_with_slow_ones(path: Path, tmp_path: Path) -> None:
     """The same, with the blocks marked slow."""
     _run_page(path, tmp_path, _runnable(path, slow=True))
+
+
+# ---------------------------------------------------------------------------------------------- loops under load
+LOOP_RUNS = 5
+_LOOP = re.compile(r"while not \w+\.finished")
+_NOT_AFTER_A_RUN = ("Traceback", "generate after shutdown", "rollout of")  # what a clean run never prints
+
+
+def loop_prefix(path: Path) -> list[Block]:
+    """The runnable blocks of ``path`` up to its last loop block: what the loops need, not the rest of the page."""
+    runnable = _runnable(path)
+    loops = loop_blocks(path)
+    last = max(b.line for b in loops)
+    return [b for b in runnable if b.line <= last and (b.lang == "python" or b in loops)]
+
+
+def loop_blocks(path: Path) -> list[Block]:
+    """The runnable blocks of ``path`` that run a training loop: a python block with one, or a bash block that runs
+    a file block of the page with one."""
+    runnable = _runnable(path)
+    loop_files = {b.arg for b in blocks(path) if b.mark == "file" and _LOOP.search(b.text)}
+    return [
+        b
+        for b in runnable
+        if b.mark != "file"
+        and (
+            (b.lang == "python" and _LOOP.search(b.text)) or (b.lang == "bash" and any(f in b.text for f in loop_files))
+        )
+    ]
+
+
+class CpuHogs:
+    """``n`` busy processes for as long as the ``with`` block runs; by default one on every core but one (the run
+    under test then shares the machine: its threads and processes wait for a core while the hogs spin; a hog on
+    the last core too would only slow the suite down, the bugs show without it)."""
+
+    def __init__(self, n: int | None = None) -> None:
+        self.n = n or max(1, (os.cpu_count() or 2) - 1)
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> CpuHogs:
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait(30)
+
+
+_LOOP_PAGES = [p for p in pages() if loop_blocks(p)]
+
+
+@pytest.mark.parametrize("path", _LOOP_PAGES, ids=_ids(_LOOP_PAGES))
+def test_page_loops_run_five_times_under_load(path: Path, tmp_path: Path) -> None:
+    """Every block of the page that runs a loop runs 5 times, with CPU hogs (every core but one) running the whole
+    time: each run ends cleanly, and nothing prints a traceback or a failed rollout after it (a loop that stops the
+    engine while rollouts are in flight must hand them back, not fail them)."""
+    loops = loop_blocks(path)
+    with CpuHogs():
+        proc = _run_page(path, tmp_path, loop_prefix(path), repeat={b.line: LOOP_RUNS for b in loops})
+    for b in loops:
+        runs = sum(1 for ln in proc.stdout.splitlines() if ln.startswith(f"--- {b.page}:{b.line} "))
+        assert runs == LOOP_RUNS, f"{b.page}:{b.line} ran {runs} times, not {LOOP_RUNS}"
+    out = proc.stdout + proc.stderr
+    bad = [ln for ln in out.splitlines() if any(word in ln for word in _NOT_AFTER_A_RUN)]
+    assert not bad, f"{path.name}: printed under load\n" + "\n".join(bad[:20]) + f"\n{out[-4000:]}"

@@ -11,7 +11,7 @@ from hypothesis import Phase
 
 from colo_fsm.adapters.worker_drain import DrainsOwnDevice, drain_own_device, fan_out_drain, worker_device
 from colo_fsm.errors import ConfigError
-from colo_fsm.guards.decision import LatchedDecision, ValidationDecision
+from colo_fsm.guards.decision import CheckpointDecision, LatchedDecision, ValidationDecision
 from colo_fsm.states import NEMO_RL, State
 from colo_fsm.testing.fakes import RecordingTrainer
 from colo_fsm.testing.lifecycle_machine import (
@@ -245,3 +245,29 @@ def test_worker_drain_synchronizes_the_workers_own_device_and_fans_out():
     assert fan_out_drain(Group(), get=get)() == [2, 3]
     with pytest.raises(ConfigError, match="workers"):
         fan_out_drain([])
+
+
+def test_colo_fsm_check_ranks_supplies_the_agreement_a_time_rule_needs(colo_fsm_check_ranks):
+    """A save_and_stop rule without agree is not refused: the thread ranks adopt rank 0's answer, so a rule that
+    fires on rank 0 alone saves and ends the run on every rank at the same step (a split would hang a barrier)."""
+    stopped: dict[int, int] = {}
+
+    def checkpoint_factory(handle: KitHandle):
+        def fires() -> bool:  # rank 0's own "clock" says stop at its second step; the others' never do
+            lc = handle.lifecycle
+            return handle.rank == 0 and lc is not None and lc.step_index >= 1
+
+        decision = CheckpointDecision(None, save_and_stop=fires)
+        original = decision.stops_run
+
+        def stops_run(step: int) -> bool:
+            if original(step):
+                stopped[handle.rank] = step
+            return original(step)
+
+        decision.stops_run = stops_run  # type: ignore[method-assign]
+        return decision
+
+    res = colo_fsm_check_ranks(2, checkpoint_factory=checkpoint_factory, steps=6)
+    assert res.ok and res.adapters_exercised
+    assert stopped == {0: 1, 1: 1}, stopped  # both ranks ended after step 1, on rank 0's word

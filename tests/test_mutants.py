@@ -15,11 +15,13 @@ from colo_fsm.states.spec import LIFECYCLE
 from tests.support.mutants import (
     KILLERS,
     MUTANTS,
+    SUITE_MUTANTS,
     Mutant,
     evaluate,
     kill_by_checker,
     kill_by_ranks,
     kill_by_runtime,
+    kill_by_suite_test,
     kill_by_validator,
     table,
 )
@@ -106,3 +108,25 @@ def test_full_mutation_table():
     print(table(results))
     assert all(r.killed and not r.missing for r in results)
     record_stats("mutation_table", {r.name: sorted(r.killed_by) for r in results})
+
+
+_SUITE_FAST = ["rollout-stamped-with-its-end-version", "find-stuck-walks-only-false-latches"]
+
+
+@pytest.mark.parametrize("name", _SUITE_FAST)
+def test_suite_mutant_is_killed(name):
+    """The default-suite test named by the mutant fails by an assertion once its component is the mutant."""
+    evidence = kill_by_suite_test(name)
+    assert evidence is not None, f"{name} survived {SUITE_MUTANTS[name].test}"
+    print(f"{name}: {evidence}")
+
+
+@pytest.mark.slow  # one spawn of three gloo ranks per mutant (about 15 s each on a busy 2-core machine)
+@pytest.mark.parametrize(
+    "name",
+    ["barrier-deadline-restarts-per-wait", "sigterm-not-agreed-across-ranks", "lockstep-follower-plans-its-own-step"],
+)
+def test_three_rank_mutant_is_killed(name):
+    evidence = kill_by_suite_test(name)
+    assert evidence is not None, f"{name} survived {SUITE_MUTANTS[name].test}"
+    print(f"{name}: {evidence}")

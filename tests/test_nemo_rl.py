@@ -236,6 +236,31 @@ def test_public_save_and_stop_time_rule():
         CheckpointDecision(1, save_and_stop=3)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("spec", [LIFECYCLE, NEMO_RL], ids=lambda s: s.name)
+def test_save_on_the_last_step_is_a_rule_of_the_checkpoint_decision(spec):
+    """NeMo-RL saves at is_last_step: CheckpointDecision(save_on_last_step=True) saves the run's last step (the
+    lifecycle tells it num_steps), as well as every save_period steps; no closure over lc.step_index needed."""
+    _j, engine, trainer, collector, drain = recording_adapters()
+    cd = CheckpointDecision(3, save_on_last_step=True)
+    lc = Lifecycle(
+        engine, trainer, collector, drain=drain, spec=spec, checkpoint=cd, config=LifecycleConfig(num_steps=5)
+    )
+    lc.start()
+    while not lc.finished:
+        lc.step([0])
+    lc.stop()
+    assert [s for s, _wv, _ in trainer.saves] == [3, 5]  # step indexes 2 (the period) and 4 (the last)
+    resumed = CheckpointDecision(10, save_on_last_step=True)  # a resumed run: the last step is num_steps - 1
+    _j, engine, trainer, collector, drain = recording_adapters()
+    lc = Lifecycle(
+        engine, trainer, collector, drain=drain, checkpoint=resumed, config=LifecycleConfig(num_steps=4, start_step=2)
+    )
+    lc.start()
+    while not lc.finished:
+        lc.step([0])
+    assert [s for s, _wv, _ in trainer.saves] == [4]
+
+
 def test_resume_refused_with_requests_left_parked():
     class DroppingEngine(RecordingEngine):
         def resume(self):

@@ -205,3 +205,67 @@ def test_val_at_start_validates_a_resumed_run_too():
     )
     lc.start()
     assert seen == [(4, 4)] and lc.state is S.GENERATING
+
+
+def _validates_only_after_a_save():
+    """A variant whose validation-only wake is gone: a step decided to validate (and not to save) goes on to Waking."""
+    F = Fact
+    ts = []
+    for t in LIFECYCLE.transitions:
+        if t.trigger == "conclude" and t.source is S.TRAINING and t.dest is S.VALIDATING:
+            continue
+        if t.trigger == "conclude" and t.source is S.TRAINING and t.dest is S.WAKING:
+            t = dataclasses.replace(t, unless=(F.SAVE_THIS_STEP, F.LAST_STEP))
+        ts.append(t)
+    return dataclasses.replace(LIFECYCLE, transitions=tuple(ts), name="validates-after-saves")
+
+
+def test_a_validation_decision_the_spec_can_never_fire_is_refused_naming_the_path():
+    variant = _validates_only_after_a_save()
+    validate_spec(variant)  # a well-formed spec: it validates after a save
+    with pytest.raises(ConfigError) as err:
+        _lc(variant, config=LifecycleConfig(num_steps=12), validation=ValidationDecision(3))
+    msg = str(err.value)
+    assert msg.startswith("validation=") and "validates-after-saves" in msg, msg
+    assert "Generating -> Draining -> Training -> Waking -> Generating" in msg and "never validate" in msg, msg
+    _lc(variant, config=LifecycleConfig(num_steps=12), validation=ValidationDecision(None))  # off on purpose: fine
+
+
+def test_a_hook_without_its_decision_is_refused():
+    with pytest.raises(ConfigError, match=r"^validator=.*never called"):
+        _lc(validator=lambda s, w: {})
+    _lc(validator=lambda s, w: {}, validation=ValidationDecision(2))
+    _lc(validator=lambda s, w: {}, validation=ValidationDecision(None))  # an explicit "never" (a config's period)
+    with pytest.raises(ConfigError, match=r"^checkpoint_extra=.*never called"):
+        _lc(checkpoint_extra=dict)
+    _lc(checkpoint_extra=dict, checkpoint=CheckpointDecision(2))
+
+
+def test_components_the_run_cannot_use_are_refused():
+    import threading
+
+    from colo_fsm.guards.barrier import SoloBarrier, ThreadBarrier
+
+    with pytest.raises(ConfigError, match=r"^config.world_size=1: expected the 2 ranks the barrier spans"):
+        _lc(barrier=ThreadBarrier(threading.Barrier(2), 0))
+    with pytest.raises(ConfigError, match=r"^config.world_size=2: expected the 1 ranks"):
+        _lc(barrier=SoloBarrier(), config=LifecycleConfig(world_size=2))
+    with pytest.raises(ConfigError, match=r"^data_parallel_rank=1: expected an engine that reports its sampling"):
+        _lc(config=LifecycleConfig(data_parallel_rank=1))
+    with pytest.raises(ConfigError, match=r"^checkpoint.save_on_last_step=True: expected a run with num_steps"):
+        _lc(checkpoint=CheckpointDecision(save_on_last_step=True))
+
+
+def test_the_time_rule_agreement_error_names_only_the_rule_that_was_set():
+    import threading
+
+    from colo_fsm.guards.barrier import ThreadBarrier
+
+    barrier = ThreadBarrier(threading.Barrier(2), 0)
+    cfg = LifecycleConfig(world_size=2)
+    with pytest.raises(ConfigError) as err:
+        _lc(barrier=barrier, config=cfg, checkpoint=CheckpointDecision(save_and_stop=lambda: False))
+    assert "a save_and_stop time rule" in str(err.value) and "must_save_by_s" not in str(err.value), err.value
+    with pytest.raises(ConfigError) as err:
+        _lc(barrier=barrier, config=cfg, checkpoint=CheckpointDecision(must_save_by_s=60))
+    assert "a must_save_by_s time rule" in str(err.value) and "save_and_stop" not in str(err.value), err.value

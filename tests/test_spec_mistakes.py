@@ -11,7 +11,7 @@ import pytest
 
 from colo_fsm.errors import ConfigError, SpecError
 from colo_fsm.machine.lifecycle import Lifecycle
-from colo_fsm.states import LIFECYCLE, NEMO_RL, Fact, State, TransitionSpec, resolve_spec
+from colo_fsm.states import LIFECYCLE, NEMO_RL, Fact, State, TransitionSpec, resolve_spec, walk
 from colo_fsm.states.validate import validate_spec
 from colo_fsm.states.walk import find_stuck
 from colo_fsm.testing.checker import check
@@ -110,3 +110,82 @@ def test_installed_colo_fsm_draws_a_spec_file_from_the_current_folder(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert "Concluding" in run.stdout
+
+
+def check_stuck_save_and_last() -> None:
+    """A variant with no way out of Checkpointing on a step latched save-and-last (its Checkpointing -> Done edge
+    is gone) gets stuck there; only a walk that follows latches deciding True finds it."""
+    variant = dataclasses.replace(
+        LIFECYCLE,
+        transitions=tuple(
+            t
+            for t in LIFECYCLE.transitions
+            if not (t.trigger == "conclude" and t.source is State.CHECKPOINTING and t.dest is State.DONE)
+        ),
+        name="no-save-and-last",
+    )
+    found = walk.find_stuck(variant)
+    assert found is not None and found.startswith("stuck in Checkpointing"), (
+        f"find_stuck said {found!r} of a spec stuck in Checkpointing on a save-and-last step"
+    )
+    assert "last_step" in found and "save_this_step" in found, found
+
+
+def test_a_spec_stuck_on_a_save_and_last_step_is_refused():
+    check_stuck_save_and_last()
+    with pytest.raises(SpecError, match="stuck in Checkpointing"):
+        validate_spec(
+            dataclasses.replace(
+                LIFECYCLE,
+                transitions=tuple(
+                    t for t in LIFECYCLE.transitions if not (t.source is State.CHECKPOINTING and t.dest is State.DONE)
+                ),
+            )
+        )
+
+
+def test_a_done_without_stop_is_refused_before_anything_runs():
+    """A terminal-ish Done with no way to stop: lc.stop() there would raise and never tear the engine down."""
+    no_stop = dataclasses.replace(
+        LIFECYCLE,
+        transitions=tuple(t for t in LIFECYCLE.transitions if not (t.trigger == "stop" and t.source is State.DONE)),
+        name="done-without-stop",
+    )
+    with pytest.raises(SpecError) as err:
+        validate_spec(no_stop)
+    msg = str(err.value)
+    assert "[build-once] a way to stop from every state" in msg and "Done (facts:" in msg, msg
+    assert "no stop is enabled" in msg and "with_stops" in msg, msg
+    _j, engine, trainer, collector, drain = recording_adapters()
+    with pytest.raises(SpecError, match="a way to stop"):
+        Lifecycle(engine, trainer, collector, drain=drain, spec=no_stop)
+    assert engine.journal.calls == []  # refused before anything ran
+    from colo_fsm.states.spec import with_stops
+
+    validate_spec(with_stops(no_stop))  # the derived stop puts it right
+
+
+def test_duplicates_are_called_duplicates():
+    begin = next(t for t in LIFECYCLE.transitions if t.trigger == "begin_step")
+    with pytest.raises(SpecError, match=r"#\d+ is an exact duplicate of #3"):
+        validate_spec(_plus(LIFECYCLE, begin))
+    shadow = dataclasses.replace(begin, dest=State.TRAINING)
+    with pytest.raises(
+        SpecError, match="a duplicate \\(the same trigger, source and guards, to Draining and Training\\)"
+    ):
+        validate_spec(_plus(LIFECYCLE, shadow))
+    with pytest.raises(SpecError, match="^state Done=.*declared 2 times: a duplicate"):
+        validate_spec(dataclasses.replace(LIFECYCLE, states=(*LIFECYCLE.states, LIFECYCLE.state(State.DONE))))
+    with pytest.raises(SpecError, match="^action barrier=.*a duplicate"):
+        validate_spec(dataclasses.replace(LIFECYCLE, actions=(*LIFECYCLE.actions, LIFECYCLE.action("barrier"))))
+
+
+def test_a_stop_that_does_step_work_is_refused():
+    ts = tuple(
+        dataclasses.replace(t, actions=("restore_training_buffers", "train_step", *t.actions))
+        if t.trigger == "stop" and t.source is State.DRAINING
+        else t
+        for t in LIFECYCLE.transitions
+    )
+    with pytest.raises(SpecError, match="a stop abandons the step in progress"):
+        validate_spec(dataclasses.replace(LIFECYCLE, transitions=ts))

@@ -83,7 +83,10 @@ class Collector(Protocol):
     """The asynchronous producer of trajectories.
 
     ``resume`` may take a ``weight_version`` keyword: the machine then hands it the current weight version on
-    every resume. An optional ``teardown()`` is called in ``stop``.
+    every resume. An optional ``teardown()`` is called in ``stop``, and an optional ``take_back(unused)`` before
+    it, from any state: the collector takes back the batch the loop drew and did not train (``stop(unused=...)``)
+    and the prompts of its rollouts in flight, which the teardown aborts, to issue them again after a restart
+    (:meth:`colo_fsm.collector.AsyncCollector.take_back`).
     """
 
     def pause(self) -> None:

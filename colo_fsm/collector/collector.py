@@ -147,9 +147,10 @@ class TextRollout:
 class CollectorStats:
     """Counters of one collector.
 
-    ``started == completed + failed + deferred + in_flight``: every start ends in exactly one of those.
-    ``deferred`` counts rollouts that raised :class:`~colo_fsm.errors.RolloutDeferred` (their prompts were
-    put back, not lost); ``returned`` is how many such prompts are waiting to be started again. ``parked``
+    ``started == completed + failed + deferred + abandoned + in_flight``: every start ends in exactly one of
+    those. ``deferred`` counts rollouts that raised :class:`~colo_fsm.errors.RolloutDeferred` (their prompts were
+    put back, not lost); ``abandoned`` those a stop took back (:meth:`AsyncCollector.take_back`: their results
+    are discarded, their prompts put back); ``returned`` is how many put-back prompts wait to be started again. ``parked``
     (part of ``in_flight``) counts rollouts in flight across at least one pause and not finished yet;
     ``spanning`` counts finished rollouts that were in flight across a pause (``version_changed_mid_rollout``:
     those whose weight version changed meanwhile).
@@ -168,6 +169,7 @@ class CollectorStats:
     returned: int = 0
     parked: int = 0
     spanning: int = 0
+    abandoned: int = 0
 
     def as_metrics(self, prefix: str = "collector/") -> dict[str, float]:
         """Flat ``{name: number}`` for :class:`colo_fsm.metrics.MetricsLogger`."""
@@ -181,6 +183,7 @@ class _Running:
     prompt: Prompt
     version: int
     pauses: int = 0
+    abandoned: bool = False  # taken back by a stop: its prompt is put back, its result (if any) discarded
 
 
 class AsyncCollector:
@@ -283,6 +286,7 @@ class AsyncCollector:
         self._running: dict[int, _Running] = {}  # rollouts in flight by order number
         self._spanning = 0
         self._pauses = 0
+        self._abandoned = 0
         self.error: RolloutFailed | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -332,6 +336,39 @@ class AsyncCollector:
             self._paused = False
         self._ensure_thread()
         self._poke()
+
+    def take_back(self, unused: Iterable[TrajectoryGroup] = ()) -> int:
+        """What a stop hands back, called by the lifecycle before it tears the engine down: stop issuing, put the
+        prompts of ``unused`` (groups drawn for a step that was not trained) and of every rollout in flight back
+        at the front of the queue, and discard those rollouts' results (the teardown aborts them: no failure is
+        counted or logged). :meth:`state_dict` then saves them all, so a restart issues each again, once.
+        Returns how many rollouts in flight were taken back."""
+        groups = list(unused)
+        prompts = []
+        for i, g in enumerate(groups):
+            if not isinstance(g, TrajectoryGroup):
+                raise ConfigError(
+                    f"unused[{i}]", type(g).__name__, "a TrajectoryGroup (what ReplayBuffer.sample gives)"
+                )
+            prompts.append(Prompt(g.prompt_id, g.prompt, dict(g.metadata)))
+        with self._cond:
+            self._paused = True
+            taken = 0
+            for order in sorted(self._running):
+                running = self._running[order]
+                if not running.abandoned:
+                    running.abandoned = True
+                    bisect.insort(self._returned, (order, running.prompt), key=lambda item: item[0])
+                    taken += 1
+            first = min([o for o, _ in self._returned] + [self._drawn])  # the batch was drawn before them all
+            self._returned[:0] = [(first - len(prompts) + k, p) for k, p in enumerate(prompts)]
+        log.info(
+            "%s: took back %d prompt(s) in flight and %d of an unused batch, to be issued again after a restart",
+            self.name,
+            taken,
+            len(prompts),
+        )
+        return taken
 
     # ------------------------------------------------------------------ queries
     @property
@@ -388,6 +425,7 @@ class AsyncCollector:
                 returned=len(self._returned),
                 parked=sum(1 for r in self._running.values() if r.pauses),
                 spanning=self._spanning,
+                abandoned=self._abandoned,
             )
 
     def state_dict(self) -> dict[str, Any]:
@@ -416,7 +454,9 @@ class AsyncCollector:
             return {
                 "format": STATE_DICT_FORMAT,
                 "returned_prompts": [item(o, p) for o, p in self._returned],
-                "parked_prompts": [item(o, self._running[o].prompt) for o in sorted(self._running)],
+                "parked_prompts": [
+                    item(o, r.prompt) for o, r in sorted(self._running.items()) if not r.abandoned
+                ],  # a rollout a stop took back is among the returned ones already
                 "replay_buffer": self.buffer.state_dict(),
             }
 
@@ -580,6 +620,10 @@ class AsyncCollector:
         except RolloutDeferred as exc:
             self._put_back(prompt, order, ticket, exc)
         except BaseException as exc:
+            if self._drop_abandoned(order, ticket):
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                return
             self.buffer.release(ticket)
             with self._cond:
                 self._failed += 1
@@ -602,6 +646,9 @@ class AsyncCollector:
         else:
             with self._cond:  # into the buffer and out of "in flight" in one step (see state_dict)
                 running = self._running.get(order)
+                if running is not None and running.abandoned:  # taken back by a stop: its prompt is put back
+                    self._drop_abandoned(order, ticket)
+                    return
                 if running is not None and running.pauses:
                     self._spanning += 1
                 if end_version != version:
@@ -626,6 +673,18 @@ class AsyncCollector:
                 )
         finally:
             self._poke()
+
+    def _drop_abandoned(self, order: int, ticket: Ticket) -> bool:
+        """A rollout a stop took back ended: free its place, count it, keep its result out (its prompt is put
+        back already). False when it was not taken back."""
+        with self._cond:
+            running = self._running.get(order)
+            if running is None or not running.abandoned:
+                return False
+            self._abandoned += 1
+            self._finish_locked(order)
+            self.buffer.release(ticket)
+        return True
 
     def _finish_locked(self, order: int) -> None:
         self._running.pop(order, None)

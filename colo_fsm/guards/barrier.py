@@ -39,6 +39,7 @@ class SoloBarrier:
     """The barrier of a world of one rank: returns at once (a fingerprint of one rank always agrees)."""
 
     rank = 0
+    world_size = 1
     exchanges_fingerprints = True
 
     def wait(
@@ -255,6 +256,7 @@ class ThreadBarrier:
             raise ConfigError("rank", rank, f"an integer in [0, {shared.parties})")
         self.shared = shared
         self.rank = rank
+        self.world_size = shared.parties
         self.timeout_s = _check_timeout(timeout_s)
 
     def wait(

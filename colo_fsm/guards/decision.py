@@ -84,12 +84,29 @@ class LatchedDecision:
         """The latched answer for ``step`` if it was decided already, else None (never evaluates)."""
         return self._answer if step == self._step else None
 
+    @property
+    def agrees(self) -> bool:
+        """Whether this decision turns a rank's answer into the world's (it has an ``agree`` function)."""
+        return self._agree is not None
+
+    def agree_with(self, agree: Callable[[bool], bool]) -> None:
+        """Give a decision built without one its ``agree`` function (before its first query), e.g. the one a
+        test harness of thread ranks supplies; a decision that has one keeps it."""
+        if not callable(agree):
+            raise ConfigError(f"{self.name}.agree", agree, "a callable bool -> bool")
+        if self._step is not None:
+            raise ConfigError(f"{self.name}.agree", agree, "set before the decision's first query")
+        if self._agree is None:
+            self._agree = agree
+
 
 class CheckpointDecision(LatchedDecision):
-    """Whether a step saves a checkpoint: every ``every_steps`` steps and/or once the ``must_save_by_s``
-    deadline has passed, and/or when your own ``save_and_stop`` time rule says so (a zero-argument callable,
-    e.g. a job-timeout checker; asked once per step, inside the latch). When a time rule fires, that step also
-    becomes the run's last (``deadline_stop``), as a job about to lose its allocation expects."""
+    """Whether a step saves a checkpoint: every ``every_steps`` steps, on the run's last step
+    (``save_on_last_step``, as NeMo-RL saves at ``is_last_step``; the lifecycle tells the decision the run's
+    ``num_steps``), and/or once the ``must_save_by_s`` deadline has passed, and/or when your own ``save_and_stop``
+    time rule says so (a zero-argument callable, e.g. a job-timeout checker; asked once per step, inside the
+    latch). When a time rule fires, that step also becomes the run's last (``deadline_stop``), as a job about to
+    lose its allocation expects."""
 
     def __init__(
         self,
@@ -100,8 +117,13 @@ class CheckpointDecision(LatchedDecision):
         agree: Callable[[bool], bool] | None = None,
         deadline_stop: bool = True,
         save_and_stop: Callable[[], bool] | None = None,
+        save_on_last_step: bool = False,
     ) -> None:
-        self.every_steps = _positive_int_or_none("checkpoint_every_steps", every_steps)
+        self.every_steps = _positive_int_or_none("CheckpointDecision.every_steps", every_steps)
+        if not isinstance(save_on_last_step, bool):
+            raise ConfigError("save_on_last_step", save_on_last_step, "True or False")
+        self.save_on_last_step = save_on_last_step
+        self.num_steps: int | None = None  # the run's length, told by the lifecycle (bind_num_steps)
         self.must_save_by = MustSaveBy(must_save_by_s, clock=clock) if must_save_by_s is not None else None
         if save_and_stop is not None and not callable(save_and_stop):
             raise ConfigError("save_and_stop", save_and_stop, "None or a callable () -> bool (a time rule)")
@@ -112,8 +134,15 @@ class CheckpointDecision(LatchedDecision):
         self.deadline_step: int | None = None
         super().__init__("checkpoint", self._rule, agree=agree)
 
+    def bind_num_steps(self, num_steps: int | None) -> None:
+        """The run's ``num_steps`` (``LifecycleConfig.num_steps``; the lifecycle calls this at construction): the
+        step with index ``num_steps - 1`` is the last, which ``save_on_last_step`` saves."""
+        self.num_steps = num_steps
+
     def _rule(self, step: int) -> bool:
         periodic = self.every_steps is not None and (step + 1) % self.every_steps == 0
+        if self.save_on_last_step and self.num_steps is not None and step + 1 >= self.num_steps:
+            periodic = True
         deadline = False
         if self.must_save_by is not None or self.save_and_stop is not None:
             deadline = bool(self.must_save_by()) if self.must_save_by is not None else False
@@ -130,7 +159,13 @@ class CheckpointDecision(LatchedDecision):
     @property
     def needs_agreement(self) -> bool:
         """True when the decision reads a clock, so ranks must agree on it (pass ``agree``)."""
-        return self.must_save_by is not None or self.save_and_stop is not None
+        return bool(self.time_rules)
+
+    @property
+    def time_rules(self) -> tuple[str, ...]:
+        """The time rules set, by the argument that set them (``must_save_by_s``, ``save_and_stop``)."""
+        rules = (("must_save_by_s", self.must_save_by), ("save_and_stop", self.save_and_stop))
+        return tuple(name for name, rule in rules if rule is not None)
 
     def stops_run(self, step: int) -> bool:
         """Whether the deadline rule fired at ``step`` and the run should end after its save."""
@@ -141,7 +176,7 @@ class ValidationDecision(LatchedDecision):
     """Whether a step validates: every ``every_steps`` steps (never when None)."""
 
     def __init__(self, every_steps: int | None = None, *, agree: Callable[[bool], bool] | None = None) -> None:
-        self.every_steps = _positive_int_or_none("validate_every_steps", every_steps)
+        self.every_steps = _positive_int_or_none("ValidationDecision.every_steps", every_steps)
         super().__init__(
             "validation",
             lambda step: self.every_steps is not None and (step + 1) % self.every_steps == 0,

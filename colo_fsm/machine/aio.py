@@ -10,7 +10,7 @@ where a second trigger cancels the callbacks of an in-flight one.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -83,10 +83,10 @@ class AsyncLifecycle:
         """See :meth:`Lifecycle.end_validation`."""
         return await self._run(self.lifecycle.end_validation)
 
-    async def stop(self) -> State:
+    async def stop(self, unused: Sequence[Any] | None = None) -> State:
         """See :meth:`Lifecycle.stop`; also shuts the worker thread down (once Stopped: a failed stop can retry)."""
         try:
-            return await self._run(self.lifecycle.stop)
+            return await self._run(self.lifecycle.stop, unused)
         finally:
             if self.lifecycle.spec.state(self.lifecycle.state).terminal:
                 self._executor.shutdown(wait=False)

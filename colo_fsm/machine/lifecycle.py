@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,19 +123,6 @@ class Lifecycle(ActionRoles):
             )
         if barrier is None and self.config.world_size > 1:
             raise ConfigError("barrier", None, f"a Barrier over the {self.config.world_size} ranks")
-        if (
-            self.config.world_size > 1
-            and isinstance(checkpoint, CheckpointDecision)
-            and checkpoint.needs_agreement
-            and checkpoint._agree is None
-        ):
-            raise ConfigError(
-                "checkpoint.agree",
-                None,
-                f"an agree function (e.g. broadcast_from_rank0()) when world_size={self.config.world_size} and a "
-                "must_save_by_s time rule is set: otherwise each rank's own clock decides whether to save and stop, "
-                "and the ranks split at the next barrier",
-            )
         if early_stop is not None and not has_methods(early_stop, ("decide",)):
             raise ConfigError("early_stop", early_stop, "a LatchedDecision (decide(step) -> bool) or None")
         if check_spec:  # False only for mutation testing: a spec the validator rejects, caught at run time
@@ -150,6 +137,10 @@ class Lifecycle(ActionRoles):
             early_stop=early_stop,
             checkpoint_extra=checkpoint_extra,
             server_urls_sink=server_urls_sink,
+            engine=engine,
+            drain=drain,
+            barrier=barrier,
+            walk_spec=check_spec,
         )
         if spec.engine_up_at_construction and engine_state_of(engine) is None:
             raise ConfigError(
@@ -167,6 +158,8 @@ class Lifecycle(ActionRoles):
         self._drain = drain if drain is not None else default_drain()
         self._barrier = barrier or SoloBarrier()
         self.checkpoint_decision = checkpoint or CheckpointDecision()
+        if isinstance(checkpoint, CheckpointDecision):
+            checkpoint.bind_num_steps(self.config.num_steps)
         save_on_stop = self.config.save_on_early_stop
         self.saves_on_early_stop = checkpointing_enabled(checkpoint) if save_on_stop is None else save_on_stop
         """Whether an early stop saves the step it ends (it checkpoints, or ``save_on_early_stop=True``)."""
@@ -194,6 +187,7 @@ class Lifecycle(ActionRoles):
         self._lock = threading.RLock()
         self._seq = 0
         self._batch: Any = None
+        self._unused: list[Any] = []  # stop(unused=...): the batch handed back to the collector
         self._current_action: str | None = None
         self._action_times: dict[str, float] = {}
         self._action_t0 = 0.0  # time.monotonic() when the running action started
@@ -303,13 +297,45 @@ class Lifecycle(ActionRoles):
             self._validate()
             self.end_validation()
 
-    def stop(self) -> State:
-        """Tear down (the only place teardown happens) and end in Stopped."""
-        try:
-            return self.fire("stop")
-        finally:
-            if self.spec.state(self.state).terminal:
-                self.trace.close()
+    def stop(self, unused: Sequence[Any] | None = None) -> State:
+        """End the run from any state and tear down (the only place teardown happens), ending in Stopped.
+
+        A loop that raised mid-step stops here too: the step in progress is abandoned, not trained. The collector
+        takes back the prompts of its rollouts in flight (``take_back``; the teardown aborts them) and ``unused``,
+        the batch the loop drew and did not train, so that a restart issues them again.
+        """
+        with self._lock:
+            self._unused = self._check_unused(unused)
+            try:
+                return self.fire("stop")
+            finally:
+                self._unused = []
+                if self.spec.state(self.state).terminal:
+                    self.trace.close()
+
+    def _check_unused(self, unused: Sequence[Any] | None) -> list[Any]:
+        """``stop``'s ``unused`` batch as a list, refused before anything runs when nothing would take it back."""
+        if unused is None:
+            return []
+        if isinstance(unused, str | bytes | Mapping) or not isinstance(unused, Iterable):
+            raise ConfigError("unused", unused, "a sequence (the batch the loop drew and did not train) or None")
+        items = list(unused)
+        take_back = getattr(self.collector, "take_back", None) if self.collector is not None else None
+        t = self.spec.select(self.state, "stop", self.facts)
+        if items and not callable(take_back):
+            raise ConfigError(
+                "unused",
+                f"{len(items)} item(s)",
+                f"a collector with take_back(unused) to give them back to ({type(self.collector).__name__} has "
+                "none): keep the batch yourself and call stop() without it",
+            )
+        if items and t is not None and not any(self.spec.action(a).role is Role.RETURN_PROMPTS for a in t.actions):
+            raise ConfigError(
+                "unused",
+                f"{len(items)} item(s)",
+                f"a stop whose actions return them (stop from {self.state.value} has none)",
+            )
+        return items
 
     def close(self) -> None:
         """Close the trace file."""

@@ -55,6 +55,8 @@ class ActionRoles:
         last_validation: Mapping[str, float] | None
         _barrier: Barrier
         _batch: Any
+        _unused: list[Any]
+        _pending: tuple[str, float, State]
         _drain: Callable[[], object]
         _entering: State
         _latched_step: int | None
@@ -261,6 +263,21 @@ class ActionRoles:
                 self.collector.resume(weight_version=self.weight_version)  # type: ignore[call-arg]
             else:
                 self.collector.resume()
+
+    def _role_return_prompts(self, a: ActionSpec) -> None:
+        take_back = getattr(self.collector, "take_back", None) if self.collector is not None else None
+        if not callable(take_back):
+            return
+        returned = take_back(list(self._unused))
+        abandoned = self._latched_step == self.step_index and not self.facts[Fact.STEP_TRAINED]
+        self._log(
+            logging.INFO,
+            "stop from %s%s: %d item(s) of the unused batch and %s prompt(s) in flight back to the collector",
+            self._pending[2].value,
+            f" (step {self.step_index} abandoned, not trained)" if abandoned else "",
+            len(self._unused),
+            returned if isinstance(returned, int) else "its",
+        )
 
     def _role_teardown(self, a: ActionSpec) -> None:
         if self.engine_condition not in (EngineCondition.ABSENT, EngineCondition.TORN_DOWN):

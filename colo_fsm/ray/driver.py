@@ -277,6 +277,13 @@ class RayCollectorProxy:
         """Resume the collector at the current weight version."""
         _get(self.actor.resume.remote(int(self._weight_version())), self.control_timeout_s, "the collector to resume")
 
+    def take_back(self, unused: list[TrajectoryGroup]) -> int:
+        """A stop hands the unused batch and the prompts in flight back to the collector actor, to be issued again
+        after a restart (its ``state_dict``)."""
+        return int(
+            _get(self.actor.take_back.remote(list(unused)), self.control_timeout_s, "the collector to take back")
+        )
+
     def sample(self, weight_version: int, timeout: float | None = None) -> list[TrajectoryGroup]:
         """Exactly ``num_prompts_per_step`` fresh groups (blocks up to ``timeout``)."""
         return ray.get(self.actor.sample.remote(weight_version, timeout))

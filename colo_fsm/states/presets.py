@@ -22,6 +22,7 @@ from colo_fsm.states.spec import (
     ADOPT_ENGINE,
     LIFECYCLE,
     STATES,
+    STOP_TRIGGER,
     ActionSpec,
     Collective,
     CollectorCondition,
@@ -33,6 +34,7 @@ from colo_fsm.states.spec import (
     State,
     StateSpec,
     TransitionSpec,
+    with_stops,
 )
 
 S, F = State, Fact
@@ -224,15 +226,16 @@ _NEMO_TRANSITIONS: tuple[TransitionSpec, ...] = (
         automatic=True,
         description="Resume signal only after drain and barrier, never with a save still pending.",
     ),
-    *(_shipped("stop", src) for src in (S.GENERATING, S.VALIDATING, S.DONE, S.CREATED, S.FAILED)),
 )
 
-NEMO_RL = LifecycleSpec(
-    states=_NEMO_STATES,
-    actions=_NEMO_ACTIONS,
-    transitions=_NEMO_TRANSITIONS,
-    validate_before_save=True,
-    name="nemo_rl",
+NEMO_RL = with_stops(
+    LifecycleSpec(
+        states=_NEMO_STATES,
+        actions=_NEMO_ACTIONS,
+        transitions=_NEMO_TRANSITIONS,
+        validate_before_save=True,
+        name="nemo_rl",
+    )
 )
 """NeMo-RL's step order: validate before the save, val at start and end, early stop, async save + finalize."""
 
@@ -270,9 +273,12 @@ def engine_at_construction(spec: LifecycleSpec, *, name: str | None = None) -> L
         if any(a in build for a in t.actions)
         else t
         for t in spec.transitions
+        if not (t.trigger == STOP_TRIGGER and t.source == spec.initial)  # derived again below: the engine is up there
     )
-    return dataclasses.replace(
-        spec, states=states, actions=actions, transitions=transitions, name=name or f"{spec.name}_engine_up"
+    return with_stops(
+        dataclasses.replace(
+            spec, states=states, actions=actions, transitions=transitions, name=name or f"{spec.name}_engine_up"
+        )
     )
 
 

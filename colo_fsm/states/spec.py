@@ -21,6 +21,7 @@ Vocabulary:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -140,6 +141,7 @@ class Role(StrEnum):
     FINALIZE = "finalize"  # wait until every collective of the save has completed
     RESUME = "resume"  # engine resumes its parked requests
     RESUME_COLLECTOR = "resume_collector"  # collector issues rollouts again (given the weight version)
+    RETURN_PROMPTS = "return_prompts"  # the collector takes back what will not be trained, for a restart to re-issue
     TEARDOWN = "teardown"  # engine shut down, then the trainer's and collector's optional teardown
 
 
@@ -309,6 +311,132 @@ class LifecycleSpec:
     def reset_facts(self) -> tuple[Fact, ...]:
         """Every fact some action clears."""
         return tuple(dict.fromkeys(f for a in self.actions for f in a.cleared()))
+
+
+# ---------------------------------------------------------------------------------------------- stop from anywhere
+STOP_TRIGGER = "stop"
+"""The trigger that ends a run from any state (:func:`with_stops` derives one for every state that lacks it)."""
+
+STEP_WORK: tuple[Role, ...] = (
+    Role.LATCH,
+    Role.RESTORE,
+    Role.TRAIN,
+    Role.BUMP,
+    Role.SAVE,
+    Role.RESUME,
+    Role.RESUME_COLLECTOR,
+)
+"""The roles of a step's own work: a stop runs none of them (it abandons the step in progress; an async save
+already started is finalized, not started)."""
+
+
+def _entry(spec: LifecycleSpec) -> dict[State, tuple[bool, bool]]:
+    """For each state a run reaches (guards ignored, stops left out): whether every way in leaves the handoff
+    complete (own device drained, every rank met, nothing issued since) and whether some way in leaves an async
+    save pending."""
+    status: dict[State, tuple[bool, bool]] = {spec.initial: (True, False)}
+    changed = True
+    while changed:
+        changed = False
+        for t in spec.transitions:
+            if t.trigger == STOP_TRIGGER or t.source not in status:
+                continue
+            handed, pending = status[t.source]
+            drained = handed
+            for name in t.actions:
+                a = spec.action(name)
+                if a.issues is not None:
+                    handed = drained = False
+                if a.role is Role.DRAIN:
+                    drained = True
+                elif a.role is Role.BARRIER:
+                    handed = handed or drained
+                pending = (pending or Fact.SAVE_PENDING in a.writes()) and Fact.SAVE_PENDING not in a.cleared()
+            old = status.get(t.dest)
+            new = (handed, pending) if old is None else (old[0] and handed, old[1] or pending)
+            if new != old:
+                status[t.dest] = new
+                changed = True
+    return status
+
+
+def stop_transitions(spec: LifecycleSpec) -> tuple[TransitionSpec, ...]:
+    """A ``stop`` into the terminal state from every non-terminal state of ``spec`` that has none, derived from
+    the state's declared conditions and what the spec's own transitions leave on the device when they enter it:
+
+    * the collector paused if it runs there, the engine suspended (requests parked) if it is awake;
+    * an async save that may still be pending there finalized (every checkpoint collective done);
+    * this rank's device drained and every rank met at the barrier, unless the state is always entered with the
+      handoff complete and no traffic is served there: no rank tears down while a peer still decodes, and a stop
+      that right follows a handoff meets no barrier (it would pair with a peer's next handoff barrier);
+    * the collector takes back the batch and the prompts in flight (:attr:`Role.RETURN_PROMPTS`);
+    * the engine torn down.
+
+    From the failed state: no drain and no barrier (a peer may be dead); with the engine not built: the teardown
+    only. No stop trains, saves or wakes anything: the step in progress is abandoned.
+    """
+    terminal = next((s.state for s in spec.states if s.terminal), None)
+    first = {r: spec.with_role(r)[0] for r in Role if spec.with_role(r)}
+    if terminal is None or Role.TEARDOWN not in first:
+        return ()
+    entry = _entry(spec)
+    has_stop = {t.source for t in spec.transitions if t.trigger == STOP_TRIGGER}
+    trains = {t.source for t in spec.transitions if any(spec.action(a).role is Role.TRAIN for a in t.actions)}
+    out: list[TransitionSpec] = []
+    for s in spec.states:
+        if s.terminal or s.state in has_stop or (s.state not in entry and s.state != spec.failed):
+            continue
+        handed, pending = entry.get(s.state, (True, False))
+        roles: list[Role] = []
+        built = s.engine not in (EngineCondition.ABSENT, EngineCondition.TORN_DOWN)
+        if s.engine is not EngineCondition.UNKNOWN and built:
+            if s.runs_rollouts:
+                roles.append(Role.PAUSE)
+            if s.engine is EngineCondition.AWAKE:
+                roles.append(Role.SUSPEND)
+            if pending:
+                roles.append(Role.FINALIZE)
+            if pending or not handed or s.serves_requests or s.validates or s.runs_rollouts:
+                roles += [Role.DRAIN, Role.BARRIER]
+        if built:
+            roles.append(Role.RETURN_PROMPTS)
+        roles.append(Role.TEARDOWN)
+        if s.engine is EngineCondition.UNKNOWN:
+            why = "Local teardown after a failure (no barrier: a peer may be dead)"
+        elif not built:
+            why = "Stop before anything was built (nothing to tear down)"
+        elif s.final:
+            why = "Tear down after the last step"
+        elif s.state in trains:
+            why = "Stop before training: the step in progress is abandoned, not trained"
+        elif s.ends_step:
+            why = "Stop the run"
+        else:
+            why = "Stop where a step or the start is under way: nothing further is trained, saved or woken"
+        if pending:
+            why += "; the async save is finalized first"
+        if built:
+            why += "; the batch and the prompts in flight go back to the collector"
+        out.append(
+            TransitionSpec(
+                STOP_TRIGGER,
+                s.state,
+                terminal,
+                tuple(first[r] for r in roles if r in first),
+                description=why + ".",
+            )
+        )
+    return tuple(out)
+
+
+def with_stops(spec: LifecycleSpec) -> LifecycleSpec:
+    """``spec`` with a derived ``stop`` (:func:`stop_transitions`) from every non-terminal state that has none:
+    a loop can end the run cleanly from any state. Every preset is built with it; a variant derived from one keeps
+    its stops, and one that adds a state gets its stop by passing through here again."""
+    extra = stop_transitions(spec)
+    if not extra:
+        return spec
+    return dataclasses.replace(spec, transitions=(*spec.transitions, *extra))
 
 
 E, C, R = EngineCondition, CollectorCondition, RequestCondition
@@ -505,6 +633,14 @@ ACTIONS: tuple[ActionSpec, ...] = (
         calls=("collector", "resume"),
     ),
     ActionSpec(
+        "return_prompts",
+        "The collector takes back what the run will not train: the batch the loop drew and did not train (stop("
+        "unused=batch)) and the prompts of its rollouts in flight, which the teardown aborts; a restart issues them "
+        "again (collector.take_back, optional).",
+        role=Role.RETURN_PROMPTS,
+        calls=("collector", "take_back"),
+    ),
+    ActionSpec(
         "shutdown_engine",
         "Tear the engine down (requests left are aborted), then the trainer's and collector's optional teardown.",
         engine=E.TORN_DOWN,
@@ -529,7 +665,7 @@ _HANDOFF = ("drain_device", "barrier")
 _SUSPEND_ALL = ("pause_collector", "suspend_engine", *_HANDOFF)
 _OFFLOAD = ("offload_training_buffers", *_HANDOFF)
 
-TRANSITIONS: tuple[TransitionSpec, ...] = (
+_STEP_TRANSITIONS: tuple[TransitionSpec, ...] = (
     TransitionSpec(
         "start",
         S.CREATED,
@@ -645,27 +781,13 @@ TRANSITIONS: tuple[TransitionSpec, ...] = (
         ("resume_collector",),
         description="Validation finished: the engine stays resident, collection resumes.",
     ),
-    TransitionSpec("stop", S.GENERATING, S.STOPPED, (*_SUSPEND_ALL, "shutdown_engine"), description="Stop the run."),
-    TransitionSpec("stop", S.VALIDATING, S.STOPPED, (*_SUSPEND_ALL, "shutdown_engine"), description="Stop the run."),
-    TransitionSpec("stop", S.DONE, S.STOPPED, ("shutdown_engine",), description="Tear down after the last step."),
-    TransitionSpec(
-        "stop",
-        S.CREATED,
-        S.STOPPED,
-        ("shutdown_engine",),
-        description="Stop before anything was built (nothing to tear down).",
-    ),
-    TransitionSpec(
-        "stop",
-        S.FAILED,
-        S.STOPPED,
-        ("shutdown_engine",),
-        description="Local teardown after a failure (no barrier: a peer may be dead).",
-    ),
 )
 
-LIFECYCLE = LifecycleSpec(states=STATES, actions=ACTIONS, transitions=TRANSITIONS, name="lifecycle")
+LIFECYCLE = with_stops(LifecycleSpec(states=STATES, actions=ACTIONS, transitions=_STEP_TRANSITIONS, name="lifecycle"))
 """The colocation lifecycle colo-fsm ships."""
+
+TRANSITIONS: tuple[TransitionSpec, ...] = LIFECYCLE.transitions
+"""Its transitions: the step's, then a ``stop`` from every state (:func:`with_stops`)."""
 
 __all__ = [
     "ACTIONS",
@@ -673,6 +795,8 @@ __all__ = [
     "FACT_DESCRIPTIONS",
     "LIFECYCLE",
     "STATES",
+    "STEP_WORK",
+    "STOP_TRIGGER",
     "TRANSITIONS",
     "USER_TRIGGERS",
     "ActionSpec",
@@ -686,4 +810,6 @@ __all__ = [
     "State",
     "StateSpec",
     "TransitionSpec",
+    "stop_transitions",
+    "with_stops",
 ]

@@ -12,6 +12,8 @@ from collections import deque
 from colo_fsm.errors import SpecError
 from colo_fsm.states.rules import LifecycleRule
 from colo_fsm.states.spec import (
+    STEP_WORK,
+    STOP_TRIGGER,
     USER_TRIGGERS,
     Collective,
     CollectorCondition,
@@ -23,7 +25,7 @@ from colo_fsm.states.spec import (
     State,
     TransitionSpec,
 )
-from colo_fsm.states.walk import find_stuck
+from colo_fsm.states.walk import find_stuck, find_unstoppable
 
 _REQUESTS_FOR_ENGINE = {
     EngineCondition.ABSENT: RequestCondition.NONE,
@@ -51,7 +53,9 @@ def validate_spec(spec: LifecycleSpec) -> None:
     met at a barrier (so a validation-only wake is drained, barriered and suspended before a save); an async
     save is finalized before any wake and before the run ends; an early stop upgrades its step to save-and-stop;
     requests are served only in resting states with the engine awake; no non-final state a run can reach gets
-    stuck (no transition enabled under the facts it is reached with).
+    stuck (no transition but a stop enabled under the facts it is reached with); a run can be stopped from every
+    state it reaches (and from the failed state), and a stop runs none of a step's work; every state, action and
+    transition is declared once.
     """
     check_names(spec)
     names = {a.name for a in spec.actions}
@@ -97,6 +101,13 @@ def validate_spec(spec: LifecycleSpec) -> None:
             raise SpecError(where, f"{roles[wrong]}: {spec.initial.value} declares the engine {said}")
         if Role.TEARDOWN in roles and not spec.state(t.dest).terminal:
             raise SpecError(where, f"{roles[Role.TEARDOWN]} only on transitions into a terminal state (Stopped)")
+        step_work = [a for a in t.actions if spec.action(a).role in STEP_WORK]
+        if t.trigger == STOP_TRIGGER and step_work:
+            raise SpecError(
+                where,
+                f"a stop abandons the step in progress: it trains, saves and wakes nothing ({', '.join(step_work)}; "
+                "an async save already started is finalized)",
+            )
         _check_handoff_order(spec, t.actions, where)
         _check_conditions(spec, t, where)
         for f in (*t.when, *t.unless):
@@ -111,6 +122,14 @@ def validate_spec(spec: LifecycleSpec) -> None:
     if stuck is not None:
         raise SpecError(
             f"spec {spec.name}", f"every non-final state has a way out under every reachable facts; {stuck}"
+        )
+    unstoppable = find_unstoppable(spec)
+    if unstoppable is not None:
+        raise SpecError(
+            f"spec {spec.name}",
+            f"[{LifecycleRule.BUILD_ONCE}] a way to stop from every state (a stop into a terminal state, which tears "
+            f"the engine down); {unstoppable}: lc.stop() there raises and the engine is never torn down "
+            "(colo_fsm.states.spec.with_stops(spec) derives the missing stops)",
         )
 
 
@@ -160,6 +179,32 @@ def check_names(spec: LifecycleSpec) -> None:
         for a in t.actions:
             if a not in names:
                 raise SpecError(where, f"action {a!r} is declared in spec.actions")
+    _check_duplicates(spec)
+
+
+def _check_duplicates(spec: LifecycleSpec) -> None:
+    """Every state, action and transition declared once (a later declaration would silently replace or shadow
+    the earlier one)."""
+    for kind, names in (("state", [s.state.value for s in spec.states]), ("action", [a.name for a in spec.actions])):
+        for name in dict.fromkeys(names):
+            if names.count(name) > 1:
+                raise SpecError(
+                    f"{kind} {name}",
+                    f"each {kind} declared once (it is declared {names.count(name)} times: a duplicate)",
+                )
+    seen: dict[tuple[str, State, frozenset[Fact], frozenset[Fact]], int] = {}
+    for i, t in enumerate(spec.transitions, 1):
+        key = (t.trigger, t.source, frozenset(t.when), frozenset(t.unless))
+        if key in seen:
+            j = seen[key]
+            other = spec.transitions[j - 1]
+            what = (
+                "an exact duplicate"
+                if other == t
+                else f"a duplicate (the same trigger, source and guards, to {other.dest.value} and {t.dest.value})"
+            )
+            raise SpecError(_where(t), f"each transition declared once: #{i} is {what} of #{j}; remove one")
+        seen[key] = i
 
 
 _PathState = tuple[State, Collective | None, bool, bool, bool]  # state, last kind, handed off, drained, save pending

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from colo_fsm.errors import ConfigError
-from colo_fsm.states.spec import ActionSpec, Fact, LifecycleSpec, Role, State, TransitionSpec
+from colo_fsm.states.spec import STOP_TRIGGER, ActionSpec, Fact, LifecycleSpec, Role, State, TransitionSpec
 
 
 def stop_upgrades(a: ActionSpec, facts: Mapping[Fact, bool], *, save_on_stop: bool = True) -> tuple[Fact, ...]:
@@ -53,25 +53,21 @@ def apply_effects(
             facts[f] = True
 
 
-def find_stuck(spec: LifecycleSpec, *, limit: int = 200_000) -> str | None:
-    """The first place ``spec`` gets stuck, or None: a non-final state that some run reaches (every latch
-    deciding either way, an early stop saving or not) with facts under which no transition can leave it.
+def reachable(spec: LifecycleSpec, *, limit: int = 200_000) -> Iterator[tuple[State, frozenset[Fact]]]:
+    """Every (state, facts that hold) a run of ``spec`` reaches, every latch deciding either way and an early stop
+    saving or not; from each, the automatic transition the machine takes, else every user trigger enabled.
 
-    Cheap: one walk over (state, facts) pairs on the declared effects, no ranks and no interleavings.
-    """
+    Cheap: one walk over (state, facts) pairs on the declared effects, no ranks and no interleavings."""
     start = (spec.initial, frozenset[Fact]())
     seen = {start}
     queue = deque([start])
     while queue:
         state, true = queue.popleft()
+        yield state, true
         facts = {f: f in true for f in Fact}
         enabled = [t for t in spec.outgoing(state) if t.enabled(facts)]
         auto = [t for t in enabled if t.automatic]
-        moves = auto[:1] if auto else [t for t in enabled if not t.automatic]
-        if not moves and not spec.state(state).final:
-            on = ", ".join(sorted(f.value for f in true)) or "none"
-            return f"stuck in {state.value}: no transition enabled (facts: {on})"
-        for t in moves:
+        for t in auto[:1] if auto else enabled:
             latches = [spec.action(n) for n in t.actions if spec.action(n).role in (Role.LATCH, Role.LATCH_STOP)]
             decided = tuple(dict.fromkeys(f for a in latches for f in a.decides))
             stops = any(spec.action(n).role is Role.LATCH_STOP for n in t.actions)
@@ -84,8 +80,80 @@ def find_stuck(spec: LifecycleSpec, *, limit: int = 200_000) -> str | None:
                         seen.add(key)
                         queue.append(key)
         if len(seen) > limit:
-            break
+            return
+
+
+def _facts_text(true: frozenset[Fact]) -> str:
+    return ", ".join(sorted(f.value for f in true)) or "none"
+
+
+def find_stuck(spec: LifecycleSpec, *, limit: int = 200_000) -> str | None:
+    """The first place ``spec`` gets stuck, or None: a non-final state that some run reaches (:func:`reachable`)
+    with facts under which no transition but a ``stop`` can leave it."""
+    for state, true in reachable(spec, limit=limit):
+        facts = {f: f in true for f in Fact}
+        moves = [t for t in spec.outgoing(state) if t.trigger != STOP_TRIGGER and t.enabled(facts)]
+        if not spec.state(state).final and not moves:
+            return f"stuck in {state.value}: no transition enabled (facts: {_facts_text(true)})"
     return None
+
+
+def find_unstoppable(spec: LifecycleSpec, *, limit: int = 200_000) -> str | None:
+    """The first place a run of ``spec`` cannot be stopped from, or None: a non-terminal state some run reaches
+    (the failed state too) with facts under which no ``stop`` leads into a terminal state."""
+    places = list(reachable(spec, limit=limit))
+    if any(s.state == spec.failed for s in spec.states):
+        places.append((spec.failed, frozenset()))
+    for state, true in places:
+        if spec.state(state).terminal:
+            continue
+        t = spec.select(state, STOP_TRIGGER, {f: f in true for f in Fact})
+        if t is None or not spec.state(t.dest).terminal:
+            why = "no stop is enabled" if t is None else f"stop leads to {t.dest.value}, not a terminal state"
+            return f"{state.value} (facts: {_facts_text(true)}): {why}"
+    return None
+
+
+def step_path(
+    spec: LifecycleSpec,
+    decisions: Mapping[Fact, bool],
+    *,
+    through_validation: bool = False,
+    save_on_stop: bool = True,
+    max_transitions: int = 100,
+) -> list[TransitionSpec]:
+    """The transitions a training step takes: ``begin_step`` and ``train`` from the state that begins steps,
+    every automatic transition after each, and (``through_validation``) ``end_validation`` from every
+    validation-only state it rests in."""
+    begin = next((t for t in spec.transitions if t.trigger == "begin_step"), None)
+    if begin is None:
+        raise ConfigError("spec", spec.name, "a spec with a begin_step transition")
+    facts: dict[Fact, bool] = dict.fromkeys(Fact, False)
+    facts[Fact.ENGINE_BUILT] = True
+    state = begin.source
+    path: list[TransitionSpec] = []
+
+    def take(t: TransitionSpec | None) -> None:
+        nonlocal state
+        while t is not None:
+            if len(path) >= max_transitions:
+                raise ConfigError("spec", spec.name, "a step that ends (the walk went round in circles)")
+            apply_effects(spec, t, facts, decisions, save_on_stop=save_on_stop)
+            path.append(t)
+            state = t.dest
+            t = next((x for x in spec.outgoing(state) if x.automatic and x.enabled(facts)), None)
+
+    for trigger in ("begin_step", "train"):
+        t = spec.select(state, trigger, facts)
+        if t is None:
+            return path
+        take(t)
+    while through_validation and spec.state(state).validates:
+        t = spec.select(state, "end_validation", facts)
+        if t is None:
+            break
+        take(t)
+    return path
 
 
 def walk_step(
@@ -96,45 +164,23 @@ def walk_step(
     save_on_stop: bool = True,
     max_transitions: int = 100,
 ) -> State:
-    """The state a training step rests in: ``begin_step`` and ``train`` from the state that begins steps, every
-    automatic transition after each, and (``through_validation``) ``end_validation`` from every validation-only
-    state it rests in."""
-    begin = next((t for t in spec.transitions if t.trigger == "begin_step"), None)
-    if begin is None:
-        raise ConfigError("spec", spec.name, "a spec with a begin_step transition")
-    facts: dict[Fact, bool] = dict.fromkeys(Fact, False)
-    facts[Fact.ENGINE_BUILT] = True
-    state = begin.source
-    budget = [max_transitions]
+    """The state a training step rests in (the destination of :func:`step_path`'s last transition)."""
+    path = step_path(
+        spec,
+        decisions,
+        through_validation=through_validation,
+        save_on_stop=save_on_stop,
+        max_transitions=max_transitions,
+    )
+    if path:
+        return path[-1].dest
+    begin = next(t for t in spec.transitions if t.trigger == "begin_step")
+    return begin.source
 
-    def take(t: TransitionSpec) -> None:
-        nonlocal state
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise ConfigError("spec", spec.name, "a step that ends (the walk went round in circles)")
-        apply_effects(spec, t, facts, decisions, save_on_stop=save_on_stop)
-        state = t.dest
-        while True:
-            auto = [x for x in spec.outgoing(state) if x.automatic and x.enabled(facts)]
-            if not auto:
-                return
-            budget[0] -= 1
-            if budget[0] < 0:
-                raise ConfigError("spec", spec.name, "a step that ends (the walk went round in circles)")
-            apply_effects(spec, auto[0], facts, decisions, save_on_stop=save_on_stop)
-            state = auto[0].dest
 
-    for trigger in ("begin_step", "train"):
-        t = spec.select(state, trigger, facts)
-        if t is None:
-            return state
-        take(t)
-    while through_validation and spec.state(state).validates:
-        t = spec.select(state, "end_validation", facts)
-        if t is None:
-            break
-        take(t)
-    return state
+def path_text(path: list[TransitionSpec]) -> str:
+    """``Generating -> Draining -> Training -> Waking -> Generating`` (empty: no transition)."""
+    return " -> ".join([path[0].source.value, *(t.dest.value for t in path)]) if path else "(no transition)"
 
 
 def last_step_validates(spec: LifecycleSpec) -> bool:
@@ -149,4 +195,14 @@ def last_step_validates(spec: LifecycleSpec) -> bool:
         return False
 
 
-__all__ = ["apply_effects", "find_stuck", "last_step_validates", "stop_upgrades", "walk_step"]
+__all__ = [
+    "apply_effects",
+    "find_stuck",
+    "find_unstoppable",
+    "last_step_validates",
+    "path_text",
+    "reachable",
+    "step_path",
+    "stop_upgrades",
+    "walk_step",
+]

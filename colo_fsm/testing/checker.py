@@ -44,6 +44,8 @@ from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.states.rules import LifecycleRule, rule_in
 from colo_fsm.states.spec import (
     LIFECYCLE,
+    STEP_WORK,
+    STOP_TRIGGER,
     Collective,
     CollectorCondition,
     EngineCondition,
@@ -147,6 +149,9 @@ def plan_program(
     saves: dict[int, int] = {}
     early_stopped: int | None = None
     has_stop_latch = any(a.role is Role.LATCH_STOP for a in spec.actions)
+    stopping = False
+    watch_stop = any(p.stop_in is not None for p in steps)
+    stop_now = False  # the loop stops the run where the machine is now (a step plan's stop_in reached)
 
     def decision(fact: Fact, plan: StepPlan, i: int) -> bool:
         return {
@@ -159,7 +164,7 @@ def plan_program(
 
     def run(t: TransitionSpec) -> None:
         nonlocal state, engine, collector, requests, drained, builds, bumps, step, last_latched, validated
-        nonlocal early_stopped
+        nonlocal early_stopped, stop_now
         if spec.state(t.source).validates and t.dest != t.source:
             validated = True
         for name in t.actions:
@@ -245,9 +250,12 @@ def plan_program(
             collector = act.collector or collector
             requests = act.requests or requests
         state = t.dest
+        if watch_stop and not stopping:
+            target = steps[step] if step is not None and step < len(steps) else steps[0]
+            stop_now = stop_now or target.stop_in is state  # the loop stops the run here
 
     def automatic() -> bool:
-        while True:
+        while not stop_now:
             outgoing = [t for t in spec.outgoing(state) if t.automatic]
             auto = [t for t in outgoing if t.enabled(facts)]
             if not auto:
@@ -259,6 +267,7 @@ def plan_program(
                     return False
                 return True
             run(auto[0])
+        return False  # the loop stops here: nothing after runs
 
     def fire(trigger: str) -> bool:
         t = spec.select(state, trigger, facts)
@@ -274,8 +283,28 @@ def plan_program(
             ok = fire("end_validation")
         return ok
 
-    ok = fire("start") and end_validations()
+    def stop_here() -> bool:
+        """The loop stops the run where it is (as one that raised there does): nothing of the step is done after."""
+        nonlocal stopping, stop_now
+        stopping, stop_now = True, False
+        t = spec.select(state, STOP_TRIGGER, facts)
+        if t is None:
+            problems.append(R.BUILD_ONCE.tag(f"no way to stop from {state.value}: stop is not enabled there"))
+            return False
+        done = [spec.action(a) for a in t.actions]
+        bad = [a.name for a in done if a.issues in (Collective.TRAIN, Collective.DECODE) or a.role in STEP_WORK]
+        if bad:
+            problems.append(
+                f"stop from {state.value}: {', '.join(bad)} (a stop abandons the step: it trains, saves and wakes "
+                "nothing)"
+            )
+        run(t)
+        return automatic()
+
     ran = 0
+    stopped_in: State | None = None
+    stop_now = bool(steps) and steps[0].stop_in is state
+    ok = not stop_now and fire("start") and end_validations()
     for i in range(len(steps)):
         if not ok or spec.state(state).final:
             break
@@ -286,7 +315,13 @@ def plan_program(
                 R.WEIGHT_VERSIONS.tag(f"step {i}: weight version bumped {bumps} times (exactly once per step)")
             )
         ok = ok and end_validations()
-    if ok:
+    if stop_now:
+        stopped_in = state
+        ran = max(ran - 1, 0)  # the step under way is abandoned: none of its decisions is checked
+        ok = stop_here()
+    if stopped_in is not None and ok and not spec.state(state).terminal:
+        problems.append(f"stop from {stopped_in.value} ends in {state.value}, not a terminal state")
+    if ok and stopped_in is None:
         for i in range(ran):
             plan = steps[i]
             stops = has_stop_latch and plan.early_stop and plan.validate
@@ -300,10 +335,10 @@ def plan_program(
                 problems.append(f"step {i}: the early stop latched, yet the run went on to step {i + 1}")
         if early_stopped is not None and not has_stop_latch:  # pragma: no cover - defensive
             problems.append("an early stop without an early-stop latch")
-    if ok and not spec.state(state).terminal:
+    if ok and stopped_in is None and not spec.state(state).terminal:
         if not spec.state(state).final:
             problems.append(f"after the last step the machine is in {state.value}, not Done")
-        ok = fire("stop")
+        ok = fire(STOP_TRIGGER)
     if ok and not spec.state(state).terminal:
         problems.append(f"the run ends in {state.value}, not a terminal state")
     return Program(ops, engine_before, collector_before, problems, state)
@@ -402,6 +437,14 @@ class _Search:
                     )
                 nxt[r] = (pc, True, s[r][2])
                 if all(a for _p, a, _m in nxt):  # the last rank arrives: everyone passes
+                    met = {q: self.ops[q][p] for q, (p, _a, _m) in enumerate(nxt)}
+                    where = {q: (o.transition.dest, o.step) for q, o in met.items()}
+                    if violation is None and len(set(where.values())) > 1:
+                        violation = R.ONE_COMMUNICATOR.tag(
+                            "ranks met at different barriers ("
+                            + "; ".join(f"rank {q}: {o.label()}" for q, o in met.items())
+                            + "): their handoffs are paired wrongly (a fingerprint barrier raises HandoffDivergence)"
+                        )
                     nxt = [(p + 1, False, m) for p, _a, m in nxt]
                     desc += "  (all ranks met: barrier released)"
                 else:
@@ -416,6 +459,9 @@ class _Search:
             elif op.issues is not None:
                 nxt[r] = (pc + 1, False, s[r][2] | _KIND_BIT[op.issues])
                 desc += f"  (puts {op.issues.value} work on device {r})"
+            elif op.role is Role.TEARDOWN:
+                violation = self.teardown(s, r)
+                nxt[r] = (pc + 1, False, s[r][2])
             else:
                 nxt[r] = (pc + 1, False, s[r][2])
             if op.pending > 0:
@@ -429,6 +475,22 @@ class _Search:
                 violation = self.interleaved(t)
             out.append((r, t, violation, desc))
         return out
+
+    def teardown(self, s: tuple[RankState, ...], r: int) -> str | None:
+        """Rank ``r`` tears its engine down: its own device idle (an async save finalized), no peer decoding."""
+        own = s[r][2]
+        if own:
+            return R.ONE_COMMUNICATOR.tag(
+                f"rank {r} tears its engine down with {', '.join(_label(own))} work still in flight on its own "
+                f"device {r} (drain it, and finalize an async save, first)"
+            )
+        decoding = [q for q, (_p, _a, m) in enumerate(s) if q != r and m & _KIND_BIT[Collective.DECODE]]
+        if decoding:
+            return R.ONE_COMMUNICATOR.tag(
+                f"rank {r} tears its engine down while rank(s) {decoding} still have decode work in flight (every "
+                "rank suspends and drains, then all meet, before any tears down)"
+            )
+        return None
 
     def interleaved(self, s: tuple[RankState, ...]) -> str | None:
         union = 0
@@ -626,12 +688,11 @@ def main(argv: Sequence[str] | None = None, **check_kwargs: Any) -> int:
     ap.add_argument(
         "--ranks", default=[2, 3, 4, 5, 6, 7, 8], type=_parse_ranks, help="N values: '2..8' or '2,4,8' (default 2..8)"
     )
-    all_scenarios = sorted({n for extra in EXTRA_SCENARIOS.values() for n in extra} | set(SCENARIOS))
     ap.add_argument(
         "--scenario",
         action="append",
-        choices=all_scenarios,
-        help="run only these scenarios (repeatable; default: all the spec's)",
+        help="run only these scenarios (repeatable; default: all the spec's: "
+        f"{', '.join(scenarios_for(LIFECYCLE))}, and more for specs that decide more facts)",
     )
     ap.add_argument(
         "--spec",

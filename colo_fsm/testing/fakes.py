@@ -277,6 +277,7 @@ class RecordingCollector(_Faulty):
         self.engine = engine
         self.versions: list[int] = []
         self.rollouts: list[int] = []
+        self.taken_back: list[Any] = []
 
     def pause(self) -> None:
         self._call("pause")
@@ -287,6 +288,13 @@ class RecordingCollector(_Faulty):
         self.running = True
         if weight_version is not None:
             self.versions.append(weight_version)
+
+    def take_back(self, unused: list[Any]) -> int:
+        """What a stop hands back (the unused batch; ``taken_back``); no rollout of this fake is in flight."""
+        self._call("take_back")
+        self.running = False
+        self.taken_back.extend(unused)
+        return 0
 
     def start_rollout(self) -> int | None:
         """Issue one rollout to the engine (only while running); returns its request id."""

@@ -17,7 +17,8 @@ Fixtures: ``colo_fsm_adapters`` (override it; default: the recording fakes), ``c
 hypothesis profile), ``colo_fsm_machine`` (the :class:`~colo_fsm.testing.lifecycle_machine.LifecycleMachine`
 subclass for your adapters), ``colo_fsm_check_lifecycle`` (run it now), ``colo_fsm_components`` (your batch factory, drain, decisions and
 validator, used by both checks), ``colo_fsm_check_ranks`` (N sets of your adapters as thread ranks,
-then the exhaustive multi-rank checker of the spec), ``colo_fsm_spec`` (the spec; default the shipped
+then the exhaustive multi-rank checker of the spec; a checkpoint decision with a time rule gets rank 0's answer
+across the thread ranks, the agreement a real run gets from ``broadcast_from_rank0()``), ``colo_fsm_spec`` (the spec; default the shipped
 lifecycle). Option ``--colo-fsm-profile`` picks ``colo-fsm-ci`` (default), ``colo-fsm-deep`` or
 ``colo-fsm-dev`` (also ``COLO_FSM_HYPOTHESIS_PROFILE``).
 
@@ -27,12 +28,15 @@ fixtures that need hypothesis fail with the command that installs it.
 
 from __future__ import annotations
 
+import inspect
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from colo_fsm.guards.decision import CheckpointDecision
 from colo_fsm.testing.profiles import PROFILE_ENV, PROFILES, hypothesis_available, register_profiles
 
 _NEEDS = "needs hypothesis: pip install 'colo-fsm[testing]'"
@@ -135,7 +139,9 @@ def colo_fsm_check_ranks(
 ) -> Callable[..., Any]:
     """Call with N: N sets of your adapters and components run a short run as thread ranks at one barrier (their
     calls audited), then every interleaving of N ranks of the spec is checked. Returns a ``RanksResult``
-    (``.ok``, ``.check``); pass ``adapters=False`` to check only the spec (``adapters_exercised=False``)."""
+    (``.ok``, ``.check``); pass ``adapters=False`` to check only the spec (``adapters_exercised=False``). A
+    checkpoint decision with a time rule (``save_and_stop``, ``must_save_by_s``) and no ``agree`` gets rank 0's
+    answer across the thread ranks (:func:`thread_agreed`), as ``broadcast_from_rank0()`` gives a real run's."""
     from colo_fsm.testing.lifecycle_machine import exercise_ranks
 
     def run(ranks: int, *, adapters: bool = True, **kwargs: Any) -> Any:
@@ -143,6 +149,50 @@ def colo_fsm_check_ranks(
         for key, value in colo_fsm_components.items():
             if key != "barrier_factory":  # thread ranks meet at the kit's own barrier
                 kwargs.setdefault(key, value)
+        if kwargs.get("checkpoint_factory") is not None:  # the agreement a time rule needs, across the thread ranks
+            kwargs["checkpoint_factory"] = thread_agreed(kwargs["checkpoint_factory"], ranks)
         return exercise_ranks(colo_fsm_adapters if adapters else None, ranks, **kwargs)
 
     return run
+
+
+class RankZeroAcrossThreads:
+    """What :func:`~colo_fsm.guards.decision.broadcast_from_rank0` does for ranks that are threads of one process:
+    every rank adopts rank 0's answer (each call is one round of a barrier the ranks share; every rank calls it
+    the same number of times, in the same order, as the latch does)."""
+
+    def __init__(self, ranks: int, *, timeout_s: float = 60.0) -> None:
+        self._barrier = threading.Barrier(ranks)
+        self._timeout_s = timeout_s
+        self._value = False
+
+    def for_rank(self, rank: int) -> Callable[[bool], bool]:
+        """The ``agree`` function of thread rank ``rank``."""
+
+        def agree(value: bool) -> bool:
+            if rank == 0:
+                self._value = bool(value)
+            self._barrier.wait(self._timeout_s)
+            answer = self._value
+            self._barrier.wait(self._timeout_s)  # nobody writes the next answer before every rank read this one
+            return answer
+
+        return agree
+
+
+def thread_agreed(factory: Callable[..., Any], ranks: int) -> Callable[[Any], Any]:
+    """``factory`` (no argument, or the rank's ``KitHandle``) whose checkpoint decisions with a time rule and no
+    ``agree`` get rank 0's answer across ``ranks`` thread ranks, as a real run's broadcast would give them."""
+    shared = RankZeroAcrossThreads(ranks)
+    takes_handle = any(
+        p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        for p in inspect.signature(factory).parameters.values()
+    )
+
+    def build(handle: Any) -> Any:
+        decision = factory(handle) if takes_handle else factory()
+        if isinstance(decision, CheckpointDecision) and decision.needs_agreement and not decision.agrees:
+            decision.agree_with(shared.for_rank(int(getattr(handle, "rank", 0))))
+        return decision
+
+    return build

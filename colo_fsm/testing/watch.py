@@ -301,6 +301,13 @@ class WatchedCollector(_Watched):
             self._call("resume", detail=weight_version)
         self._log.conditions.collector = CollectorCondition.RUNNING
 
+    def take_back(self, unused: list[Any]) -> Any:
+        """Journaled (a stop handed back the unused batch and the prompts in flight); the adapter's own is called
+        when it has one."""
+        if callable(getattr(self.target, "take_back", None)):
+            return self._call("take_back", unused, detail=len(unused))
+        return self._optional("take_back")
+
     def teardown(self) -> None:
         self._optional("teardown")
 

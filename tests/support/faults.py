@@ -54,6 +54,11 @@ class RankDied(BaseException):
     """Raised in a thread rank to end it without the lifecycle noticing (what a killed process looks like)."""
 
 
+class LoopInterrupt(BaseException):
+    """The training loop interrupted right where the machine entered a state (a KeyboardInterrupt, a bug in the
+    loop): the scenario's ``stop_in``. The loop then stops the run from there."""
+
+
 @dataclass(frozen=True)
 class FaultPoint:
     """One action of one transition; ``action=None`` means "while resting in ``dest``" (DIE only)."""
@@ -75,7 +80,9 @@ class Scenario:
 
     ``num_steps`` None keeps the run open-ended; ``end_validation`` False leaves a validating step resting in
     Validating; ``start`` False stops before anything was built; ``fail_first`` makes the collector's pause fail
-    at the first step, so the run stops from Failed.
+    at the first step, so the run stops from Failed; ``stop_in``: the loop is interrupted as soon as the machine
+    enters that state (after the actions of the transition into it) and stops the run from there, handing the
+    batch of the step under way back (``stop(unused=batch)``).
     """
 
     name: str
@@ -84,6 +91,7 @@ class Scenario:
     end_validation: bool = True
     start: bool = True
     fail_first: bool = False
+    stop_in: State | None = None
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -97,8 +105,13 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("stop-while-validating", (StepPlan(validate=True),), end_validation=False),
     Scenario("stop-before-start", start=False),
     Scenario("stop-after-failure", (StepPlan(),), fail_first=True),
+    Scenario("stop-in-starting", (StepPlan(),), stop_in=S.STARTING),
+    Scenario("stop-in-draining", (StepPlan(),), stop_in=S.DRAINING),
+    Scenario("stop-in-training", (StepPlan(),), stop_in=S.TRAINING),
+    Scenario("stop-in-checkpointing", (StepPlan(save=True),), stop_in=S.CHECKPOINTING),
+    Scenario("stop-in-waking", (StepPlan(),), stop_in=S.WAKING),
 )
-"""Between them every transition of the shipped lifecycle runs."""
+"""Between them every transition of the shipped lifecycle runs (a stop from every state included)."""
 
 
 class FaultyLifecycle(Lifecycle):
@@ -119,8 +132,10 @@ class FaultyLifecycle(Lifecycle):
         die: Callable[[], None] | None = None,
         occurrence: int = 1,
         on_fire: Callable[[], None] | None = None,
+        interrupt_in: State | None = None,
         **kwargs: Any,
     ) -> None:
+        self.interrupt_in = interrupt_in
         self.fault = fault
         self._on_fire = on_fire
         self.occurrence = occurrence
@@ -134,6 +149,17 @@ class FaultyLifecycle(Lifecycle):
 
     def _bind_actions(self) -> dict[str, Callable[[], None]]:
         return {name: self._wrap(name, fn) for name, fn in super()._bind_actions().items()}
+
+    def _runner(self, t: Any) -> Callable[..., None]:
+        run = super()._runner(t)
+
+        def interrupted(*a: Any, **k: Any) -> None:
+            run(*a, **k)
+            if self.interrupt_in is t.dest:
+                self.interrupt_in = None
+                raise LoopInterrupt(f"the loop is interrupted in {t.dest.value}")
+
+        return interrupted
 
     def mark_fired(self) -> None:
         """The fault fires now: set :attr:`fired` and tell ``on_fire``."""
@@ -310,6 +336,7 @@ def _rank_main(
         kind=kind,
         release=release,
         on_fire=fault_fired.set,
+        interrupt_in=scenario.stop_in,
     )
     produced = trained_batches = kept = 0
     error: BaseException | None = None
@@ -321,6 +348,7 @@ def _rank_main(
             lc.mark_fired()
             raise RankDied(f"rank {rank} died resting in {lc.state.value}")
 
+    batch: list[int] = []
     try:
         try:
             resting_fault()
@@ -342,11 +370,14 @@ def _rank_main(
                             trained_batches += len(batch)
                         else:
                             kept += len(batch)  # never trained on: still the caller's, not lost
+                    batch = []
                     resting_fault()
                     if lc.state is S.VALIDATING and scenario.end_validation:
                         lc.end_validation()
                         resting_fault()
             lc.stop()
+        except LoopInterrupt:
+            lc.stop(unused=batch)  # the loop stops the run from where it was interrupted
         except LifecycleError:
             if scenario.fail_first and not lc.fired.is_set() and lc.state is S.FAILED:
                 lc.stop()  # stop from Failed: the teardown-after-failure path
@@ -556,7 +587,7 @@ def _points_from_run(scenario: Scenario, spec: LifecycleSpec) -> list[FaultPoint
             AtomicCheckpointTrainer(Path(tmp), journal),
             RecordingCollector(journal),
         )
-        lc = Lifecycle(
+        lc = FaultyLifecycle(
             engine,
             trainer,
             collector,
@@ -565,22 +596,26 @@ def _points_from_run(scenario: Scenario, spec: LifecycleSpec) -> list[FaultPoint
             checkpoint=_decision("c", scenario.steps, "save"),
             validation=_decision("v", scenario.steps, "validate"),
             spec=spec,
+            interrupt_in=scenario.stop_in,
         )
         try:
-            if scenario.start:
-                lc.start()
-                for i, _plan in enumerate(scenario.steps):
-                    if lc.finished:
-                        break
-                    if scenario.fail_first and i == 0:
-                        collector.fail_on("pause")
-                    try:
-                        lc.step([i])
-                    except LifecycleError:
-                        break
-                    if lc.state is S.VALIDATING and scenario.end_validation:
-                        lc.end_validation()
-            lc.stop()
+            try:
+                if scenario.start:
+                    lc.start()
+                    for i, _plan in enumerate(scenario.steps):
+                        if lc.finished:
+                            break
+                        if scenario.fail_first and i == 0:
+                            collector.fail_on("pause")
+                        try:
+                            lc.step([i])
+                        except LifecycleError:
+                            break
+                        if lc.state is S.VALIDATING and scenario.end_validation:
+                            lc.end_validation()
+                lc.stop()
+            except LoopInterrupt:
+                lc.stop()
         finally:
             records = lc.trace.records
             lc.close()

@@ -271,6 +271,198 @@ def _double_resume_batcher() -> type[Any]:
     return DoubleResumeBatcher
 
 
+# ---------------------------------------------------------------------------------------------- suite mutants
+# Bugs in one component that a test of the default suite kills by an assertion (tests/test_mutants.py applies each
+# and runs that test's check): ``component()`` builds the mutant, ``test`` names the test that kills it.
+
+
+class RestartingDeadlineBarrier:
+    """MUTANT (built lazily: imports torch): a fingerprint barrier whose wait for each peer's row gets the whole
+    timeout again, instead of what is left of the deadline counted from this rank's arrival."""
+
+    @staticmethod
+    def build() -> type[Any]:
+        from datetime import timedelta
+
+        from colo_fsm.guards.barrier import _FINGERPRINT_TAG, TorchBarrier
+
+        class Restarting(TorchBarrier):
+            def _exchange(self, fingerprint: HandoffFingerprint, deadline: float) -> list[list[int]]:
+                ints = fingerprint.to_ints()
+                n = len(ints)
+                send, recv, host = self._buffers(n)
+                host[:] = ints
+                pg, peers = self._pg, self._peers
+                works = [pg.recv([recv[p * n : (p + 1) * n]], p, _FINGERPRINT_TAG) for p in peers]
+                works += [pg.send([send], p, _FINGERPRINT_TAG) for p in peers]
+                for work in works:
+                    if work.wait(timeout=timedelta(seconds=self.timeout_s)) is False:  # the bug: restarts
+                        raise TimeoutError("the exchange did not complete")
+                self._last_work = works
+                flat = recv.tolist()
+                rows = [flat[i * n : (i + 1) * n] for i in range(self.world_size)]
+                rows[self.rank] = ints
+                return rows
+
+        return Restarting
+
+
+def _unagreed_stop_agreement() -> type[Any]:
+    """MUTANT: the demo's stop agreement keeps each rank's own signal (no all-reduce): a SIGTERM that reached one
+    rank stops that rank alone."""
+    from colo_fsm.demo.signals import StopAgreement
+
+    class Unagreed(StopAgreement):
+        def _world_max(self, value: int) -> int:
+            return value
+
+    return Unagreed
+
+
+def _own_plan_lockstep() -> type[Any]:
+    """MUTANT: every tensor-parallel follower keeps the plan it made itself (the broadcast still happens)."""
+    from tests.support.lockstep_ranks import OwnPlanLockstep
+
+    return OwnPlanLockstep
+
+
+def _end_version_collector() -> type[Any]:
+    """MUTANT: a rollout whose samples carry no per-token versions is stamped with the version read at its end,
+    not with its oldest (its age then counts from the newest weights it saw)."""
+    from colo_fsm.collector import AsyncCollector
+
+    class EndVersion(AsyncCollector):
+        def _tag(self, group: Any, version: int, end_version: int, ticket: Any) -> Any:
+            tagged = super()._tag(group, version, end_version, ticket)
+            if any(s.weight_versions for s in group.samples):
+                return tagged
+            return tagged.with_version(max(version, end_version), ticket.target_step, max(version, end_version))
+
+    return EndVersion
+
+
+def _false_only_reachable() -> Callable[..., Any]:
+    """MUTANT: the spec walk follows only latches decided False, so a step latched save-and-last is never walked."""
+    import itertools as _it
+    from collections import deque as _deque
+
+    from colo_fsm.states.spec import Role as _Role
+    from colo_fsm.states.walk import apply_effects
+
+    def reachable(spec: LifecycleSpec, *, limit: int = 200_000) -> Any:
+        start = (spec.initial, frozenset[Fact]())
+        seen, todo = {start}, _deque([start])
+        while todo:
+            state, true = todo.popleft()
+            yield state, true
+            facts = {f: f in true for f in Fact}
+            enabled = [t for t in spec.outgoing(state) if t.enabled(facts)]
+            auto = [t for t in enabled if t.automatic]
+            for t in auto[:1] if auto else enabled:
+                latches = [spec.action(n) for n in t.actions if spec.action(n).role in (_Role.LATCH, _Role.LATCH_STOP)]
+                decided = tuple(dict.fromkeys(f for a in latches for f in a.decides))
+                for values in _it.islice(_it.product((False, True), repeat=len(decided)), 1):  # the bug: all False
+                    nxt = dict(facts)
+                    apply_effects(spec, t, nxt, dict(zip(decided, values)))
+                    key = (t.dest, frozenset(f for f, v in nxt.items() if v))
+                    if key not in seen:
+                        seen.add(key)
+                        todo.append(key)
+
+    return reachable
+
+
+@dataclass(frozen=True)
+class SuiteMutant:
+    """A bug in one component, killed by an assertion of ``test`` (a default-suite test)."""
+
+    name: str
+    breaks: LifecycleRule
+    description: str
+    component: Callable[[], Any]
+    test: str
+
+
+SUITE_MUTANTS: dict[str, SuiteMutant] = {
+    m.name: m
+    for m in (
+        SuiteMutant(
+            "barrier-deadline-restarts-per-wait",
+            R.ONE_COMMUNICATOR,
+            "with three ranks, a fingerprint barrier that restarts its timeout for each peer lets a rank that "
+            "arrived after this rank's deadline pass",
+            RestartingDeadlineBarrier.build,
+            "tests/test_three_ranks.py::test_a_fingerprint_barrier_gives_up_at_its_own_deadline_with_three_ranks",
+        ),
+        SuiteMutant(
+            "sigterm-not-agreed-across-ranks",
+            R.DECIDE_ONCE,
+            "a SIGTERM that reached one rank of three is not agreed: that rank saves and stops, the others go on",
+            _unagreed_stop_agreement,
+            "tests/test_three_ranks.py::test_a_sigterm_to_one_rank_is_agreed_by_every_rank",
+        ),
+        SuiteMutant(
+            "lockstep-follower-plans-its-own-step",
+            R.ONE_COMMUNICATOR,
+            "a tensor-parallel follower keeps its own plan instead of the leader's",
+            _own_plan_lockstep,
+            "tests/test_three_ranks.py::test_lockstep_followers_take_the_leaders_plan",
+        ),
+        SuiteMutant(
+            "rollout-stamped-with-its-end-version",
+            R.WEIGHT_VERSIONS,
+            "a rollout without per-token versions is stamped with the weight version read at its end, not its oldest",
+            _end_version_collector,
+            "tests/test_collector_async.py::test_a_rollout_without_per_token_versions_is_stamped_with_its_oldest",
+        ),
+        SuiteMutant(
+            "find-stuck-walks-only-false-latches",
+            R.STEP_ORDER_IS_DATA,
+            "the spec walk follows only latches decided False: a spec stuck on a save-and-last step is accepted",
+            _false_only_reachable,
+            "tests/test_spec_mistakes.py::test_a_spec_stuck_on_a_save_and_last_step_is_refused",
+        ),
+    )
+}
+"""Component bugs outside the lifecycle machine, each killed by an assertion of a default-suite test."""
+
+
+def kill_by_suite_test(name: str) -> str | None:
+    """Apply the suite mutant ``name`` and run the check of the default-suite test that kills it: the assertion it
+    fails with, or None when the check passed (the mutant survived)."""
+    from unittest import mock
+
+    m = SUITE_MUTANTS[name]
+    if m.test.startswith("tests/test_three_ranks.py"):
+        from tests.support.three_ranks import JUDGES, MUTANT_CASES, run_three_ranks
+
+        case = MUTANT_CASES[name]
+        problems = JUDGES[case](run_three_ranks([name])[case])
+        return problems[0] if problems else None
+    check: Callable[[], None]
+    if name == "rollout-stamped-with-its-end-version":
+        from tests.test_collector_async import check_version_stamp
+
+        collector_class = m.component()
+
+        def check() -> None:
+            check_version_stamp(collector_class)
+
+    else:
+        from colo_fsm.states import walk
+        from tests.test_spec_mistakes import check_stuck_save_and_last
+
+        def check() -> None:
+            with mock.patch.object(walk, "reachable", m.component()):
+                check_stuck_save_and_last()
+
+    try:
+        check()
+    except AssertionError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- spec edits
 def edit_transitions(spec: LifecycleSpec, match: Callable[[TransitionSpec], bool], **changes: Any) -> LifecycleSpec:
     """A copy of ``spec`` with ``changes`` applied (``dataclasses.replace``) to every transition ``match`` selects."""
@@ -906,7 +1098,15 @@ class MutantResult:
         return [k for k in self.expected if k not in self.killed_by]
 
 
-def evaluate(m: Mutant, killers: Iterable[str] = KILLERS, *, hypothesis_examples: int = 300) -> MutantResult:
+HYPOTHESIS_EXAMPLES = 600
+"""Programs the hypothesis killer may run per mutant (it stops at the first kill). 600 since a program can stop
+from any state: the kit's programs stop in Draining too, and the in-flight-cap mutant needs between 300 and 600
+of them to be caught (about 10 s more for it; the others are caught sooner)."""
+
+
+def evaluate(
+    m: Mutant, killers: Iterable[str] = KILLERS, *, hypothesis_examples: int = HYPOTHESIS_EXAMPLES
+) -> MutantResult:
     """Run ``killers`` against ``m`` (the hypothesis killer with up to ``hypothesis_examples`` programs)."""
     res = MutantResult(m.name, m.breaks.value if m.breaks else "-", expected=sorted(m.expected))
     for k in killers:
@@ -950,14 +1150,17 @@ def checker_main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = [
+    "HYPOTHESIS_EXAMPLES",
     "KILLERS",
     "MUTANTS",
+    "SUITE_MUTANTS",
     "AgeOnlyInFlightCap",
     "CallingThreadDrain",
     "DigestlessLifecycle",
     "Mutant",
     "MutantResult",
     "RequeryingLifecycle",
+    "SuiteMutant",
     "UnlatchedCheckpointDecision",
     "checker_main",
     "current_device",
@@ -969,6 +1172,7 @@ __all__ = [
     "kill_by_properties",
     "kill_by_ranks",
     "kill_by_runtime",
+    "kill_by_suite_test",
     "kill_by_validator",
     "one_rank_resets_mode",
     "set_current_device",
