@@ -466,8 +466,7 @@ def _write_artifacts(run_dir: Path, world: int, spec: LifecycleSpec) -> None:
     """The run's lifecycle as a picture (lifecycle.svg, drawn without Graphviz) and as Mermaid and DOT text,
     all from the spec the run used, and the per-rank timeline picture."""
     try:
-        from colo_fsm.diagram import diagram_text
-        from colo_fsm.diagram_svg import write_svg
+        from colo_fsm.diagram import diagram_text, write_svg
 
         write_svg(run_dir / "lifecycle.svg", spec)
         (run_dir / "lifecycle.mmd").write_text(diagram_text("mermaid", spec), encoding="utf-8")
