@@ -87,14 +87,23 @@ def core_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=_env())
     py = venv / "bin" / "python"
-    done = subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(src)],
+    done = subprocess.run(  # -v: the build backend's own output (its warnings) shows only then
+        [str(py), "-m", "pip", "install", "-v", "--disable-pip-version-check", str(src)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (tmp / "install.log").write_text(done.stdout + done.stderr, encoding="utf-8")
     return py
+
+
+def test_the_install_prints_no_setuptools_warning(core_venv: Path) -> None:
+    """The package's metadata is what setuptools asks for (the SPDX license string): its build warns of nothing."""
+    log = (core_venv.parents[2] / "install.log").read_text(encoding="utf-8")
+    assert "Building" in log or "Running command" in log, log[-2000:]  # the backend's output was captured
+    warnings = [line.strip() for line in log.splitlines() if "Warning" in line and "setuptools" in line.lower()]
+    assert not warnings, "\n".join(warnings)
 
 
 def test_bare_core_installs_transitions_only_and_runs_a_lifecycle(core_venv: Path, tmp_path: Path) -> None:
