@@ -17,8 +17,8 @@ from colo_fsm.machine.trace import read_trace
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _demo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+def _demo(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "colo_fsm.demo", *args],
         capture_output=True,
@@ -128,6 +128,25 @@ def test_short_demo_end_to_end_then_resume(tmp_path):
     assert trace[-1]["dest"] == "Stopped"
     resumed_start = [r for r in trace if r["trigger"] == "start"]
     assert len(resumed_start) == 2 and resumed_start[1]["weight_version"] == 6
+
+
+def test_the_cpu_demo_prints_no_cuda_runtime_notice(tmp_path):
+    """torch logs "No CUDA runtime is found, using CUDA_HOME=..." when megatron-core is imported on a machine with
+    a CUDA toolkit (CUDA_HOME) and no GPU; the demo on the CPU (its default) chose that path and says nothing of it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_HOME": str(tmp_path), "CUDA_PATH": ""}
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; import megatron.core"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    if "No CUDA runtime is found" not in probe.stderr:
+        pytest.skip("torch logs no CUDA-runtime notice here (a CPU-only torch, or a GPU): nothing to silence")
+    p = _demo("--run-dir", str(tmp_path / "run"), "--steps", "1", "--threads", "1", env={"CUDA_HOME": str(tmp_path)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "engine: backend=cpu" in p.stdout
+    assert "No CUDA runtime" not in p.stdout + p.stderr, p.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

@@ -82,6 +82,18 @@ def resolve_run_dir(cfg: DemoConfig) -> Path:
     return default_run_dir()
 
 
+class _NoCudaRuntimeNotice(logging.Filter):
+    """Drops torch's ``No CUDA runtime is found, using CUDA_HOME=...`` notice (logged when megatron-core imports
+    ``torch.utils.cpp_extension`` on a machine with a CUDA toolkit and no GPU): the demo chose the CPU, so there is
+    no runtime to find. Every other record of that logger passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+_CPU_CHOSEN = _NoCudaRuntimeNotice()
+
+
 def _setup_logging(run_dir: Path, rank: int) -> None:
     """Everything at INFO to run_dir/demo.rank<r>.log; only warnings of colo_fsm on the console."""
     root = logging.getLogger()
@@ -137,6 +149,8 @@ def _run_rank(
 ) -> DemoResult | None:
     import signal
 
+    if cfg.device == "cpu":  # before megatron-core is imported: its import is what logs the notice
+        logging.getLogger("torch.utils.cpp_extension").addFilter(_CPU_CHOSEN)
     import torch
 
     from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine, to_completion
