@@ -92,6 +92,8 @@ class _NoCudaRuntimeNotice(logging.Filter):
 
 
 _CPU_CHOSEN = _NoCudaRuntimeNotice()
+CPP_EXTENSION_LOGGER = "torch.utils.cpp_extension"
+"""The torch logger that logs the notice (a third-party logger the demo filters, not one of colo-fsm's own)."""
 
 
 def _setup_logging(run_dir: Path, rank: int) -> None:
@@ -150,7 +152,7 @@ def _run_rank(
     import signal
 
     if cfg.device == "cpu":  # before megatron-core is imported: its import is what logs the notice
-        logging.getLogger("torch.utils.cpp_extension").addFilter(_CPU_CHOSEN)
+        logging.getLogger(CPP_EXTENSION_LOGGER).addFilter(_CPU_CHOSEN)
     import torch
 
     from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine, to_completion
