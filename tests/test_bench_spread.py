@@ -1,5 +1,5 @@
 """``bench/run_all.py --repeat``: several runs of a benchmark, each figure as its median with quartiles and range
-(DESIGN fact 16: a figure from one run is not evidence). The runs here are a stand-in script whose figures are
+(a figure from one run on a shared machine is one draw, not evidence). The runs here are a stand-in script whose figures are
 known in advance, so every number checked is exact; nothing is timed."""
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from pathlib import Path
@@ -18,8 +19,14 @@ PKG = Path(errors.__file__).resolve().parent
 NOT_OURS = {("testing/watch.py", "InjectedFault"), ("machine/lifecycle.py", "_ActionError")}
 
 
+@functools.cache
+def _trees() -> dict[Path, ast.Module]:
+    """Every module of the package, parsed once for all the checks here."""
+    return {p: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(PKG.rglob("*.py"))}
+
+
 def _modules() -> list[tuple[str, ast.Module]]:
-    return [(str(p.relative_to(PKG)), ast.parse(p.read_text(encoding="utf-8"))) for p in sorted(PKG.rglob("*.py"))]
+    return [(str(p.relative_to(PKG)), tree) for p, tree in _trees().items()]
 
 
 def _is_exception(node: ast.ClassDef) -> bool:
@@ -116,13 +123,11 @@ def _imports(name: str, tree: ast.Module, modules: set[str], *, package: bool) -
     return found
 
 
+@functools.cache
 def _import_graph() -> dict[str, set[str]]:
-    paths = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
-    modules = set(paths)
-    return {
-        name: _imports(name, ast.parse(p.read_text(encoding="utf-8")), modules, package=p.name == "__init__.py")
-        for name, p in paths.items()
-    }
+    trees = {_module_name(p): (p, tree) for p, tree in _trees().items()}
+    modules = set(trees)
+    return {name: _imports(name, tree, modules, package=p.name == "__init__.py") for name, (p, tree) in trees.items()}
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
