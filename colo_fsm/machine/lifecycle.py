@@ -355,7 +355,7 @@ class Lifecycle(ActionRoles):
         while True:
             state = self.state
             outgoing = self._automatic[state]
-            auto = next((t for t in outgoing if t.enabled(facts)), None)  # the first enabled, in declaration order
+            auto = next((t for t in outgoing if _holds(t, facts)), None)  # the first enabled, in declaration order
             if auto is not None:
                 self._fire(auto.trigger)
                 continue
@@ -595,6 +595,17 @@ class Lifecycle(ActionRoles):
 
     def _refuse(self, what: str) -> LifecycleError:
         return LifecycleError(what, state=self.state.value, rank=self.rank, weight_version=self.weight_version)
+
+
+def _holds(t: TransitionSpec, facts: dict[Fact, bool]) -> bool:
+    """``t.enabled(facts)`` for the lifecycle's own facts (every fact present), without a generator per guard."""
+    for f in t.when:
+        if not facts[f]:
+            return False
+    for f in t.unless:
+        if facts[f]:
+            return False
+    return True
 
 
 class _ActionError(Exception):
