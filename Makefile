@@ -1,6 +1,7 @@
-# colo-fsm: two commands on a fresh machine.
+# colo-fsm: two commands on a fresh machine, and one for every day.
 #   make demo   - set everything up, run the demo (async GRPO on a tiny megatron-core GPT, CPU by default)
-#   make test   - set everything up, run the test suite
+#   make test   - set everything up, run the test suite (what CI runs)
+#   make check  - lint and the quick tests (the everyday loop: no demo, Ray, process groups or megatron models)
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ PYTHON ?= python
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-deep lint format bench gpu-check clean nemo-gym-venv docs
+.PHONY: setup demo test check test-deep lint format bench gpu-check clean nemo-gym-venv docs
 
 # nemo-gym's own clients run in a venv of their own: nemo-gym 0.7.0 needs Python 3.13 (the project runs on 3.12).
 # It declares Requires-Python >= 3.13.14 while pyenv here has 3.13.0, hence --ignore-requires-python (its code
@@ -39,8 +40,14 @@ $(GYM_VENV)/.installed:
 
 nemo-gym-venv: $(GYM_VENV)/.installed
 
-test: setup nemo-gym-venv
+# the two venvs are built side by side (each is mostly downloads and unpacking), then the default suite runs
+test:
+	@$(MAKE) --no-print-directory -j2 setup nemo-gym-venv
 	COLO_FSM_NEMO_GYM_PYTHON=$(abspath $(GYM_VENV))/bin/python $(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+
+# lint, then the default suite without the modules marked heavy (tests/conftest.py): no nemo-gym venv needed
+check: lint
+	$(PY) -m pytest -q -m "not slow and not gpu and not heavy" $(PYTEST_ARGS)
 
 test-deep: setup
 	COLO_FSM_HYPOTHESIS_PROFILE=colo-fsm-deep $(PY) -m pytest -q -m "slow and not gpu" $(PYTEST_ARGS)

@@ -42,6 +42,12 @@ from colo_fsm.adapters.megatron.dynamic import (  # noqa: E402
 )
 
 RESULTS = ROOT / "bench" / "results" / "decode_bookkeeping.json"
+HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs
+    "new ms/step at 100 tokens": "rows.0.new_ms_per_step",
+    "new ms/step at 8000 tokens": "rows.5.new_ms_per_step",
+    "old ms/step at 8000 tokens": "rows.5.old_ms_per_step",
+    "new growth 8000 vs 100": "new_growth_8000_vs_100",
+}
 LENGTHS = (100, 500, 1000, 2000, 4000, 8000)
 EOD = 0
 

@@ -15,9 +15,16 @@ Each rank is a real process in one ``torch.distributed`` group. Four ways to mee
 * ``local work``: the fingerprint path without communication (build, encode, decode, check), timed alone:
   the part of the cost that is not message latency.
 
-Reported: rank 0's median microseconds per handoff for each, and fingerprint / plain as the median (and
-quartiles) of the per-round ratios (the kinds of one round run back to back, so load drift between rounds
-cancels). Target: the fingerprint adds at most 20% to a plain gloo barrier.
+Every handoff is timed on its own (rank 0's clock), so a process preempted in the middle of one handoff costs
+that one sample, not the mean of its block: on a shared machine a barrier of ~0.3 ms sometimes waits a whole
+scheduler slice for the other rank, and a block's mean moved by 2x with it. Reported: rank 0's median
+microseconds per handoff for each kind over every round, and fingerprint / plain as the median (with quartiles
+and range) of the per-round ratios of medians (the kinds of one round run back to back, so load drift between
+rounds cancels), next to the ratio of the overall medians. Each rank's torch uses one thread (the exchange is
+a few int64s; idle intra-op threads only compete for the cores), and each rank is pinned to one core (rank r on
+core r mod cores, with the threads it starts, gloo's among them; ``--no-pin`` to let the scheduler move them):
+on a shared 2-core machine the unpinned ratio moved from run to run about twice as much. Target: the
+fingerprint adds at most 20% to a plain gloo barrier.
 
 The default run measures gloo at 2 and 4 ranks, then an NCCL section at world 1 on the first GPU (skipped,
 with a message, where no CUDA device is visible); every row goes to one JSON file.
@@ -47,6 +54,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 KINDS = ("plain", "dist.barrier", "monitored_barrier", "fingerprint")
+HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs (the default gloo rows)
+    "gloo 2 ranks: fingerprint / plain": "rows.0.ratio_fingerprint_vs_plain",
+    "gloo 2 ranks: plain us": "rows.0.median_us.plain",
+    "gloo 2 ranks: fingerprint us": "rows.0.median_us.fingerprint",
+    "gloo 4 ranks: fingerprint / plain": "rows.1.ratio_fingerprint_vs_plain",
+    "gloo 4 ranks: plain us": "rows.1.median_us.plain",
+    "gloo 4 ranks: fingerprint us": "rows.1.median_us.fingerprint",
+}
 
 
 def _free_port() -> int:
@@ -55,7 +70,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: int, out) -> None:
+def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: int, out, pin: bool = False) -> None:
     from datetime import timedelta
 
     import torch
@@ -67,6 +82,10 @@ def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: 
     from colo_fsm.guards.sampling import SamplingStream
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    if pin and hasattr(os, "sched_setaffinity"):  # rank r on core r mod cores: no migration mid-handoff
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
     kwargs = {}
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -112,33 +131,38 @@ def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: 
     for fn in fns.values():  # warm up every path (and NCCL's communicators)
         for _ in range(max(5, iters // 10)):
             fn()
-    samples: dict[str, list[float]] = {k: [] for k in KINDS}
+    clock = time.perf_counter
+    samples: dict[str, list[list[float]]] = {k: [] for k in KINDS}  # per kind, per round: each handoff's us
     for r in range(rounds):
         order = KINDS[r % len(KINDS) :] + KINDS[: r % len(KINDS)]
         for kind in order:
             fn = fns[kind]
             dist.barrier()
-            t0 = time.perf_counter()
+            times = []
             for _ in range(iters):
+                t0 = clock()
                 fn()
-            samples[kind].append((time.perf_counter() - t0) / iters * 1e6)
-    t0 = time.perf_counter()
+                times.append((clock() - t0) * 1e6)
+            samples[kind].append(times)
+    local = []
     for _ in range(iters * 4):
+        t0 = clock()
         local_only()
-    samples["local_only"] = [(time.perf_counter() - t0) / (iters * 4) * 1e6]
+        local.append((clock() - t0) * 1e6)
+    samples["local_only"] = [local]
     out.put((rank, samples))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def run(world: int, backend: str, rounds: int, iters: int) -> dict[str, object]:
+def run(world: int, backend: str, rounds: int, iters: int, pin: bool = False) -> dict[str, object]:
     import torch.multiprocessing as mp
 
     load_before = os.getloadavg()[0]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, backend, rounds, iters, out)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, backend, rounds, iters, out, pin)) for r in range(world)]
     for p in procs:
         p.start()
     per_rank = {}
@@ -148,41 +172,57 @@ def run(world: int, backend: str, rounds: int, iters: int) -> dict[str, object]:
     for p in procs:
         p.join(timeout=60)
     s0 = per_rank[0]
-    med = {k: statistics.median(v) for k, v in s0.items()}
-    # paired by round (the three kinds ran back to back): load drift between rounds cancels out of the ratio
-    paired = sorted(f / p for f, p in zip(s0["fingerprint"], s0["plain"]))
+    every = {k: [t for block in v for t in block] for k, v in s0.items()}
+    med = {k: statistics.median(v) for k, v in every.items()}
+    # paired by round (the kinds ran back to back): load drift between rounds cancels out of the ratio
+    paired = sorted(
+        statistics.median(f) / statistics.median(p) for f, p in zip(s0["fingerprint"], s0["plain"], strict=True)
+    )
     q = statistics.quantiles(paired, n=4) if len(paired) >= 2 else [paired[0]] * 3
     return {
         "ranks": world,
         "backend": backend,
         "median_us": med,
-        "min_us": {k: min(v) for k, v in s0.items()},
-        "max_us": {k: max(v) for k, v in s0.items()},
+        "p25_us": {k: _quartiles(v)[0] for k, v in every.items()},
+        "p75_us": {k: _quartiles(v)[1] for k, v in every.items()},
+        "min_us": {k: min(v) for k, v in every.items()},
+        "max_us": {k: max(v) for k, v in every.items()},
         "ratio_fingerprint_vs_plain": statistics.median(paired),
         "ratio_fingerprint_vs_plain_quartiles": [q[0], q[2]],
+        "ratio_fingerprint_vs_plain_range": [paired[0], paired[-1]],
         "ratio_of_medians_fingerprint_vs_plain": med["fingerprint"] / med["plain"],
         "ratio_fingerprint_vs_dist_barrier": med["fingerprint"] / med["dist.barrier"],
         "ratio_fingerprint_vs_monitored_barrier": med["fingerprint"] / med["monitored_barrier"],
         "fingerprint_local_us": med["local_only"],
         "rounds": rounds,
         "iters_per_round": iters,
+        "pinned": pin,
         "loadavg_1min_before_after": [load_before, os.getloadavg()[0]],
     }
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
 
 
 def table(rows: list[dict[str, object]]) -> str:
     lines = [
         "| backend | ranks | plain TorchBarrier us | dist.barrier us | monitored_barrier us | fingerprint barrier us |"
-        " fingerprint / plain (per-round median, IQR) | fingerprint / monitored_barrier | fingerprint's local work us |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " fingerprint / plain (per-round median; IQR; range) | ratio of the medians |"
+        " fingerprint / monitored_barrier | fingerprint's local work us |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        m, iqr = r["median_us"], r["ratio_fingerprint_vs_plain_quartiles"]
-        assert isinstance(m, dict) and isinstance(iqr, list)
+        m, iqr, rng = r["median_us"], r["ratio_fingerprint_vs_plain_quartiles"], r["ratio_fingerprint_vs_plain_range"]
+        assert isinstance(m, dict) and isinstance(iqr, list) and isinstance(rng, list)
         lines.append(
             f"| {r['backend']} | {r['ranks']} | {m['plain']:.0f} | {m['dist.barrier']:.0f} "
             f"| {m['monitored_barrier']:.0f} | {m['fingerprint']:.0f} "
-            f"| {r['ratio_fingerprint_vs_plain']:.2f} ({iqr[0]:.2f}-{iqr[1]:.2f}) "
+            f"| {r['ratio_fingerprint_vs_plain']:.2f} ({iqr[0]:.2f}-{iqr[1]:.2f}; {rng[0]:.2f}-{rng[1]:.2f}) "
+            f"| {r['ratio_of_medians_fingerprint_vs_plain']:.2f} "
             f"| {r['ratio_fingerprint_vs_monitored_barrier']:.2f} | {r['fingerprint_local_us']:.0f} |"
         )
     return "\n".join(lines)
@@ -195,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--iters", type=int, default=50, help="handoffs per kind per round")
     ap.add_argument("--quick", action="store_true", help="8 rounds of 25")
+    ap.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pin rank r (and the threads it starts) to core r mod cores (Linux; default on)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="default bench/results/fingerprint_barrier[_nccl].json")
     args = ap.parse_args(argv)
     if args.quick:
@@ -216,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                 skipped.append(why)
                 continue
             ranks = usable
-        rows += [run(n, backend, args.rounds, args.iters) for n in ranks]
+        rows += [run(n, backend, args.rounds, args.iters, args.pin) for n in ranks]
     if rows:
         print(table(rows))
     only_nccl = args.backend == "nccl"

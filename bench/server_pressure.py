@@ -35,6 +35,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "server_pressure.json"
+HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs
+    "prefill: steps/s over baseline": "rows.1.ratio_vs_baseline",
+    "decode: steps/s over baseline": "rows.2.ratio_vs_baseline",
+    "baseline steps/s": "rows.0.steps_per_s",
+}
 CONTEXT = 32  # the demo model's max_sequence_length
 
 

@@ -7,8 +7,8 @@ This namespace is the core, importable with ``transitions`` alone: the machine, 
 guards, the errors, the adapter protocols, the replay buffer and collector, metrics as JSON lines. The heavier
 parts are imported from their subpackages, each behind an extra: :mod:`colo_fsm.adapters.megatron`
 (``[megatron]``), :mod:`colo_fsm.ray` (``[ray]``), :mod:`colo_fsm.server` (``[server]``),
-:mod:`colo_fsm.timeline` (``[viz]``), :mod:`colo_fsm.testing` (``[testing]``), :mod:`colo_fsm.diagram` and
-:mod:`colo_fsm.diagram_svg` (a picture of the lifecycle as SVG, no Graphviz needed).
+:mod:`colo_fsm.timeline` (``[viz]``), :mod:`colo_fsm.testing` (``[testing]``), :mod:`colo_fsm.diagram` (Mermaid,
+DOT, Markdown tables, and an SVG picture of the lifecycle drawn without Graphviz).
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -128,7 +128,7 @@ def _emit(text: str, output: Path | None) -> int:
 
 def _write_builtin_svg(args: argparse.Namespace, spec: LifecycleSpec, output: Path | None) -> int:
     """``--format svg``: colo-fsm's own SVG picture (no Graphviz), to ``output`` or stdout."""
-    from colo_fsm.diagram_svg import to_svg
+    from colo_fsm.diagram import to_svg
 
     if output is not None and output.suffix.lower() != ".svg":
         raise UsageError(f"argument --output: --format svg writes an .svg file (got {output})")

@@ -417,7 +417,7 @@ class ServerBusy(ColoFsmError):
 GRAPHVIZ_INSTALL_HINT = (
     "install Graphviz: `apt-get install graphviz` (Debian/Ubuntu), `brew install graphviz` (macOS) or "
     "`conda install -c conda-forge graphviz`; or draw an SVG without it (`colo-fsm diagram --format svg -o x.svg`, "
-    "colo_fsm.diagram_svg.to_svg), or write the DOT source (.dot) or Mermaid (.mmd) instead"
+    "colo_fsm.diagram.to_svg), or write the DOT source (.dot) or Mermaid (.mmd) instead"
 )
 """How to get Graphviz's ``dot``, for error messages."""
 

@@ -87,14 +87,51 @@ def core_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=_env())
     py = venv / "bin" / "python"
-    done = subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(src)],
+    done = subprocess.run(  # -v: the build backend's own output (its warnings) shows only then
+        [str(py), "-m", "pip", "install", "-v", "--disable-pip-version-check", str(src)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (tmp / "install.log").write_text(done.stdout + done.stderr, encoding="utf-8")
     return py
+
+
+def _setuptools_warnings(log: str) -> list[str]:
+    """Lines where setuptools warns or informs (``...Warning:``, ``InformationOnly:``; pip 25+ shows both as
+    ``BuildBackendWarning``)."""
+    return [
+        line.strip()
+        for line in log.splitlines()
+        if "setuptools" in line.lower() and ("Warning" in line or "InformationOnly" in line)
+    ]
+
+
+def test_the_install_prints_no_setuptools_warning(core_venv: Path) -> None:
+    """The package's metadata is what setuptools asks for (the SPDX license string): its build warns of nothing."""
+    log = (core_venv.parents[2] / "install.log").read_text(encoding="utf-8")
+    assert "Building" in log or "Running command" in log, log[-2000:]  # the backend's output was captured
+    assert not _setuptools_warnings(log), "\n".join(_setuptools_warnings(log))
+
+
+def test_the_editable_install_prints_no_setuptools_notice(core_venv: Path, tmp_path: Path) -> None:
+    """``make setup`` installs the package editable: setuptools says nothing there either (its notice about folders
+    that shadow the package comes with its import finder, which the declared flat layout does not need)."""
+    src = core_venv.parents[2] / "src"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=_env())
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-v", "--no-deps", "--disable-pip-version-check"]
+    done = subprocess.run(
+        [*pip, "-e", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-3000:]
+    assert "editable" in log.lower(), log[-2000:]  # the backend's output was captured
+    assert not _setuptools_warnings(log), "\n".join(_setuptools_warnings(log))
 
 
 def test_bare_core_installs_transitions_only_and_runs_a_lifecycle(core_venv: Path, tmp_path: Path) -> None:

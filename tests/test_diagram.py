@@ -14,6 +14,8 @@ import pytest
 from mermaid_subset import MermaidSyntaxError, parse_label, parse_state_diagram
 
 from colo_fsm import diagram
+from colo_fsm.diagram.dot import _dot_quote
+from colo_fsm.diagram.mermaid import _mermaid_id
 from colo_fsm.errors import ConfigError
 from colo_fsm.states.spec import LIFECYCLE, State
 
@@ -241,7 +243,7 @@ def test_dot_failure_edges_option() -> None:
 
 
 def test_dot_quotes_text() -> None:
-    assert diagram._dot_quote('a "b" \\ c\nd') == '"a \\"b\\" \\\\ c\\nd"'
+    assert _dot_quote('a "b" \\ c\nd') == '"a \\"b\\" \\\\ c\\nd"'
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed (apt-get install graphviz)")
@@ -360,6 +362,6 @@ def test_update_docs_requires_blocks_and_file(tmp_path: Path) -> None:
 
 def test_state_names_are_valid_mermaid_ids() -> None:
     for s in State:
-        assert diagram._mermaid_id(s) == s.value
+        assert _mermaid_id(s) == s.value
     with pytest.raises(ConfigError):
-        diagram._mermaid_id("end")
+        _mermaid_id("end")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from colo_fsm import diagram
-from colo_fsm.diagram_svg import edge_label_lines, to_svg, write_svg
+from colo_fsm.diagram.svg import edge_label_lines, to_svg, write_svg
 from colo_fsm.errors import ConfigError
 from colo_fsm.states import LIFECYCLE, NEMO_RL
 from colo_fsm.states.spec import LifecycleSpec

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from pathlib import Path
@@ -18,8 +19,14 @@ PKG = Path(errors.__file__).resolve().parent
 NOT_OURS = {("testing/watch.py", "InjectedFault"), ("machine/lifecycle.py", "_ActionError")}
 
 
+@functools.cache
+def _trees() -> dict[Path, ast.Module]:
+    """Every module of the package, parsed once for all the checks here."""
+    return {p: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(PKG.rglob("*.py"))}
+
+
 def _modules() -> list[tuple[str, ast.Module]]:
-    return [(str(p.relative_to(PKG)), ast.parse(p.read_text(encoding="utf-8"))) for p in sorted(PKG.rglob("*.py"))]
+    return [(str(p.relative_to(PKG)), tree) for p, tree in _trees().items()]
 
 
 def _is_exception(node: ast.ClassDef) -> bool:
@@ -87,3 +94,107 @@ def test_one_prefix_for_the_lifecycle_and_the_components(caplog) -> None:
         "[rank=0 state=Draining wv=2 step=1] lifecycle line",
     ]
     assert [r.rank for r in caplog.records] == [3, 0]  # type: ignore[attr-defined]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(name: str, tree: ast.Module, modules: set[str], *, package: bool) -> set[str]:
+    """The ``colo_fsm`` modules ``tree`` imports, anywhere in it (a function's lazy import and a
+    ``TYPE_CHECKING`` import count too): ``from pkg import name`` is the module ``pkg.name`` when there is one."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")[: len(name.split(".")) + (1 if package else 0) - node.level]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            for a in node.names:
+                if f"{source}.{a.name}" in modules:
+                    found.add(f"{source}.{a.name}")
+                elif source in modules:
+                    found.add(source)
+    found.discard(name)
+    return found
+
+
+@functools.cache
+def _import_graph() -> dict[str, set[str]]:
+    trees = {_module_name(p): (p, tree) for p, tree in _trees().items()}
+    modules = set(trees)
+    return {name: _imports(name, tree, modules, package=p.name == "__init__.py") for name, (p, tree) in trees.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_circles_are_found() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+    tree = ast.parse("from colo_fsm.diagram import to_svg\n\ndef f():\n    from . import model\n")
+    modules = {"colo_fsm.diagram", "colo_fsm.diagram.model", "colo_fsm.diagram.docs"}
+    assert _imports("colo_fsm.diagram.docs", tree, modules, package=False) == {
+        "colo_fsm.diagram",
+        "colo_fsm.diagram.model",
+    }
+
+
+def test_no_import_circle_in_the_package() -> None:
+    graph = _import_graph()
+    assert {"colo_fsm.diagram.model", "colo_fsm.diagram.svg", "colo_fsm.machine.lifecycle"} <= set(graph)
+    assert "colo_fsm.diagram.model" in graph["colo_fsm.diagram.svg"]  # the graph sees the imports it must
+    circles = _circles(graph)
+    assert not circles, "modules that import each other (directly or around a circle): " + "; ".join(
+        " <-> ".join(c) for c in circles
+    )
+
+
+def test_the_picture_model_reads_only_the_spec() -> None:
+    """The diagram's chain runs one way: its model imports no renderer, and no renderer imports the package's
+    public face (``colo_fsm.diagram``), which gathers them all."""
+    graph = _import_graph()
+    assert not {m for m in graph["colo_fsm.diagram.model"] if m.startswith("colo_fsm.diagram")}
+    inward = [m for m, deps in graph.items() if m.startswith("colo_fsm.diagram.") and "colo_fsm.diagram" in deps]
+    assert not inward, inward
+    import colo_fsm.diagram
+    import colo_fsm.diagram.svg
+    import colo_fsm.diagram_svg
+
+    assert colo_fsm.diagram_svg.to_svg is colo_fsm.diagram.svg.to_svg is colo_fsm.diagram.to_svg

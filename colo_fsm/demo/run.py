@@ -82,6 +82,20 @@ def resolve_run_dir(cfg: DemoConfig) -> Path:
     return default_run_dir()
 
 
+class _NoCudaRuntimeNotice(logging.Filter):
+    """Drops torch's ``No CUDA runtime is found, using CUDA_HOME=...`` notice (logged when megatron-core imports
+    ``torch.utils.cpp_extension`` on a machine with a CUDA toolkit and no GPU): the demo chose the CPU, so there is
+    no runtime to find. Every other record of that logger passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+_CPU_CHOSEN = _NoCudaRuntimeNotice()
+CPP_EXTENSION_LOGGER = "torch.utils.cpp_extension"
+"""The torch logger that logs the notice (a third-party logger the demo filters, not one of colo-fsm's own)."""
+
+
 def _setup_logging(run_dir: Path, rank: int) -> None:
     """Everything at INFO to run_dir/demo.rank<r>.log; only warnings of colo_fsm on the console."""
     root = logging.getLogger()
@@ -137,6 +151,8 @@ def _run_rank(
 ) -> DemoResult | None:
     import signal
 
+    if cfg.device == "cpu":  # before megatron-core is imported: its import is what logs the notice
+        logging.getLogger(CPP_EXTENSION_LOGGER).addFilter(_CPU_CHOSEN)
     import torch
 
     from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine, to_completion
@@ -466,8 +482,7 @@ def _write_artifacts(run_dir: Path, world: int, spec: LifecycleSpec) -> None:
     """The run's lifecycle as a picture (lifecycle.svg, drawn without Graphviz) and as Mermaid and DOT text,
     all from the spec the run used, and the per-rank timeline picture."""
     try:
-        from colo_fsm.diagram import diagram_text
-        from colo_fsm.diagram_svg import write_svg
+        from colo_fsm.diagram import diagram_text, write_svg
 
         write_svg(run_dir / "lifecycle.svg", spec)
         (run_dir / "lifecycle.mmd").write_text(diagram_text("mermaid", spec), encoding="utf-8")

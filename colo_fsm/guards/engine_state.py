@@ -21,6 +21,7 @@ naming both sides. Engines that report nothing are not checked.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -67,7 +68,7 @@ def engine_state_of(engine: Any) -> EngineStateReport | None:
     """The engine's report of its condition: ``engine.engine_state()``, else its ``condition`` attribute as a
     report, else None (it reports nothing). A report of the wrong kind is a :class:`ConfigError`."""
     fn = getattr(engine, "engine_state", None)
-    if callable(fn):
+    if fn is not None and callable(fn):
         report = fn()
         if report is not None and not isinstance(report, EngineStateReport):
             raise ConfigError(
@@ -75,17 +76,26 @@ def engine_state_of(engine: Any) -> EngineStateReport | None:
             )
         return report
     value = getattr(engine, "condition", None)
-    if isinstance(value, EngineCondition):
-        return EngineStateReport(value.value, value, type(engine).__name__)
-    if isinstance(value, str):
-        try:
-            cond = EngineCondition(value)
-        except ValueError:
-            raise ConfigError(
-                f"{type(engine).__name__}.condition", value, f"one of {', '.join(c.value for c in EngineCondition)}"
-            ) from None
-        return EngineStateReport(value, cond, type(engine).__name__)
+    if value is None:  # the lifecycle asks before and after every action: an engine that reports nothing is quick
+        return None
+    if isinstance(value, str):  # an EngineCondition is a str too
+        return _condition_report(value, type(engine).__name__)
     return None  # a proxy's method or any other object is not a report
+
+
+@functools.lru_cache(maxsize=128, typed=True)
+def _condition_report(value: str, engine: str) -> EngineStateReport:
+    """The report of a ``condition`` attribute (an :class:`EngineCondition` or its value), built once per value and
+    engine class (a report is frozen, so the lifecycle's checks before and after every action share it)."""
+    if isinstance(value, EngineCondition):
+        return EngineStateReport(value.value, value, engine)
+    try:
+        cond = EngineCondition(value)
+    except ValueError:
+        raise ConfigError(
+            f"{engine}.condition", value, f"one of {', '.join(c.value for c in EngineCondition)}"
+        ) from None
+    return EngineStateReport(value, cond, engine)
 
 
 def check_engine_state(

@@ -54,6 +54,7 @@ from colo_fsm.states.validate import validate_spec
 
 log = get_logger(__name__)
 _STATE_BY_NAME = {s.value: s for s in State}
+_NAME = {s: s.value for s in State}  # a member's value by plain dict lookup (``.value`` is a descriptor call)
 
 
 @dataclass
@@ -151,6 +152,11 @@ class Lifecycle(ActionRoles):
                 f"({spec.initial.value}: engine awake) and start adopts it only once it reports awake",
             )
         self.spec = spec
+        # the spec's per-state lookups, keyed by member (the spec's own methods convert their argument first):
+        # read on every transition
+        self._triggers_of = {s: spec.triggers(s) for s in State}
+        self._automatic = {s: tuple(t for t in spec.outgoing(s) if t.automatic) for s in State}
+        self._state_specs = {s.state: s for s in spec.states}
         self.engine = engine
         self.trainer = trainer
         self.collector = collector
@@ -348,7 +354,7 @@ class Lifecycle(ActionRoles):
 
     def _fire(self, trigger: str) -> None:
         state = self.state
-        if trigger not in self.spec.triggers(state):
+        if trigger not in self._triggers_of[state]:
             raise InvalidTransition(
                 trigger,
                 state.value,
@@ -371,14 +377,15 @@ class Lifecycle(ActionRoles):
             raise GuardRejected(trigger, state.value, failed=failed, rank=self.rank, weight_version=self.weight_version)
 
     def _run_automatic(self) -> None:
+        facts = self.facts
         while True:
             state = self.state
-            outgoing = [t for t in self.spec.outgoing(state) if t.automatic]
-            auto = [t for t in outgoing if t.enabled(self.facts)]
-            if auto:
-                self._fire(auto[0].trigger)
+            outgoing = self._automatic[state]
+            auto = next((t for t in outgoing if _holds(t, facts)), None)  # the first enabled, in declaration order
+            if auto is not None:
+                self._fire(auto.trigger)
                 continue
-            if outgoing and not self.spec.state(state).resting:
+            if outgoing and not self._state_specs[state].resting:
                 # A transient state with no way out: the lifecycle is stuck (e.g. a step that never bumped the
                 # weight version). Fail loudly instead of leaving the run hanging in a half-done handoff.
                 err = GuardRejected(
@@ -393,19 +400,20 @@ class Lifecycle(ActionRoles):
             return
 
     def _runner(self, t: TransitionSpec) -> Callable[..., None]:
+        dest, dest_name, names = t.dest, _NAME[t.dest], t.actions
+
         def run(*_a: Any, **_k: Any) -> None:
             trigger, t_start, source = self._pending
             t_enter = time.time()
-            self._action_times = {}
+            times: dict[str, float] = {}
+            self._action_times = times
             ok, error = True, None
-            self._entering = t.dest
-            if self.spec.state(source).validates and t.dest != source:
+            self._entering = dest
+            if self._state_specs[source].validates and dest is not source:
                 self._validated_this_step = True
             try:
-                _log_context(
-                    rank=self.rank, state=t.dest.value, weight_version=self.weight_version, step=self.step_index
-                )
-                for name in t.actions:
+                _log_context(rank=self.rank, state=dest_name, weight_version=self.weight_version, step=self.step_index)
+                for name in names:
                     self._current_action = name
                     self._action_t0 = time.monotonic()
                     a0 = time.perf_counter()
@@ -414,21 +422,22 @@ class Lifecycle(ActionRoles):
                     except Exception as exc:
                         raise _ActionError(name, trigger, exc) from exc
                     finally:
-                        self._action_times[name] = self._action_times.get(name, 0.0) + time.perf_counter() - a0
+                        times[name] = times.get(name, 0.0) + time.perf_counter() - a0
                 self._current_action = None
             except _ActionError as err:
                 ok, error = False, f"{err.action}: {type(err.cause).__name__}: {err.cause}"
                 raise
             finally:
-                self._record(trigger, source, t.dest, t_start, t_enter, ok, error)
-            self._log(
-                logging.INFO,
-                "%s -[%s]-> %s (%.1f ms)",
-                source.value,
-                trigger,
-                t.dest.value,
-                (time.time() - t_start) * 1e3,
-            )
+                self._record(trigger, source, dest, t_start, t_enter, ok, error)
+            if log.isEnabledFor(logging.INFO):  # its arguments are not built for nothing
+                self._log(
+                    logging.INFO,
+                    "%s -[%s]-> %s (%.1f ms)",
+                    _NAME[source],
+                    trigger,
+                    dest_name,
+                    (time.time() - t_start) * 1e3,
+                )
 
         return run
 
@@ -436,22 +445,22 @@ class Lifecycle(ActionRoles):
         self, trigger: str, source: State, dest: State, t_start: float, t_enter: float, ok: bool, error: str | None
     ) -> None:
         self._seq += 1
-        self.trace.append(
+        self.trace.append(  # positional, in field order: keyword arguments cost a dict per record
             TraceRecord(
-                seq=self._seq,
-                rank=self.rank,
-                trigger=trigger,
-                source=source.value,
-                dest=dest.value,
-                step=self.step_index,
-                weight_version=self.weight_version,
-                t_start=t_start,
-                t_enter=t_enter,
-                t_end=time.time(),
-                ok=ok,
-                error=error,
-                actions=dict(self._action_times),
-                engine_state=self._native_engine_state(),
+                self._seq,
+                self.rank,
+                trigger,
+                _NAME[source],
+                _NAME[dest],
+                self.step_index,
+                self.weight_version,
+                t_start,
+                t_enter,
+                time.time(),
+                ok,
+                error,
+                self._action_times,  # this transition's own dict (each transition starts a new one)
+                self._native_engine_state(),
             )
         )
 
@@ -557,24 +566,26 @@ class Lifecycle(ActionRoles):
 
     def _interpreter(self, a: ActionSpec) -> Callable[[], None]:
         role_impl: Callable[[ActionSpec], None] = getattr(self, f"_role_{a.role.value}")  # type: ignore[union-attr]
+        # what the declaration says, read once: the action runs on every transition that names it
+        facts, issues, cleared = self.facts, a.issues, a.cleared()
+        sets = () if a.role is Role.BARRIER else a.sets  # the barrier sets handoff_complete only over a drained device
+        before, after = f"before {a.name}", f"after {a.name}"
 
         def run() -> None:
             self._check_preconditions(a)
-            self._check_engine_state(f"before {a.name}")
-            if a.issues is not None:
-                self.ledger.issue(a.issues)
-            if a.issues is not None:
-                self.facts[Fact.HANDOFF_COMPLETE] = False
+            self._check_engine_state(before)
+            if issues is not None:
+                self.ledger.issue(issues)
+                facts[Fact.HANDOFF_COMPLETE] = False
             role_impl(a)
-            for f in a.cleared():
-                self.facts[f] = False
-            if a.role is not Role.BARRIER:  # the barrier sets handoff_complete only over a drained device
-                for f in a.sets:
-                    self.facts[f] = True
+            for f in cleared:
+                facts[f] = False
+            for f in sets:
+                facts[f] = True
             self.engine_condition = a.engine or self.engine_condition
             self.collector_condition = a.collector or self.collector_condition
             self.request_condition = a.requests or self.request_condition
-            self._check_engine_state(f"after {a.name}")
+            self._check_engine_state(after)
 
         return run
 
@@ -585,6 +596,8 @@ class Lifecycle(ActionRoles):
         if self.failure is not None:
             return
         report = engine_state_of(self.engine)
+        if report is None or report.condition is self.engine_condition:
+            return  # nothing reported, or it agrees: the common case, without building the error's context
         hint = ""
         if when == "at start" and report is not None:
             hint = start_hint(report, spec_name=self.spec.name, up_at_construction=self.spec.engine_up_at_construction)
@@ -608,6 +621,17 @@ class Lifecycle(ActionRoles):
 
     def _refuse(self, what: str) -> LifecycleError:
         return LifecycleError(what, state=self.state.value, rank=self.rank, weight_version=self.weight_version)
+
+
+def _holds(t: TransitionSpec, facts: dict[Fact, bool]) -> bool:
+    """``t.enabled(facts)`` for the lifecycle's own facts (every fact present), without a generator per guard."""
+    for f in t.when:
+        if not facts[f]:
+            return False
+    for f in t.unless:
+        if facts[f]:
+            return False
+    return True
 
 
 class _ActionError(Exception):

@@ -155,12 +155,7 @@ class ActionRoles:
         if Fact.SAVE_THIS_STEP in a.decides or Fact.LAST_STEP in a.decides:
             self._latched_step = self.step_index
             self._validated_this_step = False
-        self._log(
-            logging.INFO,
-            "step %d decisions: %s",
-            self.step_index,
-            " ".join(f"{f.value.removesuffix('_this_step').removesuffix('_step')}={v}" for f, v in decided.items()),
-        )
+        self._log(logging.INFO, "step %d decisions: %s", self.step_index, _Decisions(decided))
 
     def _role_latch_stop(self, a: ActionSpec) -> None:
         # asked with the validator's step: the steps trained so far (start_step at start, s + 1 after step s)
@@ -286,6 +281,21 @@ class ActionRoles:
             hook = getattr(part, "teardown", None) if part is not None else None
             if callable(hook):
                 hook()
+
+
+class _Decisions:
+    """A latch's decisions as log text (``save=True validate=False last=False``), built only if the line is
+    emitted: the latch runs every step, its INFO line is usually off."""
+
+    __slots__ = ("decided",)
+
+    def __init__(self, decided: Mapping[Fact, bool]) -> None:
+        self.decided = decided
+
+    def __str__(self) -> str:
+        return " ".join(
+            f"{f.value.removesuffix('_this_step').removesuffix('_step')}={v}" for f, v in self.decided.items()
+        )
 
 
 def _step_result(result: Any, batch: Any) -> StepResult:

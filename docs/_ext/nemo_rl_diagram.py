@@ -4,7 +4,7 @@ The diagram is ``colo_fsm.diagram.to_mermaid(NEMO_RL)``: generated from the spec
 note names the calls of NeMo-RL's async GRPO step (``nemo_rl/algorithms/grpo.py``, ``async_grpo_train``) that
 happen while the machine is in that state, so a NeMo-RL reviewer finds ``prepare_for_refit``,
 ``set_weight_version`` or ``offload_after_refit`` on the picture. The page shows it as an SVG drawn by
-``colo_fsm.diagram_svg.to_svg`` (at :data:`PICTURE`), with the Mermaid source below it.
+``colo_fsm.diagram.to_svg`` (at :data:`PICTURE`), with the Mermaid source below it.
 ``tests/test_docs_content.py`` checks that the page and the SVG hold exactly what this module generates;
 ``python docs/_ext/nemo_rl_diagram.py`` rewrites both.
 """
@@ -70,7 +70,7 @@ def annotated_mermaid() -> str:
 
 def annotated_svg() -> str:
     """The same diagram as an SVG picture, the calls written under each state's conditions."""
-    from colo_fsm.diagram_svg import to_svg
+    from colo_fsm.diagram import to_svg
     from colo_fsm.states import NEMO_RL
 
     notes = {
