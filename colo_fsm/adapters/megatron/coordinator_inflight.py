@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from colo_fsm.adapters.megatron.coordinator_states import token_versions
+from colo_fsm.adapters.megatron.coordinator_states import as_list, state_name, token_versions
 
 
 @dataclass
@@ -48,7 +48,7 @@ def ended_early(record: Any, *, max_tokens: int, eod: int) -> bool:
     end-of-document, not failed (a request that finished on its own ends at its length or at end-of-document)."""
     toks = record.generated_tokens
     n = len(toks) if toks is not None else 0
-    status = str(getattr(getattr(record, "status", None), "name", getattr(record, "status", "")) or "")
+    status = state_name(getattr(record, "status", "")) or ""
     if status.endswith("FAILED") or n >= max_tokens:
         return False
     return n == 0 or int(toks[-1]) != int(eod)
@@ -57,8 +57,6 @@ def ended_early(record: Any, *, max_tokens: int, eod: int) -> bool:
 def carry_over(carry: Carry, record: Any, *, prompt_len: int, sent: Any, request_id: int) -> int:
     """Add an ended attempt's tokens, log-probs and per-token weight versions to ``carry``; returns the tokens of
     KV cache the attempt held (its prompt + its tokens), which the resubmission prefills again."""
-    from colo_fsm.adapters.megatron.coordinator_requests import as_list
-
     toks = [int(t) for t in as_list(record.generated_tokens)]
     lps = [float(x) for x in as_list(getattr(record, "generated_log_probs", None))]
     lps = (lps + [float("nan")] * len(toks))[: len(toks)]

@@ -18,24 +18,11 @@ from typing import Any
 from colo_fsm.adapters.batching import OnToken, TokenCompletion
 from colo_fsm.adapters.engine.results import FutureHandle
 from colo_fsm.adapters.megatron.coordinator_inflight import Carry
-from colo_fsm.adapters.megatron.coordinator_states import token_versions
+from colo_fsm.adapters.megatron.coordinator_states import as_list, state_name, token_versions
 from colo_fsm.errors import ConfigError
 from colo_fsm.log import get_logger
 
 log = get_logger(__name__)
-
-
-def state_name(state: Any) -> str:
-    """The name of a megatron enum member (``EngineState``, ``Status``), or its string."""
-    return str(getattr(state, "name", state))
-
-
-def as_list(x: Any) -> list[Any]:
-    """A tensor, list or None as a plain list."""
-    if x is None:
-        return []
-    tolist = getattr(x, "tolist", None)
-    return list(tolist()) if callable(tolist) else list(x)
 
 
 class CoordinatorHandle(FutureHandle):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
+from typing import Any
 
 from colo_fsm.errors import LifecycleError
 from colo_fsm.states.spec import LIFECYCLE, EngineCondition, LifecycleSpec, State
@@ -64,6 +65,19 @@ def state_table(spec: LifecycleSpec = LIFECYCLE) -> list[tuple[State, EngineCond
     (empty where megatron has none: not built yet, or unknown after a failure)."""
     by_cond = natives_by_condition()
     return [(s.state, s.engine, by_cond.get(s.engine, ())) for s in spec.states]
+
+
+def state_name(state: Any) -> str:
+    """The name of a megatron enum member (``EngineState``, ``Status``), or its string."""
+    return str(getattr(state, "name", state))
+
+
+def as_list(x: Any) -> list[Any]:
+    """A tensor, list or None as a plain list."""
+    if x is None:
+        return []
+    tolist = getattr(x, "tolist", None)
+    return list(tolist()) if callable(tolist) else list(x)
 
 
 def token_versions(
@@ -114,8 +128,10 @@ __all__ = [
     "ENGINE_STATE_CONDITIONS",
     "SLEEP",
     "WAKE",
+    "as_list",
     "condition_of",
     "natives_by_condition",
+    "state_name",
     "state_table",
     "token_versions",
 ]
