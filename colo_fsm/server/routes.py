@@ -89,9 +89,8 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
             prompts, _ = ctx.prompt_list(raw_prompt)
             cost = ctx.check_fit(prompts, s, "prompt")
             if s.stream:
-                return await start_stream(ctx, prompts, s, "completions", model, cost)
+                return await start_stream(ctx, request, prompts, s, "completions", model, cost)
             outs = await ctx.run(request, prompts, s, cost)
-        ctx.served["completions"] += 1
 
         def logprobs(o: ChoiceResult) -> dict[str, Any] | None:
             if not s.logprobs:
@@ -137,9 +136,8 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
             prompts = [ctx.encode(prompt, "messages")]
             cost = ctx.check_fit(prompts, s, "messages")
             if s.stream:
-                return await start_stream(ctx, prompts, s, "chat", model, cost)
+                return await start_stream(ctx, request, prompts, s, "chat", model, cost)
             outs = await ctx.run(request, prompts, s, cost)
-        ctx.served["chat"] += 1
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
@@ -207,7 +205,6 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
             outs = await ctx.run(request, prompts, s, cost)
             prompt_len = len(prompts[0])
         o = outs[0]
-        ctx.served["responses"] += 1
         incomplete = o.finish_reason == "length"
         return {
             "id": f"resp_{uuid.uuid4().hex[:24]}",
