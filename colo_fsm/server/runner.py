@@ -199,8 +199,7 @@ class RequestRun:
                 finally:
                     left.cancel()
                 if not gathered.done():
-                    self.cancel()
-                    gathered.cancel()
+                    self.cancel()  # the engine answers every choice "abort"; the gathered results go unread
                     raise ClientGone("generation", f"client disconnected; {len(self.choices)} choice(s) cancelled")
             outs = await gathered
         finally:
