@@ -42,6 +42,15 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds process ``pid`` used so far (Linux ``/proc``), None where it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def scrape(root: str, client: Any = None) -> dict[str, list[tuple[dict[str, str], float]]]:
     """One scrape of ``root/metrics``, parsed by prometheus-client's parser: ``{sample name: [(labels, value)]}``."""
     import httpx

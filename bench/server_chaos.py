@@ -1,16 +1,18 @@
 """Gym chaos against the CPU demo's OpenAI-compatible server for a fixed time, with training's step rate beside it.
 
 Runs ``colo-fsm demo --serve`` on the CPU (one rank) and alternates, ``--rounds`` times, a quiet phase of
-``--baseline-s`` seconds (no HTTP traffic: training's idle step rate) and a chaos phase of ``--chaos-s`` seconds in
-which these clients run at once:
+``--baseline-s`` seconds (no HTTP traffic: training's idle step rate) and a chaos phase of ``--chaos-s`` seconds
+(the order flips each round; training's ratio is the median of the rounds' own chaos / quiet ratios, so a busy
+machine's load drift cancels) in which these clients run at once:
 
 * ``small``: 3-token requests (``"12>"``, ``max_tokens=3``), one after the other from two clients: their latency is
   the small-request wait;
-* ``hog``: the largest legal ``n=64`` request, back to back from two clients (the token budget stays full);
+* ``hog``: the largest legal ``n=64`` request, back to back from one client (half the token budget, all the time);
 * ``mixed``: Poisson arrivals of completions and chat, streamed or not, ``n`` up to 3, a quarter abandoned at a
   random point (closed before the answer or after a few stream chunks);
 * ``reset``: requests whose connection is reset (RST) after a random delay;
-* ``handoff``: requests held open and closed exactly while ``/health`` says the server is in a handoff;
+* ``handoff``: requests held open and closed as soon as ``/health`` (polled every 0.1 s) says the server is in a
+  handoff;
 * ``slow``: streams of ``n=4`` read 64 bytes every 0.1 s;
 * ``burst``: every 3 s, 16 requests at once;
 * ``stall``: uploads that stop half-way; the client gives up after 0.5-2 s.
@@ -23,14 +25,15 @@ training's step-rate ratio (chaos / quiet), the small-request wait p50/p99, the 
 load average. Bars: 0 server errors, ratio >= 0.75, small-request wait p50 <= 1 s. Exit 1 when the demo fails or a
 server error is seen.
 
-    python bench/server_chaos.py             # 2 rounds x (15 s quiet + 40 s chaos), ~2.5 min
-    python bench/server_chaos.py --quick     # 1 round x (8 s + 20 s)
+    python bench/server_chaos.py             # 5 rounds x (10 s quiet + 20 s chaos), ~3 min
+    python bench/server_chaos.py --quick     # 2 rounds x (6 s + 12 s)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import socket
 import struct
@@ -45,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _demo import ROOT, Demo, machine, median, pct, scrape, steps_in, total
+from _demo import ROOT, Demo, cpu_seconds, machine, median, pct, scrape, steps_in, total
 
 RESULTS = ROOT / "bench" / "results" / "server_chaos.json"
 SERIES = ROOT / "bench" / "results" / "server_chaos_series.json"
@@ -128,12 +131,13 @@ class Tally:
 class Chaos:
     """The chaos clients against one server; they run while :attr:`on` is set, until :attr:`done`."""
 
-    def __init__(self, url: str, port: int, limit: int, seed: int) -> None:
+    def __init__(self, url: str, port: int, limit: int, seed: int, without: frozenset[str] = frozenset()) -> None:
         self.url = url
         self.root = url.removesuffix("/v1")
         self.port = port
         self.hog_body = {"prompt": "123>", "n": 64, "max_tokens": max(1, min(28, limit // 64 - 4)), "temperature": 1.0}
         self.seed = seed
+        self.without = without
         self.on = threading.Event()
         self.done = threading.Event()
         self.tally = Tally()
@@ -149,7 +153,6 @@ class Chaos:
         return [
             ("small", self.small),
             ("small", self.small),
-            ("hog", self.hog),
             ("hog", self.hog),
             ("mixed", self.mixed),
             ("mixed", self.mixed),
@@ -257,7 +260,7 @@ class Chaos:
                         seen = False
                     if seen:
                         break
-                    time.sleep(0.03)
+                    time.sleep(0.1)
                 for sock in socks:
                     sock.close()
                     self.tally.add("handoff", "abandoned")
@@ -322,6 +325,8 @@ class Chaos:
     def start(self) -> list[threading.Thread]:
         threads = []
         for i, (name, fn) in enumerate(self.actors()):
+            if name in self.without:
+                continue
             rng = random.Random(self.seed * 1000 + i)
             threads.append(threading.Thread(target=fn, args=(rng,), name=f"chaos-{name}-{i}", daemon=True))
         for t in threads:
@@ -355,23 +360,32 @@ class Scraper:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--baseline-s", type=float, default=15.0)
-    ap.add_argument("--chaos-s", type=float, default=40.0)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--baseline-s", type=float, default=10.0)
+    ap.add_argument("--chaos-s", type=float, default=20.0)
     ap.add_argument("--scrape-s", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="1 round of 8 s quiet + 20 s chaos")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 6 s quiet + 12 s chaos")
+    ap.add_argument("--without", default="", help="comma-separated clients to leave out (e.g. hog,burst)")
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=19,
+        help="the load generator's CPU niceness (default 19: in a gym farm the clients run on other machines; "
+        "here they share the demo's cores, at the lowest priority); 0 to compete with the demo as an equal",
+    )
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--series-out", default=str(SERIES))
     args = ap.parse_args(argv)
     if args.quick:
-        args.rounds, args.baseline_s, args.chaos_s = 1, 8.0, 20.0
+        args.rounds, args.baseline_s, args.chaos_s = 2, 6.0, 12.0
     import httpx
 
     tmp = Path(tempfile.mkdtemp(prefix="server-chaos-"))
     demo = Demo(tmp / "run", args.threads)
     phases: list[tuple[str, float, float]] = []
+    cpu = {"quiet": [0.0, 0.0, 0.0], "chaos": [0.0, 0.0, 0.0]}  # load generator CPU s, demo CPU s, wall s
     rss: dict[str, int | None] = {}
     load_start = machine()["load_avg"]
     chaos: Chaos | None = None
@@ -386,10 +400,12 @@ def main(argv: list[str] | None = None) -> int:
         port = int(root.rsplit(":", 1)[1])
         limit = int(httpx.get(root + "/health", timeout=60).json()["max_request_tokens"])
         demo.warm_up()
+        if args.nice:
+            os.nice(args.nice)  # this process only: the demo was started before, at the normal priority
         rss["start"] = demo.rss()
         scraper = Scraper(root, args.scrape_s)
         scraper.thread.start()
-        chaos = Chaos(url, port, limit, args.seed)
+        chaos = Chaos(url, port, limit, args.seed, frozenset(x for x in args.without.split(",") if x))
         threads = chaos.start()
         for r in range(args.rounds):
             for kind in ("quiet", "chaos") if r % 2 == 0 else ("chaos", "quiet"):
@@ -398,8 +414,13 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     chaos.on.clear()
                 t0 = time.time()
+                c0 = (time.process_time(), cpu_seconds(demo.proc.pid))
                 time.sleep(args.chaos_s if kind == "chaos" else args.baseline_s)
+                c1 = (time.process_time(), cpu_seconds(demo.proc.pid))
                 phases.append((kind, t0, time.time()))
+                cpu[kind][0] += c1[0] - c0[0]
+                cpu[kind][1] += (c1[1] or 0.0) - (c0[1] or 0.0)
+                cpu[kind][2] += phases[-1][2] - t0
                 print(f"round {r} {kind}: {len([s for s in demo.step_times() if t0 <= s])} steps", flush=True)
         chaos.on.clear()
         chaos.done.set()
@@ -428,6 +449,13 @@ def main(argv: list[str] | None = None) -> int:
     chaos_steps, chaos_s = steps_in(steps, [(a, b) for k, a, b in phases if k == "chaos"])
     quiet_rate = quiet_steps / quiet_s if quiet_s else float("nan")
     chaos_rate = chaos_steps / chaos_s if chaos_s else float("nan")
+    per_round = []  # each round's chaos rate over its own quiet rate: load drift between rounds cancels
+    for r in range(args.rounds):
+        (qn, qs), (cn, cs) = (
+            steps_in(steps, [(a, b) for k, a, b in phases[2 * r : 2 * r + 2] if k == kind])
+            for kind in ("quiet", "chaos")
+        )
+        per_round.append((cn / cs) / (qn / qs) if qn and qs and cs else float("nan"))
     small = [lat for _, lat in chaos.tally.small]
     by_outcome = {
         lab["outcome"]: int(total(final, "colo_fsm_http_requests_total", outcome=lab["outcome"]))
@@ -465,7 +493,9 @@ def main(argv: list[str] | None = None) -> int:
         "training": {
             "quiet_steps_per_s": quiet_rate,
             "chaos_steps_per_s": chaos_rate,
-            "ratio": chaos_rate / quiet_rate if quiet_rate else float("nan"),
+            "pooled_ratio": chaos_rate / quiet_rate if quiet_rate else float("nan"),
+            "ratio_per_round": per_round,
+            "ratio": median(per_round),
         },
         "small_request_wait_s": {
             "n": len(small),
@@ -474,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
             "max": max(small) if small else float("nan"),
         },
         "rss_bytes": rss,
+        "cores_used": {  # CPU seconds per wall second: what the demo and this load generator used of the machine
+            kind: {"demo": round(d / w, 2) if w else None, "load_generator": round(g / w, 2) if w else None}
+            for kind, (g, d, w) in cpu.items()
+        },
+        "load_generator_nice": args.nice,
+        "clients_left_out": sorted(chaos.without),
         "scrapes": len(scraper.series) if scraper else 0,
         "scrape_errors": scraper.errors[:5] if scraper else [],
         "demo_exit_code": rc,
@@ -497,9 +533,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:24s} {v:9d}")
     print(f"client outcomes by stage: {dict(by_stage)}; closed inside a handoff: {chaos.tally.in_handoff}")
     print(
-        f"training {quiet_rate:.2f} -> {chaos_rate:.2f} steps/s (ratio {ratio:.2f}, bar {RATIO_BAR}); "
+        f"training {quiet_rate:.2f} -> {chaos_rate:.2f} steps/s (ratio {ratio:.2f}, median of rounds "
+        f"{[round(x, 2) for x in per_round]}, bar {RATIO_BAR}); "
         f"small-request wait p50 {p50:.3f} s p99 {result['small_request_wait_s']['p99']:.3f} s (bar {SMALL_BAR_S} s, "
         f"n={len(small)}); server errors {server_errors} (clients saw {client_5xx}); RSS {rss}; "
+        f"cores used {result['cores_used']}; "
         f"load average {result['machine']['load_avg'][0]:.1f}; wrote {args.out}"
     )
     if server_errors or client_5xx or scraper is None or scraper.errors or rc not in (0, 143):

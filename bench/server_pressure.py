@@ -1,7 +1,8 @@
 """The worst legal HTTP requests against the training run, and fairness to small requests under a stream of n=64.
 
 Runs ``colo-fsm demo --serve`` on the CPU (one rank) and, in the same run, interleaves phases of ``--phase-s``
-seconds (the order rotates each round):
+seconds (the order rotates each round; a phase's ratio is the median of its rounds' own ratios to the same round's
+baseline, so a busy machine's load drift cancels):
 
 * ``baseline``: no HTTP pressure;
 * ``prefill``: one client re-sends the largest legal request made of prompts that nearly fill the context,
@@ -20,8 +21,8 @@ pass the old bound (32,768 prompts x 30 tokens, ``max_tokens=1``) is sent once a
 
 Usage::
 
-    python bench/server_pressure.py                  # 2 rounds x 5 phases x 8 s (~2 min)
-    python bench/server_pressure.py --quick          # 1 round x 5 phases x 5 s
+    python bench/server_pressure.py                  # 4 rounds x 5 phases x 8 s (~3 min)
+    python bench/server_pressure.py --quick          # 2 rounds x 5 phases x 5 s
 
 Writes ``bench/results/server_pressure.json``.
 """
@@ -64,16 +65,16 @@ def worst_cases(limit: int) -> dict[str, dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--phase-s", type=float, default=8.0)
     ap.add_argument("--probe-s", type=float, default=0.25)
     ap.add_argument("--hog-clients", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="1 round of 5 s phases")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 5 s phases")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     if args.quick:
-        args.rounds, args.phase_s = 1, 5.0
+        args.rounds, args.phase_s = 2, 5.0
     import httpx
 
     tmp = Path(tempfile.mkdtemp(prefix="server-pressure-"))
@@ -160,7 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     base = rows[0]["steps_per_s"]
     for row in rows:
-        row["ratio_vs_baseline"] = row["steps_per_s"] / base if base else float("nan")
+        row["pooled_ratio"] = row["steps_per_s"] / base if base else float("nan")
+        per_round = []  # each round's phase over the same round's baseline: load drift between rounds cancels
+        for r in range(args.rounds):
+            mine = [(a, b) for k, a, b in phases[r * 5 : r * 5 + 5] if k == row["phase"]]
+            quiet = [(a, b) for k, a, b in phases[r * 5 : r * 5 + 5] if k == "baseline"]
+            (n1, s1), (n0, s0) = steps_in(steps, mine), steps_in(steps, quiet)
+            per_round.append((n1 / s1) / (n0 / s0) if n0 and s0 and s1 else float("nan"))
+        row["ratio_per_round"] = per_round
+        row["ratio_vs_baseline"] = median(per_round)
     single = [r for r in rows if r["phase"] in ("prefill", "decode", "n64")]
     hogs = rows[-1]
     bars = {

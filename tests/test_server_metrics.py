@@ -28,6 +28,7 @@ def scrape(root: str) -> dict[str, Any]:
 
 def value(fams: dict[str, Any], name: str, sample: str | None = None, **labels: str) -> float:
     """The sum of the samples of family ``name`` (sample name ``sample``) whose labels include ``labels``."""
+    assert name in fams, f"no series {name} in /metrics"
     fam = fams[name]
     want = sample or name
     return sum(s.value for s in fam.samples if s.name == want and all(s.labels.get(k) == v for k, v in labels.items()))

@@ -92,7 +92,11 @@ class ClientWatch:
         """``await work`` unless the client leaves first: then ``work`` is cancelled, its clean-up runs, and
         :class:`ClientGone` naming ``stage`` is raised. Work that finished anyway (the cancel came too late)
         keeps its result; the next stage notices the client is gone."""
-        task = asyncio.ensure_future(work)
+        # eager: work that needs no wait (the budget has room, the gate is open) finishes here, with no task switch
+        coro = work if asyncio.iscoroutine(work) else _as_coroutine(work)
+        task: asyncio.Task[T] = asyncio.Task(coro, loop=asyncio.get_running_loop(), eager_start=True)
+        if task.done():
+            return task.result()
         gone = asyncio.ensure_future(self.gone.wait())
         try:
             await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -112,6 +116,10 @@ class ClientWatch:
             if current is not None and current.cancelling():
                 raise
             raise ClientGone(stage.value) from None
+
+
+async def _as_coroutine[R](work: Awaitable[R]) -> R:
+    return await work
 
 
 __all__ = ["ClientWatch", "Stage", "StageCounts"]
