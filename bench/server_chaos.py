@@ -5,8 +5,8 @@ Runs ``colo-fsm demo --serve`` on the CPU (one rank) and alternates, ``--rounds`
 (the order flips each round; training's ratio is the median of the rounds' own chaos / quiet ratios, so a busy
 machine's load drift cancels) in which these clients run at once:
 
-* ``small``: 3-token requests (``"12>"``, ``max_tokens=3``), one after the other from two clients: their latency is
-  the small-request wait;
+* ``small``: a probe, a 3-token request (``"12>"``, ``max_tokens=3``) every 0.2 s (the next one as soon as the
+  last is answered when that takes longer): their latency is the small-request wait;
 * ``hog``: the largest legal ``n=64`` request, back to back from one client (half the token budget, all the time);
 * ``mixed``: Poisson arrivals of completions and chat, streamed or not, ``n`` up to 3, a quarter abandoned at a
   random point (closed before the answer or after a few stream chunks);
@@ -152,7 +152,6 @@ class Chaos:
     def actors(self) -> list[tuple[str, Callable[[random.Random], None]]]:
         return [
             ("small", self.small),
-            ("small", self.small),
             ("hog", self.hog),
             ("mixed", self.mixed),
             ("mixed", self.mixed),
@@ -179,7 +178,7 @@ class Chaos:
                 if code == 200 and self.on.is_set():
                     with self.tally.lock:
                         self.tally.small.append((t0, time.time() - t0))
-                time.sleep(rng.uniform(0.05, 0.15))
+                time.sleep(max(0.0, 0.2 - (time.time() - t0)))  # a probe every 0.2 s (or as soon as answered)
 
     def hog(self, rng: random.Random) -> None:
         import httpx

@@ -78,6 +78,13 @@ def health(gated: Any) -> dict[str, Any]:
     return dict(httpx.get(gated.server_base_urls()[0].removesuffix("/v1") + "/health", timeout=30).json())
 
 
+def server_slots(gated: Any) -> dict[str, int]:
+    """The engine's queued/running/parked HTTP requests, as ``/health`` shows them."""
+    engine = health(gated).get("engine_requests")
+    assert engine is not None, "/health does not show the engine's slot counts"
+    return dict(engine["server"])
+
+
 def client_at(gated: Any, stage: str) -> int:
     return int(health(gated)["responses"].get("client_by_stage", {}).get(stage, 0))
 
@@ -165,13 +172,13 @@ def test_a_client_gone_during_generation_frees_its_slot(how: str, error_logs: Er
         else:
             sock = open_request(gated.server.port, "/v1/completions", body)
             wait_until(lambda: ctx.ledger.open_requests == 1, "the request to be in the engine")
-            assert health(gated)["engine_requests"]["server"]["parked"] == 2
+            assert server_slots(gated)["parked"] == 2
             leave(sock, how)
         wait_until(lambda: client_at(gated, "generation") == 1, "a client gone during generation to be counted")
         assert ctx.ledger.counters()["aborted"] == 1
         eng.resume()
         wait_until(lambda: len(eng.cancelled) == 2, "both choices to be cancelled in the engine")
-        slots = health(gated)["engine_requests"]["server"]
+        slots = server_slots(gated)
         assert slots == {"queued": 0, "running": 0, "parked": 0}, slots  # the slots came back
         assert ctx.budget.held == 0
         no_server_error(gated, error_logs)
@@ -195,7 +202,7 @@ def test_a_client_gone_mid_stream_is_a_client_outcome(how: str, error_logs: Erro
         wait_until(lambda: client_at(gated, "stream") == 1, "a client gone mid-stream to be counted")
         eng.resume()
         wait_until(lambda: len(eng.cancelled) == 1, "the stream's request to be cancelled in the engine")
-        assert health(gated)["engine_requests"]["server"] == {"queued": 0, "running": 0, "parked": 0}
+        assert server_slots(gated) == {"queued": 0, "running": 0, "parked": 0}
         assert ctx.ledger.counters()["aborted"] == 1 and ctx.budget.held == 0
         no_server_error(gated, error_logs)
     finally:

@@ -6,6 +6,7 @@ weight version and the step rate are there, with the serving rank; counters only
 
 from __future__ import annotations
 
+import socket
 import threading
 from typing import Any
 
@@ -51,6 +52,7 @@ def test_metrics_parse_under_load_with_a_lifecycle_running() -> None:
     lc.start()
     url = gated.server_base_urls()[0]
     root = url.removesuffix("/v1")
+    port = gated.server.port
     stop = threading.Event()
     scrapes: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -62,6 +64,12 @@ def test_metrics_parse_under_load_with_a_lifecycle_running() -> None:
                 k += 1
                 if k % 5 == 0:  # a bad request now and then
                     h.post(url + "/completions", json={"prompt": "1>", "max_tokens": 0})
+                elif k % 7 == 0:  # a client gone mid-upload: half a body, then the connection closed
+                    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                        sock.sendall(
+                            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b'Content-Length: 40\r\n\r\n{"prompt":'
+                        )
                 elif k % 3 == 0:  # a stream, read whole or left after its first line
                     with h.stream(
                         "POST", url + "/completions", json={"prompt": "12>", "max_tokens": 6, "stream": True}
@@ -107,7 +115,9 @@ def test_metrics_parse_under_load_with_a_lifecycle_running() -> None:
         for outcome in ("answered", "bad_request", "client_gone", "error"):
             got = value(final, "colo_fsm_http_requests", "colo_fsm_http_requests_total", outcome=outcome)
             assert got == h["responses"][outcome], (outcome, got, h["responses"])
-        assert h["responses"]["error"] == 0 and h["responses"]["bad_request"] > 0
+        assert h["responses"]["error"] == 0 and h["responses"]["bad_request"] > 0 and h["responses"]["client_gone"] > 0
+        gone = value(final, "colo_fsm_http_client_outcomes", "colo_fsm_http_client_outcomes_total", stage="upload")
+        assert gone == h["responses"]["client_by_stage"]["upload"] > 0
         ranks = {s.labels.get("rank") for fam in final.values() for s in fam.samples if fam.name.startswith("colo_fsm")}
         assert ranks == {"0"}, ranks  # every series names the serving rank
         # the lifecycle, from its trace
