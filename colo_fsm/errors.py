@@ -404,7 +404,7 @@ class UnsupportedMediaType(BadRequest):
         super().__init__("content-type", f"expected application/json, got {got}")
 
 
-class UploadTimeout(BadRequest):
+class UploadTimeout(BadRequest, TimeoutError):
     """A request body that did not arrive whole within the server's ``upload_timeout_s`` (HTTP 408, the
     connection closed): a stalled or too-slow upload."""
 
