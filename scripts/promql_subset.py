@@ -4,7 +4,8 @@
 Prometheus can be drawn here from ``/metrics`` scrapes (``scripts/render_server_dashboard.py``):
 
 * a selector ``name{label="v", label=~"re", label!="v"}``, with a range ``[30s]`` / ``[1m]`` under ``rate``;
-* ``rate(selector[window])`` (per-second increase of a counter, counter resets handled);
+* ``rate(selector[window])`` (per-second increase of a counter, counter resets handled) and
+  ``avg_over_time(selector[window])`` (a gauge's mean over the window);
 * ``sum(expr)`` and ``sum by (labels) (expr)``; ``max(expr)``;
 * ``histogram_quantile(q, expr)`` over ``_bucket`` series (Prometheus' linear interpolation within a bucket);
 * ``a / b`` between two expressions whose series have the same labels;
@@ -131,13 +132,13 @@ class _Parser:
                 self.take("by")
                 by = self.labels()
             return Node(name, by=by, args=(inner,))
-        if name == "rate":
+        if name in ("rate", "avg_over_time"):
             self.take("(")
             sel = self.selector(self.take(kind="name"))
             self.take(")")
             if not sel.window_s:
-                raise PromQLError(f"rate() needs a range selector in {self.text!r}")
-            return Node("rate", name=sel.name, matchers=sel.matchers, window_s=sel.window_s)
+                raise PromQLError(f"{name}() needs a range selector in {self.text!r}")
+            return Node(name, name=sel.name, matchers=sel.matchers, window_s=sel.window_s)
         if name == "histogram_quantile":
             self.take("(")
             q = float(self.take(kind="num"))
@@ -174,7 +175,7 @@ def parse(query: str) -> Node:
 
 def metric_names(node: Node) -> set[str]:
     """The sample names a query reads."""
-    out = {node.name} if node.kind in ("selector", "rate") else set()
+    out = {node.name} if node.kind in ("selector", "rate", "avg_over_time") else set()
     for a in node.args:
         out |= metric_names(a)
     return out
@@ -217,6 +218,15 @@ def _rate(scrapes: Sequence[Scrape], at: int, node: Node) -> Vector:
             increase += b - a if b >= a else b  # a counter reset: it counted b since
         out[labels] = increase / (pts[-1][0] - pts[0][0])
     return out
+
+
+def _avg_over_time(scrapes: Sequence[Scrape], at: int, node: Node) -> Vector:
+    points: dict[Labels, list[float]] = {}
+    for s in scrapes[: at + 1]:
+        if s["t"] >= scrapes[at]["t"] - node.window_s:
+            for labels, v in _select(s, node.name, node.matchers).items():
+                points.setdefault(labels, []).append(v)
+    return {labels: sum(vs) / len(vs) for labels, vs in points.items()}
 
 
 def _aggregate(vec: Vector, by: tuple[str, ...] | None, fn: Callable[[list[float]], float]) -> Vector:
@@ -265,6 +275,8 @@ def evaluate(node: Node, scrapes: Sequence[Scrape], at: int) -> Vector:
         return _select(scrapes[at], node.name, node.matchers)
     if node.kind == "rate":
         return _rate(scrapes, at, node)
+    if node.kind == "avg_over_time":
+        return _avg_over_time(scrapes, at, node)
     if node.kind == "sum":
         return _aggregate(evaluate(node.args[0], scrapes, at), node.by, sum)
     if node.kind == "max":

@@ -93,7 +93,18 @@ def render(dashboard: dict[str, Any], series: dict[str, Any], out: Path, rate_wi
             if kind == "quiet":
                 ax.axvspan(a - t0, b - t0, color="0.9", zorder=0)
         stacked = p.get("fieldConfig", {}).get("defaults", {}).get("custom", {}).get("stacking", {}).get("mode")
-        names = sorted(data)
+        names = sorted(n for n in data if any(not math.isnan(v) for v in data[n]))
+        if not names:
+            ax.text(
+                0.5,
+                0.5,
+                "no data in this run",
+                ha="center",
+                va="center",
+                fontsize=11,
+                color="0.5",
+                transform=ax.transAxes,
+            )
         if stacked == "normal" and names:
             ys = [[0.0 if math.isnan(v) else v for v in data[n]] for n in names]
             ax.stackplot(xs, ys, labels=names, alpha=0.7)

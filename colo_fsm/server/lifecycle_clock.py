@@ -87,6 +87,8 @@ class LifecycleClock:
             for _ in range(max(0, int(record.step) - self._step)):
                 self._steps_at.append(float(record.t_end))
             self._step = max(self._step, int(record.step))
+            while self._steps_at and self._steps_at[0] < record.t_end - self._window:  # bounded without readers
+                self._steps_at.popleft()
 
     def read(self) -> LifecycleReading:
         """The state now, seconds in each state (the current one up to now), steps, rate and weight version."""
