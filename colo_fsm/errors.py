@@ -404,13 +404,29 @@ class UnsupportedMediaType(BadRequest):
         super().__init__("content-type", f"expected application/json, got {got}")
 
 
+class UploadTimeout(BadRequest, TimeoutError):
+    """A request body that did not arrive whole within the server's ``upload_timeout_s`` (HTTP 408, the
+    connection closed): a stalled or too-slow upload."""
+
+    status = 408
+
+    def __init__(self, received: int, timeout_s: float) -> None:
+        self.received = received
+        self.timeout_s = timeout_s
+        super().__init__(
+            "body", f"not received whole within upload_timeout_s={timeout_s:g} s ({received} bytes arrived)"
+        )
+
+
 class ServerBusy(ColoFsmError):
     """The server's bound on HTTP work stayed full for the whole wait, or too many requests wait already
-    (HTTP 429 with Retry-After); names the bound and the numbers."""
+    (HTTP 429 with Retry-After); names the bound and the numbers. ``retry_after_s`` is the server's estimate
+    of when the request would fit, from the observed drain rate of its token budget."""
 
-    def __init__(self, bound: str, message: str, waited_s: float = 0.0) -> None:
+    def __init__(self, bound: str, message: str, waited_s: float = 0.0, retry_after_s: int | None = None) -> None:
         self.bound = bound
         self.waited_s = waited_s
+        self.retry_after_s = retry_after_s
         super().__init__(f"{message} ({bound}); retry later")
 
 
@@ -463,7 +479,16 @@ class ServerStopping(ColoFsmError):
 
 
 class ClientGone(ColoFsmError):
-    """The client disconnected; its request was cancelled in the engine."""
+    """The client disconnected (closed, reset or timed out on its side); its request was cancelled in the engine.
+
+    ``stage`` says where the exchange was: ``"upload"`` (its body was being read), ``"queue"`` (waiting for the
+    token budget or for a suspended engine), ``"generation"`` (a non-streamed request in the engine) or
+    ``"stream"`` (a streamed answer being sent). A client outcome, never a server error.
+    """
+
+    def __init__(self, stage: str = "generation", detail: str = "client disconnected") -> None:
+        self.stage = stage
+        super().__init__(f"{detail} during {stage}")
 
 
 class RanksDidNotStop(ColoFsmError):
@@ -515,6 +540,7 @@ __all__ = [
     "TraceFileError",
     "UnsupportedEngine",
     "UnsupportedMediaType",
+    "UploadTimeout",
     "UsageError",
     "WaitTimeout",
 ]

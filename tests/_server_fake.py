@@ -122,6 +122,12 @@ class FakeEngine:
             n = len(self._active)
         return {"queued": 0, "running": n if self.awake else 0, "parked": 0 if self.awake else n}
 
+    def request_counts_nowait(self, priority: int | None = None) -> tuple[int, int, int]:
+        """(queued, running, parked), of ``priority`` when given, read without the loop's lock."""
+        active = [r for r in list(self._active) if priority is None or r.priority == int(priority)]
+        n = len(active)
+        return (0, n if self.awake else 0, 0 if self.awake else n)
+
     # request level
     def submit(
         self,

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,6 +128,21 @@ def _serve_across_steps(tmp_path: Path, world: int, nemo_gym: bool = False) -> N
         # training went on while the group served (the requests above ran across handoffs)
         later = ranks.wait_file("steps.json", lambda s: s >= first + 3)
         assert later >= first + 3
+        # every serving rank has its own /metrics, each series labelled with that rank (replica i: rank 2i)
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for i, url in enumerate(urls):
+            text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=60).text
+            fams = {f.name: f for f in text_string_to_metric_families(text)}
+            labels = {s.labels.get("rank") for f in fams.values() for s in f.samples if f.name.startswith("colo_fsm")}
+            assert labels == {str(2 * i)}, (url, labels)
+            assert fams["colo_fsm_train_steps"].samples[0].value >= first
+            answered = [
+                s
+                for s in fams["colo_fsm_http_requests"].samples
+                if s.name == "colo_fsm_http_requests_total" and s.labels["outcome"] == "answered"
+            ]
+            assert sum(s.value for s in answered) >= 4
         # a stream still open when the run stops: the stop must not wait for the lockstep
         c = openai.OpenAI(base_url=urls[0], api_key="x", max_retries=0, timeout=120)
         stream = c.completions.create(model="tp", prompt="9", max_tokens=50, stream=True, temperature=1.0)

@@ -348,10 +348,8 @@ def _run_rank(
     )
     lc_ref["lc"] = lc
     if cfg.serve:
-        from colo_fsm.server.server import admit_while_serving
-
-        served.attach_status(lc.status)
-        served.attach_admit(admit_while_serving(lc))  # spec: resting states with the engine awake
+        # /health's status, admission in the spec's resting states with the engine awake, /metrics' lifecycle series
+        served.attach_lifecycle(lc)
     timer = StateTimer(lc.spec)  # time in each state per step, one trace record at a time
     lc.trace.subscribe(timer)
     visited: set[str] = set()  # states entered during the current step: what the machine did, not a re-derivation

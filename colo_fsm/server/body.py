@@ -1,16 +1,19 @@
 """Reading a request body: JSON only under a JSON content type (415 otherwise), at most ``max_body_bytes`` (413,
-refused from ``Content-Length`` before reading, or as soon as the bytes read pass the limit), then parsed with
-every parser failure a 400 naming ``body`` (invalid UTF-8 or JSON, integers over Python's digit limit, nesting
-deeper than :data:`~colo_fsm.server.settings.MAX_JSON_DEPTH`)."""
+refused from ``Content-Length`` before reading, or as soon as the bytes read pass the limit), whole within
+``upload_timeout_s`` (408 for a stalled or too-slow upload), then parsed with every parser failure a 400 naming
+``body`` (invalid UTF-8 or JSON, integers over Python's digit limit, nesting deeper than
+:data:`~colo_fsm.server.settings.MAX_JSON_DEPTH`). A client that goes away while its body is read is a client
+outcome (:class:`~colo_fsm.errors.ClientGone` at stage ``upload``), never a server error."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from colo_fsm.errors import PayloadTooLarge, UnsupportedMediaType
+from colo_fsm.errors import ClientGone, PayloadTooLarge, UnsupportedMediaType, UploadTimeout
 from colo_fsm.server.params import BadRequest
 from colo_fsm.server.settings import MAX_JSON_DEPTH
 
@@ -22,9 +25,10 @@ def check_content_type(value: str | None) -> None:
         raise UnsupportedMediaType(value)
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
+async def read_limited(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
     """The raw body, at most ``limit`` bytes: 413 from ``Content-Length`` before anything is read, else as soon as
-    the chunks received pass ``limit`` (the rest is never read)."""
+    the chunks received pass ``limit`` (the rest is never read); 408 (:class:`UploadTimeout`) when it has not
+    arrived whole within ``timeout_s``; :class:`ClientGone` (stage ``upload``) when the client goes away."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -35,11 +39,17 @@ async def read_limited(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(size, limit)
     chunks: list[bytes] = []
     total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise PayloadTooLarge(total, limit)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > limit:
+                    raise PayloadTooLarge(total, limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise UploadTimeout(total, float(timeout_s or 0.0)) from None
+    except ClientDisconnect:
+        raise ClientGone("upload", f"client disconnected after {total} bytes of its body") from None
     return b"".join(chunks)
 
 
@@ -80,10 +90,10 @@ def check_depth(value: Any, limit: int) -> None:
         stack.extend((x, depth + 1) for x in items if isinstance(x, dict | list))
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The request's JSON value: content type checked, size bounded, parsed (see the module)."""
+async def read_json(request: Request, limit: int, timeout_s: float | None = None) -> Any:
+    """The request's JSON value: content type checked, size and upload time bounded, parsed (see the module)."""
     check_content_type(request.headers.get("content-type"))
-    return parse_json(await read_limited(request, limit))
+    return parse_json(await read_limited(request, limit, timeout_s))
 
 
 __all__ = ["check_content_type", "check_depth", "parse_json", "read_json", "read_limited"]

@@ -1,5 +1,7 @@
-"""What every route of one server shares: the engine, tokenizer, gate and settings, and the steps of a request
-(read the body, encode the prompt, check it fits, run it on the engine behind the gate)."""
+"""What every route of one server shares: the engine, tokenizer, gate, settings, counters and metrics, and the steps
+of a request (read the body, encode the prompt, check it fits, take its tokens of the budget, run it on the engine
+behind the gate), each counted in its :class:`~colo_fsm.server.client.Stage` and watched for a client that goes
+away."""
 
 from __future__ import annotations
 
@@ -12,12 +14,17 @@ import anyio.to_thread
 from starlette.requests import Request
 
 from colo_fsm.adapters.protocols import Completion, TextGenerator
-from colo_fsm.errors import ConfigError, ServerBusy, ServerUnavailable
+from colo_fsm.errors import ConfigError, ServerBusy
 from colo_fsm.log import get_logger
-from colo_fsm.server.admission import TokenBudget, check_request_size
+from colo_fsm.server.admission import check_request_size
 from colo_fsm.server.body import read_json
+from colo_fsm.server.budget import TokenBudget
+from colo_fsm.server.client import ClientWatch, Stage, StageCounts
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.server.ledger import LedgerEntry, RequestLedger
+from colo_fsm.server.lifecycle_clock import LifecycleClock
+from colo_fsm.server.metrics import ServerMetrics
+from colo_fsm.server.outcomes import Outcomes
 from colo_fsm.server.params import MAX_TOP_LOGPROBS, BadRequest, Body, Sampling, short
 from colo_fsm.server.runner import ChoiceResult, ClientGone, RequestRun, ServerStopping
 from colo_fsm.server.settings import ServerSettings
@@ -39,7 +46,9 @@ def engine_logprobs_mode(engine: Any) -> str | None:
 
 
 class ServerContext:
-    """One server's engine (``submit()``, or a plain ``TextGenerator``), tokenizer, gate, settings and counters."""
+    """One server's engine (``submit()``, or a plain ``TextGenerator``), tokenizer, gate, settings, counters and
+    metrics. ``rank`` labels its metrics and logs; ``lifecycle`` (a trace subscriber) feeds the lifecycle's
+    series."""
 
     def __init__(
         self,
@@ -55,6 +64,8 @@ class ServerContext:
         tokenizer: Any,
         settings: ServerSettings,
         stopping: Callable[[], bool] | None,
+        rank: int = 0,
+        lifecycle: LifecycleClock | None = None,
     ) -> None:
         self.generator = generator
         self.gate = gate
@@ -73,24 +84,34 @@ class ServerContext:
         self.logprobs_mode = engine_logprobs_mode(self.engine)
         self.agenerate = getattr(generator, "agenerate", None)
         self.use_async = inspect.iscoroutinefunction(self.agenerate)
-        self.served = {
-            "completions": 0,
-            "chat": 0,
-            "responses": 0,
-            "unavailable": 0,
-            "busy": 0,
-            "bad_request": 0,
-            "errors": 0,
-        }
+        self.rank = int(rank)
+        self.lifecycle = lifecycle
+        self.metrics = ServerMetrics(self.rank)
+        self.outcomes = Outcomes(self.metrics.request_ended)
+        self.stages = StageCounts()
         self.max_request_tokens, self.max_inflight_tokens = settings.token_limits(self.engine)
-        self.budget = TokenBudget(self.max_inflight_tokens, settings.max_waiting_requests)
+        self.budget = TokenBudget(
+            self.max_inflight_tokens,
+            settings.max_waiting_requests,
+            fair_window_s=settings.fair_window_s,
+            retry_after_s=retry_after_s,
+            max_retry_after_s=settings.max_retry_after_s,
+        )
         self.ledger = RequestLedger()
         self.active = 0  # requests handed to the engine and not answered yet (shutdown waits for them)
+        gate.on_handoff(self.metrics.handoff_ended)
 
     # ------------------------------------------------------------------ state
     def stopping(self) -> bool:
         """Whether a teardown began (the gate retired or the ``stopping`` source says so)."""
         return self.gate.retired or bool(self.stopping_source and self.stopping_source())
+
+    def where(self) -> str:
+        """``rank R, state S, weight version V`` for log lines (read without waiting on anything)."""
+        version = None
+        if self.lifecycle is not None:
+            version = self.lifecycle.read().weight_version
+        return f"rank {self.rank}, state {self.gate.state()}, weight version {version}"
 
     # ------------------------------------------------------------------ prompts
     def need_engine(self, param: str, what: str) -> None:
@@ -152,21 +173,22 @@ class ServerContext:
         lengths = [self.count_tokens(t) if self.count_tokens else 0 for t in texts]
         return check_request_size(lengths, s, self.max_request_tokens, prompt_param)
 
-    async def hold_tokens(self, cost: int) -> Ticket:
-        """Take ``cost`` tokens of the server's :class:`TokenBudget` (waiting up to ``request_timeout_s``).
+    async def hold_tokens(self, cost: int, watch: ClientWatch | None = None) -> Ticket:
+        """Take ``cost`` tokens of the server's :class:`~colo_fsm.server.budget.TokenBudget` (waiting up to
+        ``request_timeout_s``; :class:`ClientGone` at stage ``queue`` if ``watch`` sees the client leave first).
 
-        A wait that ends while the server stops is a 503 "shutting down", while the engine is suspended a 503
-        with Retry-After, otherwise a 429 with Retry-After."""
+        A wait that ends is a 429 with ``Retry-After`` from the budget's drain rate, whatever the engine is doing
+        (a wait at a suspended engine's gate is the 503); while the server stops, a 503 "shutting down"."""
         t0 = time.monotonic()
-        try:
-            await self.budget.acquire(cost, self.request_timeout_s)
-        except ServerBusy:
-            if self.stopping():
-                raise ServerStopping("shutting down") from None
-            if not self.gate.admissible():
-                raise ServerUnavailable(time.monotonic() - t0, self.gate.state()) from None
-            raise
-        return Ticket(self.budget, cost, max(0.0, self.request_timeout_s - (time.monotonic() - t0)))
+        with self.stages.inside(Stage.QUEUE):
+            acquire = self.budget.acquire(cost, self.request_timeout_s)
+            try:
+                await (watch.race(acquire, Stage.QUEUE) if watch is not None else acquire)
+            except ServerBusy:
+                if self.stopping():
+                    raise ServerStopping("shutting down") from None
+                raise
+        return Ticket(self.budget, cost, max(0.0, self.request_timeout_s - (time.monotonic() - t0)), t0)
 
     def policy(self, s: Sampling) -> None:
         """The on-policy guard, when configured."""
@@ -183,8 +205,19 @@ class ServerContext:
             raise BadRequest("messages", f"the chat template cannot render them: {short(str(exc), 120)}") from None
 
     async def read(self, request: Request) -> Body:
-        """The request body as a JSON object being read (415, 413 and 400 as :mod:`~colo_fsm.server.body` says)."""
-        return Body(await read_json(request, self.cfg.max_body_bytes))
+        """The request body as a JSON object being read (415, 413, 408 and 400 as :mod:`~colo_fsm.server.body`
+        says; :class:`ClientGone` at stage ``upload`` when the client leaves)."""
+        with self.stages.inside(Stage.UPLOAD):
+            return Body(await read_json(request, self.cfg.max_body_bytes, self.cfg.upload_timeout_s))
+
+    async def hand_over(self, run: RequestRun, watch: ClientWatch, ticket: Ticket, *, events: bool = False) -> Any:
+        """Wait for the gate and hand ``run`` to the engine, in stage ``queue`` (:class:`ClientGone` if the client
+        leaves first); with ``events`` it returns the run's event stream (``run.events()``). The queue wait, from
+        the body read to the hand-over, is observed."""
+        with self.stages.inside(Stage.QUEUE):
+            out = await watch.race(run.events() if events else run.start(), Stage.QUEUE)
+        self.metrics.queue_waited(time.monotonic() - ticket.since)
+        return out
 
     # ------------------------------------------------------------------ running
     def new_run(self, prompts: Sequence[Sequence[int]], s: Sampling, timeout_s: float | None = None) -> RequestRun:
@@ -201,22 +234,35 @@ class ServerContext:
         )
 
     async def run(self, request: Request, prompts: list[list[int]], s: Sampling, cost: int) -> list[ChoiceResult]:
-        """Run a non-streamed request to the end, holding ``cost`` tokens of the budget (cancelled in the engine
-        if the client goes away)."""
+        """Run a non-streamed request to the end, holding ``cost`` tokens of the budget until the engine is done
+        with it; a client that goes away (queued or in the engine) has it cancelled there (:class:`ClientGone`)."""
         if self.stopping():
             raise ServerStopping("shutting down")
-        ticket = await self.hold_tokens(cost)
+        watch = ClientWatch(request.receive).start()
+        try:
+            ticket = await self.hold_tokens(cost, watch)
+            try:
+                return await self._run_holding(prompts, s, watch, ticket)
+            finally:
+                ticket.release()
+        finally:
+            await watch.stop()
+
+    async def _run_holding(
+        self, prompts: list[list[int]], s: Sampling, watch: ClientWatch, ticket: Ticket
+    ) -> list[ChoiceResult]:
         run = self.new_run(prompts, s, ticket.time_left_s)
         self.active += 1
         entry: LedgerEntry | None = None
         try:
-            await run.start()
+            await self.hand_over(run, watch, ticket)
             entry = self.ledger.open()
-            out = await run.wait(request.is_disconnected)
+            with self.stages.inside(Stage.GENERATION):
+                out = await run.wait(watch.gone)
             entry.end("answered")
             return out
         except ClientGone:
-            log.info("client disconnected: %d choice(s) cancelled in the engine", len(run.choices))
+            log.debug("client gone: %d choice(s) cancelled in the engine (%s)", len(run.choices), self.where())
             if entry is not None:
                 entry.end("aborted")
             raise
@@ -224,7 +270,6 @@ class ServerContext:
             if entry is not None:
                 entry.end_once("failed")
             self.active -= 1
-            ticket.release()
 
     async def legacy(self, prompts: list[str], s: Sampling, cost: int) -> list[ChoiceResult]:
         """A TextGenerator without submit(): text in, text out, holding ``cost`` tokens and the gate for the
@@ -243,8 +288,9 @@ class ServerContext:
         expanded = [p for p in prompts for _ in range(s.n)]
         ticket = await self.hold_tokens(cost)
         try:
-            async with self.gate.admit_async(ticket.time_left_s):
-                outs = await self._generate_text(expanded, s)
+            with self.stages.inside(Stage.GENERATION):
+                async with self.gate.admit_async(ticket.time_left_s):
+                    outs = await self._generate_text(expanded, s)
         finally:
             ticket.release()
         outs = list(outs)
@@ -269,13 +315,20 @@ class ServerContext:
 
 
 class Ticket:
-    """Tokens held in a :class:`TokenBudget` by one request; :meth:`release` gives them back once."""
+    """Tokens held in a :class:`TokenBudget` by one request; :meth:`release` gives them back once. ``since``: when
+    the request began to wait for them (``time.monotonic()``)."""
 
-    def __init__(self, budget: TokenBudget, cost: int, time_left_s: float) -> None:
+    def __init__(self, budget: TokenBudget, cost: int, time_left_s: float, since: float) -> None:
         self.budget = budget
         self.cost = cost
         self.time_left_s = time_left_s
+        self.since = since
         self._held = True
+
+    @property
+    def held(self) -> bool:
+        """Whether the tokens are still held."""
+        return self._held
 
     def release(self) -> None:
         """Give the tokens back (a no-op the second time)."""

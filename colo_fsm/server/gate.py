@@ -3,6 +3,8 @@
 ``close_and_drain()`` closes the gate (new requests wait) and returns once every admitted request has
 finished; only then may the engine be suspended. ``open()`` lets waiting requests in again. A request that
 waits longer than its timeout gets :class:`~colo_fsm.errors.ServerUnavailable` (HTTP 503 with Retry-After).
+Every closed period (a handoff: close to reopen) is measured in :attr:`SuspendGate.handoffs`, which the 503's
+``Retry-After`` and the handoff-duration metric read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from colo_fsm.errors import ConfigError, ServerUnavailable, WaitTimeout
 from colo_fsm.log import get_logger
+from colo_fsm.server.retry import HandoffLengths
 
 log = get_logger(__name__)
 
@@ -80,6 +83,13 @@ class SuspendGate:
         self._closing_at: float | None = None
         self._drained_at: float | None = None
         self._retired = False
+        self.handoffs = HandoffLengths()  # the length of every closed period (close_and_drain to open)
+        self._handoff_listeners: list[Callable[[float], None]] = []
+
+    def on_handoff(self, listener: Callable[[float], None]) -> None:
+        """Call ``listener(seconds)`` with the length of every handoff when the gate reopens (e.g. a histogram's
+        ``observe``); a listener that raises is logged and never affects the gate."""
+        self._handoff_listeners.append(listener)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -146,6 +156,13 @@ class SuspendGate:
         for loop, fut in waiters:
             with contextlib.suppress(RuntimeError):  # that loop is closed
                 loop.call_soon_threadsafe(_resolve, fut)
+        length = self.handoffs.ended()
+        if length is not None:
+            for listener in list(self._handoff_listeners):
+                try:
+                    listener(length)
+                except Exception:
+                    log.exception("%s gate: a handoff listener failed", self.name)
         log.debug("%s gate open", self.name)
 
     def close_and_drain(self, timeout: float | None = None) -> float:
@@ -159,6 +176,7 @@ class SuspendGate:
             if self._open or self._closing_at is None:
                 self._closing_at = time.time()
                 self._drained_at = None
+                self.handoffs.began()
             self._open = False
             if not self._cond.wait_for(lambda: self._in_flight == 0, timeout=timeout):
                 raise WaitTimeout(

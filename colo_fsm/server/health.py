@@ -1,5 +1,6 @@
 """``GET /health``: the server's state, from what the server itself holds (the gate, its own counters, the
-lifecycle's lock-free status): it never calls into the engine or waits on a lock the engine loop takes.
+lifecycle's lock-free status, the engine's lock-free request counts): it never waits on a lock the engine loop
+takes.
 
 The status code is what a load balancer or a liveness probe reads:
 
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse
 
 from colo_fsm.server.context import ServerContext
 from colo_fsm.server.formatting import jsonable
+from colo_fsm.server.observe import engine_health
 from colo_fsm.server.params import short
 
 HEALTH_CODES: dict[str, int] = {"ok": 200, "handoff": 200, "stopping": 503, "stopped": 503, "failed": 503}
@@ -54,10 +56,16 @@ def add_health(app: FastAPI, ctx: ServerContext) -> None:
             "gate": ctx.gate.state(),
             **ctx.gate.counters(),
             "http_requests_active": ctx.active,
+            "stages": ctx.stages.now(),
             "requests": ctx.ledger.counters(),
+            "engine_requests": engine_health(ctx),
             "tokens": ctx.budget.counters(),
             "max_request_tokens": ctx.max_request_tokens,
-            "responses": dict(ctx.served),
+            "responses": ctx.outcomes.counts(),
+            "handoffs": {
+                "count": ctx.gate.handoffs.count,
+                "recent_s": [round(x, 3) for x in ctx.gate.handoffs.recent()],
+            },
             "inflight_policy": ctx.cfg.inflight_policy,
             "logprobs_mode": ctx.logprobs_mode,
         }

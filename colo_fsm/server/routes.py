@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from colo_fsm.server.context import ServerContext
 from colo_fsm.server.formatting import TokenText, usage, versions
@@ -89,9 +90,8 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
             prompts, _ = ctx.prompt_list(raw_prompt)
             cost = ctx.check_fit(prompts, s, "prompt")
             if s.stream:
-                return await start_stream(ctx, prompts, s, "completions", model, cost)
+                return await start_stream(ctx, request, prompts, s, "completions", model, cost)
             outs = await ctx.run(request, prompts, s, cost)
-        ctx.served["completions"] += 1
 
         def logprobs(o: ChoiceResult) -> dict[str, Any] | None:
             if not s.logprobs:
@@ -99,27 +99,29 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
             offsets = text_of.offsets(o.token_ids, o.text)
             return text_of.completion_logprobs(o.token_ids, o.logprobs, o.top_logprobs, s, offsets)
 
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [
-                {
-                    "index": o.index,
-                    "text": o.text,
-                    "logprobs": logprobs(o),
-                    "finish_reason": o.finish_reason,
-                    "stop_reason": o.stop_reason,
-                    "prompt_token_ids": list(o.prompt_ids) if prompts is not None else None,
-                    "token_ids": list(o.token_ids),
-                    "weight_versions": list(o.weight_versions),
-                }
-                for o in outs
-            ],
-            "usage": usage(prompts, outs, texts, ctx.count_tokens),
-            "weight_version": versions(outs),
-        }
+        return JSONResponse(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [
+                    {
+                        "index": o.index,
+                        "text": o.text,
+                        "logprobs": logprobs(o),
+                        "finish_reason": o.finish_reason,
+                        "stop_reason": o.stop_reason,
+                        "prompt_token_ids": list(o.prompt_ids) if prompts is not None else None,
+                        "token_ids": list(o.token_ids),
+                        "weight_versions": list(o.weight_versions),
+                    }
+                    for o in outs
+                ],
+                "usage": usage(prompts, outs, texts, ctx.count_tokens),
+                "weight_version": versions(outs),
+            }
+        )
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Any:
@@ -137,30 +139,31 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
             prompts = [ctx.encode(prompt, "messages")]
             cost = ctx.check_fit(prompts, s, "messages")
             if s.stream:
-                return await start_stream(ctx, prompts, s, "chat", model, cost)
+                return await start_stream(ctx, request, prompts, s, "chat", model, cost)
             outs = await ctx.run(request, prompts, s, cost)
-        ctx.served["chat"] += 1
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "prompt_token_ids": list(prompts[0]) if prompts is not None else None,
-            "choices": [
-                {
-                    "index": o.index,
-                    "message": {"role": "assistant", "content": o.text, "tool_calls": []},
-                    "finish_reason": o.finish_reason,
-                    "stop_reason": o.stop_reason,
-                    "logprobs": text_of.chat_logprobs(o.token_ids, o.logprobs, s, o.top_logprobs),
-                    "token_ids": list(o.token_ids),
-                    "weight_versions": list(o.weight_versions),
-                }
-                for o in outs
-            ],
-            "usage": usage(prompts, outs, [prompt] if prompts is None else [], ctx.count_tokens),
-            "weight_version": versions(outs),
-        }
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "prompt_token_ids": list(prompts[0]) if prompts is not None else None,
+                "choices": [
+                    {
+                        "index": o.index,
+                        "message": {"role": "assistant", "content": o.text, "tool_calls": []},
+                        "finish_reason": o.finish_reason,
+                        "stop_reason": o.stop_reason,
+                        "logprobs": text_of.chat_logprobs(o.token_ids, o.logprobs, s, o.top_logprobs),
+                        "token_ids": list(o.token_ids),
+                        "weight_versions": list(o.weight_versions),
+                    }
+                    for o in outs
+                ],
+                "usage": usage(prompts, outs, [prompt] if prompts is None else [], ctx.count_tokens),
+                "weight_version": versions(outs),
+            }
+        )
 
     @app.post("/v1/responses", response_model=None)
     async def responses(request: Request) -> Any:
@@ -207,44 +210,45 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
             outs = await ctx.run(request, prompts, s, cost)
             prompt_len = len(prompts[0])
         o = outs[0]
-        ctx.served["responses"] += 1
         incomplete = o.finish_reason == "length"
-        return {
-            "id": f"resp_{uuid.uuid4().hex[:24]}",
-            "object": "response",
-            "created_at": int(time.time()),
-            "model": model,
-            "status": "incomplete" if incomplete else "completed",
-            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "error": None,
-            "instructions": instructions,
-            "output": [
-                {
-                    "type": "message",
-                    "id": f"msg_{uuid.uuid4().hex[:24]}",
-                    "role": "assistant",
-                    "status": "incomplete" if incomplete else "completed",
-                    "content": [{"type": "output_text", "text": o.text, "annotations": []}],
-                }
-            ],
-            "parallel_tool_calls": False,
-            "tool_choice": "none",
-            "tools": [],
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "max_output_tokens": s.max_tokens,
-            "usage": {
-                "input_tokens": prompt_len,
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": len(o.token_ids),
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": prompt_len + len(o.token_ids),
-            },
-            "prompt_token_ids": list(o.prompt_ids),
-            "token_ids": list(o.token_ids),
-            "logprobs": list(o.logprobs),
-            "weight_versions": list(o.weight_versions),
-        }
+        return JSONResponse(
+            {
+                "id": f"resp_{uuid.uuid4().hex[:24]}",
+                "object": "response",
+                "created_at": int(time.time()),
+                "model": model,
+                "status": "incomplete" if incomplete else "completed",
+                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+                "error": None,
+                "instructions": instructions,
+                "output": [
+                    {
+                        "type": "message",
+                        "id": f"msg_{uuid.uuid4().hex[:24]}",
+                        "role": "assistant",
+                        "status": "incomplete" if incomplete else "completed",
+                        "content": [{"type": "output_text", "text": o.text, "annotations": []}],
+                    }
+                ],
+                "parallel_tool_calls": False,
+                "tool_choice": "none",
+                "tools": [],
+                "temperature": s.temperature,
+                "top_p": s.top_p,
+                "max_output_tokens": s.max_tokens,
+                "usage": {
+                    "input_tokens": prompt_len,
+                    "input_tokens_details": {"cached_tokens": 0},
+                    "output_tokens": len(o.token_ids),
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": prompt_len + len(o.token_ids),
+                },
+                "prompt_token_ids": list(o.prompt_ids),
+                "token_ids": list(o.token_ids),
+                "logprobs": list(o.logprobs),
+                "weight_versions": list(o.weight_versions),
+            }
+        )
 
     async def tokenize(request: Request) -> dict[str, Any]:
         body = await ctx.read(request)

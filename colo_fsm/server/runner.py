@@ -186,19 +186,22 @@ class RequestRun:
         """Leave the gate (drain mode holds it until the request finished)."""
         await self._stack.aclose()
 
-    async def wait(self, disconnected: Callable[[], Any] | None = None, poll_s: float = 0.05) -> list[ChoiceResult]:
-        """Every choice's result; cancels them all in the engine when ``disconnected()`` turns true."""
+    async def wait(self, gone: asyncio.Event | None = None) -> list[ChoiceResult]:
+        """Every choice's result; when ``gone`` is set first (the client went away) every choice is cancelled in the
+        engine and :class:`ClientGone` (stage ``generation``) is raised."""
         futs = [_bridge(c.handle.future) for c in self.choices]
         gathered = asyncio.gather(*futs, return_exceptions=True)
         try:
-            while True:
-                done, _ = await asyncio.wait({gathered}, timeout=poll_s)
-                if done:
-                    break
-                if disconnected is not None and await disconnected():
-                    self.cancel()
-                    raise ClientGone("client disconnected")
-            outs = gathered.result()
+            if gone is not None:
+                left: asyncio.Future[Any] = asyncio.ensure_future(gone.wait())
+                try:
+                    await asyncio.wait([gathered, left], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    left.cancel()
+                if not gathered.done():
+                    self.cancel()  # the engine answers every choice "abort"; the gathered results go unread
+                    raise ClientGone("generation", f"client disconnected; {len(self.choices)} choice(s) cancelled")
+            outs = await gathered
         finally:
             self.cancel_unfinished()
             await self.release()

@@ -26,6 +26,7 @@ from colo_fsm.errors import ConfigError, EngineRebuild, WaitTimeout
 from colo_fsm.log import get_logger
 from colo_fsm.server.app import ChatTemplate, ServerSettings, create_app, default_chat_template
 from colo_fsm.server.gate import SuspendGate
+from colo_fsm.server.lifecycle_clock import LifecycleClock
 from colo_fsm.server.topology import ServingRole, check_serving_layout, gather_roles, serving_role
 from colo_fsm.states.spec import LIFECYCLE, EngineCondition, LifecycleSpec
 
@@ -38,7 +39,8 @@ class OpenAIServer:
     """One OpenAI-compatible HTTP server (per data-parallel rank) over a generator, behind a suspend gate.
 
     ``port=0`` picks a free port. The socket is bound before :meth:`start` returns, so :attr:`base_url` is
-    usable at once. Binds ``127.0.0.1`` unless ``host`` says otherwise.
+    usable at once. Binds ``127.0.0.1`` unless ``host`` says otherwise. ``rank`` labels its ``/metrics``;
+    ``lifecycle`` feeds their lifecycle series (see :func:`~colo_fsm.server.app.create_app`).
     """
 
     def __init__(
@@ -57,6 +59,8 @@ class OpenAIServer:
         tokenizer: Any = None,
         settings: ServerSettings | None = None,
         stopping: Callable[[], bool] | None = None,
+        rank: int = 0,
+        lifecycle: LifecycleClock | None = None,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ConfigError("host", host, "an interface address such as 127.0.0.1")
@@ -75,6 +79,8 @@ class OpenAIServer:
             tokenizer=tokenizer,
             settings=settings,
             stopping=stopping,
+            rank=rank,
+            lifecycle=lifecycle,
         )
         self.host = host
         self._port = port
@@ -275,6 +281,7 @@ class GatedEngine:
         self.stopped = False
         self.suspend_drain_s: list[float] = []
         self.events: list[str] = []  # "suspend" / "resume" / "shutdown", in order (tests and traces)
+        self.lifecycle_clock = LifecycleClock()  # the lifecycle's state, time per state, steps: for /metrics
 
     def attach_status(self, status: Callable[[], Any]) -> None:
         """Set the status source of ``/health`` and 503 messages (e.g. ``lifecycle.status``) after construction."""
@@ -283,6 +290,20 @@ class GatedEngine:
     def attach_admit(self, admit: Callable[[], bool]) -> None:
         """Set the admission predicate after construction (the lifecycle is usually built after the engine)."""
         self.gate._admit = admit
+
+    def attach_lifecycle(self, lifecycle: Any, spec: LifecycleSpec | None = None) -> None:
+        """Serve under ``lifecycle`` (a :class:`~colo_fsm.Lifecycle`): its ``status`` feeds ``/health``, requests
+        are admitted only in its serving states (:func:`admit_while_serving`), and its trace feeds the lifecycle
+        series of ``/metrics`` (state, time in each state, training steps and their rate, weight version)."""
+        self.attach_status(lifecycle.status)
+        self.attach_admit(admit_while_serving(lifecycle, spec))
+        the_spec = spec or getattr(lifecycle, "spec", None) or LIFECYCLE
+        self.lifecycle_clock.add_states(s.state.value for s in the_spec.states)
+        trace = getattr(lifecycle, "trace", None)
+        if trace is not None:
+            for record in list(trace):  # what happened before (e.g. the start), then every new record
+                self.lifecycle_clock(record)
+            trace.subscribe(self.lifecycle_clock)
 
     def _state_name(self) -> str:
         if self._status is None:
@@ -310,6 +331,8 @@ class GatedEngine:
                 tokenizer=self.tokenizer,
                 settings=self.settings,
                 stopping=_Stopping(self),
+                rank=self.role.rank,
+                lifecycle=self.lifecycle_clock,
                 **self._server_args,
             )
             local = self.server.start()

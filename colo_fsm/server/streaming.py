@@ -1,19 +1,28 @@
 """Server-sent-event streams of completions and chat completions: one chunk per token (text held back while it
-may still become a stop string), a last chunk per choice with its finish reason, usage on request, ``[DONE]``."""
+may still become a stop string), a last chunk per choice with its finish reason, usage on request, ``[DONE]``.
+
+A stream gives its tokens of the budget back as soon as the engine is done with every choice (a slow reader holds
+its connection, not the engine's budget); a client that goes away mid-stream is a client outcome at stage
+``stream`` and its unfinished choices are cancelled in the engine."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from colo_fsm.log import get_logger
+from colo_fsm.server.client import ClientWatch, Stage, StageCounts
 from colo_fsm.server.context import ServerContext, Ticket
 from colo_fsm.server.formatting import TokenText, sse, usage
 from colo_fsm.server.ledger import LedgerEntry
+from colo_fsm.server.outcomes import Outcome, RequestTag, tag_of
 from colo_fsm.server.params import Sampling, short
 from colo_fsm.server.runner import ChoiceResult, RequestRun, ServerStopping, _cut
 
@@ -21,23 +30,53 @@ log = get_logger(__name__)
 
 
 async def start_stream(
-    ctx: ServerContext, prompts: Sequence[Sequence[int]], s: Sampling, kind: str, model: str, cost: int
+    ctx: ServerContext,
+    request: Request,
+    prompts: Sequence[Sequence[int]],
+    s: Sampling,
+    kind: str,
+    model: str,
+    cost: int,
 ) -> StreamingResponse:
     """Take ``cost`` tokens of the budget, admit and hand the request to the engine, then answer 200 with its
-    event stream (which gives the tokens back when it ends, however it ends)."""
+    event stream (which gives the tokens back once the engine is done, however the stream ends). A client that
+    leaves before the 200 is a :class:`~colo_fsm.errors.ClientGone` at stage ``queue``."""
     if ctx.stopping():
         raise ServerStopping("shutting down")
-    ticket = await ctx.hold_tokens(cost)
-    run = ctx.new_run(prompts, s, ticket.time_left_s)
-    ctx.active += 1
+    watch = ClientWatch(request.receive).start()
     try:
-        events = await run.events()  # admitted and handed to the engine before the 200 goes out
-    except BaseException:
-        ctx.active -= 1
-        ticket.release()
-        raise
-    end = StreamEnd(ctx, run, events, ticket, ctx.ledger.open())
-    return _Stream(stream(ctx, run, events, s, kind, model, prompts, end), end)
+        ticket = await ctx.hold_tokens(cost, watch)
+        run = ctx.new_run(prompts, s, ticket.time_left_s)
+        ctx.active += 1
+        try:
+            events = await ctx.hand_over(run, watch, ticket, events=True)  # handed to the engine before the 200
+        except BaseException:
+            ctx.active -= 1
+            ticket.release()
+            raise
+    finally:
+        await watch.stop()
+    release_when_engine_done(run, ticket)
+    end = StreamEnd(ctx, run, events, ticket, ctx.ledger.open(), tag_of(request))
+    return _Stream(stream(ctx, run, events, s, kind, model, prompts, end), end, ctx.stages)
+
+
+def release_when_engine_done(run: RequestRun, ticket: Ticket) -> None:
+    """Give ``ticket``'s tokens back (on this event loop) once every choice of ``run`` is done in the engine."""
+    loop = asyncio.get_running_loop()
+    left = [len(run.choices)]
+
+    def on_loop() -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            ticket.release()
+
+    def one_done(_f: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
+            loop.call_soon_threadsafe(on_loop)
+
+    for c in run.choices:
+        c.handle.future.add_done_callback(one_done)
 
 
 class StreamEnd:
@@ -51,20 +90,33 @@ class StreamEnd:
         events: AsyncIterator[tuple[Any, ...]],
         ticket: Ticket,
         entry: LedgerEntry,
+        tag: RequestTag | None = None,
     ) -> None:
         self.ctx = ctx
         self.run = run
         self.events = events
         self.ticket = ticket
         self.entry = entry
+        self.tag = tag
         self._done = False
 
+    def ended(self, outcome: Outcome, ledger: str) -> None:
+        """Record how the stream ended: its request's outcome and its ledger ending."""
+        self.entry.end(ledger)
+        if self.tag is not None:
+            self.tag.set(outcome)
+
     async def close(self) -> None:
-        """Release everything once; an ending not recorded yet is "aborted" (the client went away)."""
+        """Release everything once; an ending not recorded yet is "aborted" (the client went away mid-stream: a
+        client outcome at stage ``stream``)."""
         if self._done:
             return
         self._done = True
+        if self.entry.outcome is None:
+            log.debug("client gone mid-stream: unfinished choices cancelled in the engine (%s)", self.ctx.where())
         self.entry.end_once("aborted")
+        if self.tag is not None:
+            self.tag.set(Outcome.CLIENT_GONE, Stage.STREAM)
         self.ctx.active -= 1
         try:
             await self.events.aclose()  # type: ignore[attr-defined]
@@ -79,13 +131,15 @@ class StreamEnd:
 class _Stream(StreamingResponse):
     """A streaming response that releases its :class:`StreamEnd` when the response ends or is cancelled."""
 
-    def __init__(self, body: AsyncIterator[bytes], end: StreamEnd) -> None:
+    def __init__(self, body: AsyncIterator[bytes], end: StreamEnd, stages: StageCounts) -> None:
         super().__init__(body, media_type="text/event-stream")
         self._end = end
+        self._stages = stages
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            with self._stages.inside(Stage.STREAM):
+                await super().__call__(scope, receive, send)
         finally:
             await self._end.close()
 
@@ -102,7 +156,6 @@ async def stream(
 ) -> AsyncIterator[bytes]:
     """The event stream of one request (``kind``: ``"chat"`` or ``"completions"``); ``end`` records it answered,
     failed, or aborted when the client went away mid-stream, and releases what it holds."""
-    entry = end.entry
     text_of = TokenText(ctx.tok)
     rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
@@ -189,15 +242,15 @@ async def stream(
                     "usage": usage(prompts, outs, [], ctx.count_tokens),
                 }
             )
-        entry.end("answered")
+        end.ended(Outcome.ANSWERED, "answered")
         yield b"data: [DONE]\n\n"
     except ServerStopping:
-        entry.end("failed")
+        end.ended(Outcome.SHUTTING_DOWN, "failed")
         err = {"message": "the server is shutting down", "type": "service_unavailable", "param": None}
         yield sse({"error": {**err, "code": "shutting_down"}})
     except Exception as exc:  # the engine failed under the request: the stream ends with an error event
-        entry.end("failed")
-        log.exception("stream failed")
+        end.ended(Outcome.ERROR, "failed")
+        log.exception("stream failed (%s)", ctx.where())
         msg = f"internal error: {type(exc).__name__}: {short(str(exc), 200)}"
         yield sse({"error": {"message": msg, "type": "server_error", "param": None, "code": None}})
     finally:

@@ -55,7 +55,6 @@ def main(rank: int, world: int, tp: int, init: str, work: Path) -> int:
     from colo_fsm.guards.drain import NoDeviceDrain
     from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
     from colo_fsm.server import GatedEngine
-    from colo_fsm.server.server import admit_while_serving
     from colo_fsm.server.templates import digits_chat_template
 
     rec: dict[str, Any] = {"rank": rank, "steps": 0, "error": None, "stopped_within_bound": None}
@@ -112,8 +111,7 @@ def main(rank: int, world: int, tp: int, init: str, work: Path) -> int:
             barrier=TorchBarrier(timeout_s=60),
         )
         box.append(lc)
-        gated.attach_status(lc.status)
-        gated.attach_admit(admit_while_serving(lc))
+        gated.attach_lifecycle(lc)  # status, admission in serving states, the trace for /metrics
         lc.start()
         role = gated.role
         rec["role"] = None if role is None else {"group": list(role.group), "server": role.runs_server}

@@ -48,6 +48,19 @@ class Admission(Cancellation):
                 n = sum(1 for r in self._active.values() if r.priority == priority)
             return RequestCounts(queued, n if self._awake else 0, 0 if self._awake else n)
 
+    def counts_nowait(self, priority: Priority | int | None = None) -> RequestCounts:
+        """:meth:`counts` without taking the loop's lock, for readers that must never wait on the engine (an HTTP
+        server's ``/health`` and ``/metrics``): the queue and the active set are each copied in one step (a single
+        C-level copy under CPython's GIL), so a reading may straddle one step boundary, never fail."""
+        queue = list(self._queue)
+        active = list(self._active.values())
+        awake = self._awake
+        if priority is not None:
+            queue = [r for r in queue if r.priority == priority]
+            active = [r for r in active if r.priority == priority]
+        n = len(active)
+        return RequestCounts(len(queue), n if awake else 0, 0 if awake else n)
+
     def submit(
         self,
         prompt_ids: Sequence[int],

@@ -416,6 +416,10 @@ class MegatronEngine(TextGeneration):
         """Requests queued for admission, running, and parked in a suspended engine (of ``priority`` if given)."""
         return self._batcher.counts(priority) if self._batcher is not None else RequestCounts(0, 0, 0)
 
+    def request_counts_nowait(self, priority: Priority | int | None = None) -> RequestCounts:
+        """:meth:`request_counts` read without the engine loop's lock (for ``/health`` and ``/metrics``)."""
+        return self._batcher.counts_nowait(priority) if self._batcher is not None else RequestCounts(0, 0, 0)
+
     @property
     def server_slots(self) -> int:
         """The most ``Priority.SERVER`` requests active at once (``server_share`` of ``max_active_requests``)."""

@@ -1,0 +1,170 @@
+"""``GET /metrics`` through prometheus-client, scraped with Prometheus' own text parser while a real Lifecycle runs
+steps and clients load the server: every scrape parses; requests by endpoint and outcome, tokens, the queue wait,
+the engine's queued/running/parked requests, the lifecycle state with time per state, the handoff histogram, the
+weight version and the step rate are there, with the serving rank; counters only grow and end equal to what
+``/health`` counts."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+import httpx
+from _server_fake import FakeEngine, serve_fake
+from prometheus_client.parser import text_string_to_metric_families
+
+from colo_fsm import Lifecycle, LifecycleConfig
+from colo_fsm.server import GatedEngine, OpenAIServer, ServerSettings
+from colo_fsm.server.templates import digits_chat_template
+from colo_fsm.testing.fakes import recording_adapters
+
+
+def scrape(root: str) -> dict[str, Any]:
+    """``{family name: family}`` of one scrape, parsed by prometheus-client's text parser."""
+    r = httpx.get(root + "/metrics", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.headers
+    return {f.name: f for f in text_string_to_metric_families(r.text)}
+
+
+def value(fams: dict[str, Any], name: str, sample: str | None = None, **labels: str) -> float:
+    """The sum of the samples of family ``name`` (sample name ``sample``) whose labels include ``labels``."""
+    assert name in fams, f"no series {name} in /metrics"
+    fam = fams[name]
+    want = sample or name
+    return sum(s.value for s in fam.samples if s.name == want and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_metrics_parse_under_load_with_a_lifecycle_running() -> None:
+    _, _, trainer, collector, drain = recording_adapters()
+    eng = FakeEngine(step_s=0.001)
+    gated = GatedEngine(
+        eng,
+        eng,
+        serve=True,
+        chat_template=digits_chat_template,
+        settings=ServerSettings(max_inflight_tokens=400),
+        request_timeout_s=30.0,
+    )
+    steps = 6
+    lc = Lifecycle(gated, trainer, collector, config=LifecycleConfig(num_steps=1000), drain=drain)
+    gated.attach_lifecycle(lc)
+    lc.start()
+    url = gated.server_base_urls()[0]
+    root = url.removesuffix("/v1")
+    port = gated.server.port
+    stop = threading.Event()
+    scrapes: list[dict[str, Any]] = []
+    problems: list[str] = []
+
+    def client(i: int) -> None:
+        with httpx.Client(timeout=60) as h:
+            k = 0
+            while not stop.is_set():
+                k += 1
+                if k % 5 == 0:  # a bad request now and then
+                    h.post(url + "/completions", json={"prompt": "1>", "max_tokens": 0})
+                elif k % 7 == 0:  # a client gone mid-upload: half a body, then the connection closed
+                    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                        sock.sendall(
+                            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b'Content-Length: 40\r\n\r\n{"prompt":'
+                        )
+                elif k % 3 == 0:  # a stream, read whole or left after its first line
+                    with h.stream(
+                        "POST", url + "/completions", json={"prompt": "12>", "max_tokens": 6, "stream": True}
+                    ) as r:
+                        for _line in r.iter_lines():
+                            if (i + k) % 2:
+                                break
+                else:
+                    r = h.post(
+                        url + "/chat/completions", json={"messages": [{"role": "user", "content": "21"}], "n": 2}
+                    )
+                    if r.status_code not in (200, 429):
+                        problems.append(f"client {i}: {r.status_code} {r.text[:200]}")
+
+    def scraper() -> None:
+        while not stop.is_set():
+            try:
+                scrapes.append(scrape(root))
+            except Exception as exc:  # a scrape that does not parse is what this test is about
+                problems.append(f"scrape: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)] + [threading.Thread(target=scraper)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(steps):  # the run goes on (serving) after these: the clients never meet its end
+            lc.step([1, 2])
+            while len(scrapes) < 2 * lc.step_index and not problems:  # scrapes land between every two steps
+                stop.wait(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    try:
+        assert problems == [], problems[:5]
+        assert len(scrapes) >= 2 * steps
+        answered = [
+            value(f, "colo_fsm_http_requests", "colo_fsm_http_requests_total", outcome="answered") for f in scrapes
+        ]
+        assert answered == sorted(answered) and answered[-1] > 0  # a counter only grows
+        final = scrape(root)
+        h = httpx.get(root + "/health", timeout=30).json()
+        for outcome in ("answered", "bad_request", "client_gone", "error"):
+            got = value(final, "colo_fsm_http_requests", "colo_fsm_http_requests_total", outcome=outcome)
+            assert got == h["responses"][outcome], (outcome, got, h["responses"])
+        assert h["responses"]["error"] == 0 and h["responses"]["bad_request"] > 0 and h["responses"]["client_gone"] > 0
+        gone = value(final, "colo_fsm_http_client_outcomes", "colo_fsm_http_client_outcomes_total", stage="upload")
+        assert gone == h["responses"]["client_by_stage"]["upload"] > 0
+        ranks = {s.labels.get("rank") for fam in final.values() for s in fam.samples if fam.name.startswith("colo_fsm")}
+        assert ranks == {"0"}, ranks  # every series names the serving rank
+        # the lifecycle, from its trace
+        assert value(final, "colo_fsm_train_steps", "colo_fsm_train_steps_total") == steps
+        assert value(final, "colo_fsm_weight_version") == steps
+        states = {s.labels["state"]: s.value for s in final["colo_fsm_lifecycle_state"].samples}
+        assert states[lc.state.value] == 1.0 and sum(states.values()) == 1.0
+        assert set(states) >= {"Generating", "Draining", "Training", "Stopped"}
+        secs = {s.labels["state"]: s.value for s in final["colo_fsm_lifecycle_state_seconds"].samples}
+        assert secs["Generating"] > 0 and secs["Training"] >= 0
+        assert value(final, "colo_fsm_train_step_rate") > 0
+        # a handoff per step (the gate closed to reopened), the queue wait of every admitted request
+        assert value(final, "colo_fsm_handoff_duration_seconds", "colo_fsm_handoff_duration_seconds_count") == steps
+        waited = value(final, "colo_fsm_http_queue_wait_seconds", "colo_fsm_http_queue_wait_seconds_count")
+        assert waited == h["requests"]["admitted"] > 0
+        # tokens and the engine's slot counts
+        assert value(final, "colo_fsm_http_tokens_admitted", "colo_fsm_http_tokens_admitted_total") > 0
+        assert value(final, "colo_fsm_http_tokens_held") == 0 and value(final, "colo_fsm_http_tokens_limit") == 400
+        engine = {(s.labels["priority"], s.labels["state"]): s.value for s in final["colo_fsm_engine_requests"].samples}
+        assert set(engine) == {(p, st) for p in ("training", "server") for st in ("queued", "running", "parked")}
+        assert h["engine_requests"]["server"] == {"queued": 0, "running": 0, "parked": 0}
+    finally:
+        lc.stop()
+
+
+def test_every_series_carries_the_serving_rank() -> None:
+    eng = FakeEngine()
+    server = OpenAIServer(eng, tokenizer=eng.tokenizer, rank=3, chat_template=digits_chat_template)
+    eng.bring_up()
+    url = server.start()
+    try:
+        assert httpx.post(url + "/completions", json={"prompt": "12>", "max_tokens": 2}).status_code == 200
+        fams = scrape(url.removesuffix("/v1"))
+        ranks = {s.labels.get("rank") for fam in fams.values() for s in fam.samples if fam.name.startswith("colo_fsm")}
+        assert ranks == {"3"}
+        assert value(fams, "colo_fsm_http_requests", "colo_fsm_http_requests_total", outcome="answered") == 1
+    finally:
+        server.stop()
+        eng.shutdown()
+
+
+def test_without_a_trace_the_lifecycle_state_comes_from_the_status() -> None:
+    gated, _ = serve_fake(status=lambda: {"state": "Training", "weight_version": 7})
+    try:
+        fams = scrape(gated.server_base_urls()[0].removesuffix("/v1"))
+        assert value(fams, "colo_fsm_lifecycle_state", state="Training") == 1.0
+        assert value(fams, "colo_fsm_weight_version") == 7
+        assert "colo_fsm_lifecycle_state_seconds" not in fams  # time per state needs the trace
+    finally:
+        gated.shutdown()
