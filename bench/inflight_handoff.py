@@ -89,6 +89,11 @@ from colo_fsm.adapters.megatron.model import MODEL_PRESETS  # noqa: E402
 from colo_fsm.adapters.megatron.trainer import Rollout  # noqa: E402
 
 MODES = ("park", "drain", "sync", "abort")
+HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs
+    "park/drain samples/s": "ratio_park_over_drain",
+    "park/sync samples/s": "ratio_park_over_sync",
+    "park/abort samples/s": "ratio_park_over_abort",
+}
 
 
 @dataclass(frozen=True)
