@@ -62,7 +62,6 @@ def _engine_in_extra(handle: KitHandle) -> Any:
     return ad
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27: a validator's decode is charged to Done (false park-not-drain)")
 def test_a_validation_decode_is_not_charged_to_the_state_the_step_ends_in():
     """One kit step runs Validating -> Checkpointing -> Done (NeMo-RL's last step: validate, save, done); the
     validator's decode step ran in Validating, where the engine is awake for it, never in Done."""

@@ -1,20 +1,32 @@
-"""The lifecycle machine's invariants: each checks one lifecycle rule (:class:`~colo_fsm.states.rules.LifecycleRule`)
+"""The lifecycle machine's checks: each checks one lifecycle rule (:class:`~colo_fsm.states.rules.LifecycleRule`)
 after every step of every program, from the event log the recording proxies wrote (never from the machine's own
-bookkeeping)."""
+bookkeeping) and from what the engine did (:mod:`colo_fsm.testing.effects`), never only from what it says.
+
+They run as one hypothesis invariant (:meth:`LifecycleInvariants.lifecycle_rules`), so a shrunk program prints one
+line per step, not one per check; each check is still a method named for what it checks, marked with its rule."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from hypothesis.stateful import invariant
 
 from colo_fsm.states.rules import LifecycleRule, checks
 from colo_fsm.states.spec import CollectorCondition, EngineCondition, RequestCondition, State
+from colo_fsm.testing.effects import EffectViolation
 from colo_fsm.testing.machine_state import MachineState
+from colo_fsm.testing.report import event_lines, recent_lines
+from colo_fsm.testing.watch import Event
 
 E, C, S = EngineCondition, CollectorCondition, State
 
 
 class LifecycleInvariants(MachineState):
-    """Every lifecycle rule, checked after every step (an invariant names the rule it checks)."""
+    """Every lifecycle rule, checked after every step (each check names the rule it checks)."""
+
+    def _who(self, ev: Event) -> str:
+        """``YourClass.method`` of an adapter call (the kit's own components by their role)."""
+        return f"{self.log.names.get(ev.component, ev.component)}.{ev.method}"
 
     def _scan(self) -> None:
         """Feed new events to the audits; violations are kept per fact."""
@@ -31,19 +43,19 @@ class LifecycleInvariants(MachineState):
                 self.builds += 1
                 if self.adopts:
                     v["build_once"].append(
-                        f"event {ev.index}: engine.bring_up although spec {self.spec.name} adopts an engine up "
+                        f"event {ev.index}: {self._who(ev)} although spec {self.spec.name} adopts an engine up "
                         "at construction"
                     )
                 elif self.builds > 1:
-                    v["build_once"].append(f"event {ev.index}: engine.bring_up called {self.builds} times")
+                    v["build_once"].append(f"event {ev.index}: {self._who(ev)} called {self.builds} times")
             elif name == "engine.shutdown" and ev.state != S.STOPPED.value:
-                v["teardown"].append(f"event {ev.index}: engine.shutdown in {ev.state} (only at Stopped)")
+                v["teardown"].append(f"event {ev.index}: {self._who(ev)} in {ev.state} (only at Stopped)")
             elif name in ("trainer.train_step", "trainer.save_checkpoint"):
                 real = (ev.real_engine, ev.real_collector)
                 if ev.engine is E.AWAKE or ev.collector is C.RUNNING or real[0] == "awake" or real[1] == "running":
                     fact = "checkpoint_suspends" if name.endswith("save_checkpoint") else "no_decode_during_train"
                     v[fact].append(
-                        f"event {ev.index}: {name} in {ev.state} with engine {ev.engine.value} "
+                        f"event {ev.index}: {self._who(ev)} in {ev.state} with engine {ev.engine.value} "
                         f"(adapter says {real[0]}) and collector {ev.collector.value} "
                         f"(adapter says {real[1]})"
                     )
@@ -51,11 +63,11 @@ class LifecycleInvariants(MachineState):
                 validation_wake = name == "engine.resume" and self.spec.state(ev.state).validates
                 if self.last_latched_at is not None and ev.index > self.last_latched_at and not validation_wake:
                     v["last_step"].append(
-                        f"event {ev.index}: {name} in {ev.state} after the last step latched (only a "
+                        f"event {ev.index}: {self._who(ev)} in {ev.state} after the last step latched (only a "
                         "validation-only wake may follow it)"
                     )
                 if self.builds == 0 and not self.adopts:
-                    v["build_once"].append(f"event {ev.index}: {name} before the engine was built")
+                    v["build_once"].append(f"event {ev.index}: {self._who(ev)} before the engine was built")
             elif name == "validator.validate" and (ev.engine is not E.AWAKE or ev.collector is not C.PAUSED):
                 v["validation_wake"].append(
                     f"event {ev.index}: validation with engine {ev.engine.value}, "
@@ -68,19 +80,27 @@ class LifecycleInvariants(MachineState):
         self._scan()
         if self.violations.get(fact):
             raise AssertionError(
-                f"lifecycle fact violated ({fact}):\n  "
-                + "\n  ".join(self.violations[fact][:5])
-                + "\n  recent calls:\n"
-                + "\n".join(self.log.lines(max(0, len(self.log) - 30)))
+                "\n  ".join(self.violations[fact][:3]) + "\n  recent calls:\n" + "\n".join(recent_lines(self.log))
             )
 
-    @invariant()
+    def _assert_silent(self, found: list[EffectViolation]) -> None:
+        """Raise the first thing the engine did in a window where it must be silent, with the calls since the
+        window opened."""
+        if not found:
+            return
+        first = found[0]
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        start = first.since if first.since is not None else first.at - 6
+        raise AssertionError(
+            f"{first.text}{more}\n  the lifecycle's calls and the engine's output from event {start}:\n"
+            + "\n".join(event_lines(self.log, start, first.at, limit=8))
+        )
+
     @checks(LifecycleRule.BUILD_ONCE)
     def build_once(self) -> None:
         """The engine comes up exactly once, before collection."""
         self._assert_fact("build_once")
 
-    @invariant()
     @checks(LifecycleRule.BUILD_ONCE)
     def server_urls_published(self) -> None:
         """The per-rank server base URLs the engine reports are published as dp_openai_server_base_urls."""
@@ -91,61 +111,63 @@ class LifecycleInvariants(MachineState):
             f"published {lc.dp_openai_server_base_urls}, the engine reported {self.engine.published}"
         )
 
-    @invariant()
     @checks(LifecycleRule.BUILD_ONCE)
     def teardown_only_at_stop(self) -> None:
         """Teardown only at Stopped (never at a validation boundary)."""
         self._assert_fact("teardown")
 
-    @invariant()
     @checks(LifecycleRule.ONE_COMMUNICATOR)
     def drain_own_device_then_barrier(self) -> None:
         """Drain the LOCAL_RANK device before every barrier; drain + barrier before every phase signal."""
         self._assert_fact("handoff")
 
-    @invariant()
     @checks(LifecycleRule.ONE_COMMUNICATOR)
     def no_decode_during_training(self) -> None:
         """No decode in flight (engine awake / collector running) while a training step runs."""
         self._assert_fact("no_decode_during_train")
 
-    @invariant()
     @checks(LifecycleRule.CHECKPOINT_SUSPENDS)
     def checkpoint_suspends_everything(self) -> None:
         """During every save the engine is suspended and the collector paused."""
         self._assert_fact("checkpoint_suspends")
 
-    @invariant()
     @checks(LifecycleRule.CHECKPOINT_SUSPENDS)
     def last_step_never_wakes(self) -> None:
         """Nothing resumes after the last step latched."""
         self._assert_fact("last_step")
 
-    @invariant()
     @checks(LifecycleRule.CHECKPOINT_SUSPENDS)
     def validation_runs_awake_collector_paused(self) -> None:
         """A validation-only wake: the engine awake, the collector still paused."""
         self._assert_fact("validation_wake")
 
-    @invariant()
+    @checks(LifecycleRule.ONE_COMMUNICATOR)
+    def engine_silent_during_training(self) -> None:
+        """No token of the kit's requests arrives between the trainer's ``train_step`` call and its return (what
+        the engine did, stamped against the lifecycle's own calls; whatever the engine says)."""
+        self._assert_silent(self.effects.violations("during_training"))
+
+    @checks(LifecycleRule.ONE_COMMUNICATOR)
+    def engine_silent_while_suspended(self) -> None:
+        """No token of the kit's requests arrives while the lifecycle holds the engine suspended (from the
+        return of its ``suspend()`` to its next ``resume()``: a handoff, a save, the last step) or torn down; a
+        parked request does no work until the resume."""
+        self._assert_silent(self.effects.violations("while_suspended"))
+
     @checks(LifecycleRule.PARK_NOT_DRAIN)
     def no_decode_while_parked(self) -> None:
-        """Park, don't drain: no decode step runs while the state declares the requests parked, and the engine
-        holds them as declared (parked in a handoff, none left parked after a resume)."""
+        """Park, don't drain: no decode step of your engine (its ``decode_probe``, counted by cause: rollout,
+        validation, server, its own loop) while the lifecycle holds it suspended, each charged where it ran; and
+        the engine holds its requests as the state declares (parked in a handoff, none left parked after a
+        resume)."""
         lc = self.lc
         if lc is None:
             return
-        now = self._decode_count()
-        before, self.decode_seen = self.decode_seen, now  # counted in Failed too, so no decode is blamed later
+        self.effects.ledger.settle(lc.state.value, len(self.log))
+        self._assert_silent(self.effects.ledger.violations)
         if lc.state is S.FAILED:
             return
         decl = lc.spec.state(lc.state)
-        if now is not None and before is not None and now > before and decl.requests is not RequestCondition.RUNNING:
-            raise AssertionError(
-                f"{now - before} decode step(s) ran in {lc.state.value}, where the spec declares requests "
-                f"{decl.requests.value} (a rollout kept issuing engine work during a handoff)\n  recent calls:\n"
-                + "\n".join(self.log.lines(max(0, len(self.log) - 20)))
-            )
         if self.ad is not None and self.ad.request_probe is not None:
             counts = self.ad.request_probe()
             running, parked = int(getattr(counts, "running", 0)), int(getattr(counts, "parked", 0))
@@ -154,7 +176,6 @@ class LifecycleInvariants(MachineState):
             elif decl.requests is RequestCondition.RUNNING:
                 assert parked == 0, f"in {lc.state.value}: {parked} request(s) still parked after the resume"
 
-    @invariant()
     @checks(LifecycleRule.STEP_ORDER_IS_DATA)
     def adapter_conditions_match_spec(self) -> None:
         """The adapters' real conditions are the ones the current state declares (Failed: documented below)."""
@@ -181,7 +202,6 @@ class LifecycleInvariants(MachineState):
                 problems.append(f"collector reports {real_collector} (declared {decl.collector.value})")
         assert not problems, f"in {lc.state.value}: " + "; ".join(problems)
 
-    @invariant()
     def failure_leaves_documented_condition(self) -> None:
         """After a failure: engine not awake and collector paused (best-effort local quiesce, no barrier)."""
         lc = self.lc
@@ -194,7 +214,6 @@ class LifecycleInvariants(MachineState):
             assert self.conditions.collector is not C.RUNNING, "Failed with the collector still running"
         assert self.faults.fired, "Failed although no fault was injected"
 
-    @invariant()
     @checks(LifecycleRule.DECIDE_ONCE)
     def save_decision_reused(self) -> None:
         """A second site asking the latched checkpoint decision gets the same answer."""
@@ -208,7 +227,6 @@ class LifecycleInvariants(MachineState):
             f"query now says {again} (decide once, reuse everywhere)"
         )
 
-    @invariant()
     @checks(LifecycleRule.WEIGHT_VERSIONS)
     def weight_version_once_per_step(self) -> None:
         """Each trained step bumps the weight version exactly once."""
@@ -220,7 +238,6 @@ class LifecycleInvariants(MachineState):
             f"weight version {lc.weight_version} after {trained} training steps from {self.cfg.start_weight_version}"
         )
 
-    @invariant()
     @checks(LifecycleRule.WEIGHT_VERSIONS)
     def trajectories_accounted(self) -> None:
         """No trajectory lost; none older than max_trajectory_age_steps trained on (stale ones counted)."""
@@ -232,7 +249,6 @@ class LifecycleInvariants(MachineState):
         )
         assert b.max_trained_age <= b.max_age_steps, f"trained on a trajectory {b.max_trained_age} versions old"
 
-    @invariant()
     @checks(LifecycleRule.BOUNDED_INFLIGHT)
     def in_flight_within_actor_capacity(self) -> None:
         """In-flight groups within the age bound and the actor's capacity, headroom kept for control."""
@@ -249,7 +265,6 @@ class LifecycleInvariants(MachineState):
             f"calls would queue behind rollouts (cap {self.cap.explain()})"
         )
 
-    @invariant()
     @checks(LifecycleRule.PARK_NOT_DRAIN)
     def requests_served_only_while_awake(self) -> None:
         """No request is decoded while the engine is suspended; a waiting request is served once it is awake."""
@@ -260,7 +275,6 @@ class LifecycleInvariants(MachineState):
         if self.conditions.engine is E.AWAKE:
             assert not self.server.pending, "requests left waiting while the engine is awake"
 
-    @invariant()
     def trace_consistent(self) -> None:
         """Trace records chain source->dest, follow declared transitions, and carry rank and versions."""
         lc = self.lc
@@ -291,7 +305,6 @@ class LifecycleInvariants(MachineState):
                 f"last trace record ends in {records[-1].dest}, machine in {lc.state.value}"
             )
 
-    @invariant()
     def never_stuck(self) -> None:
         """The machine rests only where a user trigger can move it on (or at a terminal state / Failed)."""
         lc = self.lc
@@ -304,6 +317,37 @@ class LifecycleInvariants(MachineState):
             return
         movable = [t for t in lc.spec.outgoing(state) if not t.automatic and t.enabled(lc.facts)]
         assert movable, f"stuck in {state.value}: no transition can leave it (facts {lc.status().facts})"
+
+    def rule_checks(self) -> list[Callable[[], None]]:
+        """Every check, in the order they run after each step."""
+        return [
+            self.build_once,
+            self.server_urls_published,
+            self.teardown_only_at_stop,
+            self.drain_own_device_then_barrier,
+            self.engine_silent_during_training,
+            self.engine_silent_while_suspended,
+            self.no_decode_during_training,
+            self.checkpoint_suspends_everything,
+            self.last_step_never_wakes,
+            self.validation_runs_awake_collector_paused,
+            self.no_decode_while_parked,
+            self.adapter_conditions_match_spec,
+            self.failure_leaves_documented_condition,
+            self.save_decision_reused,
+            self.weight_version_once_per_step,
+            self.trajectories_accounted,
+            self.in_flight_within_actor_capacity,
+            self.requests_served_only_while_awake,
+            self.trace_consistent,
+            self.never_stuck,
+        ]
+
+    @invariant()
+    def lifecycle_rules(self) -> None:
+        """Every lifecycle rule after every step (the first check that fails raises, tagged with its rule)."""
+        for check in self.rule_checks():
+            check()
 
 
 __all__ = ["LifecycleInvariants"]

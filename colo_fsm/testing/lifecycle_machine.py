@@ -24,18 +24,17 @@ Adapters may be ``async def``: coroutines are run on an event loop the machine o
 from __future__ import annotations
 
 import collections
+import contextlib
+import inspect
+import unittest
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from hypothesis import note
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.errors import InvalidArgument
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from colo_fsm.errors import GuardRejected, InvalidTransition, LifecycleError
 from colo_fsm.guards.barrier import SoloBarrier
@@ -57,6 +56,7 @@ from colo_fsm.testing.components import (
     spec_fakes,
     watched_drain,
 )
+from colo_fsm.testing.effects import Cause, Effects
 from colo_fsm.testing.fakes import FakeClock, FakeReplayBuffer, FakeRequestSource
 from colo_fsm.testing.invariants import LifecycleInvariants
 from colo_fsm.testing.oracle import StepOracle
@@ -74,6 +74,8 @@ from colo_fsm.testing.programs import (
     run_configs,
 )
 from colo_fsm.testing.ranks import RanksResult, exercise_ranks
+from colo_fsm.testing.report import ProgramLogs, recent_lines, run_machine, where_raised
+from colo_fsm.testing.spec_gate import check_spec_once
 from colo_fsm.testing.stats import STATS, count, stats_snapshot
 from colo_fsm.testing.watch import (
     FAULT_TARGETS,
@@ -144,6 +146,8 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
         self.alc: AsyncLifecycle | None = None
         self.ad: Adapters | None = None
         self.violations = collections.defaultdict(list)
+        self.logs: ProgramLogs | None = None
+        self.serve_during_training = False
         count("programs")
 
     # ------------------------------------------------------------------ setup / teardown
@@ -155,6 +159,9 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
         """
         cls = type(self)
         spec = cls.spec
+        if cls.check_spec:
+            check_spec_once(spec)  # once per spec and process; every Lifecycle below then skips it
+        self.logs = ProgramLogs()
         decided = {f for a in spec.actions for f in a.decides}
         cfg = fit_config(cfg, spec, user_validation=cls.validation_factory is not None)
         self.cfg = cfg
@@ -170,6 +177,24 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
             if self.ad.collector is not None
             else None
         )
+        self.log.names = {"engine": self.engine.adapter_name, "trainer": self.trainer.adapter_name}
+        if self.collector is not None:
+            self.log.names["collector"] = self.collector.adapter_name
+        self.effects = Effects.watch(
+            self.log,
+            spec.state(spec.initial).engine,
+            self.ad.engine,
+            names={
+                "engine": self.engine.adapter_name,
+                "suspend": self.engine.method_name("suspend"),
+                "shutdown": self.engine.method_name("shutdown"),
+                "decode_step": self.engine.method_name("decode_step"),
+                "train_step": self.trainer.method_name("train_step"),
+            },
+            decode_probe=self.ad.decode_probe,
+            tick=self.ad.decode,
+        )
+        self.trainer.during_train_step = self._requests_during_training
         self.clock = FakeClock()
         self.deadline_at = None if cfg.must_save_by_s is None else self.clock() + cfg.must_save_by_s
         self.deadline_fired = False
@@ -221,7 +246,7 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
             validator=self._validator if cfg.inline_validator else None,
             early_stop=early_stop,
             spec=cls.spec,
-            check_spec=cls.check_spec,
+            check_spec=False,  # the gate above checked it (a mutant's spec is not checked at all)
         )
         self.handle.lifecycle = self.lc
         if cls.use_async_lifecycle:
@@ -245,7 +270,6 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
         self.last_latched_at: int | None = None
         self.validations = 0
         self.fault_waited = 0
-        self.decode_seen = self._decode_count()
         if first_fault is not None and cls.inject_faults:
             self._arm(first_fault)
         if autostart:  # most programs start at once; the others may see faults and triggers before the build
@@ -264,10 +288,19 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
                 self.alc._executor.shutdown(wait=True)
             if self.lc is not None:
                 self.lc.close()
+                left = self.effects.requests.close(self._shutdown_engine)
+                if left:
+                    count("kit_requests_left_parked", left)
             if self.ad is not None and self.ad.close is not None:
                 self.ad.close()
         finally:
             self.runner.close()
+            if self.logs is not None:
+                self.logs.close()
+                lines = self.logs.tail()
+                if lines:
+                    with contextlib.suppress(InvalidArgument):  # a program driven by hand, outside hypothesis
+                        note("logs of this program:\n" + "\n".join(f"    {line}" for line in lines))
 
     # ------------------------------------------------------------------ helpers
     def _state_name(self) -> str:
@@ -344,17 +377,51 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
             count("faults_disarmed")
 
     def _validator(self, step: int, weight_version: int) -> Any:
+        """The inline validator: yours, or the kit's, which decodes a request on your engine as a real one does
+        (its decode steps counted as validation, in Validating where the engine is awake for it)."""
         self.log.add("validator", "validate", "call", (step, weight_version))
         self.faults.check("validator", "validate")
         self.validations += 1
-        user = self.user_validator
-        if user is not None:
-            return user(step, weight_version)
-        return {"accuracy": 1.0}
+        with self._activity(Cause.VALIDATION):
+            user = self.user_validator
+            if user is not None:
+                who = getattr(user, "__qualname__", None) or type(user).__qualname__
+                with self.effects.requests.delivering(f"your validator {who}"):
+                    return user(step, weight_version)
+            requests = self.effects.requests
+            if requests.send(Cause.VALIDATION, 2) is not None and requests.step_driven:
+                for _ in range(2):
+                    requests.tick()
+            return {"accuracy": 1.0}
 
-    def _decode_count(self) -> int | None:
-        ad = self.ad
-        return int(ad.decode_probe()) if ad is not None and ad.decode_probe is not None else None
+    def _activity(self, cause: Cause) -> contextlib.AbstractContextManager[None]:
+        """Decode steps inside the block are charged to ``cause``."""
+        return self.effects.activity(cause, self._state_name, lambda: len(self.log))
+
+    def _requests_during_training(self) -> None:
+        """Inside a training step (drawn by the step's rule): a server request arrives and your engine's loop gets
+        its chance to serve it (a step of its ``decode_step``, or a short wait for an engine with its own loop)."""
+        if not self.serve_during_training:
+            return
+        requests = self.effects.requests
+        try:
+            with self._activity(Cause.SERVER):
+                requests.send(Cause.SERVER, 4)
+                if requests.step_driven:
+                    requests.tick()
+                else:
+                    requests.settle(requests.wait_s())
+        except Exception as exc:  # your decode_step raised: reported as such, not as the trainer's failure
+            self.log.add("server", "tick", "error", repr(exc), probe=False)
+            raise AssertionError(f"{self.effects.names['decode_step']} raised during a training step: {exc!r}") from exc
+
+    def _shutdown_engine(self) -> None:
+        """Your engine's own ``shutdown()`` at the end of a program that did not stop it (releases requests the
+        kit left parked in it)."""
+        if self.ad is not None:
+            out = self.ad.engine.shutdown()
+            if inspect.isawaitable(out):
+                self.runner(out)
 
     def _drive(self, label: str, fn: Callable[..., Any], *args: Any, coro: Any = None) -> bool:
         """Run one lifecycle call; a failure is fine only if an injected fault fired during it."""
@@ -368,9 +435,12 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
                 fn(*args)
         except LifecycleError as exc:
             if len(self.faults.fired) == fired:
+                where = where_raised(exc)
                 raise AssertionError(
-                    f"{label}: the lifecycle failed with no fault injected: {exc}\n  recent calls:\n"
-                    + "\n".join(self.log.lines(max(0, len(self.log) - 25)))
+                    f"{label}: the lifecycle failed with no fault injected: {exc}"
+                    + (f"\n  raised at {where}" if where else "")
+                    + "\n  recent calls:\n"
+                    + "\n".join(recent_lines(self.log))
                 ) from exc
             self._check_failure(label, exc)
             return False
@@ -428,26 +498,36 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
         self._latched(step, wv, at)
 
     @precondition(lambda self: self._can_fire("train"))
-    @rule()
-    def train(self) -> None:
+    @rule(request_during_training=st.booleans())
+    def train(self, request_during_training: bool = False) -> None:
+        """``Lifecycle.train`` (``request_during_training``: a server request arrives while the trainer runs)."""
         lc = self.lc
         assert lc is not None
         batch, wv = self._batch(), lc.weight_version
         trained = self.log.count("trainer", "train_step")
-        ok = self._drive("train", lc.train, self._user_batch(batch))
+        self.serve_during_training = request_during_training
+        try:
+            ok = self._drive("train", lc.train, self._user_batch(batch))
+        finally:
+            self.serve_during_training = False
         self._after_train(batch, wv, trained, ok, inline=False)
 
     @precondition(lambda self: self._can_fire("begin_step"))
-    @rule()
-    def whole_step(self) -> None:
-        """``Lifecycle.step``: handoff, train, save, (inline validation), handoff back."""
+    @rule(request_during_training=st.booleans())
+    def whole_step(self, request_during_training: bool = False) -> None:
+        """``Lifecycle.step``: handoff, train, save, (inline validation), handoff back (``request_during_training``:
+        a server request arrives while the trainer runs)."""
         lc = self.lc
         assert lc is not None
         step, wv, at = lc.step_index, lc.weight_version, len(self.log)
         batch = self._batch()
         trained = self.log.count("trainer", "train_step")
         user_batch = self._user_batch(batch)
-        ok = self._drive("step", lc.step, user_batch, coro=self.alc.step(user_batch) if self.alc else None)
+        self.serve_during_training = request_during_training
+        try:
+            ok = self._drive("step", lc.step, user_batch, coro=self.alc.step(user_batch) if self.alc else None)
+        finally:
+            self.serve_during_training = False
         self._latched(step, wv, at)
         self._after_train(batch, wv, trained, ok, inline=self.cfg.inline_validator)
 
@@ -486,7 +566,7 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
     @rule(
         event=st.one_of(
             st.tuples(st.just("time"), st.sampled_from([1.0, 2.0, 7.0, 30.0])),
-            st.tuples(st.just("request"), st.just(1)),
+            st.tuples(st.just("request"), st.sampled_from([1, 4])),
             st.tuples(st.just("rollouts_admitted"), st.sampled_from([1, 7, 64])),
             st.tuples(st.just("rollouts_finish"), st.sampled_from([1, 7, 64])),
             st.tuples(st.just("fault"), st.sampled_from(FAULT_DRAWS)),
@@ -499,7 +579,9 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
         """Something happens around the machine. One rule for all of them, so the loop's own rules stay frequent.
 
         ``time``: the wall clock moves (the "must save by" deadline may pass); ``request``: an external agent calls
-        the server (served now if the engine is awake, else on resume); ``rollouts_admitted``: the running
+        the server (served now if the engine is awake, else on resume), and the kit sends your engine a request of
+        that many tokens (an engine with a loop of its own gets a short wait to serve it: none may come while the
+        lifecycle holds it suspended); ``rollouts_admitted``: the running
         collector admits groups up to the in-flight cap; ``rollouts_finish``: groups finish and their
         trajectories (tagged with the generating version) reach the buffer; ``fault``: the next call of one
         adapter method (or drain, barrier, validator) raises; ``wrong_trigger``: a trigger fired where it is not
@@ -513,6 +595,11 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
         elif kind == "request":
             self.server.arrive()
             count("requests")
+            requests = self.effects.requests
+            with self._activity(Cause.SERVER):
+                sent = requests.send(Cause.SERVER, int(arg))
+                if sent is not None and not requests.step_driven and sent.window.silent:
+                    requests.settle(requests.wait_s())
         elif kind == "rollouts_admitted":
             if self.conditions.collector is C.RUNNING:
                 room = max(0, self.cap.value - len(self.in_flight))
@@ -523,13 +610,16 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
                 self.buffer.add(1, v)
         elif kind == "rollout":  # your collector starts rollouts (it issues nothing while paused)
             if self.ad is not None and self.ad.rollout is not None:
-                for _ in range(arg):
-                    self.ad.rollout()
+                who = f"{self.collector.adapter_name}.start_rollout" if self.collector is not None else "your rollout"
+                with self._activity(Cause.ROLLOUT), self.effects.requests.delivering(who):
+                    for _ in range(arg):
+                        self.ad.rollout()
                 count("rollouts_started", arg)
         elif kind == "decode":  # your engine's own loop runs decode steps (none while its requests are parked)
             if self.ad is not None and self.ad.decode is not None:
-                for _ in range(arg):
-                    self.ad.decode()
+                with self._activity(Cause.ROLLOUT):
+                    for _ in range(arg):
+                        self.effects.requests.tick()
                 count("decode_ticks", arg)
         elif kind == "fault":
             if type(self).inject_faults and self.faults.armed is None and lc.state is not S.STOPPED:
@@ -587,9 +677,16 @@ def lifecycle_test_case(
         TestMyAdapters = lifecycle_test_case(make_my_adapters)
     """
     machine = lifecycle_machine(factory, base=base, **attrs)
-    case = machine.TestCase
-    case.settings = lifecycle_settings(profile)
-    return case
+
+    class LifecycleTestCase(unittest.TestCase):
+        settings = lifecycle_settings(profile)
+
+        def runTest(self) -> None:
+            __tracebackhide__ = True
+            run_machine(machine, self.settings)
+
+    LifecycleTestCase.__name__ = LifecycleTestCase.__qualname__ = f"{machine.__name__}.TestCase"
+    return LifecycleTestCase
 
 
 def check_lifecycle(
@@ -600,9 +697,12 @@ def check_lifecycle(
     base: type[LifecycleMachine] = LifecycleMachine,
     **attrs: Any,
 ) -> None:
-    """Run the lifecycle machine now (inside any test); raises with a minimal failing program."""
+    """Run the lifecycle machine now (inside any test): the spec is validated and model-checked first (a broken
+    one raises :class:`~colo_fsm.errors.SpecError` in seconds), then the programs run quietly; a failing one
+    raises :class:`~colo_fsm.errors.LifecycleViolation`, a short bug report with the shrunk program."""
+    __tracebackhide__ = True
     machine = lifecycle_machine(factory, base=base, **attrs)
-    run_state_machine_as_test(machine, settings=settings or lifecycle_settings(profile))
+    run_machine(machine, settings or lifecycle_settings(profile))
 
 
 __all__ = [

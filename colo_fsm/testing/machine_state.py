@@ -13,6 +13,7 @@ from colo_fsm.machine.aio import AsyncLifecycle
 from colo_fsm.machine.lifecycle import Lifecycle
 from colo_fsm.states.spec import LifecycleSpec
 from colo_fsm.testing.components import AdapterFactory, Adapters, KitHandle
+from colo_fsm.testing.effects import Effects
 from colo_fsm.testing.fakes import FakeClock, FakeReplayBuffer, FakeRequestSource
 from colo_fsm.testing.programs import RunConfig, StepRecord
 from colo_fsm.testing.watch import (
@@ -77,12 +78,10 @@ class MachineState:
     last_latched_at: int | None
     validations: int
     fault_waited: int
-    decode_seen: int | None
+    effects: Effects
 
     def _probe(self) -> tuple[str | None, str | None]:
-        raise NotImplementedError
-
-    def _decode_count(self) -> int | None:
+        """What your adapters report of their conditions (engine, collector), when they report it."""
         raise NotImplementedError
 
 

@@ -18,24 +18,36 @@ from colo_fsm.testing.watch import FAULT_TARGETS, VALIDATOR_TARGET, fault_target
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One drawn run configuration (decisions, resume point, collector sizing)."""
+    """One drawn run configuration (decisions, resume point, collector sizing). Its repr names only the fields
+    that differ from the defaults, so a shrunk program prints it on one line."""
 
-    num_steps: int | None
-    start_step: int
-    start_weight_version: int
-    checkpoint_every: int | None
-    must_save_by_s: float | None
-    validate_every: int | None
-    inline_validator: bool
-    max_trajectory_age_steps: int
-    num_prompts_per_step: int
-    samples_per_group: int
-    actor_max_concurrency: int
-    control_headroom: int
+    num_steps: int | None = None
+    start_step: int = 0
+    start_weight_version: int = 0
+    checkpoint_every: int | None = None
+    must_save_by_s: float | None = None
+    validate_every: int | None = None
+    inline_validator: bool = False
+    max_trajectory_age_steps: int = 1
+    num_prompts_per_step: int = 1
+    samples_per_group: int = 1
+    actor_max_concurrency: int = 16
+    control_headroom: int = 0
     val_at_start: bool = False  # used when the spec decides validate_at_start
     val_at_end: bool = False
     early_stop_at: int | None = None  # steps trained when the early-stop latch says stop (0: at start)
     save_on_early_stop: bool | None = None  # LifecycleConfig's: None saves an early stop iff the run checkpoints
+
+    def __repr__(self) -> str:
+        changed = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != f.default
+        ]
+        return f"RunConfig({', '.join(changed)})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # hypothesis' printer: one line
+        printer.text(repr(self))
 
 
 @st.composite
@@ -112,8 +124,10 @@ _CALLABLE: dict[tuple[int, State, bool], tuple[tuple[str, str], ...]] = {}
 
 RARE_TARGETS: tuple[tuple[str, str], ...] = (
     ("trainer", "train_step"),
+    ("trainer", "restore_buffers"),
     ("trainer", "save_checkpoint"),
     ("barrier", "wait"),
+    ("engine", "suspend"),
     ("engine", "resume"),
     VALIDATOR_TARGET,
 )
