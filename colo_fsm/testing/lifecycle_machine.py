@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import inspect
 import unittest
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -44,7 +43,6 @@ from colo_fsm.guards.drain import DeviceDrain
 from colo_fsm.machine.aio import AsyncLifecycle
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.states.spec import LIFECYCLE, CollectorCondition, EngineCondition, Fact, LifecycleSpec, State
-from colo_fsm.states.walk import last_step_validates
 from colo_fsm.testing.components import (
     AdapterFactory,
     Adapters,
@@ -58,6 +56,7 @@ from colo_fsm.testing.components import (
 )
 from colo_fsm.testing.effects import Cause, Effects
 from colo_fsm.testing.fakes import FakeClock, FakeReplayBuffer, FakeRequestSource
+from colo_fsm.testing.fault_arming import FaultArming
 from colo_fsm.testing.invariants import LifecycleInvariants
 from colo_fsm.testing.oracle import StepOracle
 from colo_fsm.testing.profiles import lifecycle_settings
@@ -77,9 +76,8 @@ from colo_fsm.testing.ranks import RanksResult, exercise_ranks
 from colo_fsm.testing.report import ProgramLogs, recent_lines, run_machine, where_raised
 from colo_fsm.testing.spec_gate import check_spec_once
 from colo_fsm.testing.stats import STATS, count, stats_snapshot
+from colo_fsm.testing.traffic import KitTraffic
 from colo_fsm.testing.watch import (
-    FAULT_TARGETS,
-    VALIDATOR_TARGET,
     Conditions,
     EventLog,
     FaultSwitch,
@@ -97,7 +95,7 @@ E, C, S = EngineCondition, CollectorCondition, State
 
 
 # ---------------------------------------------------------------------------------------------- machine
-class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
+class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants, RuleBasedStateMachine):
     """Drives one :class:`Lifecycle` over your adapters and checks the lifecycle rules after every step.
 
     Configure by subclassing (or through :func:`lifecycle_test_case`):
@@ -288,7 +286,11 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
                 self.alc._executor.shutdown(wait=True)
             if self.lc is not None:
                 self.lc.close()
-                left = self.effects.requests.close(self._shutdown_engine)
+                requests = self.effects.requests
+                left = requests.close(self._shutdown_engine)
+                count("kit_requests", len(requests.requests))
+                count("kit_request_waits", requests.waits)
+                count("kit_request_wait_ms", round(requests.waited_s * 1000))
                 if left:
                     count("kit_requests_left_parked", left)
             if self.ad is not None and self.ad.close is not None:
@@ -321,107 +323,6 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
     def _can_fire(self, trigger: str) -> bool:
         """Whether ``trigger`` leaves the current state in the spec (its guards aside)."""
         return self.lc is not None and self.lc.state is not S.FAILED and trigger in self.lc.spec.triggers(self.lc.state)
-
-    def _callable_targets(self) -> tuple[tuple[str, str], ...]:
-        assert self.lc is not None
-        cfg = self.cfg
-        targets = callable_targets(self.lc.spec, self.lc.state, inline_validator=cfg.inline_validator)
-        never = set()  # calls the rest of this run never makes: its decisions save or validate at no step left
-        if any(self.user_decisions.values()):
-            return targets
-        spec = self.lc.spec
-        first = self.lc.step_index
-        ahead = range(first, cfg.num_steps if cfg.num_steps is not None else first + 60)
-        stops_early = cfg.early_stop_at is not None and any(
-            f is Fact.STOP_EARLY for a in spec.actions for f in a.decides
-        )
-        if (
-            cfg.must_save_by_s is None
-            and not stops_early
-            and not (cfg.checkpoint_every and any((s + 1) % cfg.checkpoint_every == 0 for s in ahead))
-        ):
-            never.add(("trainer", "save_checkpoint"))
-            never.add(("trainer", "finalize_checkpoint"))
-        last_validates = cfg.val_at_end and last_step_validates(spec)
-        not_last = ahead[:-1] if cfg.num_steps is not None and not last_validates else ahead
-        at_start = cfg.val_at_start and self.lc.state in (S.CREATED, S.STARTING)
-        if not at_start and not (
-            (cfg.validate_every and any((s + 1) % cfg.validate_every == 0 for s in not_last))
-            or (last_validates and cfg.num_steps is not None)
-        ):
-            never.add(VALIDATOR_TARGET)
-        return tuple(t for t in targets if t not in never)
-
-    def _arm(self, drawn: tuple[str, str]) -> None:
-        """Arm ``drawn``, or (when no call of it can come any more) a target that can still be called."""
-        targets = self._callable_targets()
-        if not targets:
-            return
-        # only a call that can still happen: one that never comes would block every other fault. A drawn target
-        # that cannot stands for one that can (a fixed map, so programs still shrink).
-        index = FAULT_TARGETS.index(drawn) if drawn in FAULT_TARGETS else len(FAULT_TARGETS)
-        target = drawn if drawn in targets else targets[index % len(targets)]
-        self.faults.arm(*target)
-        self.fault_waited = 0
-        count("faults_armed")
-        count(f"armed:{target[0]}.{target[1]}")
-
-    def _retire_fault(self) -> None:
-        """After a lifecycle call: disarm a fault that did not fire and no longer can (or waited long enough)."""
-        armed = self.faults.armed
-        if armed is None:
-            return
-        self.fault_waited += 1
-        if self.fault_waited >= FAULT_PATIENCE or armed not in self._callable_targets():
-            self.faults.armed = None
-            count("faults_disarmed")
-
-    def _validator(self, step: int, weight_version: int) -> Any:
-        """The inline validator: yours, or the kit's, which decodes a request on your engine as a real one does
-        (its decode steps counted as validation, in Validating where the engine is awake for it)."""
-        self.log.add("validator", "validate", "call", (step, weight_version))
-        self.faults.check("validator", "validate")
-        self.validations += 1
-        with self._activity(Cause.VALIDATION):
-            user = self.user_validator
-            if user is not None:
-                who = getattr(user, "__qualname__", None) or type(user).__qualname__
-                with self.effects.requests.delivering(f"your validator {who}"):
-                    return user(step, weight_version)
-            requests = self.effects.requests
-            if requests.send(Cause.VALIDATION, 2) is not None and requests.step_driven:
-                for _ in range(2):
-                    requests.tick()
-            return {"accuracy": 1.0}
-
-    def _activity(self, cause: Cause) -> contextlib.AbstractContextManager[None]:
-        """Decode steps inside the block are charged to ``cause``."""
-        return self.effects.activity(cause, self._state_name, lambda: len(self.log))
-
-    def _requests_during_training(self) -> None:
-        """Inside a training step (drawn by the step's rule): a server request arrives and your engine's loop gets
-        its chance to serve it (a step of its ``decode_step``, or a short wait for an engine with its own loop)."""
-        if not self.serve_during_training:
-            return
-        requests = self.effects.requests
-        try:
-            with self._activity(Cause.SERVER):
-                requests.send(Cause.SERVER, 4)
-                if requests.step_driven:
-                    requests.tick()
-                else:
-                    requests.settle(requests.wait_s())
-        except Exception as exc:  # your decode_step raised: reported as such, not as the trainer's failure
-            self.log.add("server", "tick", "error", repr(exc), probe=False)
-            raise AssertionError(f"{self.effects.names['decode_step']} raised during a training step: {exc!r}") from exc
-
-    def _shutdown_engine(self) -> None:
-        """Your engine's own ``shutdown()`` at the end of a program that did not stop it (releases requests the
-        kit left parked in it)."""
-        if self.ad is not None:
-            out = self.ad.engine.shutdown()
-            if inspect.isawaitable(out):
-                self.runner(out)
 
     def _drive(self, label: str, fn: Callable[..., Any], *args: Any, coro: Any = None) -> bool:
         """Run one lifecycle call; a failure is fine only if an injected fault fired during it."""
@@ -633,14 +534,14 @@ class LifecycleMachine(StepOracle, LifecycleInvariants, RuleBasedStateMachine):
         assert lc is not None
         if trigger in lc.spec.triggers(lc.state) and lc.can(trigger):
             return
-        before = (lc.state, len(lc.trace), len(self.log), lc.weight_version, dict(lc.facts), lc.step_index)
+        before = (lc.state, len(lc.trace), self.log.calls(), lc.weight_version, dict(lc.facts), lc.step_index)
         try:
             lc.fire(trigger)
         except (InvalidTransition, GuardRejected) as exc:
             assert exc.state == before[0].value and trigger in str(exc), f"error must name state and trigger: {exc}"
         else:
             raise AssertionError(f"trigger {trigger!r} from {before[0].value} was accepted")
-        after = (lc.state, len(lc.trace), len(self.log), lc.weight_version, dict(lc.facts), lc.step_index)
+        after = (lc.state, len(lc.trace), self.log.calls(), lc.weight_version, dict(lc.facts), lc.step_index)
         assert after == before, f"a refused trigger {trigger!r} changed the machine: {before} -> {after}"
         count("wrong_triggers")
 
