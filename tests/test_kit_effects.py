@@ -4,13 +4,29 @@ and tokens time-stamped against the lifecycle's own windows (item 1 of issue 27)
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import pytest
 
+from colo_fsm.adapters.protocols import Completion
+from colo_fsm.errors import LifecycleViolation
 from colo_fsm.guards.decision import LatchedDecision, ValidationDecision
 from colo_fsm.states import NEMO_RL, State
-from colo_fsm.testing.lifecycle_machine import KitHandle, RunConfig, lifecycle_machine, recording_fakes
+from colo_fsm.states.spec import EngineCondition
+from colo_fsm.testing.effects import Cause, Effects
+from colo_fsm.testing.lifecycle_machine import (
+    KitHandle,
+    RunConfig,
+    check_lifecycle,
+    lifecycle_machine,
+    lifecycle_test_case,
+    recording_fakes,
+    stats_snapshot,
+)
+from colo_fsm.testing.profiles import CI_PROFILE, DEV_PROFILE, lifecycle_settings
+from colo_fsm.testing.watch import Conditions, EventLog
+from tests.support.liars import LyingNemoEngine, docs_shaped, lying_toy_engine, nemo_shaped
 
 S = State
 
@@ -80,3 +96,199 @@ def test_a_validation_decode_is_not_charged_to_the_state_the_step_ends_in():
         m.no_decode_while_parked()
     finally:
         m.teardown()
+
+
+# ------------------------------------------------------------------------------- windows, forced interleavings
+NAMES = {
+    "engine": "ScriptedEngine",
+    "suspend": "ScriptedEngine.suspend",
+    "shutdown": "ScriptedEngine.shutdown",
+    "decode_step": "ScriptedEngine.decode_step",
+    "train_step": "ScriptedTrainer.train_step",
+}
+
+
+class ScriptedEngine:
+    """An engine whose tokens the test delivers by hand, at the point of the lifecycle's calls it chooses."""
+
+    def __init__(self) -> None:
+        self.on_token: list[Any] = []
+
+    def submit(self, prompt_ids: Any, *, max_tokens: int, on_token: Any = None) -> int:
+        self.on_token.append(on_token)
+        return len(self.on_token) - 1
+
+    def deliver(self, request: int = 0) -> None:
+        self.on_token[request](7, 0.0, 1)
+
+
+def _effects(engine: Any, initial: EngineCondition = EngineCondition.AWAKE) -> tuple[EventLog, Effects]:
+    log = EventLog(lambda: "Draining", Conditions())
+    return log, Effects.watch(log, initial, engine, names=NAMES)
+
+
+def test_a_token_is_judged_by_when_it_arrives_against_the_lifecycles_own_calls():
+    """Tokens inside suspend() (the step it finishes) are fine; after it returns and until the next resume()
+    call they are not; during train_step they break one-communicator; from the resume call on they are fine."""
+    engine = ScriptedEngine()
+    log, fx = _effects(engine)
+    assert fx.requests.send(Cause.SERVER, 4) is not None
+    engine.deliver()  # awake
+    log.add("engine", "suspend", "call")
+    engine.deliver()  # the step a suspend waits for
+    assert not fx.requests.violations
+    log.add("engine", "suspend", "ok")
+    engine.deliver()  # held suspended: the lie shows
+    log.add("trainer", "train_step", "call")
+    engine.deliver()  # during training
+    log.add("trainer", "train_step", "ok")
+    log.add("engine", "resume", "call")
+    engine.deliver()  # woken
+    kinds = [v.kind for v in fx.requests.violations]
+    assert kinds == ["while_suspended", "during_training"], fx.requests.violations
+    first, second = fx.requests.violations
+    assert first.since == second.since - 2 and first.at == 5 and second.at == 7
+    assert "ScriptedEngine.suspend() returned at event 4" in first.text and "before the lifecycle resumed" in first.text
+    assert "during ScriptedTrainer.train_step (event 6)" in second.text
+
+
+def test_a_token_after_shutdown_is_judged_and_none_is_sent_to_a_torn_down_engine():
+    engine = ScriptedEngine()
+    log, fx = _effects(engine)
+    fx.requests.send(Cause.SERVER, 4)
+    log.add("engine", "shutdown", "call")
+    log.add("engine", "shutdown", "ok")
+    engine.deliver()
+    (v,) = fx.requests.violations
+    assert "ScriptedEngine.shutdown() returned" in v.text
+    assert fx.requests.send(Cause.SERVER, 4) is None  # nothing is sent to a torn-down engine
+
+
+class GatedGenerator:
+    """A ``generate`` engine whose requests return only when the test releases them (one gate per request)."""
+
+    def __init__(self) -> None:
+        self.gates: list[threading.Event] = []
+        self.entered: list[threading.Event] = []
+
+    def prepare(self) -> int:
+        self.gates.append(threading.Event())
+        self.entered.append(threading.Event())
+        return len(self.gates) - 1
+
+    def generate(self, prompts: Any, *, max_tokens: int, temperature: float = 0.0, seed: Any = None) -> Any:
+        n = int(threading.current_thread().name.rsplit("-", 1)[1])
+        self.entered[n].set()
+        assert self.gates[n].wait(WAIT_S), "the test never released the request"
+        return [Completion("x", (1, 2), 0)]
+
+
+WAIT_S = 30.0  # a bound on waiting for an event the test itself sets (a busy machine), never a timing figure
+
+
+def _done(fx: Effects, n: int) -> None:
+    thread = fx.requests.requests[n].thread
+    assert thread is not None
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+
+
+def test_a_completion_counts_only_if_its_whole_request_lay_in_one_silent_window():
+    engine = GatedGenerator()
+    log, fx = _effects(engine)
+    assert fx.requests.channel is not None and fx.requests.channel.kind == "generate"
+    engine.prepare()
+    fx.requests.send(Cause.SERVER, 2)  # submitted awake ...
+    assert engine.entered[0].wait(WAIT_S)
+    log.add("engine", "suspend", "ok")
+    engine.gates[0].set()  # ... returns while suspended: its tokens may predate the suspend
+    _done(fx, 0)
+    engine.prepare()
+    fx.requests.send(Cause.SERVER, 2)  # submitted while suspended, returns before any resume: decoded suspended
+    engine.gates[1].set()
+    _done(fx, 1)
+    engine.prepare()
+    fx.requests.send(Cause.SERVER, 2)  # submitted while suspended, returns after the resume call: parked, fine
+    assert engine.entered[2].wait(WAIT_S)
+    log.add("engine", "resume", "call")
+    engine.gates[2].set()
+    _done(fx, 2)
+    (v,) = fx.requests.violations
+    assert v.kind == "while_suspended" and "GatedGenerator.generate returned 2 token(s)" in v.text
+    assert "submitted at event" in v.text
+
+
+def test_settle_ends_at_once_for_a_request_parked_in_a_condition_wait():
+    """A parking engine ends the kit's wait as soon as its request blocks: the wait is not a timing figure, it is
+    bounded by the request's own state (the bound here is generous, the assertion is on what happened)."""
+    engine = GatedGenerator()
+    log, fx = _effects(engine, EngineCondition.SUSPENDED)
+    engine.prepare()
+    req = fx.requests.send(Cause.SERVER, 2)
+    assert req is not None and engine.entered[0].wait(WAIT_S)
+    fx.requests.settle(WAIT_S)
+    assert not req.done and fx.requests.waits == 1  # it returned because the request parked, not because it ended
+    engine.gates[0].set()
+    _done(fx, 0)
+    assert fx.requests.close(None) == 0
+
+
+def test_the_decode_ledger_charges_each_step_to_its_cause_where_it_ran():
+    steps = [0]
+    log = EventLog(lambda: "Validating", Conditions())
+    fx = Effects.watch(log, EngineCondition.AWAKE, object(), names=NAMES, decode_probe=lambda: steps[0])
+    with fx.activity(Cause.VALIDATION, lambda: "Validating", lambda: len(log)):
+        steps[0] += 1  # the validator's decode step, with the engine awake for it
+    log.add("engine", "suspend", "ok")
+    with fx.activity(Cause.ROLLOUT, lambda: "Draining", lambda: len(log)):
+        steps[0] += 2  # a rollout decoding on a suspended engine
+    assert fx.ledger.by_cause == {(Cause.VALIDATION, "Validating"): 1, (Cause.ROLLOUT, "Draining"): 2}
+    (v,) = fx.ledger.violations
+    assert "ran 2 decode step(s) (rollout)" in v.text and "ScriptedEngine.suspend() returned at event 0" in v.text
+
+
+# ------------------------------------------------------------------------------- the kit over adapters that lie
+REPORT_LINES = 40
+
+
+def _violation(factory: Any, **attrs: Any) -> LifecycleViolation:
+    """The kit's report on ``factory``'s adapters under the default profile (it must find a violation)."""
+    with pytest.raises(LifecycleViolation) as info:
+        check_lifecycle(factory, profile=CI_PROFILE, **attrs)
+    return info.value
+
+
+def test_the_kit_finds_the_docs_toy_engine_serving_while_it_says_suspended():
+    """The docs' own toy adapters (docs/embedding.md), their engine's suspend() a lie: found by what it does."""
+    report = str(_violation(docs_shaped(lying_toy_engine())))
+    first = report.splitlines()[0]
+    assert first.startswith("[one-communicator] LyingToyEngine.suspend() returned at event"), first
+    assert "LyingToyEngine.generate returned" in first and "WatchedEngine" not in report
+    assert len(report.splitlines()) <= REPORT_LINES, report
+
+
+def test_the_kit_finds_a_nemo_shaped_engine_that_lies_in_every_report():
+    """Its condition says suspended and its request counts say parked: only the tokens show it serving."""
+    report = str(_violation(nemo_shaped(LyingNemoEngine), spec=NEMO_RL))
+    first = report.splitlines()[0]
+    assert first.startswith("[one-communicator] LyingNemoEngine.suspend() returned at event"), first
+    assert "LyingNemoEngine.decode_step delivered a token" in first and "WatchedEngine" not in report
+    assert len(report.splitlines()) <= REPORT_LINES, report
+
+
+def test_the_honest_shapes_pass_with_validation_decoding_on_the_engine():
+    """No false alarm: the docs' engine parks the kit's requests, the NeMo-shaped one parks and resumes them, and
+    the validations (the kit's, decoding on the engine) run in Validating."""
+    quick = lifecycle_settings(DEV_PROFILE)
+    before = stats_snapshot()
+    check_lifecycle(docs_shaped(), settings=quick)
+    check_lifecycle(nemo_shaped(), settings=quick, spec=NEMO_RL)
+    after = stats_snapshot()
+    assert after.get("kit_requests", 0) > before.get("kit_requests", 0)
+    assert after.get("kit_requests_left_parked", 0) == before.get("kit_requests_left_parked", 0)
+
+
+def test_the_test_case_class_reports_the_same_way():
+    case = lifecycle_test_case(nemo_shaped(LyingNemoEngine), profile=DEV_PROFILE, spec=NEMO_RL)
+    with pytest.raises(LifecycleViolation, match=r"LyingNemoEngine\.suspend\(\) returned"):
+        case("runTest").runTest()

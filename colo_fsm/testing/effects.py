@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -195,6 +196,15 @@ def request_channel(engine: Any) -> _Channel | None:
     return None
 
 
+def _parked(thread: threading.Thread | None) -> bool:
+    """Whether ``thread`` is blocked in a ``threading`` wait (a Condition, Event, Queue or Future wait): how a
+    request parked in a suspended engine looks from outside."""
+    if thread is None or thread.ident is None:
+        return False
+    frame = sys._current_frames().get(thread.ident)
+    return frame is not None and frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__
+
+
 def _takes(fn: Callable[..., Any], keyword: str) -> bool:
     try:
         params = inspect.signature(fn).parameters.values()
@@ -239,6 +249,8 @@ class KitRequests:
         self._awake_latency: list[float] = []
         self._delivering = threading.local()
         self._windows_at: dict[int, Window] = {}  # event index -> the window when it was appended (exact)
+        self.waits = 0  # settle() calls that waited, and how long in all (for the kit's counts)
+        self.waited_s = 0.0
         log.listen(self.see)
 
     def see(self, ev: Event) -> None:
@@ -257,8 +269,11 @@ class KitRequests:
         return self._tick is not None and self.channel is not None and self.channel.kind == "submit"
 
     def wait_s(self) -> float:
-        """How long a correct engine may take to deliver: 10x the median service time of requests served while
-        the engine was awake (at least 2 ms, at most 50 ms; 20 ms before any was served)."""
+        """How long the kit waits at most for your engine to serve (or park) its requests: for ``generate``,
+        0.2 s (a parking engine ends the wait at once); for an engine with a loop of its own, 10x the median time
+        it took to serve a request while awake (at least 2 ms, at most 50 ms; 20 ms before one was served)."""
+        if self.channel is not None and self.channel.kind == "generate":
+            return 0.2
         if not self._awake_latency:
             return 0.02
         return min(0.05, max(0.002, 10 * statistics.median(self._awake_latency[-32:])))
@@ -306,18 +321,36 @@ class KitRequests:
             self._tick()
 
     def settle(self, wait_s: float) -> None:
-        """Give an engine with a loop of its own up to ``wait_s`` to deliver on an outstanding request."""
-        if not any(not r.done for r in self.requests):
+        """Let your engine serve the kit's outstanding requests before the kit moves on.
+
+        A ``generate`` request runs on a thread of the kit: wait until each has returned or parked (its thread
+        blocks in a ``threading`` wait, as a parking engine's does; a correct engine parks at once, so this costs
+        microseconds) or ``wait_s`` passed. An engine with a loop of its own (``on_token``): up to ``wait_s`` for
+        it to deliver something.
+        """
+        pending = [r for r in self.requests if not r.done]
+        if not pending or self.channel is None:
             return
-        with self._progress:
-            before = self._progressed
-            self._progress.wait_for(lambda: self._progressed > before, timeout=wait_s)
+        t0 = time.perf_counter()
+        if self.channel.kind == "generate":
+            deadline = t0 + wait_s
+            while not all(r.done or _parked(r.thread) for r in pending) and time.perf_counter() < deadline:
+                time.sleep(0.0002)
+        else:
+            with self._progress:
+                before = self._progressed
+                self._progress.wait_for(lambda: self._progressed > before, timeout=wait_s)
+        self.waits += 1
+        self.waited_s += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ delivery
     def _on_token(self, req: KitRequest) -> Callable[..., None]:
         def on_token(*_args: Any) -> None:
             source = getattr(self._delivering, "source", None) or f"{self._names['engine']} (its own loop)"
-            self._delivered(req, "token", 1, source)
+            first = req.tokens == 0
+            window = self._delivered(req, "token", 1, source)
+            if first and req.window.held is E.AWAKE and window.hold == req.window.hold:
+                self._awake_latency.append(time.perf_counter() - req.t_submit)
 
         return on_token
 

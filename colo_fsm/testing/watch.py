@@ -118,6 +118,14 @@ class EventLog:
     def __len__(self) -> int:
         return len(self.events)
 
+    CALLERS = frozenset({"engine", "trainer", "collector", "device", "barrier", "validator"})
+    """Components whose events are calls the lifecycle made (the others record what the adapters produced)."""
+
+    def calls(self) -> int:
+        """How many events are the lifecycle's calls (not the output of requests the kit sent, which other threads
+        may append at any time)."""
+        return sum(1 for e in self.events if e.component in self.CALLERS)
+
     def count(self, component: str, method: str, phase: str = "ok") -> int:
         """How many calls of ``component.method`` reached ``phase``."""
         return sum(1 for e in self.events if e.component == component and e.method == method and e.phase == phase)
