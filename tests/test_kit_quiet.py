@@ -1,0 +1,104 @@
+"""The kit is fast and quiet (item 2 of issue 27): a broken spec is refused before any program runs, injected
+faults' logs stay out of the output (the failing program's are in its report), a caller's own hypothesis
+settings cannot bring back deadlines or health checks, and a failure is one short report naming your code."""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from typing import Any
+
+import pytest
+from hypothesis import settings
+
+from colo_fsm.errors import LifecycleViolation, SpecCheckFailed, SpecError
+from colo_fsm.states import NEMO_RL
+from colo_fsm.testing.fakes import Journal, RecordingCollector, RecordingEngine, RecordingTrainer
+from colo_fsm.testing.lifecycle_machine import Adapters, check_lifecycle, recording_fakes, stats_snapshot
+from colo_fsm.testing.profiles import DEV_PROFILE, lifecycle_settings
+from tests.support.mutants import MUTANTS
+
+SPECS = {m.name: m.spec for m in MUTANTS}
+
+
+def _programs() -> int:
+    return stats_snapshot().get("programs", 0)
+
+
+def test_a_spec_the_checker_rejects_fails_before_any_program_runs():
+    before = _programs()
+    with pytest.raises(SpecCheckFailed) as info:
+        check_lifecycle(recording_fakes, spec=SPECS["nemo-val-at-end-resumes-collection"])
+    text = str(info.value)
+    assert "[checkpoint-suspends]" in text and "the exhaustive checker, N=2 ranks" in text, text
+    assert _programs() == before, "programs ran on a spec the checker refuses"
+
+
+def test_a_spec_the_static_rules_reject_fails_before_any_program_runs():
+    before = _programs()
+    with pytest.raises(SpecError) as info:
+        check_lifecycle(recording_fakes, spec=SPECS["resume-before-barrier"])
+    assert not isinstance(info.value, SpecCheckFailed) and "one-communicator" in str(info.value)
+    assert _programs() == before
+
+
+def test_injected_faults_log_nothing_while_the_programs_pass(caplog: pytest.LogCaptureFixture):
+    logger = logging.getLogger("colo_fsm")
+    level = logger.level
+    logger.setLevel(logging.INFO)  # the lifecycle logs each injected fault's failure at ERROR
+    before = stats_snapshot()
+    try:
+        with caplog.at_level(logging.INFO):
+            check_lifecycle(recording_fakes, settings=lifecycle_settings(DEV_PROFILE))
+    finally:
+        logger.setLevel(level)
+    after = stats_snapshot()
+    assert after.get("failures_after_fault", 0) > before.get("failures_after_fault", 0)  # faults fired and logged
+    shown = [r.getMessage() for r in caplog.records if r.name.startswith("colo_fsm")]
+    assert not shown, shown[:3]
+
+
+class SuspendRaises(RecordingEngine):
+    """An engine bug (not an injected fault): its suspend() raises."""
+
+    def suspend(self) -> None:
+        raise RuntimeError("suspend broke")
+
+
+def test_a_failing_programs_report_is_short_and_shows_its_logs_and_where_your_code_raised():
+    logger = logging.getLogger("colo_fsm")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+
+    def broken() -> Adapters:
+        j = Journal()
+        return Adapters(SuspendRaises(j), RecordingTrainer(j), RecordingCollector(j))
+
+    try:
+        with pytest.raises(LifecycleViolation) as info:
+            check_lifecycle(broken, settings=lifecycle_settings(DEV_PROFILE), inject_faults=False)
+    finally:
+        logger.setLevel(level)
+    report = str(info.value)
+    assert "the lifecycle failed with no fault injected" in report and "RuntimeError: suspend broke" in report
+    assert "in suspend" in report and "logs of this program:" in report and "-> Failed" in report, report
+    assert "the program (shrunk):" in report and len(report.splitlines()) <= 40, report
+
+
+class SlowBringUp(RecordingEngine):
+    """A real engine's bring-up takes a while: longer than hypothesis' default 200 ms deadline."""
+
+    def bring_up(self) -> None:
+        time.sleep(0.25)
+        super().bring_up()
+
+
+def test_a_callers_settings_bring_back_no_deadline_and_no_warning():
+    def slow() -> Any:
+        ad = recording_fakes()
+        return Adapters(SlowBringUp(ad.engine.journal), ad.trainer, ad.collector)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a hypothesis warning (health check, deprecation) fails the test
+        check_lifecycle(slow, settings=settings(max_examples=3, database=None), inject_faults=False, spec=NEMO_RL)
