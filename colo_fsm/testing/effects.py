@@ -196,13 +196,20 @@ def request_channel(engine: Any) -> _Channel | None:
     return None
 
 
-def _parked(thread: threading.Thread | None) -> bool:
+def is_parked(thread: threading.Thread | None) -> bool:
     """Whether ``thread`` is blocked in a ``threading`` wait (a Condition, Event, Queue or Future wait): how a
     request parked in a suspended engine looks from outside."""
     if thread is None or thread.ident is None:
         return False
     frame = sys._current_frames().get(thread.ident)
     return frame is not None and frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__
+
+
+THREAD_PREFIX = "colo-fsm-kit-request-"
+
+
+def _live_request_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX))
 
 
 def _takes(fn: Callable[..., Any], keyword: str) -> bool:
@@ -224,8 +231,8 @@ class KitRequests:
     """
 
     MAX_THREADS = 64
-    """Requests left parked in a ``generate`` that never returns (on an engine never shut down) before the kit
-    stops sending more."""
+    """Threads of the kit's ``generate`` requests alive at once, in the whole process, beyond which the kit sends
+    no more (requests of engines whose shutdown does not release them stay parked for good)."""
 
     def __init__(
         self,
@@ -261,7 +268,7 @@ class KitRequests:
     @property
     def available(self) -> bool:
         """Whether the kit can send requests to this engine."""
-        return self.channel is not None and self._live_threads() < self.MAX_THREADS
+        return self.channel is not None and _live_request_threads() < self.MAX_THREADS
 
     @property
     def step_driven(self) -> bool:
@@ -297,7 +304,7 @@ class KitRequests:
                 req.done = True
         else:
             req.thread = threading.Thread(
-                target=self._generate, args=(req, max_tokens), name=f"colo-fsm-kit-request-{number}", daemon=True
+                target=self._generate, args=(req, max_tokens), name=f"{THREAD_PREFIX}{number}", daemon=True
             )
             req.thread.start()
         return req
@@ -334,7 +341,7 @@ class KitRequests:
         t0 = time.perf_counter()
         if self.channel.kind == "generate":
             deadline = t0 + wait_s
-            while not all(r.done or _parked(r.thread) for r in pending) and time.perf_counter() < deadline:
+            while not all(r.done or is_parked(r.thread) for r in pending) and time.perf_counter() < deadline:
                 time.sleep(0.0002)
         else:
             with self._progress:
@@ -405,22 +412,15 @@ class KitRequests:
             self._progress.notify_all()
 
     # ------------------------------------------------------------------ the end of a program
-    def _live_threads(self) -> int:
-        return sum(1 for r in self.requests if r.thread is not None and r.thread.is_alive())
-
-    def close(self, shutdown: Callable[[], Any] | None, *, timeout_s: float = 1.0) -> int:
+    def close(self, shutdown: Callable[[], Any] | None) -> int:
         """End a program: requests still parked in a ``generate`` are released by ``shutdown`` (your engine's,
-        when the lifecycle did not tear it down) and joined; returns how many are still alive after that."""
-        live = [r.thread for r in self.requests if r.thread is not None and r.thread.is_alive()]
-        if not live:
-            return 0
-        if shutdown is not None and self._windows.now.held is not E.TORN_DOWN:
+        when the lifecycle did not tear it down; their threads end on their own, nobody waits for them). Returns
+        how many were parked."""
+        parked = [r for r in self.requests if r.thread is not None and not r.done]
+        if parked and shutdown is not None and self._windows.now.held is not E.TORN_DOWN:
             with contextlib.suppress(Exception):
                 shutdown()
-        deadline = time.monotonic() + timeout_s
-        for t in live:
-            t.join(max(0.0, deadline - time.monotonic()))
-        return sum(1 for t in live if t.is_alive())
+        return len(parked)
 
 
 @dataclass
@@ -478,5 +478,6 @@ __all__ = [
     "Window",
     "Windows",
     "describe",
+    "is_parked",
     "request_channel",
 ]

@@ -13,6 +13,7 @@ the caller owns (see :class:`LoopRunner`), because the lifecycle calls adapters 
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import threading
 from collections.abc import Callable, Coroutine, Mapping
@@ -87,6 +88,7 @@ class EventLog:
         self._probe = probe
         self._lock = threading.Lock()
         self._listeners: list[Callable[[Event], None]] = []
+        self._counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.names: dict[str, str] = {}  # component -> your adapter's class, for readable lines
 
     def listen(self, listener: Callable[[Event], None]) -> None:
@@ -111,6 +113,7 @@ class EventLog:
                 real[1],
             )
             self.events.append(ev)
+            self._counts[component, method, phase] += 1
             for listener in self._listeners:
                 listener(ev)
             return ev
@@ -128,7 +131,7 @@ class EventLog:
 
     def count(self, component: str, method: str, phase: str = "ok") -> int:
         """How many calls of ``component.method`` reached ``phase``."""
-        return sum(1 for e in self.events if e.component == component and e.method == method and e.phase == phase)
+        return self._counts[component, method, phase]
 
     def lines(self, start: int = 0) -> list[str]:
         """Readable lines (for failure messages)."""
