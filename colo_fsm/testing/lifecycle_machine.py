@@ -287,12 +287,12 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
             if self.lc is not None:
                 self.lc.close()
                 requests = self.effects.requests
-                left = requests.close(self._shutdown_engine)
+                released = requests.close(self._shutdown_engine)
                 count("kit_requests", len(requests.requests))
                 count("kit_request_waits", requests.waits)
                 count("kit_request_wait_ms", round(requests.waited_s * 1000))
-                if left:
-                    count("kit_requests_left_parked", left)
+                if released:
+                    count("kit_requests_released_at_end", released)
             if self.ad is not None and self.ad.close is not None:
                 self.ad.close()
         finally:
@@ -319,6 +319,11 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
 
     def _at(self, *states: State) -> bool:
         return self.lc is not None and self.lc.state in states
+
+    def _ended(self) -> bool:
+        """The run is over (a terminal state): every rule may be drawn, each checking its call's refusal, so a
+        program that stopped early never runs out of rules (hypothesis would discard it half-run)."""
+        return self.lc is not None and self.lc.spec.state(self.lc.state).terminal
 
     def _can_fire(self, trigger: str) -> bool:
         """Whether ``trigger`` leaves the current state in the spec (its guards aside)."""
@@ -382,28 +387,34 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
         return factory(list(trajectories), self.lc.step_index) if factory is not None else trajectories
 
     # ------------------------------------------------------------------ rules: the training loop
-    @precondition(lambda self: self._at(S.CREATED))
+    @precondition(lambda self: self._at(S.CREATED) or self._ended())
     @rule()
     def start(self) -> None:
         lc = self.lc
         assert lc is not None
+        if self._ended():
+            return self._wrong_trigger("start")
         self._drive("start", lc.start, coro=self.alc.start() if self.alc else None)
 
-    @precondition(lambda self: self._can_fire("begin_step"))
+    @precondition(lambda self: self._can_fire("begin_step") or self._ended())
     @rule()
     def begin_step(self) -> None:
         lc = self.lc
         assert lc is not None
+        if self._ended():
+            return self._wrong_trigger("begin_step")
         step, wv, at = lc.step_index, lc.weight_version, len(self.log)
         self._drive("begin_step", lc.begin_step, coro=self.alc.fire("begin_step") if self.alc else None)
         self._latched(step, wv, at)
 
-    @precondition(lambda self: self._can_fire("train"))
+    @precondition(lambda self: self._can_fire("train") or self._ended())
     @rule(request_during_training=st.booleans())
     def train(self, request_during_training: bool = False) -> None:
         """``Lifecycle.train`` (``request_during_training``: a server request arrives while the trainer runs)."""
         lc = self.lc
         assert lc is not None
+        if self._ended():
+            return self._wrong_trigger("train")
         batch, wv = self._batch(), lc.weight_version
         trained = self.log.count("trainer", "train_step")
         self.serve_during_training = request_during_training
@@ -413,13 +424,15 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
             self.serve_during_training = False
         self._after_train(batch, wv, trained, ok, inline=False)
 
-    @precondition(lambda self: self._can_fire("begin_step"))
+    @precondition(lambda self: self._can_fire("begin_step") or self._ended())
     @rule(request_during_training=st.booleans())
     def whole_step(self, request_during_training: bool = False) -> None:
         """``Lifecycle.step``: handoff, train, save, (inline validation), handoff back (``request_during_training``:
         a server request arrives while the trainer runs)."""
         lc = self.lc
         assert lc is not None
+        if self._ended():
+            return self._wrong_trigger("begin_step")
         step, wv, at = lc.step_index, lc.weight_version, len(self.log)
         batch = self._batch()
         trained = self.log.count("trainer", "train_step")
@@ -442,24 +455,28 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
         if ok and rec is not None:
             self._step_outcome(rec, inline=inline)
 
-    @precondition(lambda self: self._can_fire("end_validation"))
+    @precondition(lambda self: self._can_fire("end_validation") or self._ended())
     @rule()
     def end_validation(self) -> None:
         lc = self.lc
         assert lc is not None
+        if self._ended():
+            return self._wrong_trigger("end_validation")
         ok = self._drive("end_validation", lc.end_validation, coro=self.alc.end_validation() if self.alc else None)
         rec = self._pending_step()
         if ok and rec is not None:
             self._step_outcome(rec, inline=True)
 
-    @precondition(lambda self: self.lc is not None and self.lc.can("stop"))
+    @precondition(lambda self: (self.lc is not None and self.lc.can("stop")) or self._ended())
     @rule(now=st.integers(0, 2))
     def stop(self, now: int) -> None:
         """Stop the run (a one-in-three draw, so programs get deep before they stop)."""
         lc = self.lc
         assert lc is not None
         if now:
-            return
+            return None
+        if self._ended():
+            return self._wrong_trigger("stop")
         self._drive("stop", lc.stop, coro=self.alc.stop() if self.alc else None)
 
     # ------------------------------------------------------------------ rules: the world around it
