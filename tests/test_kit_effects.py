@@ -179,7 +179,7 @@ class GatedGenerator:
     def generate(self, prompts: Any, *, max_tokens: int, temperature: float = 0.0, seed: Any = None) -> Any:
         n = int(threading.current_thread().name.rsplit("-", 1)[1])
         self.entered[n].set()
-        assert self.gates[n].wait(WAIT_S), "the test never released the request"
+        self.gates[n].wait()  # parked until the test (or the engine's shutdown) releases it; a daemon thread
         return [Completion("x", (1, 2), 0)]
 
 

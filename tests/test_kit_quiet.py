@@ -10,13 +10,14 @@ import warnings
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, Phase, settings
 
 from colo_fsm.errors import LifecycleViolation, SpecCheckFailed, SpecError
 from colo_fsm.states import NEMO_RL
 from colo_fsm.testing.fakes import Journal, RecordingCollector, RecordingEngine, RecordingTrainer
 from colo_fsm.testing.lifecycle_machine import Adapters, check_lifecycle, recording_fakes, stats_snapshot
 from colo_fsm.testing.profiles import DEV_PROFILE, lifecycle_settings
+from colo_fsm.testing.report import quiet_settings
 from tests.support.mutants import MUTANTS
 
 SPECS = {m.name: m.spec for m in MUTANTS}
@@ -86,18 +87,20 @@ def test_a_failing_programs_report_is_short_and_shows_its_logs_and_where_your_co
     assert "the program (shrunk):" in report and len(report.splitlines()) <= 40, report
 
 
-class SlowBringUp(RecordingEngine):
-    """A real engine's bring-up takes a while: longer than hypothesis' default 200 ms deadline."""
+def test_the_kit_runs_hypothesis_quietly_whatever_settings_the_caller_passes():
+    mine = settings(max_examples=3, deadline=200, print_blob=True, report_multiple_bugs=True, database=None)
+    quiet = quiet_settings(mine)
+    assert quiet.max_examples == 3  # the caller's own choices stay
+    assert quiet.deadline is None and set(quiet.suppress_health_check) == set(HealthCheck)
+    assert not quiet.print_blob and not quiet.report_multiple_bugs and Phase.explain not in quiet.phases
 
-    def bring_up(self) -> None:
-        time.sleep(0.25)
-        super().bring_up()
 
-
-def test_a_callers_settings_bring_back_no_deadline_and_no_warning():
+def test_a_callers_settings_bring_back_no_health_check_deadline_or_warning():
     def slow() -> Any:
-        ad = recording_fakes()
-        return Adapters(SlowBringUp(ad.engine.journal), ad.trainer, ad.collector)
+        time.sleep(
+            0.5
+        )  # a real engine takes a while to build: past hypothesis' default deadline (200 ms, 250 ms with its grace)
+        return recording_fakes()
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a hypothesis warning (health check, deprecation) fails the test
