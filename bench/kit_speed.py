@@ -13,8 +13,8 @@ it, as the user would, under the default profile (``colo-fsm-ci``):
 
     PYTHONPATH=. .venv/bin/python bench/kit_speed.py [--json PATH]
 
-Each line says the load average (1 min) before and after its run: on a shared 2-core machine the times move
-with it.
+Each line says the load average (1 min) before and after its run, and the CPU seconds pytest used: on a shared
+2-core machine the wall-clock times move with the load, the CPU seconds much less (the kit runs on one core).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -115,6 +116,7 @@ def run(folder: Path, select: list[str], *, plant: bool = False) -> dict[str, ob
     if plant:
         env["KIT_SPEED_PLANT"] = "1"
     load0 = os.getloadavg()[0]
+    usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *select],
@@ -125,11 +127,14 @@ def run(folder: Path, select: list[str], *, plant: bool = False) -> dict[str, ob
         timeout=900,
     )
     seconds = time.perf_counter() - t0
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = usage.ru_utime + usage.ru_stime - usage0.ru_utime - usage0.ru_stime
     out = proc.stdout
     summary = out.strip().splitlines()[-1] if out.strip() else proc.stderr[-300:]
     failure = re.search(r"^_{3,} .* _{3,}$(.*?)(?=^(?:_{3,} |={3,} ))", out, re.S | re.M)
     return {
         "seconds": round(seconds, 1),
+        "cpu_seconds": round(cpu, 1),
         "summary": summary,
         "failure_lines": len(failure.group(1).strip("\n").splitlines()) if failure else 0,
         "failure": failure.group(1).strip("\n") if failure else "",
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         results["broken spec"] = run(folder, ["test_lifecycle.py::test_my_spec_variant"])
     for name, r in results.items():
         print(
-            f"{name:<13} {r['seconds']:>6} s   load {r['load_before']} -> {r['load_after']}   "
+            f"{name:<13} {r['seconds']:>6} s ({r['cpu_seconds']} s CPU)   load {r['load_before']} -> {r['load_after']}   "
             f"failure: {r['failure_lines']} lines   {r['summary']}"
         )
     if args.show:
