@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from colo_fsm.errors import SpecCheckFailed
+from colo_fsm.errors import SpecCheckFailed, SpecError
 from colo_fsm.states.spec import LifecycleSpec
 from colo_fsm.states.validate import validate_spec
 from colo_fsm.testing.checker import check_all
@@ -28,24 +28,36 @@ def check_spec_once(spec: LifecycleSpec) -> None:
     Raises :class:`~colo_fsm.errors.SpecError` (a static rule) or :class:`~colo_fsm.errors.SpecCheckFailed` (the
     checker's first violation, with the end of its shortest counterexample).
     """
+    __tracebackhide__ = True  # a refused spec is reported by its message, not by the validator's internals
     with _LOCK:
         if _PASSED.get(id(spec)) is spec:
             return
-    validate_spec(spec)
+    try:
+        validate_spec(spec)
+    except SpecError as exc:
+        raise exc.with_traceback(None) from None
     for result in check_all(list(GATE_RANKS), spec=spec):
         if not result.ok:
-            tail = result.counterexample[-8:]
             detail = "\n".join(
                 [
-                    f"  the exhaustive checker, N={result.ranks} ranks, scenario {result.scenario!r}; the end of its "
-                    f"shortest counterexample ({len(result.counterexample)} lines; "
+                    f"  the exhaustive checker, N={result.ranks} ranks, scenario {result.scenario!r}; its shortest "
+                    f"counterexample up to the violation ({len(result.counterexample)} lines; "
                     f"checker.check({result.ranks}, spec=..., scenario={result.scenario!r}).report() shows it whole):",
-                    *(f"  {line}" for line in tail),
+                    *(f"  {line}" for line in _up_to_the_violation(result.counterexample, str(result.violation))),
                 ]
             )
             raise SpecCheckFailed(spec.name, str(result.violation), detail)
     with _LOCK:
         _PASSED[id(spec)] = spec
+
+
+def _up_to_the_violation(counterexample: list[str], violation: str, before: int = 5) -> list[str]:
+    """The last few actions of a counterexample up to the one the violation names, then its explanation."""
+    actions = [i for i, line in enumerate(counterexample) if line.strip()[:1].isdigit()]
+    named = [i for i in actions if counterexample[i].split(". ", 1)[-1].split(": ", 1)[-1] in violation]
+    end = named[-1] if named else (actions[-1] if actions else -1)
+    shown = [line for line in counterexample[max(0, end - before) : end + 1] if line.strip()[:1].isdigit()]
+    return shown + [line for line in counterexample if not line.strip()[:1].isdigit()]
 
 
 __all__ = ["GATE_RANKS", "check_spec_once"]
