@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Mutation proof: apply each lifecycle bug, run every killer, print mutant -> killed-by; exit 1 if one survives.
 
-.venv/bin/python scripts/mutation_proof.py [--json bench/results/mutation_proof.json] [--max-examples 300]
+.venv/bin/python scripts/mutation_proof.py [--json bench/results/mutation_proof.json] [--max-examples 500]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.support.mutants import KILLERS, MUTANTS, evaluate, table  # noqa: E40
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=Path("bench/results/mutation_proof.json"))
-    ap.add_argument("--max-examples", type=int, default=300, help="hypothesis programs per mutant (stops at a kill)")
+    ap.add_argument("--max-examples", type=int, default=500, help="hypothesis programs per mutant (stops at a kill)")
     ap.add_argument("--only", action="append", help="run only these mutants")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each killer's evidence")
     args = ap.parse_args(argv)

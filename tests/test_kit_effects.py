@@ -323,3 +323,41 @@ def test_the_test_case_class_reports_the_same_way():
     case = lifecycle_test_case(nemo_shaped(LyingNemoEngine), profile=DEV_PROFILE, spec=NEMO_RL)
     with pytest.raises(LifecycleViolation, match=r"LyingNemoEngine\.suspend\(\) returned"):
         case("runTest").runTest()
+
+
+def _directed(factory: Any, program: Any, **attrs: Any) -> str:
+    """Run one program by hand (``program(machine)``) and return what the kit's checks say after it."""
+    m = lifecycle_machine(factory, inject_faults=False, **attrs)()
+    try:
+        m.setup(_config(num_steps=3, validate_every=None), autostart=1, first_fault=None)
+        program(m)
+        with pytest.raises(AssertionError) as info:
+            m.lifecycle_rules()
+        return str(info.value)
+    finally:
+        m.teardown()
+
+
+def test_a_request_arriving_while_the_trainer_runs_is_served_by_the_liar_during_training():
+    def program(m: Any) -> None:
+        m.whole_step()  # a server request arrives while the trainer runs
+
+    text = _directed(nemo_shaped(LyingNemoEngine), program, spec=NEMO_RL)
+    assert text.startswith("[one-communicator] LyingNemoEngine.suspend() returned"), text
+    assert "LyingNemoEngine.decode_step delivered a token to a server request" in text
+    assert "during NemoShapedTrainer.train_step" in text
+
+
+def test_a_request_to_the_docs_liar_in_a_handoff_returns_before_the_resume():
+    def program(m: Any) -> None:
+        m.begin_step()
+        m.disturb(("request", 1))
+        (req,) = m.effects.requests.requests
+        req.thread.join(WAIT_S)  # the liar's generate returns at once; a parking engine's would not
+        assert req.done
+
+    text = _directed(docs_shaped(lying_toy_engine()), program)
+    assert text.startswith("[one-communicator] LyingToyEngine.suspend() returned"), text
+    assert (
+        "LyingToyEngine.generate returned 1 token(s)" in text and "in Draining, before the lifecycle resumed it" in text
+    )

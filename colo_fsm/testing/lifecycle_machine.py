@@ -93,6 +93,10 @@ from colo_fsm.testing.watch import (
 
 E, C, S = EngineCondition, CollectorCondition, State
 
+CALLS_PER_LIFECYCLE_CALL = 1000
+"""Adapter calls one lifecycle call may make (a step makes a few dozen) before the kit refuses the next: a spec
+whose automatic transitions never come to rest fails the program instead of looping for ever."""
+
 
 # ---------------------------------------------------------------------------------------------- machine
 class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants, RuleBasedStateMachine):
@@ -145,7 +149,6 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
         self.ad: Adapters | None = None
         self.violations = collections.defaultdict(list)
         self.logs: ProgramLogs | None = None
-        self.serve_during_training = False
         count("programs")
 
     # ------------------------------------------------------------------ setup / teardown
@@ -334,6 +337,7 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
         assert self.lc is not None
         fired = len(self.faults.fired)
         count("lifecycle_calls")
+        self.log.call_budget = self.log.calls() + CALLS_PER_LIFECYCLE_CALL
         try:
             if coro is not None:
                 self.runner(coro)
@@ -353,6 +357,7 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
         except InjectedFault as exc:  # escaped the lifecycle untyped
             raise AssertionError(f"{label}: an adapter fault escaped without a typed lifecycle error: {exc!r}") from exc
         finally:
+            self.log.call_budget = None
             self.server.pump()
             self._retire_fault()
         if len(self.faults.fired) > fired:
@@ -408,27 +413,23 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
         self._latched(step, wv, at)
 
     @precondition(lambda self: self._can_fire("train") or self._ended())
-    @rule(request_during_training=st.booleans())
-    def train(self, request_during_training: bool = False) -> None:
-        """``Lifecycle.train`` (``request_during_training``: a server request arrives while the trainer runs)."""
+    @rule()
+    def train(self) -> None:
+        """``Lifecycle.train`` (a server request arrives while the trainer runs)."""
         lc = self.lc
         assert lc is not None
         if self._ended():
             return self._wrong_trigger("train")
         batch, wv = self._batch(), lc.weight_version
         trained = self.log.count("trainer", "train_step")
-        self.serve_during_training = request_during_training
-        try:
-            ok = self._drive("train", lc.train, self._user_batch(batch))
-        finally:
-            self.serve_during_training = False
+        ok = self._drive("train", lc.train, self._user_batch(batch))
         self._after_train(batch, wv, trained, ok, inline=False)
 
     @precondition(lambda self: self._can_fire("begin_step") or self._ended())
-    @rule(request_during_training=st.booleans())
-    def whole_step(self, request_during_training: bool = False) -> None:
-        """``Lifecycle.step``: handoff, train, save, (inline validation), handoff back (``request_during_training``:
-        a server request arrives while the trainer runs)."""
+    @rule()
+    def whole_step(self) -> None:
+        """``Lifecycle.step``: handoff, train, save, (inline validation), handoff back (a server request arrives
+        while the trainer runs)."""
         lc = self.lc
         assert lc is not None
         if self._ended():
@@ -437,11 +438,7 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
         batch = self._batch()
         trained = self.log.count("trainer", "train_step")
         user_batch = self._user_batch(batch)
-        self.serve_during_training = request_during_training
-        try:
-            ok = self._drive("step", lc.step, user_batch, coro=self.alc.step(user_batch) if self.alc else None)
-        finally:
-            self.serve_during_training = False
+        ok = self._drive("step", lc.step, user_batch, coro=self.alc.step(user_batch) if self.alc else None)
         self._latched(step, wv, at)
         self._after_train(batch, wv, trained, ok, inline=self.cfg.inline_validator)
 

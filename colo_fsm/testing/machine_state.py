@@ -79,7 +79,6 @@ class MachineState:
     validations: int
     fault_waited: int
     effects: Effects
-    serve_during_training: bool  # the training step now running gets a server request (drawn by its rule)
 
     def _probe(self) -> tuple[str | None, str | None]:
         """What your adapters report of their conditions (engine, collector), when they report it."""

@@ -124,10 +124,8 @@ _CALLABLE: dict[tuple[int, State, bool], tuple[tuple[str, str], ...]] = {}
 
 RARE_TARGETS: tuple[tuple[str, str], ...] = (
     ("trainer", "train_step"),
-    ("trainer", "restore_buffers"),
     ("trainer", "save_checkpoint"),
     ("barrier", "wait"),
-    ("engine", "suspend"),
     ("engine", "resume"),
     VALIDATOR_TARGET,
 )
@@ -140,7 +138,7 @@ FIRST_FAULTS: tuple[tuple[str, str] | None, ...] = (
     *(t for t in FAULT_DRAWS if t[1] not in ("bring_up", "server_base_urls")),
     *(VALIDATOR_TARGET,) * 4,
 )
-"""The fault armed before a program starts (about a third have none). It waits for its call from the first step
+"""The fault armed before a program starts (about half have none). It waits for its call from the first step
 on, so the rare calls of a step (a save, an inline validation, weighted up most) fail in 500 programs; the start's
 own calls are left out (a failed start ends a program before any step), they fail from ``disturb`` before it."""
 

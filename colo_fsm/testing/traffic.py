@@ -38,10 +38,8 @@ class KitTraffic(MachineState):
         return self.effects.activity(cause, self._state_name, lambda: len(self.log))
 
     def _requests_during_training(self) -> None:
-        """Inside a training step (drawn by the step's rule): a server request arrives and your engine's loop gets
-        its chance to serve it (a step of its ``decode_step``, or a short wait for an engine with its own loop)."""
-        if not self.serve_during_training:
-            return
+        """Inside every training step: a server request arrives and your engine's loop gets its chance to serve it
+        (a step of its ``decode_step``, or, for an engine with a loop of its own, until the request parks)."""
         requests = self.effects.requests
         try:
             with self._activity(Cause.SERVER):

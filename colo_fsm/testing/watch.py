@@ -90,6 +90,8 @@ class EventLog:
         self._listeners: list[Callable[[Event], None]] = []
         self._counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.names: dict[str, str] = {}  # component -> your adapter's class, for readable lines
+        self.call_budget: int | None = None  # the lifecycle's calls allowed before a call is refused (a loop)
+        self._calls = 0
 
     def listen(self, listener: Callable[[Event], None]) -> None:
         """Call ``listener(event)`` for every event appended from now on (under the lock: keep it short)."""
@@ -99,6 +101,13 @@ class EventLog:
         """Record one call phase with the current lifecycle state, conditions and (if any, and ``probe``) the
         probed conditions."""
         real = self._probe() if self._probe is not None and probe else (None, None)
+        if component in self.CALLERS and phase == "call":
+            self._calls += 1
+            if self.call_budget is not None and self._calls > self.call_budget:
+                raise AssertionError(
+                    f"the lifecycle made more than {self.call_budget} calls in one of its own calls "
+                    f"({component}.{method} in {self._state()}): its spec never comes to rest"
+                )
         with self._lock:
             ev = Event(
                 len(self.events),
@@ -125,9 +134,9 @@ class EventLog:
     """Components whose events are calls the lifecycle made (the others record what the adapters produced)."""
 
     def calls(self) -> int:
-        """How many events are the lifecycle's calls (not the output of requests the kit sent, which other threads
-        may append at any time)."""
-        return sum(1 for e in self.events if e.component in self.CALLERS)
+        """How many calls the lifecycle made (not the output of requests the kit sent, which other threads may
+        append at any time)."""
+        return self._calls
 
     def count(self, component: str, method: str, phase: str = "ok") -> int:
         """How many calls of ``component.method`` reached ``phase``."""

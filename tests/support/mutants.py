@@ -794,7 +794,7 @@ def kill_by_checker(m: Mutant, ranks: Sequence[int] = (2, 3)) -> str | None:
     return None
 
 
-def kill_by_hypothesis(m: Mutant, max_examples: int = 300) -> str | None:
+def kill_by_hypothesis(m: Mutant, max_examples: int = 500) -> str | None:
     """The first failing program the lifecycle machine finds (no shrinking, derandomized), or None."""
     from hypothesis import HealthCheck, Phase, Verbosity, settings
     from hypothesis.stateful import run_state_machine_as_test
@@ -936,7 +936,7 @@ class MutantResult:
         return [k for k in self.expected if k not in self.killed_by]
 
 
-def evaluate(m: Mutant, killers: Iterable[str] = KILLERS, *, hypothesis_examples: int = 300) -> MutantResult:
+def evaluate(m: Mutant, killers: Iterable[str] = KILLERS, *, hypothesis_examples: int = 500) -> MutantResult:
     """Run ``killers`` against ``m`` (the hypothesis killer with up to ``hypothesis_examples`` programs)."""
     res = MutantResult(m.name, m.breaks.value if m.breaks else "-", expected=sorted(m.expected))
     for k in killers:
