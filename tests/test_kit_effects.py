@@ -313,8 +313,8 @@ def test_the_honest_shapes_pass_with_validation_decoding_on_the_engine():
     the validations (the kit's, decoding on the engine) run in Validating."""
     quick = lifecycle_settings(DEV_PROFILE)
     before = stats_snapshot()
-    check_lifecycle(docs_shaped(), settings=quick)
-    check_lifecycle(nemo_shaped(), settings=quick, spec=NEMO_RL)
+    check_lifecycle(docs_shaped(), settings=quick, inject_faults=False)  # no fault ends a program early
+    check_lifecycle(nemo_shaped(), settings=quick, spec=NEMO_RL, inject_faults=False)
     after = stats_snapshot()
     assert after.get("kit_requests", 0) > before.get("kit_requests", 0)
 
@@ -361,3 +361,15 @@ def test_a_request_to_the_docs_liar_in_a_handoff_returns_before_the_resume():
     assert (
         "LyingToyEngine.generate returned 1 token(s)" in text and "in Draining, before the lifecycle resumed it" in text
     )
+
+
+def test_a_lifecycle_call_that_never_comes_to_rest_is_refused():
+    """A spec whose automatic transitions loop for ever (the kit runs mutants with the spec gate off) fails the
+    program once one lifecycle call has made more adapter calls than any step makes, instead of looping."""
+    log = EventLog(lambda: "Validating", Conditions())
+    log.call_budget = 3
+    for _ in range(3):
+        log.add("validator", "validate", "call")
+    log.add("server", "token", "ok", probe=False)  # what adapters produce is not a call of the lifecycle
+    with pytest.raises(AssertionError, match=r"more than 3 calls in one of its own calls .* never comes to rest"):
+        log.add("trainer", "save_checkpoint", "call")
