@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-import warnings
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from colo_fsm.errors import LifecycleViolation, SpecCheckFailed, SpecError
-from colo_fsm.states import NEMO_RL
 from colo_fsm.testing.fakes import Journal, RecordingCollector, RecordingEngine, RecordingTrainer
 from colo_fsm.testing.lifecycle_machine import Adapters, check_lifecycle, recording_fakes, stats_snapshot
 from colo_fsm.testing.profiles import DEV_PROFILE, lifecycle_settings
@@ -96,18 +92,3 @@ def test_the_kit_runs_hypothesis_quietly_whatever_settings_the_caller_passes():
     assert quiet.max_examples == 3  # the caller's own choices stay
     assert quiet.deadline is None and set(quiet.suppress_health_check) == set(HealthCheck)
     assert not quiet.print_blob and not quiet.report_multiple_bugs and Phase.explain not in quiet.phases
-
-
-def test_a_callers_settings_bring_back_no_health_check_deadline_or_warning():
-    def slow() -> Any:
-        time.sleep(
-            0.5
-        )  # a real engine takes a while to build: past hypothesis' default deadline (200 ms, 250 ms with its grace)
-        return recording_fakes()
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a hypothesis warning (health check, deprecation) fails the test
-        try:
-            check_lifecycle(slow, settings=settings(max_examples=3, database=None), inject_faults=False, spec=NEMO_RL)
-        except Exception as exc:  # DeadlineExceeded, FailedHealthCheck, a warning turned error: hypothesis' own rules
-            raise AssertionError(f"the kit let hypothesis' own settings fail a passing run: {exc!r}"[:400]) from exc
