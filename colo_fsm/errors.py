@@ -474,6 +474,27 @@ class SpecError(ConfigError):
         super().__init__(where, "(spec)", rule)
 
 
+class SpecCheckFailed(SpecError):
+    """The exhaustive checker found a violation in a spec the static rules accept (the testing kit refuses such a
+    spec before running any program); the message names the spec, the scenario and the violation."""
+
+    def __init__(self, spec: str, violation: str, detail: str = "") -> None:
+        ColoFsmError.__init__(self, f"spec {spec}: {violation}" + (f"\n{detail}" if detail else ""))
+        self.field, self.value, self.expected = f"spec {spec}", "(spec)", violation
+        self.spec = spec
+        self.violation = violation
+
+
+class LifecycleViolation(ColoFsmError, AssertionError):
+    """The testing kit found a program of your adapters that breaks a lifecycle rule. The message is the bug
+    report: the rule, your adapter's class and method and what it did, the calls around it, and the shrunk
+    program that shows it; ``original`` is the kit's own failure (its traceback, for debugging the kit)."""
+
+    def __init__(self, report: str, original: BaseException | None = None) -> None:
+        super().__init__(report)
+        self.original = original
+
+
 class ServerStopping(ColoFsmError):
     """The engine was shut down under a request (HTTP 503 without Retry-After)."""
 
@@ -523,6 +544,7 @@ __all__ = [
     "HandoffDivergence",
     "InvalidTransition",
     "LifecycleError",
+    "LifecycleViolation",
     "MemoryBudgetExceeded",
     "ModelModeError",
     "ParallelismMismatch",
@@ -536,6 +558,7 @@ __all__ = [
     "ServerStopping",
     "ServerUnavailable",
     "ServingTopologyError",
+    "SpecCheckFailed",
     "SpecError",
     "TraceFileError",
     "UnsupportedEngine",

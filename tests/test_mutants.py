@@ -33,6 +33,8 @@ _NAMES_ITS_RULE = {  # killers whose evidence names the very rule the mutant bre
     "last-step-wakes": {"checker"},
     "checkpoint-decision-not-latched": {"hypothesis"},
     "in-flight-cap-ignores-actor": {"hypothesis"},
+    "engine-serves-while-suspended": {"hypothesis"},
+    "engine-serves-while-suspended-nemo": {"hypothesis"},
 }
 
 

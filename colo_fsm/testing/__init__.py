@@ -4,6 +4,9 @@
   source and replay buffer;
 * :mod:`~colo_fsm.testing.lifecycle_machine`: a hypothesis stateful machine that drives a lifecycle over your
   adapters and checks every lifecycle fact after every step (:func:`lifecycle_test_case`, :func:`check_lifecycle`);
+  it judges what your engine does (:mod:`~colo_fsm.testing.effects`: the tokens of the kit's own requests against
+  the lifecycle's own calls), refuses a broken spec before any program (:mod:`~colo_fsm.testing.spec_gate`) and
+  reports one failure briefly (:mod:`~colo_fsm.testing.report`);
 * :mod:`~colo_fsm.testing.checker`: an exhaustive checker of every interleaving of N ranks
   (``python -m colo_fsm.testing.checker --ranks 2..8``);
 * :mod:`~colo_fsm.testing.scenarios`: the step plans (latched save/validate decisions) the checker runs;

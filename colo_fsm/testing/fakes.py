@@ -100,6 +100,7 @@ class RecordingEngine(_Faulty):
         self.running: dict[int, int] = {}
         self.parked: dict[int, int] = {}
         self.finished: list[int] = []
+        self.on_token: dict[int, Callable[..., Any]] = {}  # request id -> its on_token, while it runs
         self.resumes: dict[int, int] = {}
         self.decode_steps = 0
         self.decode_while_parked = 0
@@ -140,15 +141,31 @@ class RecordingEngine(_Faulty):
         self.queued.clear()
         self.running.clear()
         self.parked.clear()
+        self.on_token.clear()
 
-    def submit(self, tokens: int | None = None) -> int:
-        """A request arrives (a rollout, validation or HTTP request); it waits while the engine is not awake."""
+    def submit(
+        self,
+        tokens: int | Sequence[int] | None = None,
+        *,
+        max_tokens: int | None = None,
+        on_token: Callable[..., Any] | None = None,
+    ) -> int:
+        """A request arrives (a rollout, validation or HTTP request); it waits while the engine is not awake.
+
+        ``tokens``: how many tokens it decodes (default ``tokens_per_request``), or its prompt ids as a real
+        engine takes them, with ``max_tokens``. ``on_token(token_id, logprob, weight_version)`` is called for each
+        token a decode step makes for it, as a real engine calls it from its loop."""
         rid = self._next_request
         self._next_request += 1
         if self.condition == "torn_down":
             raise RuntimeError("request after shutdown")
-        left = self.tokens_per_request if tokens is None else tokens
+        if tokens is None or not isinstance(tokens, int):
+            left = self.tokens_per_request if max_tokens is None else max_tokens
+        else:
+            left = tokens
         (self.running if self.condition == "awake" else self.queued)[rid] = left
+        if on_token is not None:
+            self.on_token[rid] = on_token
         return rid
 
     def decode_step(self, *, force: bool = False) -> int:
@@ -165,9 +182,13 @@ class RecordingEngine(_Faulty):
         self.decode_steps += 1
         for rid in list(work):
             work[rid] -= 1
+            deliver = self.on_token.get(rid)
             if work[rid] <= 0:
                 del work[rid]
+                self.on_token.pop(rid, None)
                 self.finished.append(rid)
+            if deliver is not None:
+                deliver(self.decode_steps, 0.0, 0)
         return 1
 
     def request_counts(self) -> RequestCounts:

@@ -2,7 +2,7 @@
 
 * ``colo-fsm-ci``: derandomized (the same programs on every run), 500 programs of up to 30 steps each.
 * ``colo-fsm-deep``: 5000 random programs of up to 60 steps (``make test-deep``).
-* ``colo-fsm-dev``: 50 programs, for a quick local loop.
+* ``colo-fsm-dev``: 50 programs of up to 30 steps, for a quick local loop.
 
 The profiles are registered when this module is imported with hypothesis installed (the ``[testing]`` extra;
 without it, importing still works and the functions that need hypothesis say so), but never loaded globally: the lifecycle
@@ -34,13 +34,15 @@ def hypothesis_available() -> bool:
 
 def register_profiles() -> None:
     """Register the colo-fsm profiles with hypothesis (idempotent)."""
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
 
     _COMMON: dict[str, Any] = {
         "deadline": None,
         "suppress_health_check": list(HealthCheck),
         "database": None,
-        "print_blob": True,
+        "print_blob": False,
+        "report_multiple_bugs": False,
+        "phases": [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
     }
     settings.register_profile(CI_PROFILE, max_examples=500, derandomize=True, stateful_step_count=30, **_COMMON)
     settings.register_profile(DEEP_PROFILE, max_examples=5000, derandomize=False, stateful_step_count=60, **_COMMON)

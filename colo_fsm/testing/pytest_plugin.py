@@ -117,6 +117,7 @@ def colo_fsm_check_lifecycle(
     from colo_fsm.testing.lifecycle_machine import check_lifecycle
 
     def run(settings: Any = None, **attrs: Any) -> None:
+        __tracebackhide__ = True
         attrs.setdefault("spec", colo_fsm_spec)
         for key, value in colo_fsm_components.items():
             attrs.setdefault(key, value)

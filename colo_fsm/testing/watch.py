@@ -13,6 +13,7 @@ the caller owns (see :class:`LoopRunner`), because the lifecycle calls adapters 
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import threading
 from collections.abc import Callable, Coroutine, Mapping
@@ -72,7 +73,8 @@ class Conditions:
 
 
 class EventLog:
-    """An append-only, thread-safe list of :class:`Event`."""
+    """An append-only, thread-safe list of :class:`Event`: one total order of the lifecycle's calls and what the
+    adapters produced. Listeners (:meth:`listen`) see each event as it is appended, under the log's lock."""
 
     def __init__(
         self,
@@ -85,10 +87,27 @@ class EventLog:
         self.conditions = conditions
         self._probe = probe
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[Event], None]] = []
+        self._counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        self.names: dict[str, str] = {}  # component -> your adapter's class, for readable lines
+        self.call_budget: int | None = None  # the lifecycle's calls allowed before a call is refused (a loop)
+        self._calls = 0
 
-    def add(self, component: str, method: str, phase: str, detail: Any = None) -> Event:
-        """Record one call phase with the current lifecycle state, conditions and (if any) probed conditions."""
-        real = self._probe() if self._probe is not None else (None, None)
+    def listen(self, listener: Callable[[Event], None]) -> None:
+        """Call ``listener(event)`` for every event appended from now on (under the lock: keep it short)."""
+        self._listeners.append(listener)
+
+    def add(self, component: str, method: str, phase: str, detail: Any = None, *, probe: bool = True) -> Event:
+        """Record one call phase with the current lifecycle state, conditions and (if any, and ``probe``) the
+        probed conditions."""
+        real = self._probe() if self._probe is not None and probe else (None, None)
+        if component in self.CALLERS and phase == "call":
+            self._calls += 1
+            if self.call_budget is not None and self._calls > self.call_budget:
+                raise AssertionError(
+                    f"the lifecycle made more than {self.call_budget} calls in one of its own calls "
+                    f"({component}.{method} in {self._state()}): its spec never comes to rest"
+                )
         with self._lock:
             ev = Event(
                 len(self.events),
@@ -103,19 +122,32 @@ class EventLog:
                 real[1],
             )
             self.events.append(ev)
+            self._counts[component, method, phase] += 1
+            for listener in self._listeners:
+                listener(ev)
             return ev
 
     def __len__(self) -> int:
         return len(self.events)
 
+    CALLERS = frozenset({"engine", "trainer", "collector", "device", "barrier", "validator"})
+    """Components whose events are calls the lifecycle made (the others record what the adapters produced)."""
+
+    def calls(self) -> int:
+        """How many calls the lifecycle made (not the output of requests the kit sent, which other threads may
+        append at any time)."""
+        return self._calls
+
     def count(self, component: str, method: str, phase: str = "ok") -> int:
         """How many calls of ``component.method`` reached ``phase``."""
-        return sum(1 for e in self.events if e.component == component and e.method == method and e.phase == phase)
+        return self._counts[component, method, phase]
 
     def lines(self, start: int = 0) -> list[str]:
         """Readable lines (for failure messages)."""
+        names = self.names
         return [
-            f"{e.index:4} {e.state:<13} {e.name}:{e.phase}" + (f" {e.detail!r}" if e.detail is not None else "")
+            f"{e.index:4} {e.state:<13} {names.get(e.component, e.component)}.{e.method}:{e.phase}"
+            + (f" {e.detail if isinstance(e.detail, str) else repr(e.detail)}" if e.detail is not None else "")
             for e in self.events[start:]
         ]
 
@@ -189,6 +221,11 @@ class _Watched:
         self._log = log
         self._faults = faults
         self._runner = runner
+        self.adapter_name = type(target).__name__  # your class, named in the kit's failure messages
+
+    def method_name(self, method: str) -> str:
+        """``YourClass.method``: how a failure names a call of your adapter (never this proxy)."""
+        return f"{self.adapter_name}.{method}"
 
     def __getattr__(self, name: str) -> Any:  # anything not in the protocol goes straight to the adapter
         if name == "target":
@@ -204,10 +241,14 @@ class _Watched:
         self._log.add(self.component, method, "ok")
         return None
 
-    def _call(self, method: str, *args: Any, detail: Any = None, **kwargs: Any) -> Any:
+    def _call(
+        self, method: str, *args: Any, detail: Any = None, inside: Callable[[], None] | None = None, **kwargs: Any
+    ) -> Any:
         self._log.add(self.component, method, "call", detail)
         try:
             self._faults.check(self.component, method)
+            if inside is not None:
+                inside()
             result = getattr(self.target, method)(*args, **kwargs)
             if inspect.isawaitable(result):
                 if self._runner is None:
@@ -260,8 +301,14 @@ class WatchedTrainer(_Watched):
 
     component = "trainer"
 
+    during_train_step: Callable[[], None] | None = None
+    """Run inside every training step's window (after its call is journaled, before your ``train_step``): the
+    kit's requests arriving while the trainer runs."""
+
     def train_step(self, batch: Any) -> Any:
-        return self._call("train_step", batch, detail=len(batch) if hasattr(batch, "__len__") else None)
+        return self._call(
+            "train_step", batch, detail=len(batch) if hasattr(batch, "__len__") else None, inside=self.during_train_step
+        )
 
     def offload_buffers(self) -> None:
         self._call("offload_buffers")

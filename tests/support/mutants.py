@@ -582,6 +582,20 @@ def _nemo_val_at_end_resumes_collection() -> LifecycleSpec:
     return dataclasses.replace(spec, transitions=ts)
 
 
+def _lying_docs_adapters() -> Callable[..., Any]:
+    """MUTANT: the docs' toy adapters with a ``suspend()`` that reports suspended and keeps serving."""
+    from tests.support.liars import docs_shaped, lying_toy_engine
+
+    return docs_shaped(lying_toy_engine())
+
+
+def _lying_nemo_adapters() -> Callable[..., Any]:
+    """MUTANT: NeMo-RL-shaped adapters whose engine's ``suspend()`` reports suspended and keeps serving."""
+    from tests.support.liars import LyingNemoEngine, nemo_shaped
+
+    return nemo_shaped(LyingNemoEngine)
+
+
 # ---------------------------------------------------------------------------------------------- mutants
 @dataclass(frozen=True)
 class Mutant:
@@ -602,6 +616,7 @@ class Mutant:
     buffer_class: Callable[[], type[Any]] | None = None  # a replay buffer class (built lazily: imports collector)
     batcher_class: Callable[[], type[Any]] | None = None  # an engine loop (ContinuousBatcher) class, built lazily
     engine_factory: Callable[[int], Any] = resetting_engine  # rank -> engine, for the ranks killer
+    adapters: Callable[..., Any] | None = None  # the hypothesis killer's adapter factory (default: the fakes)
     expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
 
     def __post_init__(self) -> None:
@@ -626,7 +641,7 @@ class Mutant:
         from colo_fsm.testing.lifecycle_machine import lifecycle_machine
 
         return lifecycle_machine(
-            None,
+            self.adapters,
             name=f"Mutant_{self.name.replace('-', '_')}",
             spec=self.spec,
             check_spec=False,
@@ -881,6 +896,21 @@ MUTANTS: tuple[Mutant, ...] = (
         spec=_nemo_val_at_end_resumes_collection(),
         expected=frozenset({"checker", "hypothesis"}),
     ),
+    Mutant(
+        "engine-serves-while-suspended",
+        R.ONE_COMMUNICATOR,
+        "the docs' toy engine whose suspend() reports suspended and keeps serving requests (during training too)",
+        adapters=_lying_docs_adapters(),
+        expected=frozenset({"hypothesis"}),  # only what the engine does shows it: the spec and its reports are right
+    ),
+    Mutant(
+        "engine-serves-while-suspended-nemo",
+        R.ONE_COMMUNICATOR,
+        "a NeMo-RL-shaped engine whose suspend() reports suspended (condition, requests parked) and keeps serving",
+        spec=NEMO_RL,
+        adapters=_lying_nemo_adapters(),
+        expected=frozenset({"hypothesis"}),
+    ),
 )
 """Every mutant the proof runs."""
 
@@ -956,7 +986,7 @@ def kill_by_checker(m: Mutant, ranks: Sequence[int] = (2, 3)) -> str | None:
     return None
 
 
-def kill_by_hypothesis(m: Mutant, max_examples: int = 300) -> str | None:
+def kill_by_hypothesis(m: Mutant, max_examples: int = 500) -> str | None:
     """The first failing program the lifecycle machine finds (no shrinking, derandomized), or None."""
     from hypothesis import HealthCheck, Phase, Verbosity, settings
     from hypothesis.stateful import run_state_machine_as_test
