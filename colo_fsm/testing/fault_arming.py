@@ -54,6 +54,8 @@ class FaultArming(MachineState):
             return
         # only a call that can still happen: one that never comes would block every other fault. A drawn target
         # that cannot stands for one that can (a fixed map, so programs still shrink).
+        if drawn == type(self).first_fault and drawn not in targets:
+            return  # a directed run arms its call only where it can come (another one would end the program early)
         index = FAULT_TARGETS.index(drawn) if drawn in FAULT_TARGETS else len(FAULT_TARGETS)
         target = drawn if drawn in targets else targets[index % len(targets)]
         self.faults.arm(*target)
@@ -67,7 +69,8 @@ class FaultArming(MachineState):
         if armed is None:
             return
         self.fault_waited += 1
-        if self.fault_waited >= FAULT_PATIENCE or armed not in self._callable_targets():
+        patient = armed == type(self).first_fault  # a directed run's fault waits for as long as it can still fire
+        if (self.fault_waited >= FAULT_PATIENCE and not patient) or armed not in self._callable_targets():
             self.faults.armed = None
             count("faults_disarmed")
 

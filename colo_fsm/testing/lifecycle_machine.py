@@ -109,6 +109,8 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
     * ``lifecycle_class``, ``drain_class``, ``checkpoint_class``, ``cap_class``: components (mutants swap them);
     * ``local_rank``: the device the drain must synchronize (non-zero, so a drain of device 0 shows);
     * ``inject_faults``: whether rules may make adapter calls fail;
+    * ``first_fault``: a call (``("trainer", "restore_buffers")``) every program arms first, in place of a drawn
+      one (a directed run that makes sure that call's failure path is exercised);
     * ``use_async_lifecycle``: drive an :class:`AsyncLifecycle` on the machine's own event loop;
     * ``async_training``: passed to :class:`LifecycleConfig` (False for engines that refit weights);
     * your components, used instead of the kit's own when given: ``barrier_factory()`` (a Barrier),
@@ -130,6 +132,7 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
     cap_class: ClassVar[Callable[..., InFlightCap]] = InFlightCap
     local_rank: ClassVar[int] = 3
     inject_faults: ClassVar[bool] = True
+    first_fault: ClassVar[tuple[str, str] | None] = None
     use_async_lifecycle: ClassVar[bool] = False
     async_training: ClassVar[bool] = True
     barrier_factory: ClassVar[Callable[[], Any] | None] = None
@@ -271,6 +274,7 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
         self.last_latched_at: int | None = None
         self.validations = 0
         self.fault_waited = 0
+        first_fault = cls.first_fault or first_fault
         if first_fault is not None and cls.inject_faults:
             self._arm(first_fault)
         if autostart:  # most programs start at once; the others may see faults and triggers before the build

@@ -42,6 +42,7 @@ class MachineState:
     cap_class: ClassVar[Callable[..., InFlightCap]]
     local_rank: ClassVar[int]
     inject_faults: ClassVar[bool]
+    first_fault: ClassVar[tuple[str, str] | None]
     use_async_lifecycle: ClassVar[bool]
     async_training: ClassVar[bool]
     batch_factory: ClassVar[Callable[[list[int], int], Any] | None]

@@ -137,9 +137,12 @@ FIRST_FAULTS: tuple[tuple[str, str] | None, ...] = (
     *(None,) * 12,
     *(t for t in FAULT_DRAWS if t[1] not in ("bring_up", "server_base_urls")),
     *(VALIDATOR_TARGET,) * 4,
+    *(("trainer", "restore_buffers"),) * 2,
+    ("device", "synchronize"),
 )
 """The fault armed before a program starts (about half have none). It waits for its call from the first step
-on, so the rare calls of a step (a save, an inline validation, weighted up most) fail in 500 programs; the start's
+on, so the rare calls of a step (a save, an inline validation, weighted up most, and the restore of offloaded
+buffers, which only runs where a program offloads) fail in 500 programs; the start's
 own calls are left out (a failed start ends a program before any step), they fail from ``disturb`` before it."""
 
 FAULT_PATIENCE = 12
