@@ -47,6 +47,7 @@ Writes ``bench/results/inflight_handoff.json`` (reasoning: ``inflight_handoff_re
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import logging
 import math
@@ -291,7 +292,9 @@ def run_mode(
 
     async def rollout(prompt: Prompt) -> TrajectoryGroup:
         handles = [submit(prompt, j) for j in range(shape.samples_per_group)]
-        return group_of(prompt, [await h.wait() for h in handles])
+        # gather: when the collector cancels this rollout (its close() at the end of the mode), every one of its
+        # requests is cancelled, which aborts it in the engine (awaiting them one by one cancelled only the first)
+        return group_of(prompt, list(await asyncio.gather(*(h.wait() for h in handles))))
 
     def to_rollouts(groups: list[TrajectoryGroup]) -> list[Any]:
         out = []
