@@ -292,9 +292,13 @@ def run_mode(
 
     async def rollout(prompt: Prompt) -> TrajectoryGroup:
         handles = [submit(prompt, j) for j in range(shape.samples_per_group)]
-        # gather: when the collector cancels this rollout (its close() at the end of the mode), every one of its
-        # requests is cancelled, which aborts it in the engine (awaiting them one by one cancelled only the first)
-        return group_of(prompt, list(await asyncio.gather(*(h.wait() for h in handles))))
+        try:
+            outs = [await h.wait() for h in handles]
+        except asyncio.CancelledError:  # the collector's close() after the mode: abort every request, not one
+            for h in handles:
+                h.future.cancel()
+            raise
+        return group_of(prompt, outs)
 
     def to_rollouts(groups: list[TrajectoryGroup]) -> list[Any]:
         out = []
