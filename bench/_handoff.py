@@ -295,8 +295,8 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str) -> dict[str, A
 
 MIN_STEPS = 3
 """A ratio is computed only between modes that each ran this many measured steps or more: a one-step figure is an
-anecdote (the first H200 figures, 2.26x and 2.51x, were one step each and came out 1.24x and 1.57x over
-several)."""
+anecdote (on one H200 the first reasoning-workload figures, park/drain 2.26 and park/sync 2.51, were one step
+each; with 3 measured steps per mode, at commit 45b9528, they came out 1.33 and 1.55: docs/gpu-runs/README.md)."""
 
 
 def ratio_refusal(name: str, row: dict[str, Any] | None) -> str | None:

@@ -72,9 +72,10 @@ class Rig:
         return int(self.version["source"]())
 
     def settle(self, close: Callable[[], None] | None = None, timeout_s: float = SETTLE_S) -> None:
-        """After a mode: the engine awake again, then ``close`` (the mode's collector: it cancels its rollouts,
-        which the awake engine aborts at its next step boundary), then no request left. Raises if requests are
-        still there after ``timeout_s``."""
+        """After a mode: the engine awake again, then ``close`` (the mode's collector: it cancels the rollouts the
+        mode's stop took back and awaits them, so no task is left pending; each cancelled request is aborted by
+        the awake engine at its next step boundary), then no request left. Raises if requests are still there
+        after ``timeout_s``."""
         self.version["source"] = lambda: 0
         real = self.engine.real
         if not real.awake:

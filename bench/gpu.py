@@ -4,7 +4,7 @@
     python -m bench.gpu --out gpu-out --budget-s 540            # every single-GPU stage not done yet, in order
     python -m bench.gpu --out gpu-out --stages reasoning-8k-park-abort,tests --bundle $OUT/gpu-out.tgz
     python -m bench.gpu --smoke --out /tmp/gpu-smoke            # every stage's CPU twin, in seconds each
-    python -m bench.gpu report docs/gpu-runs --out docs/gpu-runs/PERFORMANCE.md   # (CPU) the docs' tables
+    python -m bench.gpu report docs/gpu-runs --out docs/gpu-runs/PERFORMANCE.md   # (CPU) the docs' tables (--plot, --notes)
 
 A stage is named for what it measures (:data:`STAGES`); it runs as a child process under its own timeout, capped
 by what is left of ``--budget-s``; a stage that cannot finish in what is left is skipped (and said so), and one

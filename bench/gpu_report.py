@@ -1,14 +1,19 @@
 """``python -m bench.gpu report``: the GPU performance page, regenerated from committed JSON (runs on the CPU).
 
-    python -m bench.gpu report docs/gpu-runs --out docs/gpu-runs/PERFORMANCE.md --plot docs/gpu-runs/where-parking-pays.png
+    python -m bench.gpu report docs/gpu-runs --out docs/gpu-runs/PERFORMANCE.md \\
+        --plot docs/gpu-runs/where-parking-pays.png --notes docs/gpu-runs/PERFORMANCE.notes.md
 
-Reads every ``*inflight_handoff_reasoning_*.json`` (``bench/inflight_handoff.py``) and ``*engine_paths_*.json``
-(``bench/engine_paths.py``) in the folder and writes one Markdown page: per workload (model, output-length cut,
-``max_age``), each mode's samples/s with its measured steps and spread, the ratios the JSON gives (only between
-modes with 3 or more measured steps; otherwise the JSON's reason), and where one mode was measured in several
-runs (separate JSON files of the same workload, e.g. park beside drain in one process and beside sync in another),
-every run's figure. ``--plot`` draws the same map as a picture. Nothing is computed that the JSON does not hold
-but medians and ranges of its own numbers.
+Reads, whatever their file names, every JSON in the folder that ``bench/inflight_handoff.py`` wrote
+(``"benchmark": "inflight_handoff"``, direct engine), ``bench/engine_paths.py``'s and ``bench/engine_loop.py``'s
+JSON, and the JUnit XML of the ``tests`` stage (``pytest -m gpu``). The headline is the runs of the newest commit
+(the commit of the most recent run, by the date in its JSON); runs of older commits follow as history, with their
+date and commit, and never enter a headline figure. Per workload (model, output-length cut, ``max_age``): each
+mode's samples/s as the median of the runs that measured it with 3 or more measured steps, every run's figure
+with its measured steps (a run with fewer is shown and left out of the median), and the range over single steps;
+then every run's own row; then the ratios each JSON gives (it gives them only between modes with 3 or more
+measured steps, and otherwise says why: ``no_ratio``). A ratio of an older JSON between modes with fewer steps
+(computed before that rule) is shown as what it is, not as a ratio. ``--plot`` draws the headline as a picture.
+Nothing is computed that the JSON does not hold but medians and ranges of its own numbers.
 """
 
 from __future__ import annotations
@@ -16,86 +21,237 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 MODES = ("park", "drain", "sync", "abort")
+MIN_STEPS = 3  # bench/_handoff.py's MIN_STEPS (the JSON's min_steps_for_a_ratio, where it has one)
+
+Key = tuple[str, int, int]
 
 
-def load(
-    folder: Path, *, include_cpu: bool = False
-) -> tuple[dict[tuple[str, int, int], list[dict[str, Any]]], list[tuple[Path, dict[str, Any]]]]:
-    """Handoff runs grouped by workload ``(model, cut, max_age)``, and the engine-path runs."""
-    runs: dict[tuple[str, int, int], list[dict[str, Any]]] = defaultdict(list)
-    for path in sorted(folder.glob("*inflight_handoff_reasoning_*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if "modes" not in data or (data.get("machine", {}).get("device", "cpu") == "cpu" and not include_cpu):
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def is_handoff(path: Path, data: Any) -> bool:
+    """A run of ``bench/inflight_handoff.py`` on colo-fsm's direct engine (by its content, or its file name)."""
+    if not isinstance(data, dict) or not isinstance(data.get("modes"), dict) or "shape" not in data:
+        return False
+    if data.get("benchmark") != "inflight_handoff" and "inflight_handoff" not in path.name:
+        return False
+    return data.get("engine", "direct") == "direct"
+
+
+def load(folder: Path, *, include_cpu: bool = False) -> tuple[dict[Key, list[dict[str, Any]]], list[tuple[Path, Any]]]:
+    """Handoff runs grouped by workload ``(model, cut, max_age)``, oldest first, and the engine-path runs."""
+    runs: dict[Key, list[dict[str, Any]]] = defaultdict(list)
+    paths = []
+    for path in sorted(folder.glob("*.json")):
+        data = _read_json(path)
+        if isinstance(data, dict) and isinstance(data.get("compare"), dict):
+            paths.append((path, data))
+            continue
+        if not is_handoff(path, data):
+            continue
+        if data.get("machine", {}).get("device", "cpu") == "cpu" and not include_cpu:
             continue
         shape = data["shape"]
         data["_file"] = path.name
         runs[(data["model"], int(shape["max_tokens"]), int(shape["max_trajectory_age_steps"]))].append(data)
-    paths = [(p, json.loads(p.read_text(encoding="utf-8"))) for p in sorted(folder.glob("*engine_paths_*.json"))]
+    for key in runs:
+        runs[key].sort(key=lambda d: (str(d.get("date") or ""), d["_file"]))
     return dict(runs), paths
+
+
+def split_history(
+    runs: dict[Key, list[dict[str, Any]]],
+) -> tuple[str | None, dict[Key, list[dict[str, Any]]], dict[Key, list[dict[str, Any]]]]:
+    """``(commit, headline, history)``: the newest run's commit, the runs of that commit, and every other run."""
+    every = [d for rs in runs.values() for d in rs]
+    if not every:
+        return None, {}, {}
+    newest = max(every, key=lambda d: (str(d.get("date") or ""), d["_file"]))
+    commit = newest.get("commit")
+    head: dict[Key, list[dict[str, Any]]] = {}
+    hist: dict[Key, list[dict[str, Any]]] = {}
+    for key, rs in runs.items():
+        for d in rs:
+            now = d is newest or (commit is not None and d.get("commit") == commit)
+            (head if now else hist).setdefault(key, []).append(d)
+    return commit, head, hist
 
 
 def _fmt(x: Any, spec: str = "{:.2f}") -> str:
     return "-" if x is None or (isinstance(x, float) and x != x) else spec.format(x)
 
 
-def mode_row(name: str, rows: list[tuple[str, dict[str, Any]]]) -> str:
-    """One table row for mode ``name`` over the runs that measured it (``(file, row)`` pairs)."""
-    rates = [r["samples_per_s"] for _, r in rows]
-    steps = [r["measured_steps"] for _, r in rows]
-    step_spread = [r.get("step_samples_per_s") or {} for _, r in rows]
-    lo = min(s.get("min", float("nan")) for s in step_spread)
-    hi = max(s.get("max", float("nan")) for s in step_spread)
-    runs = " / ".join(_fmt(x) for x in rates)
-    first = rows[0][1]
-    stats = first.get("inflight_stats") or {}
-    abort = (
-        f"{stats.get('ended', 0)} ended, {stats.get('discarded_tokens', 0):,} KV tokens re-prefilled" if stats else ""
-    )
+def _min_steps(d: dict[str, Any]) -> int:
+    return int(d.get("min_steps_for_a_ratio") or MIN_STEPS)
+
+
+def _measured(d: dict[str, Any], m: str) -> dict[str, Any] | None:
+    row = d["modes"].get(m) or {}
+    return row if "samples_per_s" in row else None
+
+
+def steps_text(d: dict[str, Any], row: dict[str, Any]) -> str:
+    """``3``; ``1 of 3, the run ended first`` when the process stopped before the mode's last measured step;
+    ``..., cut by --mode-budget-s`` when the mode's budget stopped it. (JSON written before ``--steps`` counted
+    measured steps only has no ``min_steps_for_a_ratio``: its planned steps included the warm-up.)"""
+    n = int(row["measured_steps"])
+    budget = ", cut by --mode-budget-s" if row.get("cut_by_budget") else ""
+    if "min_steps_for_a_ratio" not in d:
+        return f"{n}{budget}"
+    planned = int(d["shape"].get("steps") or 0)
+    if planned and n < planned:
+        ended = int(d.get("rounds_done", d.get("rounds", 1)) or 0) < int(d.get("rounds", 1) or 1)
+        return f"{n} of {planned}{budget or (', the run ended first' if ended else '')}"
+    return f"{n}{budget}"
+
+
+def mode_row(name: str, rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    """One summary row for mode ``name`` over the runs that measured it (``(run, row)`` pairs, oldest first)."""
+    counted = [(d, r) for d, r in rows if r["measured_steps"] >= _min_steps(d)]
+    rates = [r["samples_per_s"] for _, r in counted]
+    median = statistics.median(rates) if rates else None
+    each = []
+    for d, r in rows:
+        short = "" if r["measured_steps"] >= _min_steps(d) else "; not in the median"
+        each.append(f"{_fmt(r['samples_per_s'])} ({steps_text(d, r)}{short})")
+    spread = [r.get("step_samples_per_s") or {} for _, r in counted]
+    lo = min((s["min"] for s in spread if "min" in s), default=None)
+    hi = max((s["max"] for s in spread if "max" in s), default=None)
+    steps = sum(int(r["measured_steps"]) for _, r in counted)
     return (
-        f"| {name} | {_fmt(statistics.median(rates))} | {runs} | {_fmt(lo)}-{_fmt(hi)} | "
-        f"{' + '.join(str(s) for s in steps)} | {_fmt(first.get('draining_share'), '{:.3f}')} | "
-        f"{_fmt(first.get('handoff_p50_ms'), '{:.0f} ms')} | {_fmt(first.get('engine_decode_tokens_per_s'), '{:,.0f}')} | "
-        f"{_fmt(first.get('mean_running_requests'), '{:.0f}')} | {abort} |"
+        f"| {name} | {_fmt(median)} | {'; '.join(each)} | {steps} | {_fmt(lo)}-{_fmt(hi) if hi is not None else '-'} |"
     )
 
 
-def workload_section(key: tuple[str, int, int], runs: list[dict[str, Any]]) -> list[str]:
-    """The Markdown of one workload: the modes, then every ratio each run gives (or why it gives none)."""
-    model, cut, age = key
-    lines = [f"### {model}, output lengths cut at {cut:,}, max_age {age}", ""]
-    for d in runs:
-        lines.append(
-            f"* `{d['_file']}`: commit `{d.get('commit') or '?'}`, {d.get('date', '?')}, `{d.get('command', '?')}`"
-        )
-    lines += [
-        "",
-        "| mode | samples/s (median of runs) | each run | single steps | measured steps | Draining share | "
-        "handoff p50 | engine decode tok/s | mean running | abort cost |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+def run_row(d: dict[str, Any], name: str, r: dict[str, Any]) -> str:
+    """One mode of one run, every figure the JSON holds for it."""
+    s = r.get("step_samples_per_s") or {}
+    stats = r.get("inflight_stats") or {}
+    abort = (
+        f"{stats.get('ended', 0)} ended, {stats.get('reprefill_tokens', stats.get('discarded_tokens', 0)):,} tokens "
+        "re-prefilled"
+        if stats.get("ended")
+        else "-"
+    )
+    made = f"{r['fresh_samples']:,} / {r['trained_samples']:,}" if "fresh_samples" in r else "-"
+    single = f"{_fmt(s['median'])} ({_fmt(s['min'])}-{_fmt(s['max'])})" if s else "-"
+    return (
+        f"| `{d['_file']}` | {name} | {_fmt(r['samples_per_s'])} | {_fmt(r.get('trained_samples_per_s'))} | {made} | "
+        f"{steps_text(d, r)} | {single} | "
+        f"{_fmt(r.get('draining_share'), '{:.3f}')} | {_fmt(r.get('handoff_p50_ms'), '{:,.0f} ms')} | "
+        f"{_fmt(r.get('engine_decode_tokens_per_s'), '{:,.0f}')} | {_fmt(r.get('mean_running_requests'), '{:.0f}')} | "
+        f"{_fmt(r.get('peak_allocated_gib'), '{:.1f}')} | {abort} |"
+    )
+
+
+def ratio_lines(d: dict[str, Any]) -> str:
+    """The ratios one JSON gives, and why it gives none where it gives none."""
+    parts = []
+    for k, v in d.items():
+        if not k.startswith("ratio_") or k.endswith(("_cpu", "_per_round")) or not isinstance(v, float):
+            continue
+        name = k[len("ratio_") :]
+        if name.startswith("park_over_"):
+            other = name[len("park_over_") :]
+            short = [
+                f"{m} has {r['measured_steps']}"
+                for m in ("park", other)
+                if (r := _measured(d, m)) is not None and r["measured_steps"] < _min_steps(d)
+            ]
+            if short:
+                parts.append(
+                    f"{name} {v:.2f} as this JSON computed it ({', '.join(short)} measured step(s): below the "
+                    f"{_min_steps(d)}-step rule, not a ratio by it)"
+                )
+                continue
+        park = _measured(d, "park")
+        if name == "park_decode_over_graph_decode" and park is not None and park["measured_steps"] < _min_steps(d):
+            parts.append(
+                f"{name} {v:.2f} as this JSON computed it (park has {park['measured_steps']} measured step(s): below "
+                f"the {_min_steps(d)}-step rule)"
+            )
+            continue
+        if name == "park_decode_over_graph_decode" and d.get("graph_decode_tokens_per_s"):
+            parts.append(
+                f"{name} **{v:.2f}** (park's engine decode against the pure CUDA-graph decode, "
+                f"{d['graph_decode_tokens_per_s']:,.0f} tokens/s at batch {d.get('graph_decode_batch', '?')})"
+            )
+            continue
+        parts.append(f"{name} **{v:.2f}**")
+    parts += [f"no {k}: {why}" for k, why in (d.get("no_ratio") or {}).items()]
+    return f"* `{d['_file']}`: {'; '.join(parts) or 'no ratio'}"
+
+
+def _commit(d: dict[str, Any]) -> str:
+    return f"commit `{d['commit']}`" if d.get("commit") else "commit not recorded in the JSON"
+
+
+def run_list(runs: list[dict[str, Any]]) -> list[str]:
+    """Each run: file, commit, date, command."""
+    return [
+        f"* `{d['_file']}`: {_commit(d)}, {d.get('date', '?')}, "
+        f"{d.get('machine', {}).get('device', '?')}, `{d.get('command', '?')}`"
+        for d in runs
     ]
-    by_mode: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
+
+
+RUN_HEADER = (
+    "| run | mode | samples/s | trained samples/s | samples made / trained in the window | measured steps | "
+    "single steps: median (min-max) | Draining share | handoff p50 | engine decode tok/s | mean running | peak GiB | "
+    "abort cost |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+)
+
+
+def workload_section(key: Key, runs: list[dict[str, Any]]) -> list[str]:
+    """The Markdown of one workload's headline: the modes over its runs, every run's rows, its ratios."""
+    model, cut, age = key
+    lines = [f"### {model}, output lengths cut at {cut:,}, max_age {age}", "", *run_list(runs), ""]
+    lines += [
+        "| mode | samples/s: median of runs | each run (measured steps) | measured steps in the median | "
+        "single steps (min-max) |",
+        "|---|---|---|---|---|",
+    ]
+    by_mode: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
     for d in runs:
-        for m, r in d["modes"].items():
-            if "samples_per_s" in r:
-                by_mode[m].append((d["_file"], r))
-    for m in MODES:
-        if m in by_mode:
-            lines.append(mode_row(m, by_mode[m]))
-    lines.append("")
-    for d in runs:
-        ratios = [
-            f"{k[6:]} **{v:.2f}**"
-            for k, v in d.items()
-            if k.startswith("ratio_") and not k.endswith(("_cpu", "_per_round")) and isinstance(v, float)
-        ]
-        missing = [f"no {k}: {why}" for k, why in (d.get("no_ratio") or {}).items()]
-        lines.append(f"* `{d['_file']}`: {'; '.join(ratios + missing) or 'no ratio'}")
-    lines.append("")
+        for m in MODES:
+            if (r := _measured(d, m)) is not None:
+                by_mode[m].append((d, r))
+    lines += [mode_row(m, by_mode[m]) for m in MODES if m in by_mode]
+    lines += ["", "Each run's rows:", "", *RUN_HEADER]
+    lines += [run_row(d, m, r) for d in runs for m in MODES if (r := _measured(d, m)) is not None]
+    lines += ["", "Ratios, as each JSON gives them:", "", *[ratio_lines(d) for d in runs], ""]
+    return lines
+
+
+def history_section(hist: dict[Key, list[dict[str, Any]]]) -> list[str]:
+    """Older commits' runs: what they measured, labelled with their commit and date, outside every headline."""
+    if not hist:
+        return []
+    lines = [
+        "## History: runs of older commits",
+        "",
+        "Measured on older code (the commit and date of each are given) and not re-run on the headline commit. "
+        "They are kept as a record; no figure above comes from them.",
+        "",
+    ]
+    for key in sorted(hist):
+        model, cut, age = key
+        lines += [f"### {model}, output lengths cut at {cut:,}, max_age {age} (history)", ""]
+        lines += [*run_list(hist[key]), "", *RUN_HEADER]
+        lines += [run_row(d, m, r) for d in hist[key] for m in MODES if (r := _measured(d, m)) is not None]
+        failed = [f"{m}: {r.get('error')}" for d in hist[key] for m, r in d["modes"].items() if r.get("error")]
+        lines += ["", *[ratio_lines(d) for d in hist[key]], *[f"* failed mode {f[:200]}" for f in failed], ""]
     return lines
 
 
@@ -105,7 +261,7 @@ def engine_paths_section(paths: list[tuple[Path, dict[str, Any]]]) -> list[str]:
         return []
     lines = ["### The two engine paths (colo-fsm's direct batcher, megatron-core's coordinator loop)", ""]
     for path, d in paths:
-        lines.append(f"* `{path.name}`: `{d.get('command', '?')}`")
+        lines.append(f"* `{path.name}`: commit `{d.get('commit') or '?'}`, `{d.get('command', '?')}`")
         for m, r in (d.get("compare") or {}).items():
             lines.append(
                 f"  * {m}: coordinator {r['coordinator_samples_per_s']:.2f} vs direct {r['direct_samples_per_s']:.2f} "
@@ -120,77 +276,198 @@ def engine_paths_section(paths: list[tuple[Path, dict[str, Any]]]) -> list[str]:
     return [*lines, ""]
 
 
-def plot(runs: dict[tuple[str, int, int], list[dict[str, Any]]], path: Path) -> None:
-    """Grouped bars: samples/s of each mode per workload, a whisker over its runs and single steps."""
+def engine_loop_section(folder: Path) -> list[str]:
+    """``bench/engine_loop.py``'s JSON: the direct engine loop's own host cost per decode step (no model)."""
+    lines: list[str] = []
+    for path in sorted(folder.glob("*.json")):
+        d = _read_json(path)
+        if not isinstance(d, dict) or d.get("bench") != "engine_loop":
+            continue
+        load_avg = d.get("machine", {}).get("loadavg_start") or [float("nan")]
+        lines += [
+            f"* `{path.name}` ({d.get('machine', {}).get('cpus', '?')} CPUs, load average {load_avg[0]:.1f}; "
+            "median of interleaved rounds, range in brackets):",
+            "",
+            "| active requests | plain ms/step | watched ms/step |",
+            "|---|---|---|",
+        ]
+        for r in d.get("rows", []):
+            p, w = r.get("plain_range") or [None, None], r.get("watched_range") or [None, None]
+            lines.append(
+                f"| {r['active']} | {_fmt(r['plain_ms_per_step'], '{:.3f}')} ({_fmt(p[0], '{:.3f}')}-"
+                f"{_fmt(p[1], '{:.3f}')}) | {_fmt(r['watched_ms_per_step'], '{:.3f}')} ({_fmt(w[0], '{:.3f}')}-"
+                f"{_fmt(w[1], '{:.3f}')}) |"
+            )
+        lines.append("")
+    if lines:
+        lines[:0] = ["### The direct engine loop's own cost per decode step (stand-in backend, no model)", ""]
+    return lines
+
+
+def tests_section(folder: Path) -> list[str]:
+    """The GPU tests (JUnit XML of ``pytest -m gpu``): counts and every test's outcome, newest run first."""
+    suites = []
+    for path in sorted(folder.glob("*.xml")):
+        try:
+            root = ET.parse(path).getroot()
+        except (OSError, ET.ParseError):
+            continue
+        for suite in root.iter("testsuite"):
+            suites.append((suite.get("timestamp") or "", path, suite))
+    if not suites:
+        return []
+    lines = ["### GPU tests (`pytest -m gpu`)", ""]
+    for i, (stamp, path, suite) in enumerate(sorted(suites, key=lambda s: s[0], reverse=True)):
+        n, failed = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+        skipped = int(suite.get("skipped", 0))
+        lines += [
+            f"* `{path.name}` ({stamp or 'no date'}{', history' if i else ''}): **{n - failed - skipped} passed, "
+            f"{failed} failed, {skipped} skipped** in {float(suite.get('time', 0)):.0f} s",
+            "",
+        ]
+        if i:
+            continue
+        lines += ["| test | result |", "|---|---|"]
+        for case in suite.iter("testcase"):
+            outcome = "passed"
+            for tag in ("failure", "error", "skipped"):
+                el = case.find(tag)
+                if el is not None:
+                    outcome = f"**{tag}**: {(el.get('message') or '').splitlines()[0][:160]}"
+            module = (case.get("classname") or "").rsplit(".", 1)[-1]
+            lines.append(f"| `{module}::{case.get('name')}` | {outcome} |")
+        lines.append("")
+    return lines
+
+
+def plot(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> None:
+    """Bars: each mode's samples/s (median of its runs with enough steps) per workload; whiskers: the range over
+    single steps; dots: each run's figure (hollow: a run with fewer steps, not in the median)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     keys = sorted(runs)
-    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(keys)), 4))
-    width = 0.2
-    for i, m in enumerate(MODES):
-        xs, ys, lo, hi = [], [], [], []
-        for j, key in enumerate(keys):
-            rows = [d["modes"][m] for d in runs[key] if "samples_per_s" in d["modes"].get(m, {})]
+    fig, axes = plt.subplots(1, len(keys), figsize=(6.4 * len(keys), 4.4), squeeze=False)
+    colors = {"park": "#2a7ab9", "drain": "#d9822b", "sync": "#8c8c8c", "abort": "#b93a3a"}
+    for ax, key in zip(axes[0], keys):
+        xs, labels = [], []
+        for m in MODES:
+            rows = [(d, r) for d in runs[key] if (r := _measured(d, m)) is not None]
             if not rows:
                 continue
-            rate = statistics.median(r["samples_per_s"] for r in rows)
-            spread = [s for r in rows for s in (r.get("step_samples_per_s") or {}).values() if isinstance(s, float)]
-            xs.append(j + (i - 1.5) * width)
-            ys.append(rate)
-            lo.append(rate - min([rate, *spread]))
-            hi.append(max([rate, *spread]) - rate)
-        if xs:
-            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=m)
-    ax.set_xticks(range(len(keys)), [f"{m}\ncut {c:,}, age {a}" for m, c, a in keys])
-    ax.set_ylabel("trained samples / s (made in the measured window)")
-    ax.set_title("Where parking pays (one H200; whiskers: single steps)")
-    ax.legend()
-    fig.tight_layout()
+            x = len(xs)
+            counted = [(d, r) for d, r in rows if r["measured_steps"] >= _min_steps(d)]
+            rates = [r["samples_per_s"] for _, r in counted]
+            steps = [
+                s for _, r in counted for s in ((r.get("step_samples_per_s") or {}).get(k) for k in ("min", "max"))
+            ]
+            if rates:
+                med = statistics.median(rates)
+                lo, hi = (
+                    min([med, *[s for s in steps if s is not None]]),
+                    max([med, *[s for s in steps if s is not None]]),
+                )
+                ax.bar(x, med, 0.6, color=colors[m], alpha=0.85, yerr=[[med - lo], [hi - med]], capsize=5)
+                n = sum(int(r["measured_steps"]) for _, r in counted)
+                ax.text(x, hi, f"{med:.2f}\n{len(rates)} run(s), {n} steps", ha="center", va="bottom", fontsize=8)
+            for d, r in rows:
+                full = r["measured_steps"] >= _min_steps(d)
+                ax.plot(
+                    x + 0.18,
+                    r["samples_per_s"],
+                    "o",
+                    color="black" if full else "none",
+                    markeredgecolor="black",
+                    markersize=4,
+                )
+                if r.get("trained_samples_per_s") is not None:
+                    ax.plot(x - 0.18, r["trained_samples_per_s"], "x", color="black", markersize=5)
+            xs.append(x)
+            labels.append(m)
+        ax.set_xticks(xs, labels)
+        model, cut, age = key
+        ratios = [
+            f"park/{k[len('ratio_park_over_') :]} {v:.2f}"
+            for d in runs[key]
+            for k, v in d.items()
+            if k.startswith("ratio_park_over_") and not k.endswith(("_cpu", "_per_round")) and isinstance(v, float)
+        ]
+        ax.set_title(f"{model}, cut {cut:,}, max_age {age}\n{', '.join(ratios)}", fontsize=9)
+        ax.set_ylabel("samples / s made in the measured window")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
+    fig.suptitle(title or "Where parking pays", fontsize=10)
+    fig.text(
+        0.5,
+        0.01,
+        "bar: median of runs with >= 3 measured steps; whisker: single steps; dot: each run (hollow: fewer steps)\n"
+        "x: each run's trained samples/s; ratios: each from the one run that measured both modes",
+        ha="center",
+        fontsize=7,
+    )
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 HEADER = """## Performance on one H200
 
-Generated by `python -m bench.gpu report docs/gpu-runs` from the JSON committed beside this page; every figure
-below is a number in that JSON. Each comes from a stage of `python -m bench.gpu` (see `README.md` here for the
-stage of each file). Rules (`bench/inflight_handoff.py`): one engine per process, shared by every mode; each
-mode runs 3 or more measured steps after its warm-up; samples/s counts the samples made inside the measured
-window; a ratio is given only between modes that each have 3 or more measured steps, and otherwise the JSON
-says why there is none. "Each run" lists the figure of every process that measured the mode (the spread between
-two runs of the same seed); "single steps" is the range over its measured steps.
+Generated by `python -m bench.gpu report docs/gpu-runs --out docs/gpu-runs/PERFORMANCE.md --plot
+docs/gpu-runs/where-parking-pays.png --notes docs/gpu-runs/PERFORMANCE.notes.md` (`bench/gpu_report.py`) from the
+files committed beside this page; every figure in the tables is a number in those files (the notes are written
+by hand from them). Each file comes from a stage of
+`python -m bench.gpu` (`README.md` here maps every file to its stage). Rules of the handoff bench
+(`bench/inflight_handoff.py`): one engine per process, shared by every mode; each mode runs its measured steps
+after its warm-up; samples/s counts the samples made inside the measured window per wall-clock second (trained
+samples/s: what the measured steps trained); a ratio is given only between modes that each have 3 or more
+measured steps, and otherwise the JSON says why there is none. "Each run" lists the figure of every process that
+measured the mode (the spread between runs of the same seed); "single steps" is the range over measured steps.
 """
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the page (and the picture) from the folder's JSON."""
+    """Write the page (and the picture) from the folder's files."""
     ap = argparse.ArgumentParser(prog="python -m bench.gpu report", description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path, help="where the JSON is (e.g. docs/gpu-runs)")
     ap.add_argument("--out", type=Path, default=None, help="the Markdown page (default: print it)")
-    ap.add_argument("--plot", type=Path, default=None, help="the picture of the same map (PNG)")
-    ap.add_argument("--notes", type=Path, default=None, help="Markdown appended after the tables (by hand)")
+    ap.add_argument("--plot", type=Path, default=None, help="the picture of the headline (PNG)")
+    ap.add_argument("--notes", type=Path, default=None, help="Markdown placed after the headline tables (by hand)")
     ap.add_argument("--include-cpu", action="store_true", help="also CPU runs (the smoke twins: to test this page)")
     args = ap.parse_args(argv)
     runs, paths = load(args.folder, include_cpu=args.include_cpu)
+    commit, head, hist = split_history(runs)
     lines = [HEADER]
-    if args.plot is not None and runs:
-        plot(runs, args.plot)
-        lines += [f"![where parking pays]({args.plot.name})", ""]
-    for key in sorted(runs):
-        lines += workload_section(key, runs[key])
+    if head:
+        dates = sorted(str(d.get("date") or "")[:10] for rs in head.values() for d in rs)
+        devices = sorted({d.get("machine", {}).get("device", "?") for rs in head.values() for d in rs})
+        lines += [
+            f"## Headline: commit `{commit or '?'}`, {dates[-1]}, {', '.join(devices)}",
+            "",
+            "The runs of the newest commit in this folder; older commits' runs are under History at the end.",
+            "",
+        ]
+        if args.plot is not None:
+            plot(head, args.plot, title=f"Where parking pays (one {', '.join(devices)}, commit {commit or '?'})")
+            lines += [f"![where parking pays: samples/s per mode]({args.plot.name})", ""]
+    for key in sorted(head):
+        lines += workload_section(key, head[key])
     lines += engine_paths_section(paths)
+    lines += engine_loop_section(args.folder)
+    lines += tests_section(args.folder)
     if args.notes is not None and args.notes.exists():
         lines += [args.notes.read_text(encoding="utf-8").rstrip(), ""]
+    lines += history_section(hist)
     text = "\n".join(lines).rstrip() + "\n"
     if args.out is None:
         print(text)
     else:
         args.out.write_text(text, encoding="utf-8")
-        print(f"wrote {args.out} ({len(runs)} workload(s), {len(paths)} engine-path run(s))")
+        print(
+            f"wrote {args.out} (headline commit {commit}: {sum(map(len, head.values()))} run(s); "
+            f"{sum(map(len, hist.values()))} older run(s); {len(paths)} engine-path run(s))"
+        )
     return 0
 
 
-__all__ = ["load", "main", "plot"]
+__all__ = ["is_handoff", "load", "main", "plot", "split_history"]

@@ -47,6 +47,7 @@ Writes ``bench/results/inflight_handoff.json`` (reasoning: ``inflight_handoff_re
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import logging
 import math
@@ -291,7 +292,13 @@ def run_mode(
 
     async def rollout(prompt: Prompt) -> TrajectoryGroup:
         handles = [submit(prompt, j) for j in range(shape.samples_per_group)]
-        return group_of(prompt, [await h.wait() for h in handles])
+        try:
+            outs = [await h.wait() for h in handles]
+        except asyncio.CancelledError:  # the collector's close() after the mode: abort every request, not one
+            for h in handles:
+                h.future.cancel()
+            raise
+        return group_of(prompt, outs)
 
     def to_rollouts(groups: list[TrajectoryGroup]) -> list[Any]:
         out = []

@@ -85,6 +85,7 @@ def test_every_real_stage_is_named_for_its_job_and_has_a_cpu_twin_where_one_gpu_
 def _handoff_json(path: Path, modes: dict, **top) -> None:
     row = {
         "samples_per_s": 7.0,
+        "trained_samples_per_s": 6.8,
         "measured_steps": 3,
         "step_samples_per_s": {"median": 7.0, "min": 6.5, "max": 7.6, "n": 3},
         "draining_share": 0.01,
@@ -93,40 +94,90 @@ def _handoff_json(path: Path, modes: dict, **top) -> None:
         "mean_running_requests": 150.0,
     }
     data = {
+        "benchmark": "inflight_handoff",
         "model": "gpt200m",
         "commit": "abc1234",
+        "date": "2026-12-02T01:00:00+00:00",
         "command": "python3 bench/inflight_handoff.py ...",
         "machine": {"device": "NVIDIA H200"},
-        "shape": {"max_tokens": 8192, "max_trajectory_age_steps": 2},
+        "min_steps_for_a_ratio": 3,
+        "rounds": 1,
+        "rounds_done": 1,
+        "shape": {"max_tokens": 8192, "max_trajectory_age_steps": 2, "steps": 3},
         "modes": {m: {**row, **v} for m, v in modes.items()},
         **top,
     }
     path.write_text(json.dumps(data))
 
 
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="0"
+skipped="1" tests="3" time="12.5" timestamp="2026-12-02T01:20:11"><testcase classname="tests.test_a" name="test_one"
+/><testcase classname="tests.test_a" name="test_two" /><testcase classname="tests.test_b" name="test_te"><skipped
+message="needs Transformer Engine" /></testcase></testsuite></testsuites>"""
+
+
 def test_the_performance_page_is_the_json_and_nothing_else(tmp_path):
+    """Files found by content (any name); park over three runs: the median and every run; a mode cut short is
+    shown and left out of the median; each ratio as its JSON gives it, or why there is none; the newest commit's
+    runs are the headline and an older commit's are history (its one-step ratio shown as not a ratio)."""
     _handoff_json(
-        tmp_path / "a_inflight_handoff_reasoning_x.json",
-        {"park": {"samples_per_s": 8.0}, "drain": {"samples_per_s": 5.0}},
+        tmp_path / "2026-12-02-h200-park-drain.json",
+        {"park": {"samples_per_s": 8.0}, "drain": {"samples_per_s": 5.0, "trained_samples_per_s": 3.0}},
         ratio_park_over_drain=1.6,
+        ratio_park_over_drain_cpu=1.5,
     )
     _handoff_json(
-        tmp_path / "b_inflight_handoff_reasoning_y.json",
-        {"park": {"samples_per_s": 7.0}, "sync": {"samples_per_s": 4.0, "measured_steps": 2}},
-        no_ratio={"park_over_sync": "sync has 2 measured step(s), fewer than 3"},
+        tmp_path / "2026-12-02-h200-park-sync.json",
+        {"park": {"samples_per_s": 7.0}, "sync": {"samples_per_s": 4.0, "measured_steps": 1}},
+        no_ratio={"park_over_sync": "sync has 1 measured step(s), fewer than 3"},
+        rounds_done=0,
+        date="2026-12-02T02:00:00+00:00",
     )
+    _handoff_json(
+        tmp_path / "2026-12-02-h200-sync-park.json",
+        {"park": {"samples_per_s": 7.5}, "sync": {"samples_per_s": 5.0}},
+        ratio_park_over_sync=1.5,
+    )
+    _handoff_json(  # an older commit, a one-step ratio computed before the 3-step rule
+        tmp_path / "2026-12-01-h200-old.json",
+        {"park": {"samples_per_s": 10.8, "measured_steps": 1}, "sync": {"samples_per_s": 4.3, "measured_steps": 1}},
+        commit="0ld0000",
+        date="2026-12-01T15:00:00+00:00",
+        ratio_park_over_sync=2.51,
+    )
+    (tmp_path / "2026-12-02-h200-pytest-gpu.xml").write_text(JUNIT)
+    (tmp_path / "notes.md").write_text("#### Notes by hand\n")
     page = tmp_path / "PERFORMANCE.md"
-    assert gpu.main(["report", str(tmp_path), "--out", str(page), "--plot", str(tmp_path / "map.png")]) == 0
+    argv = ["report", str(tmp_path), "--out", str(page), "--plot", str(tmp_path / "map.png")]
+    assert gpu.main([*argv, "--notes", str(tmp_path / "notes.md")]) == 0
     text = page.read_text()
-    assert "| park | 7.50 | 8.00 / 7.00 |" in text  # park in two runs: the median and each run
-    assert "park_over_drain **1.60**" in text and "no park_over_sync: sync has 2 measured step(s)" in text
-    assert "| sync | 4.00 | 4.00 | 6.50-7.60 | 2 |" in text
-    assert (tmp_path / "map.png").stat().st_size > 0 and "![where parking pays](map.png)" in text
+    head, history = text.split("## History")
+    assert "Headline: commit `abc1234`" in head and "0ld0000" not in head and "10.80" not in head
+    assert "| park | 7.50 | 8.00 (3); 7.50 (3); 7.00 (3) | 9 | 6.50-7.60 |" in head  # the median and each run
+    assert "| sync | 5.00 | 5.00 (3); 4.00 (1 of 3, the run ended first; not in the median) | 3 |" in head
+    assert "park_over_drain **1.60**" in head and "park_over_sync **1.50**" in head and "_cpu" not in head
+    assert "no park_over_sync: sync has 1 measured step(s)" in head
+    assert "| drain | 5.00 | 3.00 | " in head  # samples made and trained per second, side by side
+    assert "**2 passed, 0 failed, 1 skipped**" in head and "**skipped**: needs Transformer Engine" in head
+    assert head.index("Notes by hand") > head.index("Ratios")
+    assert "commit `0ld0000`" in history and "| park | 10.80 |" in history
+    assert "park_over_sync 2.51 as this JSON computed it (park has 1, sync has 1 measured step(s)" in history
+    assert (tmp_path / "map.png").stat().st_size > 0 and "![where parking pays: samples/s per mode](map.png)" in text
+    commit, now, old = gpu_report.split_history(gpu_report.load(tmp_path)[0])
+    assert commit == "abc1234" and len(now[("gpt200m", 8192, 2)]) == 3 and len(old[("gpt200m", 8192, 2)]) == 1
     cpu = tmp_path / "cpu"
     cpu.mkdir()
     _handoff_json(cpu / "inflight_handoff_reasoning_smoke.json", {"park": {}}, machine={"device": "cpu"})
     assert gpu_report.load(cpu)[0] == {}  # a CPU smoke run is no GPU figure
     assert list(gpu_report.load(cpu, include_cpu=True)[0]) == [("gpt200m", 8192, 2)]
+
+
+def test_the_report_reads_the_committed_gpu_runs():
+    """The committed folder: its headline is the newest commit's three runs at the 8k cut (park in all three)."""
+    commit, now, old = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0])
+    runs = now[("gpt200m", 8192, 2)]
+    assert commit == "45b9528" and len(runs) == 3 and all("park" in d["modes"] for d in runs)
+    assert all(d.get("commit") != commit for rs in old.values() for d in rs)
 
 
 def test_a_long_stage_runs_only_detached_and_a_detached_runner_is_followed(tmp_path, stages, monkeypatch, capsys):

@@ -377,3 +377,66 @@ def check_version_stamp(collector_class: type[AsyncCollector] = AsyncCollector) 
 
 def test_a_rollout_without_per_token_versions_is_stamped_with_its_oldest() -> None:
     check_version_stamp()
+
+
+class Endless:
+    """An async rollout that never finishes by itself (an engine request still decoding a long tail): it records
+    whether it was cancelled (what aborts an engine request) or only closed by the garbage collector."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.cancelled = threading.Event()
+        self.closed_unawaited = threading.Event()
+
+    async def __call__(self, prompt: Prompt) -> TrajectoryGroup:
+        self.started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        except GeneratorExit:  # the coroutine was dropped with its task pending: nobody cancelled it
+            self.closed_unawaited.set()
+            raise
+        raise AssertionError("unreachable")
+
+
+def _destroyed_tasks(caplog: pytest.LogCaptureFixture) -> list[str]:
+    import gc
+
+    gc.collect()
+    return [r.getMessage() for r in caplog.records if "Task was destroyed" in r.getMessage()]
+
+
+def test_close_cancels_a_rollout_that_outlives_its_wait_and_leaves_no_task_pending(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """close() waits ``timeout`` for the rollouts in flight; one still running then is cancelled and awaited
+    before the collector's event loop closes (not dropped pending: "Task was destroyed but it is pending!"), and
+    its prompt is put back (not counted as a failure)."""
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    rollout = Endless()
+    collector = AsyncCollector(rollout, prompts(), ReplayBuffer(1, 1), lambda: 0, cap=1)
+    collector.resume()
+    assert rollout.started.wait(10), "the rollout never started"
+    collector.close(timeout=0.2)
+    assert rollout.cancelled.is_set(), "close() returned with the rollout still in flight, never cancelled"
+    assert collector.in_flight == 0 and collector.stats().failed == 0
+    assert [p.prompt_id for p in collector.returned_prompts] == ["p0"]  # put back: a restore issues it again
+    assert not _destroyed_tasks(caplog) and not rollout.closed_unawaited.is_set()
+
+
+def test_close_after_a_stop_cancels_the_rollouts_taken_back_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Rollouts a stop took back (``take_back``) are discarded whatever they return: close() does not wait for
+    them, it cancels them (an engine handle's request is aborted through its future) and awaits them."""
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    rollout = Endless()
+    collector = AsyncCollector(rollout, prompts(), ReplayBuffer(2, 1), lambda: 0, cap=2)
+    collector.resume()
+    assert rollout.started.wait(10), "the rollout never started"
+    assert collector.take_back() >= 1
+    t0 = time.monotonic()
+    collector.close(timeout=30)
+    assert time.monotonic() - t0 < 10, "close() waited for rollouts a stop had taken back"
+    assert rollout.cancelled.is_set() and collector.in_flight == 0 and collector.stats().failed == 0
+    assert not _destroyed_tasks(caplog)

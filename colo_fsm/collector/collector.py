@@ -59,6 +59,8 @@ def parse_inflight(value: Any) -> str:
 
 _DEFER_RETRY_S = 0.05
 """After a rollout deferred while the collector was running, wait this long before starting another."""
+_CANCEL_WAIT_S = 5.0
+"""How long close() gives the rollouts it cancelled to end before the collector's event loop closes."""
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,7 @@ class AsyncCollector:
         self._cond = threading.Condition()
         self._paused = True
         self._closing = False
+        self._cancel = False  # set by close() once it waited: the loop cancels the rollouts left and ends
         self._exhausted = False
         self._in_flight = 0
         self._max_in_flight = 0
@@ -353,13 +356,7 @@ class AsyncCollector:
             prompts.append(Prompt(g.prompt_id, g.prompt, dict(g.metadata)))
         with self._cond:
             self._paused = True
-            taken = 0
-            for order in sorted(self._running):
-                running = self._running[order]
-                if not running.abandoned:
-                    running.abandoned = True
-                    bisect.insort(self._returned, (order, running.prompt), key=lambda item: item[0])
-                    taken += 1
+            taken = self._abandon_running_locked()
             first = min([o for o, _ in self._returned] + [self._drawn])  # the batch was drawn before them all
             self._returned[:0] = [(first - len(prompts) + k, p) for k, p in enumerate(prompts)]
         log.info(
@@ -501,14 +498,30 @@ class AsyncCollector:
             self._returned = [(base + i, p) for i, p in enumerate(restored)]
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop for good: no new rollouts, wait for those in flight (up to ``timeout``), stop the thread."""
+        """Stop for good: no new rollouts, wait for those in flight (up to ``timeout``), stop the thread.
+
+        Rollouts a stop took back (:meth:`take_back`) are not waited for: their results would be discarded. Those
+        still in flight after ``timeout``, and the ones taken back, are cancelled and awaited before the
+        collector's event loop closes (none is left pending): an async rollout awaiting an engine handle's
+        :meth:`~colo_fsm.adapters.engine.results.FutureHandle.wait` aborts its request that way. Their prompts are
+        put back (:attr:`returned_prompts`, saved by :meth:`state_dict`), as by a stop; none counts as failed.
+        """
         with self._cond:
             self._paused = True
             self._closing = True
-            self._cond.wait_for(lambda: self._in_flight == 0, timeout=timeout)
+            self._cond.wait_for(lambda: all(r.abandoned for r in self._running.values()), timeout=timeout)
+            cut = self._abandon_running_locked()
+            self._cancel = True
+        if cut:
+            log.warning(
+                "%s: closed with %d rollout(s) still in flight after %.1f s: cancelled, prompt(s) put back",
+                self.name,
+                cut,
+                timeout,
+            )
         self._poke()
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(max(timeout, 2 * _CANCEL_WAIT_S))
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -587,7 +600,7 @@ class AsyncCollector:
         self._wake = asyncio.Event()
         self._ready.set()
         tasks: set[asyncio.Task[None]] = set()
-        while not self._closing:
+        while not self._cancel:  # closing: nothing starts (_try_start), the rollouts in flight may still finish
             try:
                 started = self._try_start()
             except ConfigError as exc:  # a malformed prompt: stop collecting, surface the error
@@ -603,8 +616,20 @@ class AsyncCollector:
             task = asyncio.get_running_loop().create_task(self._run_one(*started))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+        # closing: close() has marked every rollout still in flight abandoned (its result would be discarded);
+        # cancel them and wait for them to end, so that the loop does not close with tasks pending
+        for task in tasks:
+            task.cancel()
         if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
+            _, pending = await asyncio.wait(tasks, timeout=_CANCEL_WAIT_S)
+            if pending:
+                log.warning(
+                    "%s: %d rollout(s) still running %.0f s after being cancelled at close (a rollout that "
+                    "swallows asyncio.CancelledError?)",
+                    self.name,
+                    len(pending),
+                    _CANCEL_WAIT_S,
+                )
 
     async def _run_one(self, prompt: Prompt, order: int, version: int, ticket: Ticket) -> None:
         try:
@@ -673,6 +698,18 @@ class AsyncCollector:
                 )
         finally:
             self._poke()
+
+    def _abandon_running_locked(self) -> int:
+        """Mark every rollout in flight abandoned (its result discarded) and put its prompt back at the front of
+        the queue, in draw order; returns how many were not abandoned yet. Call with ``self._cond`` held."""
+        taken = 0
+        for order in sorted(self._running):
+            running = self._running[order]
+            if not running.abandoned:
+                running.abandoned = True
+                bisect.insort(self._returned, (order, running.prompt), key=lambda item: item[0])
+                taken += 1
+        return taken
 
     def _drop_abandoned(self, order: int, ticket: Ticket) -> bool:
         """A rollout a stop took back ended: free its place, count it, keep its result out (its prompt is put
