@@ -80,7 +80,15 @@ def test_lifecycle_collector_and_server_through_several_steps() -> None:
     real_train = trainer.train_step
 
     def slow_train(batch):  # type: ignore[no-untyped-def]
-        time.sleep(0.05)  # every step: requests arriving now must wait at the gate
+        # every step: a request is waiting at the closed gate before the trainer's 50 ms begin (forced, so some
+        # request surely waits across a handoff however the machine schedules the clients)
+        waiting = threading.Thread(target=gated.generate, args=(["w"],), kwargs={"max_tokens": 1}, daemon=True)
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while gated.gate.waiting == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert gated.gate.waiting >= 1, "the forced request never reached the closed gate"
+        time.sleep(0.05)
         return real_train(batch)
 
     trainer.train_step = slow_train  # type: ignore[method-assign]
