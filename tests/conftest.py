@@ -51,3 +51,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if Path(str(item.fspath)).stem in HEAVY:
             item.add_marker(pytest.mark.heavy)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The local Ray cluster the Ray modules share (each module's ``ray_session`` starts it if it is not up)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()

@@ -52,8 +52,8 @@ def _directed(component: str, method: str, programs: int = 200) -> dict[str, int
 
 
 def test_a_directed_run_fires_the_fault_it_arms_first():
-    for component, method in (("trainer", "restore_buffers"), ("validator", "validate")):
-        delta = _directed(component, method)
+    for component, method in (("trainer", "restore_buffers"), ("device", "synchronize"), ("collector", "take_back")):
+        delta = _directed(component, method, programs=50)
         assert delta.get(f"fired:{component}.{method}", 0) >= 1, delta
 
 

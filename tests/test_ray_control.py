@@ -51,9 +51,8 @@ MAX_CONCURRENCY = 1000
 
 @pytest.fixture(scope="module")
 def ray_session():
+    # one local cluster for every Ray module of the session (tests/conftest.py shuts it down at the end)
     init_ray(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -134,9 +134,8 @@ def param_sum(worker_self: Any) -> float:
 
 @pytest.fixture(scope="module")
 def ray_session():
+    # one local cluster for every Ray module of the session (tests/conftest.py shuts it down at the end)
     init_ray(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def test_colocated_megatron_workers_train_generate_and_save_under_one_lifecycle(ray_session, tmp_path) -> None:

@@ -194,9 +194,8 @@ TRAIN_BATCH = [((3, 4, 13), (5, 6), 1.0, 0), ((3, 4, 13), (7,), 0.0, 0)]
 
 @pytest.fixture(scope="module")
 def ray_session():
+    # one local cluster for every Ray module of the session (tests/conftest.py shuts it down at the end)
     init_ray(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
