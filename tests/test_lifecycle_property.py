@@ -45,15 +45,16 @@ def _run(profile: str | None = None, key: str = "lifecycle_machine", **attrs) ->
     return delta
 
 
-def _directed(component: str, method: str, programs: int = 200) -> dict[str, int]:
+def _directed(component: str, method: str, programs: int = 50) -> dict[str, int]:
     """``programs`` programs that each arm ``component.method`` first, where their configuration can call it."""
     directed = settings(lifecycle_settings(DEV_PROFILE), max_examples=programs)
     return _run(settings=directed, key=f"first_fault:{component}.{method}", first_fault=(component, method))
 
 
 def test_a_directed_run_fires_the_fault_it_arms_first():
-    for component, method in (("trainer", "restore_buffers"), ("device", "synchronize"), ("collector", "take_back")):
-        delta = _directed(component, method, programs=50)
+    directed = (("trainer", "restore_buffers"), ("device", "synchronize"), ("validator", "validate"))
+    for component, method in (*directed, ("trainer", "save_checkpoint")):
+        delta = _directed(component, method)
         assert delta.get(f"fired:{component}.{method}", 0) >= 1, delta
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import unittest
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -62,6 +63,7 @@ from colo_fsm.testing.oracle import StepOracle
 from colo_fsm.testing.profiles import lifecycle_settings
 from colo_fsm.testing.programs import (
     ALL_TRIGGERS,
+    DIRECTED_OPTIONS,
     FAULT_DRAWS,
     FAULT_PATIENCE,
     FIRST_FAULTS,
@@ -167,6 +169,8 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
             check_spec_once(spec)  # once per spec and process; every Lifecycle below then skips it
         self.logs = ProgramLogs()
         decided = {f for a in spec.actions for f in a.decides}
+        if cls.first_fault is not None:  # a directed run: the drawn options make its call at every step they can
+            cfg = dataclasses.replace(cfg, **DIRECTED_OPTIONS.get(cls.first_fault, {}))
         cfg = fit_config(cfg, spec, user_validation=cls.validation_factory is not None)
         self.cfg = cfg
         self.handle = KitHandle(spec, local_rank=cls.local_rank)

@@ -145,6 +145,14 @@ on, so the rare calls of a step (a save, an inline validation, weighted up most,
 buffers, which only runs where a program offloads) fail in 500 programs; the start's
 own calls are left out (a failed start ends a program before any step), they fail from ``disturb`` before it."""
 
+DIRECTED_OPTIONS: dict[tuple[str, str], dict[str, Any]] = {
+    VALIDATOR_TARGET: {"validate_every": 1},
+    ("trainer", "save_checkpoint"): {"checkpoint_every": 1},
+    ("trainer", "finalize_checkpoint"): {"checkpoint_every": 1},
+}
+"""The drawn options a directed run (``LifecycleMachine.first_fault``) overrides so that its call comes every step:
+the calls only some steps make."""
+
 FAULT_PATIENCE = 12
 """Lifecycle calls an armed fault may wait for its target before it is disarmed (so it cannot block the others)."""
 
@@ -182,6 +190,7 @@ ALL_TRIGGERS: tuple[str, ...] = tuple(dict.fromkeys(t for spec in PRESETS.values
 
 __all__ = [
     "ALL_TRIGGERS",
+    "DIRECTED_OPTIONS",
     "FAULT_DRAWS",
     "FAULT_PATIENCE",
     "FIRST_FAULTS",
