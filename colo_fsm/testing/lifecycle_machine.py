@@ -113,6 +113,8 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
     * ``inject_faults``: whether rules may make adapter calls fail;
     * ``first_fault``: a call (``("trainer", "restore_buffers")``) every program arms first, in place of a drawn
       one (a directed run that makes sure that call's failure path is exercised);
+    * ``fixed_options``: :class:`RunConfig` fields every program takes as given instead of drawn (e.g.
+      ``{"validate_every": 1}``: every step validates, so the paths after a validation come in every program);
     * ``use_async_lifecycle``: drive an :class:`AsyncLifecycle` on the machine's own event loop;
     * ``async_training``: passed to :class:`LifecycleConfig` (False for engines that refit weights);
     * your components, used instead of the kit's own when given: ``barrier_factory()`` (a Barrier),
@@ -135,6 +137,7 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
     local_rank: ClassVar[int] = 3
     inject_faults: ClassVar[bool] = True
     first_fault: ClassVar[tuple[str, str] | None] = None
+    fixed_options: ClassVar[dict[str, Any]] = {}
     use_async_lifecycle: ClassVar[bool] = False
     async_training: ClassVar[bool] = True
     barrier_factory: ClassVar[Callable[[], Any] | None] = None
@@ -171,6 +174,8 @@ class LifecycleMachine(FaultArming, KitTraffic, StepOracle, LifecycleInvariants,
         decided = {f for a in spec.actions for f in a.decides}
         if cls.first_fault is not None:  # a directed run: the drawn options make its call at every step they can
             cfg = dataclasses.replace(cfg, **DIRECTED_OPTIONS.get(cls.first_fault, {}))
+        if cls.fixed_options:
+            cfg = dataclasses.replace(cfg, **cls.fixed_options)
         cfg = fit_config(cfg, spec, user_validation=cls.validation_factory is not None)
         self.cfg = cfg
         self.handle = KitHandle(spec, local_rank=cls.local_rank)

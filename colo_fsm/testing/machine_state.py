@@ -43,6 +43,7 @@ class MachineState:
     local_rank: ClassVar[int]
     inject_faults: ClassVar[bool]
     first_fault: ClassVar[tuple[str, str] | None]
+    fixed_options: ClassVar[dict[str, Any]]
     use_async_lifecycle: ClassVar[bool]
     async_training: ClassVar[bool]
     batch_factory: ClassVar[Callable[[list[int], int], Any] | None]

@@ -1005,13 +1005,24 @@ def kill_by_hypothesis(m: Mutant, max_examples: int = 500) -> str | None:
     level = logging.getLogger("colo_fsm").level
     logging.getLogger("colo_fsm").setLevel(logging.CRITICAL)
     try:
-        run_state_machine_as_test(m.machine(), settings=s)
+        machine = m.machine()
+        # the drawn programs, then programs whose every step validates (or saves): the paths behind a decision
+        # that only some steps take (an early stop after a validation) come in every one of those
+        for fixed in ({}, *DIRECTED_PASSES):
+            passes = settings(s, max_examples=max_examples if not fixed else DIRECTED_EXAMPLES)
+            directed = type(machine.__name__, (machine,), {"fixed_options": fixed}) if fixed else machine
+            run_state_machine_as_test(directed, settings=passes)
     except Exception as exc:
         text = [line.strip() for line in str(exc).strip().splitlines()[:2]]
         return f"{type(exc).__name__}: {' '.join(text)}"
     finally:
         logging.getLogger("colo_fsm").setLevel(level)
     return None
+
+
+DIRECTED_PASSES: tuple[dict[str, Any], ...] = ({"validate_every": 1}, {"checkpoint_every": 1})
+"""After its drawn programs the hypothesis killer runs these: every step validates, then every step saves."""
+DIRECTED_EXAMPLES = 100
 
 
 def kill_by_properties(m: Mutant) -> str | None:
