@@ -50,43 +50,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _demo import ROOT, Demo, cpu_seconds, machine, median, pct, scrape, steps_in, total
 
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from tests.support.chaos import http_request, read_all, status_of
+
 RESULTS = ROOT / "bench" / "results" / "server_chaos.json"
 SERIES = ROOT / "bench" / "results" / "server_chaos_series.json"
 SMALL = {"prompt": "12>", "max_tokens": 3}
 RATIO_BAR = 0.75
+READ_WITHIN_S = 300.0  # a response that sends nothing for this long is read as what came so far
 SMALL_BAR_S = 1.0
-
-
-def open_request(port: int, path: str, body: dict[str, Any], partial: int | None = None) -> socket.socket:
-    """A POST on a fresh connection (``Connection: close``); with ``partial`` only that many body bytes are sent."""
-    data = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
-    ).encode()
-    sock.sendall(head + (data if partial is None else data[:partial]))
-    return sock
-
-
-def read_all(sock: socket.socket, within_s: float = 300.0) -> bytes:
-    """What the server sends until it closes (what came before an error otherwise)."""
-    sock.settimeout(within_s)
-    out = b""
-    try:
-        while chunk := sock.recv(65536):
-            out += chunk
-    except OSError:
-        pass
-    return out
-
-
-def status_of(raw: bytes) -> int | None:
-    """The status code of a raw HTTP response (None when nothing came back)."""
-    try:
-        return int(raw.split(b" ", 2)[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def reset(sock: socket.socket) -> None:
@@ -204,7 +177,7 @@ class Chaos:
             stream = rng.random() < 0.5
             path, body = self.body(rng, stream=stream, n=rng.choice((1, 1, 2, 3)), max_tokens=rng.randint(1, 12))
             try:
-                sock = open_request(self.port, path, body)
+                sock = http_request(self.port, path, body)
             except OSError as exc:
                 self.tally.add("mixed", "broken", repr(exc))
                 continue
@@ -222,7 +195,7 @@ class Chaos:
                 sock.close()
                 self.tally.add("mixed", "abandoned")
                 continue
-            raw = read_all(sock)
+            raw = read_all(sock, READ_WITHIN_S)
             sock.close()
             self.tally.judge("mixed", raw, stream)
 
@@ -230,7 +203,7 @@ class Chaos:
         while self.idle():
             path, body = self.body(rng, stream=rng.random() < 0.5, n=2, max_tokens=20)
             try:
-                sock = open_request(self.port, path, body)
+                sock = http_request(self.port, path, body)
             except OSError as exc:
                 self.tally.add("reset", "broken", repr(exc))
                 continue
@@ -247,7 +220,7 @@ class Chaos:
                 for _ in range(2):
                     path, body = self.body(rng, stream=rng.random() < 0.5, n=2, max_tokens=24)
                     try:
-                        socks.append(open_request(self.port, path, body))
+                        socks.append(http_request(self.port, path, body))
                     except OSError as exc:
                         self.tally.add("handoff", "broken", repr(exc))
                 deadline = time.monotonic() + 10
@@ -271,7 +244,7 @@ class Chaos:
         while self.idle():
             path, body = self.body(rng, stream=True, n=4, max_tokens=20)
             try:
-                sock = open_request(self.port, path, body)
+                sock = http_request(self.port, path, body)
             except OSError as exc:
                 self.tally.add("slow", "broken", repr(exc))
                 continue
@@ -301,11 +274,11 @@ class Chaos:
 
     def _one(self, actor: str, path: str, body: dict[str, Any]) -> None:
         try:
-            sock = open_request(self.port, path, body)
+            sock = http_request(self.port, path, body)
         except OSError as exc:
             self.tally.add(actor, "broken", repr(exc))
             return
-        raw = read_all(sock)
+        raw = read_all(sock, READ_WITHIN_S)
         sock.close()
         self.tally.judge(actor, raw, bool(body.get("stream")))
 
@@ -313,7 +286,7 @@ class Chaos:
         while self.idle():
             path, body = self.body(rng, stream=False, n=1, max_tokens=4)
             try:
-                sock = open_request(self.port, path, body, partial=rng.randint(1, 20))
+                sock = http_request(self.port, path, body, partial=rng.randint(1, 20))
             except OSError as exc:
                 self.tally.add("stall", "broken", repr(exc))
                 continue

@@ -15,6 +15,7 @@ from _server_fake import FakeEngine, serve_fake
 
 from colo_fsm.server import ServerSettings
 from colo_fsm.server.retry import HandoffLengths, clamp_seconds
+from tests.support.chaos import read_all, status_of
 
 
 class FakeClock:
@@ -23,25 +24,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def read_response(sock: socket.socket, within_s: float = 20.0) -> bytes:
-    """What the server sends until it closes the connection (or ``within_s`` passes: what came so far)."""
-    sock.settimeout(within_s)
-    out = b""
-    try:
-        while chunk := sock.recv(65536):
-            out += chunk
-    except OSError:
-        pass
-    return out
-
-
-def status_of(raw: bytes) -> int | None:
-    try:
-        return int(raw.split(b" ", 2)[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def health(gated: Any) -> dict[str, Any]:
@@ -67,7 +49,7 @@ def test_a_stalled_or_too_slow_upload_gets_408_and_the_connection_closes(pace: s
                 except OSError:
                     break  # the server answered and closed
                 time.sleep(0.05)
-        raw = read_response(sock)
+        raw = read_all(sock, 20.0)
         sock.close()
         assert status_of(raw) == 408, f"a stalled upload was not timed out: {raw[:300]!r}"
         assert b"connection: close" in raw.lower() and b"upload_timeout_s=0.5" in raw, raw

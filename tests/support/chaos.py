@@ -33,20 +33,24 @@ from typing import Any
 VICTIM_SEED0 = 7_000_000  # victims' seeds: VICTIM_SEED0 + 10 * victim id + choice index
 
 
-def http_request(port: int, path: str, body: dict[str, Any]) -> socket.socket:
-    """Send one POST on a fresh connection; the caller reads or closes the socket."""
+def http_request(port: int, path: str, body: dict[str, Any], partial: int | None = None) -> socket.socket:
+    """Send one POST on a fresh connection (``Connection: close``); with ``partial`` only that many body bytes are
+    sent. The caller reads or closes the socket."""
     data = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=120)
     head = (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
     )
-    sock.sendall(head.encode() + data)
+    sock.sendall(head.encode() + (data if partial is None else data[:partial]))
     return sock
 
 
-def read_all(sock: socket.socket) -> bytes:
-    """Everything until the server closes (``Connection: close``); what came before an error otherwise."""
+def read_all(sock: socket.socket, within_s: float | None = None) -> bytes:
+    """Everything until the server closes (``Connection: close``), or what came before an error or before
+    ``within_s`` passed without data (``None``: the socket's own timeout)."""
+    if within_s is not None:
+        sock.settimeout(within_s)
     out = b""
     try:
         while chunk := sock.recv(65536):
