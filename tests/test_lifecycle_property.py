@@ -37,11 +37,10 @@ def _run(profile: str | None = None, key: str = "lifecycle_machine", **attrs) ->
     before = stats_snapshot()
     t0 = time.perf_counter()
     check_lifecycle(profile=profile, **attrs)
-    profile = profile or (None if "settings" not in attrs else "directed")
     after = stats_snapshot()
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     delta["seconds"] = round(time.perf_counter() - t0, 2)
-    record_stats(key, {"profile": profile or active_profile(), **delta})
+    record_stats(key, {"profile": profile or ("directed" if "settings" in attrs else active_profile()), **delta})
     return delta
 
 
@@ -52,8 +51,8 @@ def _directed(component: str, method: str, programs: int = 50) -> dict[str, int]
 
 
 def test_a_directed_run_fires_the_fault_it_arms_first():
-    directed = (("trainer", "restore_buffers"), ("device", "synchronize"), ("validator", "validate"))
-    for component, method in (*directed, ("trainer", "save_checkpoint")):
+    targets = (("trainer", "restore_buffers"), ("device", "synchronize"), ("validator", "validate"))
+    for component, method in (*targets, ("trainer", "save_checkpoint")):
         delta = _directed(component, method)
         assert delta.get(f"fired:{component}.{method}", 0) >= 1, delta
 
