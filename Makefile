@@ -9,6 +9,8 @@ PY := $(VENV)/bin/python
 PYTHON ?= python
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+# the default suite runs on this many pytest-xdist workers (a module stays on one worker; tests/conftest.py)
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test check test-deep lint format bench gpu-check clean nemo-gym-venv docs
 
@@ -43,11 +45,12 @@ nemo-gym-venv: $(GYM_VENV)/.installed
 # the two venvs are built side by side (each is mostly downloads and unpacking), then the default suite runs
 test:
 	@$(MAKE) --no-print-directory -j2 setup nemo-gym-venv
-	COLO_FSM_NEMO_GYM_PYTHON=$(abspath $(GYM_VENV))/bin/python $(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+	COLO_FSM_NEMO_GYM_PYTHON=$(abspath $(GYM_VENV))/bin/python $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
+	  -m "not slow and not gpu" $(PYTEST_ARGS)
 
 # lint, then the default suite without the modules marked heavy (tests/conftest.py): no nemo-gym venv needed
 check: lint
-	$(PY) -m pytest -q -m "not slow and not gpu and not heavy" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not gpu and not heavy" $(PYTEST_ARGS)
 
 test-deep: setup
 	COLO_FSM_HYPOTHESIS_PROFILE=colo-fsm-deep $(PY) -m pytest -q -m "slow and not gpu" $(PYTEST_ARGS)

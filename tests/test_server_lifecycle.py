@@ -18,6 +18,7 @@ import openai
 from colo_fsm import CheckpointDecision, Lifecycle, LifecycleConfig, State, ValidationDecision
 from colo_fsm.adapters.protocols import Completion
 from colo_fsm.collector import AsyncCollector, ReplayBuffer, TextRollout
+from colo_fsm.errors import ServerUnavailable
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.machine.trace import TraceRecord
 from colo_fsm.server import GatedEngine, gather_base_urls, overlaps
@@ -78,11 +79,22 @@ def test_lifecycle_collector_and_server_through_several_steps() -> None:
         return {"len": float(len(gated.generate(["v"], max_tokens=2)[0].text))}
 
     real_train = trainer.train_step
+    waiters: list[threading.Thread] = []
+
+    forced: list[str] = []  # how each forced waiting request ended
+
+    def wait_at_the_gate() -> None:
+        try:
+            gated.generate(["w"], max_tokens=1)
+            forced.append("answered")
+        except ServerUnavailable:
+            forced.append("stopping" if gated.stopping else "unavailable")
 
     def slow_train(batch):  # type: ignore[no-untyped-def]
         # every step: a request is waiting at the closed gate before the trainer's 50 ms begin (forced, so some
         # request surely waits across a handoff however the machine schedules the clients)
-        waiting = threading.Thread(target=gated.generate, args=(["w"],), kwargs={"max_tokens": 1}, daemon=True)
+        waiting = threading.Thread(target=wait_at_the_gate, daemon=True)
+        waiters.append(waiting)
         waiting.start()
         deadline = time.monotonic() + 10
         while gated.gate.waiting == 0 and time.monotonic() < deadline:
@@ -149,11 +161,14 @@ def test_lifecycle_collector_and_server_through_several_steps() -> None:
         time.sleep(0.1)  # Done: the engine stays suspended; requests wait
         stop.set()
         lc.stop()  # teardown closes the gate; waiting requests get 503 (counted separately below)
-        for t in clients:
+        for t in [*clients, *waiters]:
             t.join(30)
     finally:
         stop.set()
         collector.close()
+    # the forced waiters of steps 1-4 were answered after their resume; step 5's waited into Done (the engine
+    # stays suspended there) and was answered 503 by the teardown, never left hanging
+    assert sorted(forced) == ["answered"] * 4 + ["stopping"], forced
     assert lc.state is State.STOPPED and trainer.steps == 5 and validations == [3]
     assert inner.builds == 1  # the engine (and server) came up once
     assert gen.bad == []  # no generation while the engine was not awake

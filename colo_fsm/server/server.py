@@ -25,6 +25,7 @@ from colo_fsm.adapters.protocols import Completion, GenerationEngine, TextGenera
 from colo_fsm.errors import ConfigError, EngineRebuild, WaitTimeout
 from colo_fsm.log import get_logger
 from colo_fsm.server.app import ChatTemplate, ServerSettings, create_app, default_chat_template
+from colo_fsm.server.closing import DrainingServer
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.server.lifecycle_clock import LifecycleClock
 from colo_fsm.server.topology import ServingRole, check_serving_layout, gather_roles, serving_role
@@ -40,7 +41,8 @@ class OpenAIServer:
 
     ``port=0`` picks a free port. The socket is bound before :meth:`start` returns, so :attr:`base_url` is
     usable at once. Binds ``127.0.0.1`` unless ``host`` says otherwise. ``rank`` labels its ``/metrics``;
-    ``lifecycle`` feeds their lifecycle series (see :func:`~colo_fsm.server.app.create_app`).
+    ``lifecycle`` feeds their lifecycle series (see :func:`~colo_fsm.server.app.create_app`). :meth:`stop`
+    refuses new connections first and gives open ones ``drain_s`` to finish (:mod:`~colo_fsm.server.closing`).
     """
 
     def __init__(
@@ -61,11 +63,15 @@ class OpenAIServer:
         stopping: Callable[[], bool] | None = None,
         rank: int = 0,
         lifecycle: LifecycleClock | None = None,
+        drain_s: float = 1.0,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ConfigError("host", host, "an interface address such as 127.0.0.1")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise ConfigError("port", port, "an integer in [0, 65535] (0: any free port)")
+        if isinstance(drain_s, bool) or not isinstance(drain_s, int | float) or not 0 <= drain_s <= 60:
+            raise ConfigError("drain_s", drain_s, "seconds in [0, 60] that open connections get to close at stop()")
+        self.drain_s = float(drain_s)
         self.gate = gate if gate is not None else SuspendGate(name="server", is_open=True)
         self.app = create_app(
             generator,
@@ -84,7 +90,7 @@ class OpenAIServer:
         )
         self.host = host
         self._port = port
-        self._server: uvicorn.Server | None = None
+        self._server: DrainingServer | None = None
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
 
@@ -126,7 +132,7 @@ class OpenAIServer:
             timeout_graceful_shutdown=3,
             backlog=2048,
         )
-        self._server = uvicorn.Server(config)
+        self._server = DrainingServer(config, self.drain_s)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name=f"openai-server-{self._port}", daemon=True
         )
@@ -140,7 +146,8 @@ class OpenAIServer:
         return self.base_url
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving and join the thread."""
+        """Stop serving and join the thread: new connections are refused at once, open ones get ``drain_s`` to
+        finish their exchange (every response from the teardown on says ``Connection: close``)."""
         if self._server is None:
             return
         self._server.should_exit = True
