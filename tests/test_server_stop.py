@@ -1,6 +1,8 @@
-"""Stopping the server never resets a client's connection: a request sent on a kept-alive connection while the
-server stops gets an answer (503 "shutting down", ``Connection: close``), and new connections are refused.
-The interleaving is forced: the client sends only once the server has stopped accepting (the drain hook fired)."""
+"""Stopping the server never resets a client's connection. While the teardown answers 503 "shutting down" the
+connection stays alive (clients keep reusing theirs instead of opening new ones that could sit in the backlog when
+the listening socket closes); once the server stops accepting, a request on a kept connection is still answered,
+with ``Connection: close``, and a new connection is refused. The interleaving is forced: the client sends only
+once the server has stopped accepting (the drain hook fired)."""
 
 from __future__ import annotations
 
@@ -55,6 +57,13 @@ def test_a_request_on_a_kept_connection_during_the_stop_is_answered_and_new_conn
     send_keep_alive(sock, {"prompt": "12>", "max_tokens": 4, "temperature": 0})
     status, headers, _ = read_response(sock)
     assert status == 200 and headers.get("connection", "").lower() != "close"  # kept alive while running
+
+    gated.stopping = True  # what GatedEngine.shutdown() does first: requests get 503 "shutting down" from now on
+    gated.gate.retire()
+    send_keep_alive(sock, {"prompt": "12>", "max_tokens": 4})
+    status, headers, body = read_response(sock)
+    assert status == 503 and json.loads(body)["error"]["code"] == "shutting_down"
+    assert headers.get("connection", "").lower() != "close"  # still kept: the client reuses it, no new connection
 
     draining = threading.Event()
     release = threading.Event()

@@ -30,7 +30,6 @@ from fastapi import FastAPI
 
 from colo_fsm.adapters.protocols import TextGenerator
 from colo_fsm.errors import ConfigError
-from colo_fsm.server.closing import CloseWhenStopping
 from colo_fsm.server.context import ChatTemplate, ServerContext
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.server.health import add_health
@@ -98,7 +97,6 @@ def create_app(
     )
     app = FastAPI(title="colo-fsm OpenAI-compatible server", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(OutcomeMiddleware, outcomes=ctx.outcomes)
-    app.add_middleware(CloseWhenStopping, stopping=ctx.stopping)  # outermost: sees every response
     install_error_handlers(app, ctx)
     add_routes(app, ctx)
     add_health(app, ctx)

@@ -25,7 +25,7 @@ from colo_fsm.adapters.protocols import Completion, GenerationEngine, TextGenera
 from colo_fsm.errors import ConfigError, EngineRebuild, WaitTimeout
 from colo_fsm.log import get_logger
 from colo_fsm.server.app import ChatTemplate, ServerSettings, create_app, default_chat_template
-from colo_fsm.server.closing import DrainingServer
+from colo_fsm.server.closing import CloseWhenDraining, DrainingServer
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.server.lifecycle_clock import LifecycleClock
 from colo_fsm.server.topology import ServingRole, check_serving_layout, gather_roles, serving_role
@@ -88,6 +88,7 @@ class OpenAIServer:
             rank=rank,
             lifecycle=lifecycle,
         )
+        self.app.add_middleware(CloseWhenDraining, draining=self._draining)  # outermost: sees every response
         self.host = host
         self._port = port
         self._server: DrainingServer | None = None
@@ -110,6 +111,9 @@ class OpenAIServer:
     def running(self) -> bool:
         """Whether the server thread is serving."""
         return self._server is not None and self._server.started and not self._server.should_exit
+
+    def _draining(self) -> bool:
+        return self._server is not None and self._server.draining
 
     def start(self, timeout: float = 30.0) -> str:
         """Bind, serve in a background thread, wait until it accepts connections; return :attr:`base_url`."""
@@ -147,7 +151,7 @@ class OpenAIServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving and join the thread: new connections are refused at once, open ones get ``drain_s`` to
-        finish their exchange (every response from the teardown on says ``Connection: close``)."""
+        finish their exchange (every response from then on says ``Connection: close``)."""
         if self._server is None:
             return
         self._server.should_exit = True
