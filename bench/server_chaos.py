@@ -347,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the load generator's CPU niceness (default 19: in a gym farm the clients run on other machines; "
         "here they share the demo's cores, at the lowest priority); 0 to compete with the demo as an equal",
     )
+    ap.add_argument(
+        "--server-share",
+        type=float,
+        default=None,
+        help="the demo's --server-share (the share of the engine's slots HTTP requests may hold; default: the demo's)",
+    )
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--series-out", default=str(SERIES))
     args = ap.parse_args(argv)
@@ -355,7 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     import httpx
 
     tmp = Path(tempfile.mkdtemp(prefix="server-chaos-"))
-    demo = Demo(tmp / "run", args.threads)
+    from colo_fsm.demo.config import DEMO_SERVER_SHARE
+
+    share = DEMO_SERVER_SHARE if args.server_share is None else args.server_share
+    demo = Demo(tmp / "run", args.threads, extra=("--server-share", str(share)))
     phases: list[tuple[str, float, float]] = []
     cpu = {"quiet": [0.0, 0.0, 0.0], "chaos": [0.0, 0.0, 0.0]}  # load generator CPU s, demo CPU s, wall s
     rss: dict[str, int | None] = {}
@@ -443,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "load_avg_start": load_start,
         "rounds": args.rounds,
+        "server_share": share,
         "baseline_s": args.baseline_s,
         "chaos_s": args.chaos_s,
         "max_request_tokens": limit,

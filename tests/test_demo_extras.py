@@ -72,7 +72,12 @@ def test_serve_without_the_server_extra_is_one_line_exit_2(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("args", "field"), [(["--chat-template", "roles"], "chat_template"), (["--on-policy-guard"], "on_policy_guard")]
+    ("args", "field"),
+    [
+        (["--chat-template", "roles"], "chat_template"),
+        (["--on-policy-guard"], "on_policy_guard"),
+        (["--server-share", "0.5"], "server_share"),
+    ],
 )
 def test_server_options_without_serve_are_refused_not_ignored(tmp_path, args, field):
     p, tried = _run(tmp_path, ["-m", "colo_fsm.demo", *args, "--run-dir", str(tmp_path / "r")], timeout=120)

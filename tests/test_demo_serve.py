@@ -114,6 +114,8 @@ def test_demo_serve_answers_an_openai_client_during_the_run(tmp_path):
             model="colo-fsm-demo", messages=[{"role": "user", "content": "123"}], max_tokens=4, temperature=0.0
         )
         assert set(chat.choices[0].message.content or "") <= set("0123456789>") and chat.usage.prompt_tokens == 4
+        health = httpx.get(urls[0].removesuffix("/v1") + "/health").json()
+        assert health["engine_requests"]["server_slots"] == 8, health  # the demo's --server-share 0.125 of its 64 slots
         bad = httpx.post(urls[0] + "/completions", json={"prompt": "123>", "presence_penalty": 1})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "presence_penalty"
         if _engine_has_submit():

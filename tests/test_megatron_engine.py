@@ -721,3 +721,39 @@ def test_the_engine_switches_its_policy_only_when_idle(model):
     eng.set_inflight("drain")
     assert eng._batcher.inflight.value == "drain" and eng.inflight_stats() == (0, 0, 0, 0)
     eng.shutdown()
+
+
+def test_length_buckets_cut_only_where_padding_costs_more_than_a_forward():
+    from colo_fsm.adapters.megatron.cpu_loop import length_buckets
+
+    assert length_buckets([]) == []
+    close = [7, 8, 8, 9, 7, 8] * 10  # one step's rollouts: one forward
+    assert length_buckets(close) == [sorted(range(60), key=lambda i: close[i])]
+    mixed = [8] * 48 + [30] * 16  # rollouts and a few long HTTP requests: 64 x 30 padded, or 48 x 8 + 16 x 30
+    groups = length_buckets(mixed)
+    assert [sorted(g) for g in groups] == [list(range(48)), list(range(48, 64))]
+    assert length_buckets(mixed, overhead=10_000) == [list(range(64))]  # not worth a forward
+    assert len(length_buckets([1, 10, 100, 1000] * 8, overhead=0, most=3)) == 3
+
+
+def test_the_cpu_loop_gives_each_row_the_logits_of_its_own_forward(model):
+    """Rows split into length buckets get the logits a forward of the whole padded batch gives them."""
+    from colo_fsm.adapters.batching import BackendRequest
+    from colo_fsm.adapters.megatron.cpu_loop import CpuStepLoop, forward_logits, length_buckets
+
+    loop = CpuStepLoop(model, eod=TOK.eod, pad=TOK.pad, max_sequence_length=64)
+    loop.forward_overhead_tokens = 0  # cut wherever padding is saved
+    prompts = [TOK.tokenize("12>")] * 6 + [TOK.tokenize("1234567890123456789012345678>")] * 2 + [TOK.tokenize("9>")]
+    for i, ids in enumerate(prompts):
+        loop.add(BackendRequest(request_id=i, prompt_ids=tuple(ids), max_tokens=2, temperature=0.0))
+    assert len(length_buckets([len(p) for p in prompts], overhead=0)) == 3
+    longest = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), longest), TOK.pad, dtype=torch.long)
+    valid = torch.zeros((len(prompts), longest), dtype=torch.bool)
+    for i, ids in enumerate(prompts):
+        tokens[i, longest - len(ids) :] = torch.tensor(ids)
+        valid[i, longest - len(ids) :] = True
+    with torch.no_grad():
+        whole = forward_logits(model, tokens, valid)[:, -1, :]
+        split = loop._last_logits()
+    torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-4)

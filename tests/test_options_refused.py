@@ -194,6 +194,11 @@ def test_demo_server_options_without_serve_are_refused():
     with pytest.raises(ConfigError, match=r"chat_template='roles': expected the default 'digits' unless serve=True"):
         DemoConfig(chat_template="roles")
     assert DemoConfig(serve=True, on_policy_guard=True, chat_template="roles").on_policy_guard
+    with pytest.raises(ConfigError, match=r"server_share=0.5: expected the default 0.125 unless serve=True"):
+        DemoConfig(server_share=0.5)
+    with pytest.raises(ConfigError, match=r"server_share=1.5: expected"):
+        DemoConfig(serve=True, server_share=1.5)
+    assert DemoConfig(serve=True, server_share=0.5).server_share == 0.5
 
 
 def test_val_at_start_validates_a_resumed_run_too():

@@ -152,6 +152,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(a gym then cannot silently train on off-policy samples)",
     )
     p.add_argument(
+        "--server-share",
+        type=float,
+        default=d.server_share,
+        metavar="S",
+        help=f"with --serve: the share of the engine's slots HTTP requests may hold at once (default "
+        f"{d.server_share}: the demo's own rollouts keep the rest; 1 lifts the cap)",
+    )
+    p.add_argument(
         "--no-save-on-signal",
         action="store_false",
         dest="save_on_signal",

@@ -6,7 +6,14 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from colo_fsm.adapters.engine.options import check_share
 from colo_fsm.errors import ConfigError
+
+DEMO_SERVER_SHARE = 0.125
+"""The demo's ``GenerationConfig.server_share`` (the library's default is 0.5). Its training rollouts come from its
+own collector and fill the engine's slots, and on the CPU the engine's decode is what bounds training's step rate:
+with HTTP traffic holding its whole share, training keeps about ``1 - server_share`` of its rate, less the HTTP
+front's own CPU. An eighth keeps it above 0.75x under the gym chaos of ``bench/server_chaos.py``."""
 
 
 def _int(field: str, v: Any, lo: int, hi: int | None = None) -> None:
@@ -60,6 +67,7 @@ class DemoConfig:
     stop_after: int | None = None  # stop early after this many steps of this run (tests; simulates an interruption)
     chat_template: str = "digits"  # --serve chat: 'digits' (the task alphabet), 'roles', or a Jinja2 file
     on_policy_guard: bool = False  # --serve: refuse requests whose temperature/top_p differ from the rollouts'
+    server_share: float = DEMO_SERVER_SHARE  # --serve: the share of the engine's slots HTTP requests may hold
     save_on_signal: bool = True  # SIGTERM: the next step saves a checkpoint and is the run's last
     stop_timeout_s: float = 120.0  # --ranks N: how long the parent waits for its ranks after a signal
 
@@ -91,6 +99,7 @@ class DemoConfig:
                 raise ConfigError(name, getattr(self, name), "True or False")
         if self.stop_after is not None:
             _int("stop_after", self.stop_after, 1)
+        check_share(self.server_share)
         if self.serve:
             _check_server_extra()
             from colo_fsm.server.templates import resolve_chat_template
@@ -101,6 +110,9 @@ class DemoConfig:
                 raise ConfigError("chat_template", self.chat_template, "the default 'digits' unless serve=True")
             if self.on_policy_guard:
                 raise ConfigError("on_policy_guard", True, "False unless serve=True (it guards the server)")
+            if self.server_share != DEMO_SERVER_SHARE:
+                raise ConfigError("server_share", self.server_share, f"the default {DEMO_SERVER_SHARE} unless "
+                                  "serve=True (it bounds HTTP requests in the engine)")  # fmt: skip
         if self.ranks == 1 and self.stop_timeout_s != DemoConfig.stop_timeout_s:
             raise ConfigError("stop_timeout_s", self.stop_timeout_s, "the default unless ranks > 1 (it bounds the wait "
                               "of the parent of several ranks)")  # fmt: skip

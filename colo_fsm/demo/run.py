@@ -208,7 +208,12 @@ def _run_rank(
     engine = MegatronEngine(
         model,
         tok,
-        GenerationConfig(kv_cache_mode=cfg.kv_cache_mode, inflight=cfg.inflight, logprobs_mode="processed"),
+        GenerationConfig(
+            kv_cache_mode=cfg.kv_cache_mode,
+            inflight=cfg.inflight,
+            logprobs_mode="processed",
+            server_share=cfg.server_share,
+        ),
         weight_version=lambda: lc_ref["lc"].weight_version,
     )
     buffer = ReplayBuffer(cfg.num_prompts_per_step, cfg.max_trajectory_age_steps)

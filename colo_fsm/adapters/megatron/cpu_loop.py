@@ -221,6 +221,40 @@ def processed_logprobs(logits: torch.Tensor, request: BackendRequest) -> torch.T
     return torch.log_softmax(filtered / float(request.temperature), dim=-1)
 
 
+FORWARD_OVERHEAD_TOKENS = 256
+"""What one more forward call costs, in padded tokens of work: :func:`length_buckets` splits a batch only where
+that saves more (on the CPU a tiny model's forward is mostly per-call Python and per-token matmuls)."""
+
+
+def length_buckets(
+    lengths: Sequence[int], *, overhead: int = FORWARD_OVERHEAD_TOKENS, most: int = 3
+) -> list[list[int]]:
+    """Row indices of ``lengths`` grouped into at most ``most`` forwards of similar length.
+
+    The step loop has no KV cache: a forward pads every row to the batch's longest, so one long request makes
+    every short row's step as costly as its own. Rows are sorted by length and the most costly group (rows x
+    longest) is cut where the padded work falls most, while a cut saves more than ``overhead``. One group when
+    the lengths are close, which is the common case (rollouts of one step).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups = [order] if order else []
+    while len(groups) < most:
+        best: tuple[int, int, int] | None = None  # (saving, group, cut)
+        for g, idx in enumerate(groups):
+            longest = lengths[idx[-1]]
+            for k in range(1, len(idx)):
+                if lengths[idx[k - 1]] == lengths[idx[k]]:
+                    continue
+                saving = len(idx) * longest - (k * lengths[idx[k - 1]] + (len(idx) - k) * longest)
+                if saving > overhead and (best is None or saving > best[0]):
+                    best = (saving, g, k)
+        if best is None:
+            break
+        _, g, k = best
+        groups[g : g + 1] = [groups[g][:k], groups[g][k:]]
+    return groups
+
+
 @dataclass(eq=False)
 class _Row:
     request: BackendRequest
@@ -262,6 +296,7 @@ class CpuStepLoop:
         self.suspended = False
         self.steps = 0
         self.sampling = sampling  # guards: one stream per data-parallel replica (colo_fsm/guards/sampling.py)
+        self.forward_overhead_tokens = FORWARD_OVERHEAD_TOKENS  # length_buckets' cut rule
         self.generator: torch.Generator | None = None
         if sampling is not None:
             self.generator = torch.Generator(device=self.device)
@@ -295,14 +330,7 @@ class CpuStepLoop:
         if not self.rows:
             return []
         self.steps += 1
-        longest = max(len(r.tokens) for r in self.rows)
-        b = len(self.rows)
-        tokens = torch.full((b, longest), self.pad, dtype=torch.long, device=self.device)
-        valid = torch.zeros((b, longest), dtype=torch.bool, device=self.device)
-        for i, r in enumerate(self.rows):
-            tokens[i, longest - len(r.tokens) :] = torch.as_tensor(r.tokens, dtype=torch.long, device=self.device)
-            valid[i, longest - len(r.tokens) :] = True
-        logits = forward_logits(self.model, tokens, valid)[:, -1, :]
+        logits = self._last_logits()
         logp = torch.log_softmax(logits, dim=-1)
         raw_rows = [i for i, r in enumerate(self.rows) if r.request.logprobs_mode != "processed"]
         k_max = min(max((self.rows[i].request.top_logprobs for i in raw_rows), default=0), logp.shape[-1])
@@ -335,6 +363,26 @@ class CpuStepLoop:
         self.rows = keep
         return outs
 
+    def _last_logits(self) -> torch.Tensor:
+        """The next-token logits ``[rows, vocab]`` of every row, in row order: one left-padded forward per group of
+        :func:`length_buckets` (a row's logits do not depend on the group it is in)."""
+        parts: list[torch.Tensor] = []
+        order: list[int] = []
+        for idx in length_buckets([len(r.tokens) for r in self.rows], overhead=self.forward_overhead_tokens):
+            longest = len(self.rows[idx[-1]].tokens)
+            tokens = torch.full((len(idx), longest), self.pad, dtype=torch.long, device=self.device)
+            valid = torch.zeros((len(idx), longest), dtype=torch.bool, device=self.device)
+            for j, i in enumerate(idx):
+                n = len(self.rows[i].tokens)
+                tokens[j, longest - n :] = torch.as_tensor(self.rows[i].tokens, dtype=torch.long, device=self.device)
+                valid[j, longest - n :] = True
+            parts.append(forward_logits(self.model, tokens, valid)[:, -1, :])
+            order.extend(idx)
+        stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
+        out = torch.empty_like(stacked)
+        out[torch.as_tensor(order, device=stacked.device)] = stacked
+        return out
+
     def abort(self, request_id: int) -> None:
         """Drop the request's row (a no-op if it is not here)."""
         self.rows = [r for r in self.rows if r.request.request_id != request_id]
@@ -366,12 +414,14 @@ class CpuStepLoop:
 
 
 __all__ = [
+    "FORWARD_OVERHEAD_TOKENS",
     "CpuStepLoop",
     "Generated",
     "attention_inputs",
     "filter_logits",
     "forward_logits",
     "generate_tokens",
+    "length_buckets",
     "processed_logprobs",
     "sample_token",
 ]
