@@ -63,3 +63,33 @@ def test_server_share_is_validated_with_a_typed_error(value):
     with pytest.raises(ConfigError) as exc:
         GenerationConfig(server_share=value)
     assert exc.value.field == "server_share" and "(0, 1]" in str(exc.value)
+
+
+def test_within_the_share_a_small_request_is_not_queued_behind_a_large_ones_choices():
+    """The HTTP server numbers a request's choices (``turn``): a 1-choice request submitted after a 12-choice one
+    waits behind its first choice only, not behind all twelve; lone requests keep their arrival order."""
+    backend = GatedBackend()
+    b = ContinuousBatcher(lambda: backend, max_active_requests=8, server_share=0.25)
+    b.start()
+    hog = [b.submit([1], max_tokens=3, priority=Priority.SERVER, turn=t) for t in range(12)]
+    small = b.submit([2], max_tokens=1, priority=Priority.SERVER)  # turn 0
+    late = b.submit([3], max_tokens=1, priority=Priority.SERVER)  # turn 0, after small
+    backend.run_free()
+    for h in (*hog, small, late):
+        h.result(timeout=WAIT)
+    added = [e[1] for e in backend.log if e[0] == "add"]
+    assert added.index(small.request_id) < added.index(hog[1].request_id)  # only hog's turn 0 before it
+    assert added.index(late.request_id) < added.index(hog[1].request_id)
+    assert added.index(small.request_id) < added.index(late.request_id)  # the same turn: arrival order
+    assert [added.index(h.request_id) for h in hog] == sorted(added.index(h.request_id) for h in hog)
+    b.shutdown()
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "0", True])
+def test_turn_is_validated_with_a_typed_error(value):
+    b = ContinuousBatcher(lambda: GatedBackend(free=True))
+    b.start()
+    with pytest.raises(ConfigError) as exc:
+        b.submit([1], max_tokens=1, turn=value)
+    assert exc.value.field == "turn"
+    b.shutdown()

@@ -77,15 +77,15 @@ def test_one_request_costs_at_most_a_share_of_the_budget() -> None:
             max_active_requests = 64
 
     assert engine_batch_tokens(Engine()) == 2048
-    # the budget is one engine batch; one request may cost half of it (max_request_share), never all of it
-    assert ServerSettings().token_limits(Engine()) == (1024, 2048)
+    # the budget is one engine batch; one request may cost 0.4 of it (max_request_share), never all of it
+    assert ServerSettings().token_limits(Engine()) == (819, 2048)
     assert ServerSettings(max_request_share=1.0).token_limits(Engine()) == (2048, 2048)
     assert ServerSettings(max_request_tokens=100).token_limits(Engine()) == (100, 2048)
-    assert ServerSettings().token_limits(None) == (1 << 14, 1 << 15)
-    assert ServerSettings(max_inflight_tokens=1000).token_limits(Engine()) == (500, 1000)
+    assert ServerSettings().token_limits(None) == (13107, 1 << 15)
+    assert ServerSettings(max_inflight_tokens=1000).token_limits(Engine()) == (400, 1000)
     with pytest.raises(ConfigError, match="max_request_tokens"):
         ServerSettings(max_request_tokens=600, max_inflight_tokens=1000)  # over the share: refused at once
-    with pytest.raises(ConfigError, match="max_request_share=0.5 x max_inflight_tokens=2048 = 1024"):
+    with pytest.raises(ConfigError, match="max_request_share=0.4 x max_inflight_tokens=2048 = 819"):
         ServerSettings(max_request_tokens=1500).token_limits(Engine())  # over the share of the engine's batch
     for bad in (
         {"max_inflight_tokens": 0},
@@ -108,8 +108,8 @@ def test_a_request_over_its_share_of_the_budget_is_refused_naming_the_bound() ->
         r = httpx.post(base(gated) + "/completions", json=body, timeout=30)
         assert r.status_code == 400, f"a request costing 60% of the budget was not refused: {r.status_code} {r.text}"
         err = r.json()["error"]
-        assert err["param"] == "max_tokens" and "max_request_tokens=50" in err["message"], err
-        assert httpx.post(base(gated) + "/completions", json={**body, "max_tokens": 45}, timeout=30).status_code == 200
+        assert err["param"] == "max_tokens" and "max_request_tokens=40" in err["message"], err  # 0.4 of 100
+        assert httpx.post(base(gated) + "/completions", json={**body, "max_tokens": 35}, timeout=30).status_code == 200
     finally:
         gated.shutdown()
 
@@ -296,3 +296,31 @@ def test_a_stream_holds_its_tokens_while_the_engine_holds_it() -> None:
         assert budget.held == 0
     finally:
         gated.shutdown()
+
+
+class TurnRecordingEngine(FakeEngine):
+    """A fake engine that says it admits by turn, and records the turn each submission carries."""
+
+    admits_by_turn = True
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.turns: list[int | None] = []
+
+    def submit(self, prompt_ids, *, turn=None, **kw):  # type: ignore[no-untyped-def,override]
+        self.turns.append(turn)
+        return super().submit(prompt_ids, **kw)
+
+
+def test_the_server_numbers_a_requests_choices_for_an_engine_that_admits_by_turn() -> None:
+    for engine, expected in ((TurnRecordingEngine(), [0, 1, 2, 3, 4, 5]), (FakeEngine(), None)):
+        gated, eng = serve_fake(engine)
+        try:
+            r = httpx.post(
+                gated.server_base_urls()[0] + "/completions", json={"prompt": ["1>", "2>"], "n": 3, "max_tokens": 2}
+            )
+            assert r.status_code == 200, r.text
+            if expected is not None:
+                assert sorted(eng.turns) == expected  # type: ignore[attr-defined]
+        finally:
+            gated.shutdown()

@@ -62,7 +62,7 @@ def test_chaos_short(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_chaos_long(tmp_path: Path) -> None:
     # a small token budget and a short wait: some requests wait for room, some get 429 or 503 (Retry-After)
-    report = chaos(tmp_path, 300, 6, 4.0, 1, "--inflight-tokens", "120", "--request-timeout", "0.2")
+    report = chaos(tmp_path, 300, 6, 4.0, 1, "--inflight-tokens", "150", "--request-timeout", "0.2")  # 60 a request
     check(report, 300, min_forced=30)
     assert report["clients"]["abandoned_at_random"] >= 20
     print(json.dumps({k: report[k] for k in ("steps", "seconds", "clients", "ledger")}))

@@ -114,7 +114,9 @@ def test_a_client_gone_mid_upload_is_a_client_outcome(how: str, error_logs: Erro
 @pytest.mark.parametrize("how", ["close", "reset"])
 def test_a_client_gone_while_queued_for_the_budget_leaves_at_once(how: str, error_logs: ErrorLogs) -> None:
     eng = FakeEngine()
-    gated, _ = serve_fake(eng, settings=ServerSettings(max_inflight_tokens=50), request_timeout_s=60.0)
+    gated, _ = serve_fake(
+        eng, settings=ServerSettings(max_inflight_tokens=50, max_request_share=0.5), request_timeout_s=60.0
+    )
     ctx = gated.server.app.state.ctx
     body = {"prompt": "1234>", "max_tokens": 20}  # 25 tokens: two fill the budget of 50
     try:

@@ -149,8 +149,10 @@ class RequestRun:
         try:
             s = self.sampling
             extra = {"top_logprobs": s.top_logprobs} if s.top_logprobs else {}  # only engines that record them
+            by_turn = getattr(self.engine, "admits_by_turn", False) is True  # round-robin across requests
             for c in self.choices:
                 c.sink = sink
+                turn = {"turn": c.index} if by_turn else {}
                 c.handle = self.engine.submit(
                     c.prompt_ids,
                     max_tokens=s.max_tokens,
@@ -162,6 +164,7 @@ class RequestRun:
                     priority=self.priority,
                     on_token=c.on_token,
                     **extra,
+                    **turn,
                 )
         except BaseException:
             self.cancel()

@@ -15,8 +15,10 @@ DEFAULT_MAX_REQUEST_TOKENS = 1 << 15
 DEFAULT_MAX_WAITING_REQUESTS = 1024
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 MAX_JSON_DEPTH = 64
-DEFAULT_MAX_REQUEST_SHARE = 0.5
-"""The default share of ``max_inflight_tokens`` that one request may cost: no request can hold the whole budget."""
+DEFAULT_MAX_REQUEST_SHARE = 0.4
+"""The default share of ``max_inflight_tokens`` that one request may cost: no request can hold the whole budget,
+and the two largest together leave a fifth of it to smaller requests (which then never wait for a large one to
+finish)."""
 DEFAULT_FAIR_WINDOW_S = 2.0
 """How long a request costing the whole budget lets cheaper ones that arrive after it go first (see
 :class:`~colo_fsm.server.budget.TokenBudget`)."""
@@ -54,7 +56,7 @@ class ServerSettings:
     resume; the server's gate does as for park) or ``"drain"`` (alias ``"wait"``: the suspend waits for them);
     None (default) means the engine's own policy under a :class:`GatedEngine`, else park.
 
-    Fairness: ``max_request_share`` (in (0, 1], default 0.5) caps what one request may cost as a share of
+    Fairness: ``max_request_share`` (in (0, 1], default 0.4) caps what one request may cost as a share of
     ``max_inflight_tokens``, so no single request can hold the whole budget (an unset ``max_request_tokens``
     defaults to that cap; a set one above it is refused). Waiting requests are granted cheapest-deadline first:
     a request's deadline is its arrival plus ``fair_window_s x cost / max_inflight_tokens``, so a small request

@@ -3,6 +3,12 @@
 Requests are validated when submitted (:meth:`Admission.submit`), queued in ``(priority, arrival)`` order and
 admitted between decode steps while the engine is awake, at most ``max_active_requests`` at a time.
 
+Within a priority the queue is ordered by ``(turn, arrival)`` (:func:`~colo_fsm.adapters.engine.results.queue_order`): a caller that submits
+several requests for one client numbers them ``turn=0, 1, ...`` (the HTTP server does, for the ``n`` choices of a
+request), so a client's k-th request waits only behind the others' first k: a 3-token request is not queued
+behind the 63 remaining choices of an ``n=64`` one, and the large one still gets a slot in every round. Lone
+requests (turn 0, every rollout) keep their arrival order.
+
 The server's share: :attr:`~colo_fsm.adapters.engine.options.Priority.SERVER` requests (HTTP traffic) hold at
 most ``server_slots`` (``server_share`` of ``max_active_requests``, rounded up) of the active requests at any
 time, whatever is queued, so the trainer's rollouts always find ``max_active_requests - server_slots`` slots that
@@ -26,7 +32,7 @@ from colo_fsm.adapters.engine.options import (
     positive_int,
 )
 from colo_fsm.adapters.engine.protocol import BackendRequest, StepBackend
-from colo_fsm.adapters.engine.results import EngineRequest, OnToken, RequestCounts, RequestHandle
+from colo_fsm.adapters.engine.results import EngineRequest, OnToken, RequestCounts, RequestHandle, queue_order
 from colo_fsm.errors import ConfigError, EngineStopped, RequestTooLarge
 
 
@@ -76,8 +82,12 @@ class Admission(Cancellation):
         top_logprobs: int = 0,
         logprobs_mode: LogprobsMode | str | None = None,
         feed: bool = False,
+        turn: int = 0,
     ) -> RequestHandle:
         """Queue one request; it is admitted at the next step boundary (after resume if suspended).
+
+        ``turn`` (>= 0) is its place among one caller's requests: within a priority, requests are admitted by
+        turn, then arrival (round-robin across callers; see the module's docstring).
 
         ``feed=True`` (tensor-parallel leader only): this rank alone submits the request and the lockstep carries
         it to the group's other ranks (an HTTP request of the group's one server); a follower raises
@@ -103,6 +113,8 @@ class Admission(Cancellation):
             raise ConfigError("priority", priority, "a Priority (TRAINING or SERVER)")
         if not isinstance(feed, bool):
             raise ConfigError("feed", feed, "True or False")
+        if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
+            raise ConfigError("turn", turn, "an integer >= 0 (the request's place among its caller's requests)")
         if feed and self._lockstep is not None and not self._lockstep.leader:
             raise ConfigError(
                 "feed", True, "False on a follower of a tensor-parallel group (only its leader feeds requests to it)"
@@ -132,12 +144,13 @@ class Admission(Cancellation):
             on_token=on_token,
             future=concurrent.futures.Future(),
             fed=feed,
+            turn=turn,
         )
         with self._cond:
             if self.stopped:
                 raise EngineStopped("request submitted after the engine was shut down")
             self._queue.append(req)
-            self._queue.sort(key=lambda r: (r.priority, r.seq))
+            self._queue.sort(key=queue_order)
             self._cond.notify_all()
         req.future.add_done_callback(self._on_future_done(req.request_id))
         return RequestHandle(self, req)

@@ -50,6 +50,8 @@ class ContinuousBatcher(LockstepIteration):
     the default distribution of every request's returned log-probs (``submit(logprobs_mode=...)`` overrides it).
     """
 
+    admits_by_turn = True  # submit(turn=...): within a priority, requests are admitted by turn, then arrival
+
     def __init__(
         self,
         backend_factory: Callable[[], StepBackend],

@@ -99,6 +99,7 @@ class EngineRequest:
     completion: TokenCompletion | None = None
     origin: BackendRequest | None = None  # the request as submitted (``backend`` changes when it is resubmitted)
     attempt: int = 0  # times it was ended at a suspend and resubmitted (``inflight="abort"``)
+    turn: int = 0  # its place among its caller's requests (queue_order): 0 for a lone request
 
     def __post_init__(self) -> None:
         if self.origin is None:
@@ -119,6 +120,11 @@ class EngineRequest:
     def backend_id(self) -> int:
         """The id the backend knows this request by now (a resubmission gets a new one)."""
         return self.backend.request_id
+
+
+def queue_order(req: EngineRequest) -> tuple[int, int, int]:
+    """The engine queue's sort key: priority, then turn (round-robin across one caller's requests), then arrival."""
+    return (req.priority, req.turn, req.seq)
 
 
 class _Owner(Protocol):
@@ -224,5 +230,6 @@ __all__ = [
     "RequestHandle",
     "TokenCompletion",
     "completion_of",
+    "queue_order",
     "resolve",
 ]

@@ -17,7 +17,7 @@ import threading
 
 from colo_fsm.adapters.engine.options import InflightPolicy, parse_inflight, request_seed
 from colo_fsm.adapters.engine.protocol import StepBackend
-from colo_fsm.adapters.engine.results import resolve
+from colo_fsm.adapters.engine.results import queue_order, resolve
 from colo_fsm.adapters.engine.state import Command, EngineState
 from colo_fsm.errors import EngineStopped, LifecycleError
 from colo_fsm.log import get_logger
@@ -176,7 +176,7 @@ class Suspension(EngineState):
                 )
                 req.state = "queued"
                 self._queue.append(req)
-            self._queue.sort(key=lambda r: (r.priority, r.seq))
+            self._queue.sort(key=queue_order)
         for rid in old_ids:
             backend.abort(rid)
         return len(ended)

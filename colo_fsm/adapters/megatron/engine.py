@@ -203,6 +203,7 @@ class MegatronEngine(TextGeneration):
     """
 
     reads_weights_in_place = True
+    admits_by_turn = True  # submit(turn=...): the HTTP server numbers a request's choices (round-robin admission)
     batcher_class: Callable[..., ContinuousBatcher] = ContinuousBatcher  # the engine loop (tests swap mutants in)
 
     def __init__(
@@ -457,8 +458,12 @@ class MegatronEngine(TextGeneration):
         top_logprobs: int = 0,
         logprobs_mode: str | None = None,
         feed: bool = False,
+        turn: int = 0,
     ) -> RequestHandle:
         """Add one request to the running engine; returns its handle (future, cancel).
+
+        ``turn``: the request's place among one caller's requests (the HTTP server numbers the ``n`` choices of a
+        request 0, 1, ...); within a priority the queue is admitted by turn, then arrival.
 
         ``feed=True`` (the first rank of a tensor-parallel group, where the group's server runs): the request is
         submitted here only and the lockstep carries it to the group's other ranks. An HTTP request
@@ -498,6 +503,7 @@ class MegatronEngine(TextGeneration):
             top_logprobs=top_logprobs,
             logprobs_mode=logprobs_mode,
             feed=feed,
+            turn=turn,
         )
 
     def _check_logprobs_mode(self, logprobs_mode: str | None) -> None:
