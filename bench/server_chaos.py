@@ -52,6 +52,7 @@ from _demo import ROOT, Demo, cpu_seconds, machine, median, pct, scrape, steps_i
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from colo_fsm.demo.config import DEMO_SERVER_SHARE
 from tests.support.chaos import http_request, read_all, status_of
 
 RESULTS = ROOT / "bench" / "results" / "server_chaos.json"
@@ -350,8 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--server-share",
         type=float,
-        default=None,
-        help="the demo's --server-share (the share of the engine's slots HTTP requests may hold; default: the demo's)",
+        default=DEMO_SERVER_SHARE,
+        help=f"the demo's --server-share (the share of the engine's slots HTTP requests may hold; default "
+        f"{DEMO_SERVER_SHARE}, the demo's)",
     )
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--series-out", default=str(SERIES))
@@ -361,10 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     import httpx
 
     tmp = Path(tempfile.mkdtemp(prefix="server-chaos-"))
-    from colo_fsm.demo.config import DEMO_SERVER_SHARE
-
-    share = DEMO_SERVER_SHARE if args.server_share is None else args.server_share
-    demo = Demo(tmp / "run", args.threads, extra=("--server-share", str(share)))
+    demo = Demo(tmp / "run", args.threads, extra=("--server-share", str(args.server_share)))
     phases: list[tuple[str, float, float]] = []
     cpu = {"quiet": [0.0, 0.0, 0.0], "chaos": [0.0, 0.0, 0.0]}  # load generator CPU s, demo CPU s, wall s
     rss: dict[str, int | None] = {}
@@ -452,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "load_avg_start": load_start,
         "rounds": args.rounds,
-        "server_share": share,
+        "server_share": args.server_share,
         "baseline_s": args.baseline_s,
         "chaos_s": args.chaos_s,
         "max_request_tokens": limit,

@@ -53,19 +53,20 @@ RAY = frozenset({"test_guards_drain", "test_ray_control", "test_ray_megatron", "
 SPREAD = frozenset({"test_docs_blocks", "test_faults", "test_mutants"})
 
 
-def xdist_group(item: pytest.Item) -> str:
-    """The pytest-xdist group of ``item``: "ray", the test itself in a SPREAD module, else its module."""
-    stem = Path(str(item.fspath)).stem
-    return "ray" if stem in RAY else item.nodeid if stem in SPREAD else stem
+def xdist_group(stem: str, nodeid: str) -> str:
+    """The pytest-xdist group of a test of module ``stem``: "ray", the test itself in a SPREAD module, else its
+    module."""
+    return "ray" if stem in RAY else nodeid if stem in SPREAD else stem
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if Path(str(item.fspath)).stem in HEAVY:
+        stem = Path(str(item.fspath)).stem
+        if stem in HEAVY:
             item.add_marker(pytest.mark.heavy)
         # `make test` runs two workers with --dist loadgroup: a module stays on one worker (its module fixtures are
         # built once), and the Ray modules share one worker (and one cluster)
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+        item.add_marker(pytest.mark.xdist_group(xdist_group(stem, item.nodeid)))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -6,7 +6,6 @@ their slots freed. Each point is forced: the client leaves only once the server 
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import struct
@@ -19,6 +18,7 @@ import pytest
 from _server_fake import FakeEngine, serve_fake
 
 from colo_fsm.server import ServerSettings
+from tests.support.chaos import post_bytes
 
 
 class ErrorLogs(logging.Handler):
@@ -56,14 +56,9 @@ def wait_until(cond: Any, what: str, timeout: float = 15.0) -> None:
 
 
 def open_request(port: int, path: str, body: dict[str, Any], *, body_bytes: int | None = None) -> socket.socket:
-    """A POST on a fresh connection; with ``body_bytes`` only that many bytes of the body are sent."""
-    data = json.dumps(body).encode()
+    """A POST on a fresh connection, kept alive; with ``body_bytes`` only that many bytes of the body are sent."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n"
-    ).encode()
-    sock.sendall(head + (data if body_bytes is None else data[:body_bytes]))
+    sock.sendall(post_bytes(path, body, close=False, partial=body_bytes))
     return sock
 
 

@@ -17,16 +17,12 @@ from _server_fake import serve_fake
 from colo_fsm.errors import ConfigError
 from colo_fsm.server import OpenAIServer
 from colo_fsm.server.closing import CLOSE_HEADER
+from tests.support.chaos import post_bytes
 
 
 def send_keep_alive(sock: socket.socket, body: dict[str, Any]) -> None:
     """One POST /v1/completions on ``sock`` that leaves the connection open (HTTP/1.1's default)."""
-    data = json.dumps(body).encode()
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + data)
+    sock.sendall(post_bytes("/v1/completions", body, close=False))
 
 
 def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:

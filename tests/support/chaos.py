@@ -33,16 +33,23 @@ from typing import Any
 VICTIM_SEED0 = 7_000_000  # victims' seeds: VICTIM_SEED0 + 10 * victim id + choice index
 
 
+def post_bytes(path: str, body: dict[str, Any], *, close: bool, partial: int | None = None) -> bytes:
+    """One raw HTTP/1.1 POST of ``body`` as JSON; ``close`` adds ``Connection: close`` (else the connection is
+    kept alive, HTTP/1.1's default); with ``partial`` only that many body bytes are included."""
+    data = json.dumps(body).encode()
+    connection = "Connection: close\r\n" if close else ""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n{connection}\r\n"
+    )
+    return head.encode() + (data if partial is None else data[:partial])
+
+
 def http_request(port: int, path: str, body: dict[str, Any], partial: int | None = None) -> socket.socket:
     """Send one POST on a fresh connection (``Connection: close``); with ``partial`` only that many body bytes are
     sent. The caller reads or closes the socket."""
-    data = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=120)
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
-    )
-    sock.sendall(head.encode() + (data if partial is None else data[:partial]))
+    sock.sendall(post_bytes(path, body, close=True, partial=partial))
     return sock
 
 
