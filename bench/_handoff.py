@@ -147,6 +147,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "measured_s": measured_s,
         "trained_samples": sum(r["trained_samples"] for r in runs),
         "fresh_samples": sum(r["fresh_samples"] for r in runs),
+        "buffer_growth": (sum(r["fresh_samples"] for r in runs) - sum(r["trained_samples"] for r in runs))
+        / max(1, sum(r["trained_samples"] for r in runs)),
         "state_share": {k: v / total for k, v in state_s.items()} if total else {},
         # load-independent on the CPU (one torch thread): trained samples per second of this process's CPU time
         "samples_per_cpu_s": sum(r["fresh_samples"] for r in runs) / max(1e-9, sum(r["cpu_s"] for r in runs)),
@@ -294,6 +296,9 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str) -> dict[str, A
 
 
 MIN_STEPS = 3
+# A window whose samples made differ from its samples trained by more than this share of them was filling (or
+# emptying) its buffer: not the mode's steady state, so no ratio (e.g. drain started with an empty buffer).
+MAX_BUFFER_GROWTH = 0.2
 """A ratio is computed only between modes that each ran this many measured steps or more: a one-step figure is an
 anecdote (on one H200 the first reasoning-workload figures, park/drain 2.26 and park/sync 2.51, were one step
 each; with 3 measured steps per mode, at commit 45b9528, they came out 1.33 and 1.55: docs/gpu-runs/README.md)."""
@@ -309,7 +314,22 @@ def ratio_refusal(name: str, row: dict[str, Any] | None) -> str | None:
         return f"{name} has {row['measured_steps']} measured step(s), fewer than {MIN_STEPS}"
     if not row["samples_per_s"] > 0:
         return f"{name} made no sample in its measured window"
+    growth = buffer_growth(row)
+    if growth is not None and abs(growth) > MAX_BUFFER_GROWTH:
+        return (
+            f"{name} made {row['fresh_samples']} samples and trained {row['trained_samples']} in its window "
+            f"({growth:+.0%}, more than {MAX_BUFFER_GROWTH:.0%}): its buffer was filling, not in steady state"
+        )
     return None
+
+
+def buffer_growth(row: dict[str, Any]) -> float | None:
+    """(samples made - samples trained) / trained over a mode's measured window: near 0 in steady state, where the
+    buffer holds as much at the window's end as at its start (None when the row does not say)."""
+    made, trained = row.get("fresh_samples"), row.get("trained_samples")
+    if made is None or not trained:
+        return None
+    return (made - trained) / trained
 
 
 def add_ratios(out: dict[str, Any]) -> None:
@@ -394,12 +414,14 @@ class JsonReport:
 
 __all__ = [
     "ENGINES",
+    "MAX_BUFFER_GROWTH",
     "MIN_STEPS",
     "REASONING",
     "SMOKE",
     "JsonReport",
     "Meter",
     "add_ratios",
+    "buffer_growth",
     "direct_engine",
     "git_commit",
     "graph_decode_baseline",

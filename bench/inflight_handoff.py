@@ -14,13 +14,14 @@ are built and warmed once (``bench/_rig.py``) and every mode runs its own
   flight, and after it each is resubmitted as prompt + the tokens it had, re-prefilled under the new weights
   (its row reports the requests ended and the KV tokens discarded and re-prefilled).
 
-What counts (a figure a user can reproduce): each mode runs ``--steps`` measured steps after its warm-up (park
-and abort: ``--warmup`` steps, which fill their pipeline; drain and sync start every step empty, so they need
-none once the rig is warm). ``samples_per_s`` counts the trained samples *made* inside the measured window (a
-group that completed before it, e.g. waiting in the buffer, does not count) per wall-clock second; its spread is
-given over rounds (``--rounds``, interleaved: two runs of the same seed) and over single steps. A ratio is
-printed, and written, only between modes that each ran 3 or more measured steps; otherwise the table and the
-JSON (``no_ratio``) say why there is none.
+What counts (a figure a user can reproduce): each mode runs ``--steps`` measured steps after its warm-up (park,
+drain and abort: ``--warmup`` steps, which fill their pipeline and their buffer; sync starts every step empty, so
+it needs none once the rig is warm). ``samples_per_s`` counts the trained samples *made* inside the measured
+window (a group that completed before it, e.g. waiting in the buffer, does not count) per wall-clock second; its
+spread is given over rounds (``--rounds``, interleaved: two runs of the same seed) and over single steps. A ratio
+is printed, and written, only between modes that each ran 3 or more measured steps in steady state: a window
+that made more than a fifth more (or less) than it trained was filling (or emptying) its buffer, so its rate
+is not the mode's (``buffer_growth``). Otherwise the table and the JSON (``no_ratio``) say why there is none.
 
 ``--workload reasoning`` is the shape of RL for reasoning models (see ``bench/_handoff.py``: 32 x 8 per step,
 lengths lognormal median 768 cut at ``--max-len``, 256 active, 40 GiB KV, CUDA graphs, a pure graph-decode
@@ -220,10 +221,12 @@ def alphabet_of(shape: Shape) -> str:
 
 
 def warmup_steps(mode: str, shape: Shape) -> int:
-    """Steps a mode runs before its measured ones: park and abort carry rollouts from one step into the next, so
-    their steady state starts after ``shape.warmup`` steps; drain and sync start every step empty, which is their
-    steady state from the first step on (the rig already warmed the engine and the trainer)."""
-    return shape.warmup if mode in ("park", "abort") else 0
+    """Steps a mode runs before its measured ones: every mode with a collector (park, drain, abort) carries
+    rollouts from one step into the next, in the engine or in the buffer (a drain finishes every rollout in flight,
+    up to ``max_age`` steps' worth, and the buffer keeps what the step does not train), so its steady state starts
+    after ``shape.warmup`` steps; sync starts every step empty, which is its steady state from the first step on
+    (the rig already warmed the engine and the trainer)."""
+    return 0 if mode == "sync" else shape.warmup
 
 
 def run_mode(
@@ -478,7 +481,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         "--steps", type=int, default=None, help=f"measured steps per mode (a ratio needs {MIN_STEPS} or more)"
     )
     ap.add_argument(
-        "--warmup", type=int, default=None, help="steps before them in park and abort (drain and sync need none)"
+        "--warmup", type=int, default=None, help="steps before them in park, drain and abort (sync needs none)"
     )
     ap.add_argument("--max-tokens", "--max-len", dest="max_tokens", type=int, default=None, help="output-length cut")
     ap.add_argument("--median-tokens", type=float, default=None)
@@ -660,7 +663,8 @@ def main(argv: list[str] | None = None) -> int:
                 rate = r["fresh_samples"] / r["measured_s"] if r["measured_s"] > 0 else float("nan")
                 print(
                     f"  round {k + 1}/{rounds} {mode}: {rate:.2f} samples/s over {r['measured_steps']} measured "
-                    f"steps (after {r['warmup_steps']} warm-up), draining {sum(r['draining_s']):.2f} of "
+                    f"steps (after {r['warmup_steps']} warm-up; made {r['fresh_samples']}, trained "
+                    f"{r['trained_samples']}), draining {sum(r['draining_s']):.2f} of "
                     f"{r['measured_s']:.2f} s, run {r['run_s']:.1f} s"
                     f"{' (cut by the budget)' if r['cut_by_budget'] else ''}, "
                     f"load {r['loadavg_start']:.1f}->{r['loadavg_end']:.1f}",
