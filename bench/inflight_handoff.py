@@ -172,6 +172,7 @@ def build_rig(args: argparse.Namespace, shape: Shape) -> Rig:
     from colo_fsm.adapters.megatron.model import ModelConfig, build_model
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
+    from colo_fsm.guards.memory import MemoryBudget
 
     t0 = time.monotonic()
     tok = CharTokenizer(alphabet_of(shape), generates_eod=False)  # each request stops at its drawn length
@@ -194,6 +195,10 @@ def build_rig(args: argparse.Namespace, shape: Shape) -> Rig:
     )
     rig = Rig(model, trainer, EngineLease(None), tok)
     engine = ENGINES[args.engine]("park", args, shape, model, tok, rig.weight_version, seq_len)
+    # the memory guard checks the forward this trainer runs: micro-batches of micro_batch_tokens padded tokens, or
+    # one sequence where it is longer (the guard's default, 8 sequences of the model's length, is 262k tokens at
+    # the 32,768 cut, which this trainer never runs)
+    engine.memory_budget = MemoryBudget(micro_batch_size=1, sequence_length=max(shape.micro_batch_tokens, seq_len))
     rig.engine = EngineLease(engine)
     rig.engine.bring_up()
     rig.engine.shutdown()  # built and awake; each mode's lifecycle takes its own lease
