@@ -137,7 +137,7 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "reasoning-32k",
-        "reasoning shape, cut 32,768: park, drain and sync (where drain's tail grows); ~15 min: --detach",
+        "reasoning shape, cut 32,768: park, drain and sync (where drain's tail grows); ~16 min: --detach",
         _handoff(32768, "park,drain,sync", "--no-graph-baseline"),
         2400,
         smoke=SMOKE_HANDOFF,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("park", "drain", "sync", "abort")
-MIN_STEPS = 3  # bench/_handoff.py's MIN_STEPS (the JSON's min_steps_for_a_ratio, where it has one)
+from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS  # noqa: E402  (the bench's own rules)
 
 Key = tuple[str, int, int]
 
@@ -70,21 +70,22 @@ def load(folder: Path, *, include_cpu: bool = False) -> tuple[dict[Key, list[dic
 
 
 def split_history(
-    runs: dict[Key, list[dict[str, Any]]],
+    runs: dict[Key, list[dict[str, Any]]], commits: tuple[str, ...] = ()
 ) -> tuple[str | None, dict[Key, list[dict[str, Any]]], dict[Key, list[dict[str, Any]]]]:
-    """``(commit, headline, history)``: the newest run's commit, the runs of that commit, and every other run."""
+    """``(commit, headline, history)``: the headline's commit(s), their runs, and every other run. The headline is
+    the runs of ``commits`` (commits the caller states run the same measured code), else of the newest run's."""
     every = [d for rs in runs.values() for d in rs]
     if not every:
         return None, {}, {}
     newest = max(every, key=lambda d: (str(d.get("date") or ""), d["_file"]))
-    commit = newest.get("commit")
+    chosen = set(commits) if commits else {newest.get("commit")}
     head: dict[Key, list[dict[str, Any]]] = {}
     hist: dict[Key, list[dict[str, Any]]] = {}
     for key, rs in runs.items():
         for d in rs:
-            now = d is newest or (commit is not None and d.get("commit") == commit)
+            now = (d is newest and not commits) or (d.get("commit") is not None and d.get("commit") in chosen)
             (head if now else hist).setdefault(key, []).append(d)
-    return commit, head, hist
+    return (", ".join(commits) if commits else newest.get("commit")), head, hist
 
 
 def _fmt(x: Any, spec: str = "{:.2f}") -> str:
@@ -98,6 +99,24 @@ def _min_steps(d: dict[str, Any]) -> int:
 def _measured(d: dict[str, Any], m: str) -> dict[str, Any] | None:
     row = d["modes"].get(m) or {}
     return row if "samples_per_s" in row else None
+
+
+def unsteady(r: dict[str, Any]) -> str | None:
+    """Why a mode's window was no steady state (None when it was, or when the row cannot say): it made more
+    than :data:`~bench._handoff.MAX_BUFFER_GROWTH` more (or fewer) samples than it trained, so its buffer was
+    filling (or emptying). Older JSON has no ``buffer_growth``; it is the same arithmetic on its own counts."""
+    made, trained = r.get("fresh_samples"), r.get("trained_samples")
+    if made is None or not trained:
+        return None
+    growth = (made - trained) / trained
+    if abs(growth) <= MAX_BUFFER_GROWTH:
+        return None
+    return f"made {made:,} and trained {trained:,} in its window ({growth:+.0%}): its buffer was filling"
+
+
+def _counted(d: dict[str, Any], r: dict[str, Any]) -> bool:
+    """Whether a run's mode enters a median: enough measured steps, in steady state."""
+    return r["measured_steps"] >= _min_steps(d) and unsteady(r) is None
 
 
 def steps_text(d: dict[str, Any], row: dict[str, Any]) -> str:
@@ -117,12 +136,18 @@ def steps_text(d: dict[str, Any], row: dict[str, Any]) -> str:
 
 def mode_row(name: str, rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
     """One summary row for mode ``name`` over the runs that measured it (``(run, row)`` pairs, oldest first)."""
-    counted = [(d, r) for d, r in rows if r["measured_steps"] >= _min_steps(d)]
+    counted = [(d, r) for d, r in rows if _counted(d, r)]
     rates = [r["samples_per_s"] for _, r in counted]
     median = statistics.median(rates) if rates else None
     each = []
     for d, r in rows:
-        short = "" if r["measured_steps"] >= _min_steps(d) else "; not in the median"
+        short = (
+            ""
+            if _counted(d, r)
+            else "; not in the median"
+            if r["measured_steps"] < _min_steps(d)
+            else "; not steady: not in the median"
+        )
         each.append(f"{_fmt(r['samples_per_s'])} ({steps_text(d, r)}{short})")
     spread = [r.get("step_samples_per_s") or {} for _, r in counted]
     lo = min((s["min"] for s in spread if "min" in s), default=None)
@@ -174,6 +199,13 @@ def ratio_lines(d: dict[str, Any]) -> str:
                     f"{_min_steps(d)}-step rule, not a ratio by it)"
                 )
                 continue
+            filling = [f"{m} {why}" for m in ("park", other) if (r := _measured(d, m)) and (why := unsteady(r))]
+            if filling:
+                parts.append(
+                    f"{name} {v:.2f} as this JSON computed it ({'; '.join(filling)}: no steady state, not a ratio "
+                    "by the rule the bench has applied since)"
+                )
+                continue
         park = _measured(d, "park")
         if name == "park_decode_over_graph_decode" and park is not None and park["measured_steps"] < _min_steps(d):
             parts.append(
@@ -183,11 +215,11 @@ def ratio_lines(d: dict[str, Any]) -> str:
             continue
         if name == "park_decode_over_graph_decode" and d.get("graph_decode_tokens_per_s"):
             parts.append(
-                f"{name} **{v:.2f}** (park's engine decode against the pure CUDA-graph decode, "
+                f"{name} **{v:.3f}** (park's engine decode against the pure CUDA-graph decode, "
                 f"{d['graph_decode_tokens_per_s']:,.0f} tokens/s at batch {d.get('graph_decode_batch', '?')})"
             )
             continue
-        parts.append(f"{name} **{v:.2f}**")
+        parts.append(f"{name} **{v:.3f}**")
     parts += [f"no {k}: {why}" for k, why in (d.get("no_ratio") or {}).items()]
     return f"* `{d['_file']}`: {'; '.join(parts) or 'no ratio'}"
 
@@ -358,7 +390,7 @@ def plot(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> 
             if not rows:
                 continue
             x = len(xs)
-            counted = [(d, r) for d, r in rows if r["measured_steps"] >= _min_steps(d)]
+            counted = [(d, r) for d, r in rows if _counted(d, r)]
             rates = [r["samples_per_s"] for _, r in counted]
             steps = [
                 s for _, r in counted for s in ((r.get("step_samples_per_s") or {}).get(k) for k in ("min", "max"))
@@ -373,7 +405,7 @@ def plot(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> 
                 n = sum(int(r["measured_steps"]) for _, r in counted)
                 ax.text(x, hi, f"{med:.2f}\n{len(rates)} run(s), {n} steps", ha="center", va="bottom", fontsize=8)
             for d, r in rows:
-                full = r["measured_steps"] >= _min_steps(d)
+                full = _counted(d, r)
                 ax.plot(
                     x + 0.18,
                     r["samples_per_s"],
@@ -392,7 +424,10 @@ def plot(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> 
             f"park/{k[len('ratio_park_over_') :]} {v:.2f}"
             for d in runs[key]
             for k, v in d.items()
-            if k.startswith("ratio_park_over_") and not k.endswith(("_cpu", "_per_round")) and isinstance(v, float)
+            if k.startswith("ratio_park_over_")
+            and not k.endswith(("_cpu", "_per_round"))
+            and isinstance(v, float)
+            and all(_counted(d, r) for m in ("park", k[len("ratio_park_over_") :]) if (r := _measured(d, m)))
         ]
         ax.set_title(f"{model}, cut {cut:,}, max_age {age}\n{', '.join(ratios)}", fontsize=9)
         ax.set_ylabel("samples / s made in the measured window")
@@ -401,7 +436,8 @@ def plot(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> 
     fig.text(
         0.5,
         0.01,
-        "bar: median of runs with >= 3 measured steps; whisker: single steps; dot: each run (hollow: fewer steps)\n"
+        "bar: median of runs with >= 3 measured steps in steady state; whisker: single steps; dot: each run "
+        "(hollow: fewer steps, or a filling buffer)\n"
         "x: each run's trained samples/s; ratios: each from the one run that measured both modes",
         ha="center",
         fontsize=7,
@@ -421,7 +457,8 @@ by hand from them). Each file comes from a stage of
 (`bench/inflight_handoff.py`): one engine per process, shared by every mode; each mode runs its measured steps
 after its warm-up; samples/s counts the samples made inside the measured window per wall-clock second (trained
 samples/s: what the measured steps trained); a ratio is given only between modes that each have 3 or more
-measured steps, and otherwise the JSON says why there is none. "Each run" lists the figure of every process that
+measured steps in steady state (samples made within a fifth of samples trained: a window that made more was
+filling its buffer), and otherwise the JSON, or this page for older JSON, says why there is none. "Each run" lists the figure of every process that
 measured the mode (the spread between runs of the same seed); "single steps" is the range over measured steps.
 """
 
@@ -434,17 +471,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", type=Path, default=None, help="the picture of the headline (PNG)")
     ap.add_argument("--notes", type=Path, default=None, help="Markdown placed after the headline tables (by hand)")
     ap.add_argument("--include-cpu", action="store_true", help="also CPU runs (the smoke twins: to test this page)")
+    ap.add_argument(
+        "--commits",
+        default=None,
+        help="comma-separated commits whose runs are the headline (they run the same measured code; the notes say "
+        "why); default: the newest run's commit",
+    )
     args = ap.parse_args(argv)
     runs, paths = load(args.folder, include_cpu=args.include_cpu)
-    commit, head, hist = split_history(runs)
+    commits = tuple(c.strip() for c in args.commits.split(",") if c.strip()) if args.commits else ()
+    commit, head, hist = split_history(runs, commits)
     lines = [HEADER]
     if head:
         dates = sorted(str(d.get("date") or "")[:10] for rs in head.values() for d in rs)
         devices = sorted({d.get("machine", {}).get("device", "?") for rs in head.values() for d in rs})
         lines += [
-            f"## Headline: commit `{commit or '?'}`, {dates[-1]}, {', '.join(devices)}",
+            f"## Headline: commit{'s' if len(commits) > 1 else ''} `{commit or '?'}`, {dates[-1]}, {', '.join(devices)}",
             "",
-            "The runs of the newest commit in this folder; older commits' runs are under History at the end.",
+            (
+                f"The runs of the commits named ({commit}: the same measured code, the notes say why); every other "
+                "run is under History at the end."
+                if commits
+                else "The runs of the newest commit in this folder; older commits' runs are under History at the end."
+            ),
             "",
         ]
         if args.plot is not None:

@@ -155,7 +155,7 @@ def test_the_performance_page_is_the_json_and_nothing_else(tmp_path):
     assert "Headline: commit `abc1234`" in head and "0ld0000" not in head and "10.80" not in head
     assert "| park | 7.50 | 8.00 (3); 7.50 (3); 7.00 (3) | 9 | 6.50-7.60 |" in head  # the median and each run
     assert "| sync | 5.00 | 5.00 (3); 4.00 (1 of 3, the run ended first; not in the median) | 3 |" in head
-    assert "park_over_drain **1.60**" in head and "park_over_sync **1.50**" in head and "_cpu" not in head
+    assert "park_over_drain **1.600**" in head and "park_over_sync **1.500**" in head and "_cpu" not in head
     assert "no park_over_sync: sync has 1 measured step(s)" in head
     assert "| drain | 5.00 | 3.00 | " in head  # samples made and trained per second, side by side
     assert "**2 passed, 0 failed, 1 skipped**" in head and "**skipped**: needs Transformer Engine" in head
@@ -172,12 +172,35 @@ def test_the_performance_page_is_the_json_and_nothing_else(tmp_path):
     assert list(gpu_report.load(cpu, include_cpu=True)[0]) == [("gpt200m", 8192, 2)]
 
 
+def test_a_window_that_filled_its_buffer_is_no_steady_state_on_the_page(tmp_path):
+    """An older JSON whose drain made far more than it trained (its buffer filling) computed a ratio before the
+    steady-state rule: the page shows it as not a ratio and leaves drain out of the median; named commits form
+    the headline together."""
+    _handoff_json(
+        tmp_path / "old.json",
+        {"park": {"fresh_samples": 792, "trained_samples": 768}, "drain": {"fresh_samples": 1280, "trained_samples": 768}},
+        ratio_park_over_drain=1.33,
+        commit="1111111",
+    )
+    _handoff_json(tmp_path / "new.json", {"park": {"fresh_samples": 800, "trained_samples": 768}}, commit="2222222")
+    page = tmp_path / "PERFORMANCE.md"
+    assert gpu.main(["report", str(tmp_path), "--out", str(page), "--commits", "1111111,2222222"]) == 0
+    text = page.read_text()
+    assert "Headline: commits `1111111, 2222222`" in text and "## History" not in text
+    assert "| drain | - | 7.00 (3; not steady: not in the median) | 0 |" in text
+    assert "park_over_drain 1.33 as this JSON computed it (drain made 1,280 and trained 768 in its window (+67%)" in text
+    assert "| park | 7.00 | 7.00 (3); 7.00 (3) | 6 |" in text  # park's windows were steady (+3%, +4%)
+
+
 def test_the_report_reads_the_committed_gpu_runs():
-    """The committed folder: its headline is the newest commit's three runs at the 8k cut (park in all three)."""
-    commit, now, old = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0])
-    runs = now[("gpt200m", 8192, 2)]
-    assert commit == "45b9528" and len(runs) == 3 and all("park" in d["modes"] for d in runs)
-    assert all(d.get("commit") != commit for rs in old.values() for d in rs)
+    """The committed folder: the headline runs at 052bb74 (the 8k cut) and b2de103 (the 32k cut), park in both;
+    every other run is history."""
+    commit, now, old = gpu_report.split_history(
+        gpu_report.load(ROOT / "docs" / "gpu-runs")[0], ("052bb74", "b2de103")
+    )
+    assert set(now) == {("gpt200m", 8192, 2), ("gpt200m", 32768, 2)}
+    assert all(len(rs) == 1 and "park" in rs[0]["modes"] for rs in now.values())
+    assert all(d.get("commit") not in ("052bb74", "b2de103") for rs in old.values() for d in rs)
 
 
 def test_a_long_stage_runs_only_detached_and_a_detached_runner_is_followed(tmp_path, stages, monkeypatch, capsys):
