@@ -178,7 +178,10 @@ def test_a_window_that_filled_its_buffer_is_no_steady_state_on_the_page(tmp_path
     the headline together."""
     _handoff_json(
         tmp_path / "old.json",
-        {"park": {"fresh_samples": 792, "trained_samples": 768}, "drain": {"fresh_samples": 1280, "trained_samples": 768}},
+        {
+            "park": {"fresh_samples": 792, "trained_samples": 768},
+            "drain": {"fresh_samples": 1280, "trained_samples": 768},
+        },
         ratio_park_over_drain=1.33,
         commit="1111111",
     )
@@ -188,16 +191,16 @@ def test_a_window_that_filled_its_buffer_is_no_steady_state_on_the_page(tmp_path
     text = page.read_text()
     assert "Headline: commits `1111111, 2222222`" in text and "## History" not in text
     assert "| drain | - | 7.00 (3; not steady: not in the median) | 0 |" in text
-    assert "park_over_drain 1.33 as this JSON computed it (drain made 1,280 and trained 768 in its window (+67%)" in text
+    assert (
+        "park_over_drain 1.33 as this JSON computed it (drain made 1,280 and trained 768 in its window (+67%)" in text
+    )
     assert "| park | 7.00 | 7.00 (3); 7.00 (3) | 6 |" in text  # park's windows were steady (+3%, +4%)
 
 
 def test_the_report_reads_the_committed_gpu_runs():
     """The committed folder: the headline runs at 052bb74 (the 8k cut) and b2de103 (the 32k cut), park in both;
     every other run is history."""
-    commit, now, old = gpu_report.split_history(
-        gpu_report.load(ROOT / "docs" / "gpu-runs")[0], ("052bb74", "b2de103")
-    )
+    commit, now, old = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], ("052bb74", "b2de103"))
     assert set(now) == {("gpt200m", 8192, 2), ("gpt200m", 32768, 2)}
     assert all(len(rs) == 1 and "park" in rs[0]["modes"] for rs in now.values())
     assert all(d.get("commit") not in ("052bb74", "b2de103") for rs in old.values() for d in rs)
