@@ -110,6 +110,28 @@ def test_dynamic_backend_refused_without_gpu(model):
     assert exc.value.field == "backend" and "no CUDA device" in exc.value.expected
 
 
+def test_megatron_holds_every_request_colo_fsm_admits(model, monkeypatch):
+    """megatron-core's own ``max_requests`` defaults to ``max_active_requests``: before, it defaulted to 128, so
+    an engine configured for 256 decoded at most 128 at once and queued the rest out of colo-fsm's reach (the
+    H200 handoff bench ran so at 052bb74). A smaller explicit bound is refused, naming both."""
+    from colo_fsm.adapters.megatron import dynamic
+
+    assert GenerationConfig(max_active_requests=256).engine_max_requests == 256
+    assert GenerationConfig(max_active_requests=256, max_requests=300).engine_max_requests == 300
+    with pytest.raises(ConfigError) as err:
+        GenerationConfig(max_active_requests=256, max_requests=128)
+    assert err.value.field == "max_requests" and err.value.value == 128
+    assert "at least max_active_requests=256" in str(err.value)
+    built: dict = {}
+    monkeypatch.setattr(dynamic, "DynamicStepBackend", lambda *a, **kw: built.update(kw) or "backend")
+    eng = MegatronEngine(model, TOK, GenerationConfig(max_active_requests=256))
+    eng.backend_name = "dynamic"  # the GPU path's constructor call, without a GPU
+    assert eng._make_backend() == "backend" and built["max_requests"] == 256
+    monkeypatch.setattr(eng.training_config, "tensor_model_parallel_size", 4)
+    eng.config = GenerationConfig(max_active_requests=50)
+    assert eng._megatron_max_requests() == 52  # megatron-core wants a multiple of the TP size
+
+
 def test_generation_length_bounded_by_max_sequence_length(model):
     eng = MegatronEngine(model, TOK)
     eng.bring_up()

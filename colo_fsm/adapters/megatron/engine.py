@@ -90,6 +90,9 @@ class GenerationConfig:
     ``inflight`` is what a suspend does with admitted requests ("park", alias "keep": kept, continued after the
     resume; "drain", alias "wait": waited for; "abort": ended, then resubmitted as prompt + tokens so far and
     re-prefilled after the resume); ``max_active_requests`` bounds the requests decoded together;
+    ``max_requests`` (None: ``max_active_requests``) is megatron-core's own bound on the requests its dynamic
+    engine holds (``InferenceConfig.max_requests``, which also sizes its CUDA-graph batches), at least
+    ``max_active_requests``;
     ``max_request_tokens`` (None: no bound) bounds prompts x max_tokens of one ``generate``/``generate_ids``
     call; ``num_cuda_graphs`` is passed to megatron-core's ``InferenceConfig.num_cuda_graphs`` (the batch shapes
     the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``);
@@ -128,6 +131,12 @@ class GenerationConfig:
     logprobs_mode: str = "raw"
     sampling_seed: int = 0
     data_parallel_rank: int | None = None
+
+    @property
+    def engine_max_requests(self) -> int:
+        """The requests megatron-core's dynamic engine holds at once: ``max_requests``, else
+        ``max_active_requests`` (every request colo-fsm admits decodes in the same step)."""
+        return self.max_requests if self.max_requests is not None else self.max_active_requests
 
     def __post_init__(self) -> None:
         if isinstance(self.sampling_seed, bool) or not isinstance(self.sampling_seed, int) or self.sampling_seed < 0:
@@ -181,7 +190,15 @@ class GenerationConfig:
         if self.max_requests is not None and (
             isinstance(self.max_requests, bool) or not isinstance(self.max_requests, int) or self.max_requests < 1
         ):
-            raise ConfigError("max_requests", self.max_requests, "a positive integer, or None (engine default)")
+            raise ConfigError("max_requests", self.max_requests, "a positive integer, or None (max_active_requests)")
+        if self.max_requests is not None and self.max_requests < self.max_active_requests:
+            raise ConfigError(
+                "max_requests",
+                self.max_requests,
+                f"at least max_active_requests={self.max_active_requests} (colo-fsm admits that many requests into "
+                "megatron-core's engine; with fewer slots there the rest would wait in megatron's own queue, out "
+                "of reach of the engine's priority and turn order), or None",
+            )
         for name in (
             "tensor_model_parallel_size",
             "pipeline_model_parallel_size",
@@ -259,6 +276,15 @@ class MegatronEngine(TextGeneration):
             return "dynamic", why
         return "cpu", why if not ok else "model is on the CPU"
 
+    def _megatron_max_requests(self) -> int:
+        """``config.engine_max_requests``; when derived from ``max_active_requests``, rounded up to a multiple of
+        the TP size (megatron-core asserts it divides ``max_requests``; a set ``max_requests`` goes as it is)."""
+        n = self.config.engine_max_requests
+        if self.config.max_requests is not None:
+            return n
+        tp = int(getattr(self.training_config, "tensor_model_parallel_size", 1) or 1)
+        return -(-n // tp) * tp
+
     def _make_backend(self) -> Any:
         """Build the step backend (runs on the engine thread)."""
         if self.backend_name == "dynamic":
@@ -270,7 +296,7 @@ class MegatronEngine(TextGeneration):
                 kv_cache_mode=self.kv_cache_mode.value,
                 max_sequence_length=self.max_sequence_length,
                 buffer_size_gb=self.config.buffer_size_gb,
-                max_requests=self.config.max_requests,
+                max_requests=self._megatron_max_requests(),
                 block_size_tokens=self.config.block_size_tokens,
                 num_cuda_graphs=self.config.num_cuda_graphs,
                 logprobs_mode=self.config.logprobs_mode,
