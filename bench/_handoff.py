@@ -160,6 +160,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "engine_backend": runs[0]["engine_backend"],
         "rounds": len(runs),
         **({"inflight_stats": stats} if stats else {}),
+        # megatron's dynamic engine: its kinds of decode step over each round's measured window (step_profile.py)
+        **(
+            {"engine_step_profile_per_round": [r["engine_step_profile"] for r in runs]}
+            if all("engine_step_profile" in r for r in runs)
+            else {}
+        ),
     }
 
 

@@ -250,6 +250,7 @@ def run_mode(
     measured step (a run cut mid-mode keeps its steps)."""
     from colo_fsm.adapters.batching import Priority
     from colo_fsm.adapters.megatron.engine import to_completion
+    from colo_fsm.adapters.megatron.step_profile import window as step_window
     from colo_fsm.collector import AsyncCollector, Prompt, ReplayBuffer, RolloutDeferred, StateTimer, TrajectoryGroup
     from colo_fsm.guards import CheckpointDecision, InFlightCap, ValidationDecision
     from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
@@ -362,6 +363,9 @@ def run_mode(
     spans: list[int] = []
     times: list[dict[str, float]] = []  # seconds per state, per finished step
     stats0 = engine.inflight_stats() if hasattr(engine.real, "inflight_stats") else None
+    profile_of = getattr(engine.real, "step_profile", lambda: None)  # megatron's dynamic engine: kinds of step
+    profiles: list[dict[str, float] | None] = []  # its sums at each step's end
+    profile_ready: dict[str, float] | None = None
     if args.device == "cuda":
         import torch
 
@@ -414,6 +418,10 @@ def run_mode(
             "peak_allocated_gib": _peak_gib(args.device),
             "cpu_s_total": time.process_time() - cpu_start,
         }
+        p0 = profiles[w - 1] if w else profile_ready
+        p1 = profiles[-1] if n > 0 else p0
+        if p0 is not None and p1 is not None:
+            out["engine_step_profile"] = step_window(p0, p1)
         if stats0 is not None:
             now = engine.inflight_stats()
             out["inflight_stats"] = {k: getattr(now, k) - getattr(stats0, k) for k in now._fields}
@@ -429,6 +437,7 @@ def run_mode(
         lc.start()
         t_ready = time.monotonic()
         cpu_ready = time.process_time()
+        profile_ready = profile_of()
         sampler.start()
         while not lc.finished:
             if args.mode_budget_s is not None and len(step_ends) > w:
@@ -447,6 +456,7 @@ def run_mode(
             step_ends.append(time.monotonic())
             step_cpu.append(time.process_time())
             decode_steps.append(engine.steps)
+            profiles.append(profile_of())
             consumed.append(result.consumed_samples)
             spans += [g.version_span for g in groups]
             if args.verbose:
@@ -675,6 +685,18 @@ def main(argv: list[str] | None = None) -> int:
                     f"load {r['loadavg_start']:.1f}->{r['loadavg_end']:.1f}",
                     flush=True,
                 )
+                prof = r.get("engine_step_profile")
+                if prof:
+                    kinds = [
+                        f"{kind} {v['share']:.0%} {v['ms_per_step']:.1f} ms {v['mean_active']:.0f} active"
+                        for kind, v in prof.items()
+                        if isinstance(v, dict)
+                    ]
+                    print(
+                        f"    engine steps: {'; '.join(kinds)}; paused {prof.get('mean_paused', 0):.1f}, "
+                        f"waiting {prof.get('mean_waiting', 0):.1f} per step",
+                        flush=True,
+                    )
                 report.data["rounds_done"] = k + (mode == modes[-1])
                 publish(mode)
     finally:

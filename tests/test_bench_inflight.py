@@ -75,6 +75,29 @@ def test_a_drain_measured_while_its_buffer_fills_gets_no_ratio(tmp_path, capsys)
     assert "not in steady state" in why and "no ratio_park_over_drain: drain made" in capsys.readouterr().out
 
 
+def test_each_mode_records_the_engines_kinds_of_step_over_its_measured_window(tmp_path, monkeypatch):
+    """On the GPU the dynamic engine keeps a step profile (colo_fsm/adapters/megatron/step_profile.py); the CPU
+    backend keeps none, so a stand-in counts every decode step as one decode-on-graph step: each mode's row then
+    holds exactly its measured window's steps, not the warm-up's."""
+    from colo_fsm.adapters.megatron.engine import MegatronEngine
+
+    def stand_in(self):
+        n = self.steps
+        return {"steps": n, "decode_graph/steps": n, "decode_graph/wall_s": 0.002 * n, "decode_graph/active": 3 * n}
+
+    monkeypatch.setattr(MegatronEngine, "step_profile", stand_in)
+    out = tmp_path / "profile.json"
+    argv = ["--workload", "reasoning", "--smoke", "--modes", "park,sync", "--steps", "3", "--out", str(out)]
+    assert inflight_handoff.main(argv) == 0
+    data = json.loads(out.read_text())
+    for mode in ("park", "sync"):
+        row = data["modes"][mode]
+        (prof,) = row["engine_step_profile_per_round"]
+        assert prof["steps"] > 0 and prof["steps"] == pytest.approx(row["decode_steps_per_s"] * row["measured_s"])
+        assert prof["decode_graph"]["share"] == 1 and prof["decode_graph"]["mean_active"] == 3
+        assert prof["decode_graph"]["ms_per_step"] == pytest.approx(2.0)
+
+
 def test_the_mode_budget_stops_each_mode_after_its_first_measured_step_and_no_ratio_is_given(tmp_path, capsys):
     out = tmp_path / "budget.json"
     argv = ["--workload", "reasoning", "--smoke", "--modes", "park,sync", "--steps", "6", "--mode-budget-s", "1e-3"]

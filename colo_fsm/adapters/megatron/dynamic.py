@@ -45,6 +45,7 @@ import torch
 
 from colo_fsm.adapters.batching import BackendRequest, StepOutput, TopLogprobs
 from colo_fsm.adapters.megatron.parallel import on_own_device
+from colo_fsm.adapters.megatron.step_profile import StepProfile, record_dynamic_step
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.guards.sampling import SamplingStream
 from colo_fsm.log import get_logger
@@ -424,6 +425,7 @@ class DynamicStepBackend:
         self._tracked: dict[int, RecordCursor] = {}  # engine id -> where reading its record stands
         self._want_top: dict[int, int] = {}  # engine id -> top alternatives asked for
         self._text_ids: dict[str, int] | None = None  # built on the first request asking for alternatives
+        self.profile = StepProfile()  # each step's kind, time and request counts (step_profile.py)
 
     @on_own_device
     def add(self, request: BackendRequest) -> None:
@@ -464,7 +466,9 @@ class DynamicStepBackend:
         """One ``step_modern()`` (prefill of newly added requests and/or one decode token for the others)."""
         if not self.engine.has_unfinished_requests():
             return self._as_requests(outputs_from_records(self._tracked, {}, [], self.eod))
+        t = time.perf_counter()
         result = self.engine.step_modern()
+        record_dynamic_step(self.profile, self.engine, result, time.perf_counter() - t)
         outs = outputs_from_records(
             self._tracked,
             LiveRecords(self.engine.requests),

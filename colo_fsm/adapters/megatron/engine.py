@@ -429,6 +429,14 @@ class MegatronEngine(TextGeneration):
         tokens their re-admissions prefilled again (zeros under "park" and "drain", and before ``bring_up``)."""
         return self._batcher.inflight_stats() if self._batcher is not None else InflightStats(0, 0, 0, 0)
 
+    def step_profile(self) -> dict[str, float] | None:
+        """The dynamic backend's sums per kind of decode step so far (:class:`~colo_fsm.adapters.megatron.
+        step_profile.StepProfile`; :func:`~colo_fsm.adapters.megatron.step_profile.window` compares two); None
+        on the CPU backend, which keeps none, and before ``bring_up``."""
+        backend = self._batcher.backend if self._batcher is not None else None
+        profile = getattr(backend, "profile", None)
+        return profile.snapshot() if profile is not None else None
+
     def set_inflight(self, inflight: str) -> None:
         """Change what the next suspends do with admitted requests ("park", "drain" or "abort"); only while the
         engine holds no request (:class:`~colo_fsm.errors.LifecycleError` otherwise). The engine, its KV buffer
