@@ -65,10 +65,15 @@ class Stage:
         return argv + list(self.smoke or ()) if smoke else argv
 
 
-def _handoff(cut: int, modes: str, *extra: str, model: str = "gpt200m", age: int = 2) -> tuple[str, ...]:
-    name = f"inflight_handoff_reasoning_{model}_cut{cut}_age{age}_{modes.replace(',', '-')}.json"
+def _handoff(
+    cut: int, modes: str, *extra: str, model: str = "gpt200m", age: int = 2, order: str = "start"
+) -> tuple[str, ...]:
+    tail = "" if order == "start" else f"_{order}-order"
+    name = f"inflight_handoff_reasoning_{model}_cut{cut}_age{age}_{modes.replace(',', '-')}{tail}.json"
     return (
         *HANDOFF,
+        "--buffer-order",
+        order,
         "--model",
         model,
         "--max-len",
@@ -140,6 +145,23 @@ STAGES: tuple[Stage, ...] = (
         "reasoning shape, cut 32,768: park, drain and sync (where drain's tail grows); ~16 min: --detach",
         _handoff(32768, "park,drain,sync", "--no-graph-baseline"),
         2400,
+        smoke=SMOKE_HANDOFF,
+        default=False,
+        long=True,
+    ),
+    Stage(
+        "reasoning-8k-deadline",
+        "park (buffer in deadline order: no head-of-line blocking) and sync at cut 8,192",
+        _handoff(8192, "park,sync", "--no-graph-baseline", order="deadline"),
+        600,
+        smoke=SMOKE_HANDOFF,
+    ),
+    Stage(
+        "reasoning-32k-deadline",
+        "park (buffer in deadline order) and sync at cut 32,768, where a long rollout at the head holds a step; "
+        "~9 min: --detach",
+        _handoff(32768, "park,sync", "--no-graph-baseline", order="deadline"),
+        1200,
         smoke=SMOKE_HANDOFF,
         default=False,
         long=True,

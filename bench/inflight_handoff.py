@@ -89,6 +89,7 @@ from bench._handoff import (  # noqa: E402  (after the sys.path line above)
 from bench._rig import EngineLease, Rig  # noqa: E402
 from colo_fsm.adapters.megatron.model import MODEL_PRESETS  # noqa: E402
 from colo_fsm.adapters.megatron.trainer import Rollout  # noqa: E402
+from colo_fsm.collector.batch_order import ORDERS  # noqa: E402
 
 MODES = ("park", "drain", "sync", "abort")
 HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs
@@ -119,6 +120,7 @@ class Shape:
     lr: float
     temperature: float
     micro_batch_tokens: int = 16384  # the trainer's padded-token budget per micro-batch
+    buffer_order: str = "start"  # ReplayBuffer(order=...): "start", or "deadline" (colo_fsm/collector/batch_order.py)
 
 
 MODELS: dict[str, Shape] = {
@@ -319,7 +321,7 @@ def run_mode(
 
     buffer = collector = None
     if mode != "sync":
-        buffer = ReplayBuffer(shape.num_prompts_per_step, shape.max_trajectory_age_steps)
+        buffer = ReplayBuffer(shape.num_prompts_per_step, shape.max_trajectory_age_steps, order=shape.buffer_order)
         collector = AsyncCollector(
             rollout,
             prompt_stream(),
@@ -529,6 +531,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
     )
     ap.add_argument("--buffer-gb", type=float, default=None, help="KV buffer of the dynamic engine (GiB; default 1)")
     ap.add_argument("--no-graph-baseline", action="store_true", help="skip the pure graph-decode baseline")
+    ap.add_argument(
+        "--buffer-order",
+        choices=ORDERS,
+        default=None,
+        help="which groups a step trains on: the oldest reservations (start, default) or what must go now plus "
+        "what is finished (deadline: no head-of-line blocking)",
+    )
     args = ap.parse_args(argv)
     reasoning = args.workload == "reasoning"
     if args.smoke and not reasoning:
@@ -560,6 +569,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         "max_active_requests": args.max_active,
         "temperature": args.temperature,
         "micro_batch_tokens": args.micro_batch_tokens,
+        "buffer_order": args.buffer_order,
     }
     shape = replace(shape, **{k: v for k, v in overrides.items() if v is not None})
     modes = [m.strip() for m in (args.modes or ",".join(MODES)).split(",") if m.strip()]

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from colo_fsm.adapters.protocols import Completion
+from colo_fsm.collector.batch_order import ORDERS, Place, pick
 from colo_fsm.errors import ConfigError, RolloutFailed, WaitTimeout
 from colo_fsm.log import get_logger
 
@@ -255,10 +256,13 @@ class _Entry:
 class ReplayBuffer:
     """Thread-safe, age-bounded FIFO of :class:`TrajectoryGroup` that samples exact batches.
 
-    :meth:`sample` blocks until the ``num_prompts_per_step`` groups at the head of the queue (in the order
-    their rollouts started) are finished, and returns exactly those. Groups older than
-    ``max_trajectory_age_steps`` are evicted when the weight version advances (or when put), counted in
-    ``evicted_stale`` and passed to ``on_evict(group, age)``.
+    With ``order="start"`` (the default) :meth:`sample` blocks until the ``num_prompts_per_step`` groups at the
+    head of the queue (in the order their rollouts started) are finished, and returns exactly those. With
+    ``order="deadline"`` it takes the groups that must go now for none to go stale, waiting for them, and fills
+    the rest with finished groups of the earliest deadlines, so a long rollout holds a step only at its last
+    step (:mod:`colo_fsm.collector.batch_order`). Groups older than ``max_trajectory_age_steps`` are evicted
+    when the weight version advances (or when put), counted in ``evicted_stale`` and passed to
+    ``on_evict(group, age)``.
     """
 
     def __init__(
@@ -268,7 +272,15 @@ class ReplayBuffer:
         *,
         on_evict: Callable[[TrajectoryGroup, int], None] | None = None,
         weight_version: int = 0,
+        order: str = "start",
     ) -> None:
+        if order not in ORDERS:
+            raise ConfigError(
+                "order",
+                order,
+                "'start' (the oldest reservations first) or 'deadline' (what must go now, then what is finished)",
+            )
+        self.order = order
         self.num_prompts_per_step = _int("num_prompts_per_step", num_prompts_per_step, minimum=1)
         self.max_trajectory_age_steps = _int("max_trajectory_age_steps", max_trajectory_age_steps, minimum=0)
         if on_evict is not None and not callable(on_evict):
@@ -332,6 +344,8 @@ class ReplayBuffer:
                 return None
             self._seq += 1
             self._queue.append(_Entry(self._seq, weight_version))
+            if self.order == "deadline":  # consumed by its deadline, the last step that may train on it
+                return Ticket(self._seq, weight_version, weight_version + self.max_trajectory_age_steps)
             return Ticket(self._seq, weight_version, v + (ahead + done_now) // self.num_prompts_per_step)
 
     def release(self, ticket: Ticket | None) -> None:
@@ -404,6 +418,15 @@ class ReplayBuffer:
         """Finished, young-enough groups at the head of the queue: what :meth:`sample` could take now."""
         with self._cond:
             w = self._weight_version if weight_version is None else max(weight_version, self._weight_version)
+            if self.order == "deadline":
+                if self._pick_locked(w) is not None:
+                    return self.num_prompts_per_step
+                young = sum(
+                    1
+                    for e in self._queue
+                    if e.group is not None and w - e.weight_version <= self.max_trajectory_age_steps
+                )
+                return min(young, self.num_prompts_per_step - 1)
             n = 0
             for e in self._queue:
                 if e.group is None:
@@ -431,8 +454,8 @@ class ReplayBuffer:
                     if isinstance(err, RolloutFailed):
                         raise err
                     raise RolloutFailed(1, err) from err
-                head = self._queue[:n]
-                if len(head) == n and all(e.group is not None for e in head):
+                picked = self._pick_locked(self._weight_version)
+                if picked is not None:
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if self._closed or (remaining is not None and remaining <= 0):
@@ -444,8 +467,9 @@ class ReplayBuffer:
                         f"{self._evicted} evicted as stale" + ("; buffer closed" if self._closed else ""),
                     )
                 self._cond.wait(remaining)
-            batch = [e.group for e in head if e.group is not None]
-            del self._queue[:n]
+            taken = set(picked)
+            batch = [e.group for e in self._queue if e.seq in taken and e.group is not None]
+            self._queue = [e for e in self._queue if e.seq not in taken]
             self._consumed += n
             self._sampled_version = self._weight_version
             self._cond.notify_all()
@@ -520,6 +544,11 @@ class ReplayBuffer:
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ internals
+    def _pick_locked(self, weight_version: int) -> list[int] | None:
+        """The sequence numbers :meth:`sample` takes now, by the buffer's ``order``; None while it must wait."""
+        places = [Place(e.seq, e.weight_version, e.group is not None) for e in self._queue]
+        return pick(places, self.num_prompts_per_step, weight_version, self.max_trajectory_age_steps, self.order)
+
     def _advance_locked(self, weight_version: int) -> int:
         old = self._weight_version
         if weight_version < old:
