@@ -11,6 +11,7 @@ from colo_fsm.adapters.protocols import Completion
 from colo_fsm.collector import ReplayBuffer, TrajectoryGroup
 from colo_fsm.collector.batch_order import Place, forced_count, pick
 from colo_fsm.errors import ConfigError, WaitTimeout
+from tests.support.buffer_steps import generate_then_sample
 
 
 def _group(ticket, version_now: int) -> TrajectoryGroup:
@@ -94,13 +95,7 @@ def test_parked_rollouts_never_go_stale_and_steps_never_starve(order: str, n: in
         elif op == "finish" and in_flight:
             finish(i)
         elif op == "step":
-            while b.ready(version) < n:  # generate until the step can sample: must not starve
-                if not start():
-                    assert in_flight, f"deadlock: nothing admitted, nothing in flight, {b.ready(version)} < {n}"
-                    finish(i)
-            batch = b.sample(version, timeout=0)
-            assert len(batch) == n and all(0 <= g.age(version) <= max_age for g in batch)
-            assert all(g.target_step is not None and g.target_step >= version for g in batch)
+            generate_then_sample(b, version, start, lambda i=i: finish(i), lambda: bool(in_flight))
             version += 1  # the rollouts in flight stay parked through the training step
             b.advance(version)
         assert b.evicted_stale == 0

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from colo_fsm.adapters.protocols import Completion
 from colo_fsm.collector import ReplayBuffer, TrajectoryGroup
 from colo_fsm.errors import ConfigError, RolloutFailed, WaitTimeout
+from tests.support.buffer_steps import generate_then_sample
 
 
 def group(pid: str, version: int, target: int | None = None, n: int = 2) -> TrajectoryGroup:
@@ -288,13 +289,7 @@ def test_collector_protocol_never_evicts_and_never_starves(n: int, max_age: int,
         elif op in ("finish", "fail") and in_flight:
             finish(i, ok=op == "finish")
         elif op == "step":
-            while b.ready(version) < n:  # generating until the step can sample: must not starve
-                if not start():
-                    assert in_flight, f"deadlock: nothing admitted, nothing in flight, {b.ready(version)} < {n}"
-                    finish(i)
-            batch = b.sample(version, timeout=0)
-            assert all(0 <= g.age(version) <= max_age for g in batch)
-            assert all(g.target_step is not None and g.target_step >= version for g in batch)
+            generate_then_sample(b, version, start, lambda i=i: finish(i), lambda: bool(in_flight))
             for _ in range(i % 4):  # the collector keeps going until the handoff pauses it
                 start()
             while in_flight:  # pause: every rollout in flight finishes
