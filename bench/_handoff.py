@@ -123,7 +123,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for r in runs:
         for k, v in (r.get("inflight_stats") or {}).items():
             stats[k] = stats.get(k, 0) + int(v)
-    return {
+    row = {
         "samples_per_s": sum(r["fresh_samples"] for r in runs) / measured_s,
         "trained_samples_per_s": sum(r["trained_samples"] for r in runs) / measured_s,  # incl. made before the window
         "step_samples_per_s": spread([x for r in runs for x in r["step_samples_per_s"]]),
@@ -147,8 +147,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "measured_s": measured_s,
         "trained_samples": sum(r["trained_samples"] for r in runs),
         "fresh_samples": sum(r["fresh_samples"] for r in runs),
-        "buffer_growth": (sum(r["fresh_samples"] for r in runs) - sum(r["trained_samples"] for r in runs))
-        / max(1, sum(r["trained_samples"] for r in runs)),
         "state_share": {k: v / total for k, v in state_s.items()} if total else {},
         # load-independent on the CPU (one torch thread): trained samples per second of this process's CPU time
         "samples_per_cpu_s": sum(r["fresh_samples"] for r in runs) / max(1e-9, sum(r["cpu_s"] for r in runs)),
@@ -167,6 +165,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             else {}
         ),
     }
+    row["buffer_growth"] = buffer_growth(row)  # made - trained, over trained: ~0 in steady state
+    return row
 
 
 def release_model_graphs(model: Any) -> None:

@@ -27,8 +27,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS, buffer_growth  # the bench's own rules
+
 MODES = ("park", "drain", "sync", "abort")
-from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS  # noqa: E402  (the bench's own rules)
 
 Key = tuple[str, int, int]
 
@@ -106,12 +107,10 @@ def unsteady(r: dict[str, Any]) -> str | None:
     """Why a mode's window was no steady state (None when it was, or when the row cannot say): it made more
     than :data:`~bench._handoff.MAX_BUFFER_GROWTH` more (or fewer) samples than it trained, so its buffer was
     filling (or emptying). Older JSON has no ``buffer_growth``; it is the same arithmetic on its own counts."""
-    made, trained = r.get("fresh_samples"), r.get("trained_samples")
-    if made is None or not trained:
+    growth = buffer_growth(r)
+    if growth is None or abs(growth) <= MAX_BUFFER_GROWTH:
         return None
-    growth = (made - trained) / trained
-    if abs(growth) <= MAX_BUFFER_GROWTH:
-        return None
+    made, trained = r["fresh_samples"], r["trained_samples"]
     return f"made {made:,} and trained {trained:,} in its window ({growth:+.0%}): its buffer was filling"
 
 

@@ -424,7 +424,7 @@ class ReplayBuffer:
                 young = sum(
                     1
                     for e in self._queue
-                    if e.group is not None and w - e.weight_version <= self.max_trajectory_age_steps
+                    if e.group is not None and self.age_of(e.group, w) <= self.max_trajectory_age_steps
                 )
                 return min(young, self.num_prompts_per_step - 1)
             n = 0
