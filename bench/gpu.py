@@ -120,6 +120,16 @@ STAGES: tuple[Stage, ...] = (
         smoke=("--collect-only",),
     ),
     Stage(
+        "reasoning-8k",
+        "reasoning shape, cut 8,192: park, drain, sync and abort on one engine built once (each after its warm-up), "
+        "and the pure graph decode; ~16 min: --detach",
+        _handoff(8192, "park,drain,sync,abort"),
+        1500,
+        smoke=SMOKE_HANDOFF,
+        default=False,
+        long=True,
+    ),
+    Stage(
         "reasoning-8k-park-abort",
         "reasoning shape, cut 8,192: park against the peers' abort-and-resubmit, side by side on one engine",
         _handoff(8192, "park,abort", "--no-graph-baseline"),
@@ -145,6 +155,15 @@ STAGES: tuple[Stage, ...] = (
         "reasoning shape, cut 32,768: park, drain and sync (where drain's tail grows); ~16 min: --detach",
         _handoff(32768, "park,drain,sync", "--no-graph-baseline"),
         2400,
+        smoke=SMOKE_HANDOFF,
+        default=False,
+        long=True,
+    ),
+    Stage(
+        "reasoning-32k-park-sync",
+        "reasoning shape, cut 32,768: park and sync only (drain's figure is the long one); ~10 min: --detach",
+        _handoff(32768, "park,sync", "--no-graph-baseline"),
+        1200,
         smoke=SMOKE_HANDOFF,
         default=False,
         long=True,

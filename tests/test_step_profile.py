@@ -42,3 +42,18 @@ def test_a_window_is_the_difference_of_two_snapshots():
     with pytest.raises(ValueError, match="kind 'prefill'"):
         p.add("prefill", 0.0, 0, 0, 0)
     assert len(KINDS) == 5
+
+
+def test_megatron_decode_only_pair_is_read_by_its_consumed_forward():
+    """megatron-core 0.19.2's ``DecodeOnly`` raises on ``bool()`` when its consumed and launched forwards differ (the
+    asynchronous schedule); the profile reads the consumed one and never fails the step."""
+    mc = pytest.importorskip("megatron.core.inference.text_generation_controllers.text_generation_controller")
+    pair = mc.DecodeOnly
+    with pytest.raises(ValueError):
+        bool(pair(consumed=True, launched=False))
+    p = StepProfile()
+    record_dynamic_step(p, _engine(pair(consumed=True, launched=False)), {"cuda_graph_request_count": 16}, 0.004)
+    record_dynamic_step(p, _engine(pair(consumed=False, launched=True)), {"cuda_graph_request_count": None}, 0.02)
+    record_dynamic_step(p, _engine(pair(consumed=None, launched=None)), {"cuda_graph_request_count": None}, 0.001)
+    w = window({}, p.snapshot())
+    assert {k: w[k]["steps"] for k in KINDS if k in w} == {"decode_graph": 1, "mixed_eager": 1, "unknown": 1}

@@ -73,12 +73,26 @@ def window(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     return out
 
 
+def _decode_only(engine: Any) -> bool | None:
+    """Whether the forward whose output the last step consumed was decode-only, None where megatron does not say.
+
+    megatron-core 0.19.2 keeps ``engine.decode_only`` as a ``DecodeOnly(consumed, launched)`` pair whose ``bool()``
+    raises when the two differ (its asynchronous schedule launches the next forward before consuming this one);
+    the step's time and ``cuda_graph_request_count`` belong to the consumed forward, so that is the one read. An
+    older engine's plain bool is taken as it is."""
+    state = getattr(engine, "decode_only", None)
+    if state is None or isinstance(state, bool):
+        return state
+    consumed = getattr(state, "consumed", None)
+    return consumed if isinstance(consumed, bool) else None
+
+
 def record_dynamic_step(profile: StepProfile, engine: Any, result: Any, wall_s: float) -> None:
     """Add one ``step_modern()`` of megatron-core's ``DynamicInferenceEngine`` to ``profile``: decode-only or mixed
-    from ``engine.decode_only``, graph or eager from the result's ``cuda_graph_request_count``, and the context's
-    request counts after the step (megatron-core 0.19.2 names; a field it lacks makes the kind "unknown" or the
-    count 0, never an error in the step)."""
-    decode_only = getattr(engine, "decode_only", None)
+    from ``engine.decode_only`` (:func:`_decode_only`), graph or eager from the result's
+    ``cuda_graph_request_count``, and the context's request counts after the step (megatron-core 0.19.2 names; a
+    field it lacks makes the kind "unknown" or the count 0, never an error in the step)."""
+    decode_only = _decode_only(engine)
     graph = result.get("cuda_graph_request_count") if isinstance(result, dict) else None
     if decode_only is None or not isinstance(result, dict) or "cuda_graph_request_count" not in result:
         kind = "unknown"
