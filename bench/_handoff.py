@@ -234,11 +234,22 @@ ENGINES: dict[str, EngineFactory] = {"direct": direct_engine, "coordinator": coo
 """``--engine`` choices: name -> factory ``(mode, args, shape, model, tokenizer, weight_version, max_len)``."""
 
 
-def graph_decode_baseline(args: Any, shape: Any, model_name: str) -> dict[str, Any]:
+def decode_weighted_context(prompt_len: int, lengths: list[int]) -> int:
+    """The context a decode step attends over, averaged over every token the workload decodes: a request of output
+    length ``L`` decodes from contexts ``prompt_len + 0 .. prompt_len + L - 1``, so long requests weigh by ``L``."""
+    tokens = sum(lengths)
+    return prompt_len + round(sum(n * (n - 1) / 2 for n in lengths) / tokens) if tokens else prompt_len
+
+
+def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[int] | None = None) -> dict[str, Any]:
     """Decode tokens/s of megatron-core's dynamic engine alone (CUDA graphs, no lifecycle, no bookkeeping of
     colo-fsm) on a fresh model of the same shape, KV buffer and graph count, at batch sizes up to the run's
-    concurrency, each request decoding from a context of prompt + median output length. ``graph_decode_tokens_per_s`` is the rate at ``max_active_requests``; the ratio against park
-    uses the batch nearest park's mean running requests (:func:`add_ratios`)."""
+    concurrency, each request decoding from a context of prompt + median output length (``rows``: the issue's
+    baseline). With the workload's drawn output ``lengths`` the same batches run again from the context a decode
+    step of the workload attends over on average (:func:`decode_weighted_context`; ``rows_matched_context``): a
+    long rollout's decode reads more KV than a median one's, so that row tells attention cost from loop cost.
+    ``graph_decode_tokens_per_s`` is the rate at ``max_active_requests``; the ratios against park use the batch
+    nearest park's mean running requests (:func:`add_ratios`)."""
     import torch
     from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
 
@@ -275,12 +286,17 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str) -> dict[str, A
             num_cuda_graphs=args.cuda_graphs,
         ),
     )
-    rows = []
+    rows: list[dict[str, Any]] = []
+    matched_rows: list[dict[str, Any]] = []
     # contexts about as long as a rollout's midpoint: attention over the context is part of a decode step's cost
     context = min(seq_len - 80, shape.prompt_len + int(shape.median_tokens))
+    matched = min(seq_len - 80, decode_weighted_context(shape.prompt_len, lengths)) if lengths else None
     try:
         for b in batches:
             rows.append(eng.decode_rate(b, prompt_len=context, steps=64))
+        if matched is not None and matched != context:
+            for b in batches:
+                matched_rows.append(eng.decode_rate(b, prompt_len=matched, steps=64))
     finally:
         eng.shutdown(graphs=True)
         delete_cuda_graphs()
@@ -295,6 +311,16 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str) -> dict[str, A
             "run_s": time.perf_counter() - t0,
             "context_tokens": context,
             "note": "every request decodes from a context of prompt + median output length, the batch stays full",
+            **(
+                {
+                    "rows_matched_context": matched_rows,
+                    "matched_context_tokens": matched,
+                    "matched_note": "the same batches from the context a decode step of the workload attends over "
+                    "on average (prompt + the token-weighted mean output position)",
+                }
+                if matched_rows
+                else {}
+            ),
         },
         "graph_decode_tokens_per_s": top["decode_tokens_per_s"],
         "graph_decode_batch": top["batch"],
@@ -307,7 +333,8 @@ MIN_STEPS = 3
 MAX_BUFFER_GROWTH = 0.2
 """A ratio is computed only between modes that each ran this many measured steps or more: a one-step figure is an
 anecdote (on one H200 the first reasoning-workload figures, park/drain 2.26 and park/sync 2.51, were one step
-each; with 3 measured steps per mode, at commit 45b9528, they came out 1.33 and 1.55: docs/gpu-runs/README.md)."""
+each; with 3 measured steps per mode in steady state, at commit 6bd92a8, they came out 1.73 and 1.73:
+docs/gpu-runs/README.md)."""
 
 
 def ratio_refusal(name: str, row: dict[str, Any] | None) -> str | None:
@@ -362,20 +389,22 @@ def add_ratios(out: dict[str, Any]) -> None:
         mine, theirs = park["per_round_samples_per_s"], modes[other]["per_round_samples_per_s"]
         if len(mine) >= 2 and len(mine) == len(theirs):
             out[f"ratio_park_over_{other}_per_round"] = [a / b for a, b in zip(mine, theirs)]
-    rows = out.get("graph_decode", {}).get("rows") or []
-    if rows:
+    graph = out.get("graph_decode", {})
+    for suffix, rows in (("", graph.get("rows")), ("_matched_context", graph.get("rows_matched_context"))):
+        if not rows:
+            continue
         why = ratio_refusal("park", park)
         if why:
-            no_ratio["park_decode_over_graph_decode"] = why
-        else:
-            assert park is not None
-            near = min(rows, key=lambda r: abs(r["batch"] - park["mean_running_requests"]))
-            out["graph_decode_tokens_per_s"] = near["decode_tokens_per_s"]
-            out["graph_decode_batch"] = near["batch"]
-            # park's tokens per second of engine time (Generating + Draining) against the graph decode alone
-            out["ratio_park_decode_over_graph_decode"] = (
-                park["engine_decode_tokens_per_s"] / near["decode_tokens_per_s"]
-            )
+            no_ratio[f"park_decode_over_graph_decode{suffix}"] = why
+            continue
+        assert park is not None
+        near = min(rows, key=lambda r: abs(r["batch"] - park["mean_running_requests"]))
+        out[f"graph_decode{suffix}_tokens_per_s"] = near["decode_tokens_per_s"]
+        out[f"graph_decode{suffix}_batch"] = near["batch"]
+        # park's tokens per second of engine time (Generating + Draining) against the graph decode alone
+        out[f"ratio_park_decode_over_graph_decode{suffix}"] = (
+            park["engine_decode_tokens_per_s"] / near["decode_tokens_per_s"]
+        )
     out["no_ratio"] = no_ratio
 
 
@@ -428,6 +457,7 @@ __all__ = [
     "Meter",
     "add_ratios",
     "buffer_growth",
+    "decode_weighted_context",
     "direct_engine",
     "git_commit",
     "graph_decode_baseline",

@@ -670,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.device == "cuda" and args.cuda_graphs is not None and not args.no_graph_baseline:
-            report.update(graph_decode_baseline(args, shape, model_name))
+            report.update(graph_decode_baseline(args, shape, model_name, lengths))
             print(f"  graph-decode baseline: {report.data['graph_decode']}", flush=True)
         rig = build_rig(args, shape)
         report.update({"rig": {"build_s": rig.build_s, "warm_s": rig.warm_s}})

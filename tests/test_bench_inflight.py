@@ -150,7 +150,11 @@ def test_ratios_compare_park_with_the_graph_decode_at_its_concurrency():
             "abort": {"skipped": "not offered"},
         },
         "graph_decode": {
-            "rows": [{"batch": 64, "decode_tokens_per_s": 18000.0}, {"batch": 128, "decode_tokens_per_s": 20000.0}]
+            "rows": [{"batch": 64, "decode_tokens_per_s": 18000.0}, {"batch": 128, "decode_tokens_per_s": 20000.0}],
+            "rows_matched_context": [
+                {"batch": 64, "decode_tokens_per_s": 9000.0},
+                {"batch": 128, "decode_tokens_per_s": 16000.0},
+            ],
         },
     }
     add_ratios(out)
@@ -158,6 +162,23 @@ def test_ratios_compare_park_with_the_graph_decode_at_its_concurrency():
     assert out["no_ratio"] == {"park_over_abort": "abort did not run (not offered)"}
     assert out["graph_decode_batch"] == 128 and out["graph_decode_tokens_per_s"] == 20000.0
     assert out["ratio_park_decode_over_graph_decode"] == pytest.approx(0.7)
+    assert out["graph_decode_matched_context_batch"] == 128
+    assert out["ratio_park_decode_over_graph_decode_matched_context"] == pytest.approx(14000 / 16000)
+    out["modes"]["park"]["measured_steps"] = 2  # below the rule: neither decode ratio, each says why
+    add_ratios(out)
+    assert not [k for k in out if k.startswith("ratio_park_decode")]
+    assert set(out["no_ratio"]) >= {"park_decode_over_graph_decode", "park_decode_over_graph_decode_matched_context"}
+
+
+def test_the_matched_context_weighs_each_decoded_token_by_where_it_sits():
+    """A request of length L decodes from contexts prompt .. prompt + L - 1: one of 1 and one of 3 tokens decode 4
+    tokens at positions 0, 0, 1, 2 (mean 0.75, rounded to 1); long requests pull the mean up, as they pull attention."""
+    from bench._handoff import decode_weighted_context
+
+    assert decode_weighted_context(64, [1, 3]) == 65
+    assert decode_weighted_context(64, [1000]) == 64 + 500  # 999 / 2 rounded
+    assert decode_weighted_context(64, [100] * 9 + [10_000]) > 64 + 4_000  # one long request dominates
+    assert decode_weighted_context(64, []) == 64
 
 
 def test_release_model_graphs_drops_megatrons_cache_entry_and_runners(monkeypatch):
