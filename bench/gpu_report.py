@@ -219,6 +219,14 @@ def ratio_lines(d: dict[str, Any]) -> str:
                 f"{d['graph_decode_tokens_per_s']:,.0f} tokens/s at batch {d.get('graph_decode_batch', '?')})"
             )
             continue
+        if name == "park_decode_over_graph_decode_matched_context" and d.get("graph_decode_matched_context_batch"):
+            parts.append(
+                f"{name} **{v:.3f}** (the same from the workload's mean decode context, "
+                f"{d['graph_decode'].get('matched_context_tokens', '?')} tokens: "
+                f"{d['graph_decode_matched_context_tokens_per_s']:,.0f} tokens/s at batch "
+                f"{d['graph_decode_matched_context_batch']})"
+            )
+            continue
         parts.append(f"{name} **{v:.3f}**")
     parts += [f"no {k}: {why}" for k, why in (d.get("no_ratio") or {}).items()]
     return f"* `{d['_file']}`: {'; '.join(parts) or 'no ratio'}"
@@ -436,13 +444,13 @@ def plot(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> 
     fig.text(
         0.5,
         0.01,
-        "bar: median of runs with >= 3 measured steps in steady state; whisker: single steps; dot: each run "
-        "(hollow: fewer steps, or a filling buffer)\n"
-        "x: each run's trained samples/s; ratios: each from the one run that measured both modes",
+        "bar: median of runs with >= 3 measured steps in steady state; whisker: single steps\n"
+        "dot: each run (hollow: fewer steps, or a filling buffer); x: each run's trained samples/s\n"
+        "ratios: each from the one run that measured both modes",
         ha="center",
         fontsize=7,
     )
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -198,12 +198,15 @@ def test_a_window_that_filled_its_buffer_is_no_steady_state_on_the_page(tmp_path
 
 
 def test_the_report_reads_the_committed_gpu_runs():
-    """The committed folder: the headline runs at 052bb74 (the 8k cut) and b2de103 (the 32k cut), park in both;
-    every other run is history."""
-    commit, now, old = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], ("052bb74", "b2de103"))
-    assert set(now) == {("gpt200m", 8192, 2), ("gpt200m", 32768, 2)}
-    assert all(len(rs) == 1 and "park" in rs[0]["modes"] for rs in now.values())
-    assert all(d.get("commit") not in ("052bb74", "b2de103") for rs in old.values() for d in rs)
+    """The committed folder: the headline is the two 8,192 runs at 6bd92a8 (park in both, drain and sync in the
+    first, abort in both); every other run, the 32,768 cut at b2de103 among them, is history."""
+    commit, now, old = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], ("6bd92a8",))
+    assert commit == "6bd92a8" and set(now) == {("gpt200m", 8192, 2)}
+    runs = now[("gpt200m", 8192, 2)]
+    assert len(runs) == 2 and all({"park", "abort"} <= set(d["modes"]) for d in runs)
+    assert sum("drain" in d["modes"] and "sync" in d["modes"] for d in runs) == 1
+    assert all(d.get("commit") != "6bd92a8" for rs in old.values() for d in rs)
+    assert ("gpt200m", 32768, 2) in old
 
 
 def test_a_long_stage_runs_only_detached_and_a_detached_runner_is_followed(tmp_path, stages, monkeypatch, capsys):
