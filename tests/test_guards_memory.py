@@ -64,6 +64,10 @@ def test_over_budget_refuses_with_numbers_and_options():
     room = float(msg.split("buffer_size_gb <= ")[1].split()[0])
     smaller = estimate(SHAPE, budget, buffer_size_gb=room, kv_cache_mode="persist", capacity_gib=80.0)
     assert smaller.fits and check_budget(smaller, budget) is smaller  # the suggested buffer does fit
+    # the forward the estimate assumed is named with the fields that set it, so a trainer that runs a smaller one
+    # can say so (a long-context run refused for 8 sequences of the model's length it never trains on)
+    assert "MemoryBudget(micro_batch_size=4, sequence_length=2048), 8,192 tokens in one micro-batch" in msg
+    assert f"activations and logits {est.activations_gib + est.logits_gib:.2f} GiB" in msg
 
 
 @pytest.mark.parametrize(
@@ -88,8 +92,10 @@ def test_megatron_engine_checks_the_budget_before_it_builds(dist1, caplog):  # n
     model = tiny(tok)
     over = MegatronEngine(model, tok, GenerationConfig(buffer_size_gb=4.0))
     over.memory_budget = MemoryBudget(device_capacity_gib=2.0, micro_batch_size=2)
-    with pytest.raises(MemoryBudgetExceeded, match="buffer_size_gb <= 0.9"):
+    with pytest.raises(MemoryBudgetExceeded, match="buffer_size_gb <= 0.9") as info:
         over.bring_up()
+    seq = over.max_sequence_length  # sequence_length=None: the engine's longest sequence
+    assert f"MemoryBudget(micro_batch_size=2, sequence_length={seq})" in str(info.value)
     assert not over.built
     fits = MegatronEngine(model, tok, GenerationConfig(buffer_size_gb=0.5))
     fits.memory_budget = MemoryBudget(device_capacity_gib=2.0, micro_batch_size=2)

@@ -95,6 +95,8 @@ class MemoryEstimate:
     margin_gib: float
     capacity_gib: float
     recompute_saves_gib: float
+    micro_batch_size: int = 0  # the training forward the activations and logits were estimated for (0: not said)
+    sequence_length: int = 0
 
     @property
     def training_peak_gib(self) -> float:
@@ -145,7 +147,17 @@ class MemoryEstimate:
             )
         if self.optimizer_gib > 0:
             out.append(f"optimizer state offloaded to the host (-{self.optimizer_gib:.2f} GiB)")
-        out.append("a smaller micro-batch or sequence length")
+        if self.micro_batch_size and self.sequence_length:
+            b, n = self.micro_batch_size, self.sequence_length
+            out.append(
+                f"a smaller training forward: the estimate assumes MemoryBudget(micro_batch_size={b}, "
+                f"sequence_length={n}), {b * n:,} tokens in one micro-batch (activations and logits "
+                f"{self.activations_gib + self.logits_gib:.2f} GiB); set both to the largest micro-batch your "
+                "trainer runs (a trainer that packs a token budget per micro-batch: micro_batch_size=1, "
+                "sequence_length=that budget, or its longest sequence where that is longer)"
+            )
+        else:
+            out.append("a smaller micro-batch or sequence length")
         return out
 
 
@@ -192,6 +204,8 @@ def estimate(
         margin_gib=max(budget.margin_fraction * capacity_gib, budget.margin_min_gib),
         capacity_gib=float(capacity_gib),
         recompute_saves_gib=0.0 if budget.activation_recompute else (full - recomputed) / GIB,
+        micro_batch_size=budget.micro_batch_size,
+        sequence_length=seq,
     )
 
 
