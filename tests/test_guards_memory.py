@@ -66,8 +66,27 @@ def test_over_budget_refuses_with_numbers_and_options():
     assert smaller.fits and check_budget(smaller, budget) is smaller  # the suggested buffer does fit
     # the forward the estimate assumed is named with the fields that set it, so a trainer that runs a smaller one
     # can say so (a long-context run refused for 8 sequences of the model's length it never trains on)
-    assert "MemoryBudget(micro_batch_size=4, sequence_length=2048), 8,192 tokens in one micro-batch" in msg
+    assert "the estimate assumes one micro-batch of 4 x 2,048 tokens (8,192;" in msg
     assert f"activations and logits {est.activations_gib + est.logits_gib:.2f} GiB" in msg
+    assert "MemoryBudget(micro_batch_tokens=N)" in msg
+
+
+def test_a_token_budgeted_trainer_states_its_micro_batch_tokens():
+    """A trainer that packs a token budget per micro-batch runs one forward of max(budget, longest sequence)
+    tokens: at a 32,768-token model length with a 16,384-token budget that is 32,768 tokens, not the 8 x 32,768 of
+    the default question (the reasoning bench was refused at 189.5 GiB for it on an H200)."""
+    long = MemoryBudget(sequence_length=32_768)
+    packed = MemoryBudget(sequence_length=32_768, micro_batch_tokens=16_384)
+    assert long.forward(99) == (8, 32_768) and packed.forward(99) == (1, 32_768)
+    assert MemoryBudget(micro_batch_tokens=16_384).forward(4_096) == (1, 16_384)  # short sequences: the budget
+    assert MemoryBudget(micro_batch_size=2).forward(4_096) == (2, 4_096)
+    kw = {"buffer_size_gb": 40.0, "kv_cache_mode": "persist", "capacity_gib": 139.0}
+    a, b = estimate(SHAPE, long, **kw), estimate(SHAPE, packed, **kw)
+    assert (b.micro_batch_size, b.sequence_length) == (1, 32_768)
+    assert b.activations_gib == pytest.approx(a.activations_gib / 8) and b.logits_gib == pytest.approx(a.logits_gib / 8)
+    with pytest.raises(ConfigError) as info:  # both would describe the forward: neither is silently ignored
+        MemoryBudget(micro_batch_size=2, micro_batch_tokens=16_384)
+    assert info.value.field == "micro_batch_tokens" and "micro_batch_size=2" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -77,6 +96,8 @@ def test_over_budget_refuses_with_numbers_and_options():
         ({"margin_fraction": 1.0}, "margin_fraction"),
         ({"device_capacity_gib": 0}, "device_capacity_gib"),
         ({"micro_batch_size": 0}, "micro_batch_size"),
+        ({"micro_batch_tokens": 0}, "micro_batch_tokens"),
+        ({"micro_batch_tokens": 1.5}, "micro_batch_tokens"),
     ],
 )
 def test_bad_budget_settings(kwargs, field):
@@ -95,7 +116,7 @@ def test_megatron_engine_checks_the_budget_before_it_builds(dist1, caplog):  # n
     with pytest.raises(MemoryBudgetExceeded, match="buffer_size_gb <= 0.9") as info:
         over.bring_up()
     seq = over.max_sequence_length  # sequence_length=None: the engine's longest sequence
-    assert f"MemoryBudget(micro_batch_size=2, sequence_length={seq})" in str(info.value)
+    assert f"one micro-batch of 2 x {seq:,} tokens" in str(info.value)
     assert not over.built
     fits = MegatronEngine(model, tok, GenerationConfig(buffer_size_gb=0.5))
     fits.memory_budget = MemoryBudget(device_capacity_gib=2.0, micro_batch_size=2)

@@ -31,20 +31,29 @@ def _num(name: str, value: object, *, minimum: float = 0.0, allow_none: bool = F
         raise ConfigError(name, value, f"a finite number >= {minimum:g}" + (" or None" if allow_none else ""))
 
 
+DEFAULT_MICRO_BATCH_SIZE = 8
+"""Sequences per training forward where a :class:`MemoryBudget` states neither ``micro_batch_size`` nor
+``micro_batch_tokens``."""
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
     """How the budget is checked: the device capacity (None: ask CUDA), the margin, and what to do over budget.
 
-    ``micro_batch_size`` x ``sequence_length`` (None: the model's maximum) is the training forward the
-    activations are estimated for; ``activation_recompute`` estimates full-layer recomputation.
+    The activations and logits are estimated for one training forward (:meth:`forward`): ``micro_batch_size``
+    sequences (None: :data:`DEFAULT_MICRO_BATCH_SIZE`) of ``sequence_length`` tokens (None: the engine's longest
+    sequence), or, for a trainer that packs a token budget per micro-batch (``MegatronTrainer``'s
+    ``TrainerConfig.micro_batch_tokens``), one forward of ``max(micro_batch_tokens, sequence_length)`` tokens.
+    ``activation_recompute`` estimates full-layer recomputation.
     """
 
     device_capacity_gib: float | None = None
     margin_fraction: float = 0.08
     margin_min_gib: float = 1.0  # CUDA context, allocator fragmentation, NCCL buffers
     on_exceed: str = "raise"
-    micro_batch_size: int = 8
+    micro_batch_size: int | None = None
     sequence_length: int | None = None
+    micro_batch_tokens: int | None = None
     activation_recompute: bool = False
     optimizer_offloaded: bool = False  # optimizer state is off the device during the training step
 
@@ -56,13 +65,28 @@ class MemoryBudget:
         _num("margin_min_gib", self.margin_min_gib)
         if self.on_exceed not in _ON_EXCEED:
             raise ConfigError("on_exceed", self.on_exceed, f"one of {_ON_EXCEED}")
-        for name in ("micro_batch_size", "sequence_length"):
+        for name in ("micro_batch_size", "sequence_length", "micro_batch_tokens"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ConfigError(name, v, "a positive integer" + (" or None" if name == "sequence_length" else ""))
+                raise ConfigError(name, v, "a positive integer or None")
+        if self.micro_batch_tokens is not None and self.micro_batch_size is not None:
+            raise ConfigError(
+                "micro_batch_tokens",
+                self.micro_batch_tokens,
+                f"not together with micro_batch_size={self.micro_batch_size}: a token-budgeted micro-batch is one "
+                "forward of max(micro_batch_tokens, sequence_length) tokens; state one of the two",
+            )
         for name in ("activation_recompute", "optimizer_offloaded"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
+
+    def forward(self, max_sequence_length: int) -> tuple[int, int]:
+        """The training forward the estimate is for, as (sequences, tokens each); ``max_sequence_length`` stands
+        in for an unset ``sequence_length``."""
+        seq = self.sequence_length or max_sequence_length
+        if self.micro_batch_tokens is not None:
+            return 1, max(self.micro_batch_tokens, seq)
+        return self.micro_batch_size or DEFAULT_MICRO_BATCH_SIZE, seq
 
 
 @dataclass(frozen=True)
@@ -150,11 +174,11 @@ class MemoryEstimate:
         if self.micro_batch_size and self.sequence_length:
             b, n = self.micro_batch_size, self.sequence_length
             out.append(
-                f"a smaller training forward: the estimate assumes MemoryBudget(micro_batch_size={b}, "
-                f"sequence_length={n}), {b * n:,} tokens in one micro-batch (activations and logits "
-                f"{self.activations_gib + self.logits_gib:.2f} GiB); set both to the largest micro-batch your "
-                "trainer runs (a trainer that packs a token budget per micro-batch: micro_batch_size=1, "
-                "sequence_length=that budget, or its longest sequence where that is longer)"
+                f"a smaller training forward: the estimate assumes one micro-batch of {b} x {n:,} tokens "
+                f"({b * n:,}; activations and logits {self.activations_gib + self.logits_gib:.2f} GiB); state your "
+                "trainer's: MemoryBudget(micro_batch_tokens=N) for one that packs N tokens per micro-batch "
+                "(MegatronTrainer: TrainerConfig.micro_batch_tokens), else MemoryBudget(micro_batch_size=..., "
+                "sequence_length=...)"
             )
         else:
             out.append("a smaller micro-batch or sequence length")
@@ -187,12 +211,12 @@ def estimate(
         raise ConfigError("kv_cache_mode", kv_cache_mode, f"one of {_KV_MODES}")
     _num("buffer_size_gb", buffer_size_gb)
     n = shape.num_parameters
-    seq = budget.sequence_length or 1
-    acts = activation_bytes(shape, budget.micro_batch_size, seq, recompute=budget.activation_recompute)
-    full = activation_bytes(shape, budget.micro_batch_size, seq, recompute=False)
-    recomputed = activation_bytes(shape, budget.micro_batch_size, seq, recompute=True)
+    mbs, seq = budget.forward(budget.sequence_length or 1)
+    acts = activation_bytes(shape, mbs, seq, recompute=budget.activation_recompute)
+    full = activation_bytes(shape, mbs, seq, recompute=False)
+    recomputed = activation_bytes(shape, mbs, seq, recompute=True)
     # logits over the (TP-sharded) vocabulary, their log-softmax and its gradient
-    logits = 3 * seq * budget.micro_batch_size * shape.vocab_size / shape.tensor_parallel * shape.param_bytes
+    logits = 3 * seq * mbs * shape.vocab_size / shape.tensor_parallel * shape.param_bytes
     return MemoryEstimate(
         params_gib=n * shape.param_bytes / GIB,
         grads_gib=n * shape.grad_bytes / GIB,
@@ -204,7 +228,7 @@ def estimate(
         margin_gib=max(budget.margin_fraction * capacity_gib, budget.margin_min_gib),
         capacity_gib=float(capacity_gib),
         recompute_saves_gib=0.0 if budget.activation_recompute else (full - recomputed) / GIB,
-        micro_batch_size=budget.micro_batch_size,
+        micro_batch_size=mbs,
         sequence_length=seq,
     )
 
@@ -225,4 +249,12 @@ def _fmt(est: MemoryEstimate) -> str:
     return ", ".join(f"{k}={v:.2f}" for k, v in est.breakdown().items())
 
 
-__all__ = ["MemoryBudget", "MemoryEstimate", "TrainingShape", "activation_bytes", "check_budget", "estimate"]
+__all__ = [
+    "DEFAULT_MICRO_BATCH_SIZE",
+    "MemoryBudget",
+    "MemoryEstimate",
+    "TrainingShape",
+    "activation_bytes",
+    "check_budget",
+    "estimate",
+]
