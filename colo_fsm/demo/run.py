@@ -167,6 +167,7 @@ def _run_rank(
     from colo_fsm.demo.task import ALPHABET, PromptStream, ReverseTask, validation_prompts
     from colo_fsm.guards import CheckpointDecision, InFlightCap, TorchBarrier, ValidationDecision
     from colo_fsm.guards.drain import DeviceDrain, NoDeviceDrain
+    from colo_fsm.guards.memory import MemoryBudget
     from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
     from colo_fsm.metrics import MetricsLogger
     from colo_fsm.states.spec import State
@@ -216,6 +217,8 @@ def _run_rank(
         ),
         weight_version=lambda: lc_ref["lc"].weight_version,
     )
+    # the memory guard (on a GPU) estimates the training forward this trainer runs: its token budget per micro-batch
+    engine.memory_budget = MemoryBudget(micro_batch_tokens=trainer.config.micro_batch_tokens)
     buffer = ReplayBuffer(cfg.num_prompts_per_step, cfg.max_trajectory_age_steps)
     start_step = start_version = consumed0 = 0
     elapsed0 = 0.0  # wall-clock seconds of the earlier runs (resume): the metrics' elapsed_s continues
