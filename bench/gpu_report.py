@@ -207,26 +207,27 @@ def ratio_lines(d: dict[str, Any]) -> str:
                 )
                 continue
         park = _measured(d, "park")
-        if name == "park_decode_over_graph_decode" and park is not None and park["measured_steps"] < _min_steps(d):
-            parts.append(
-                f"{name} {v:.2f} as this JSON computed it (park has {park['measured_steps']} measured step(s): below "
-                f"the {_min_steps(d)}-step rule)"
-            )
-            continue
-        if name == "park_decode_over_graph_decode" and d.get("graph_decode_tokens_per_s"):
-            parts.append(
-                f"{name} **{v:.3f}** (park's engine decode against the pure CUDA-graph decode, "
-                f"{d['graph_decode_tokens_per_s']:,.0f} tokens/s at batch {d.get('graph_decode_batch', '?')})"
-            )
-            continue
-        if name == "park_decode_over_graph_decode_matched_context" and d.get("graph_decode_matched_context_batch"):
-            parts.append(
-                f"{name} **{v:.3f}** (the same from the workload's mean decode context, "
-                f"{d['graph_decode'].get('matched_context_tokens', '?')} tokens: "
-                f"{d['graph_decode_matched_context_tokens_per_s']:,.0f} tokens/s at batch "
-                f"{d['graph_decode_matched_context_batch']})"
-            )
-            continue
+        if name.startswith("park_decode_over_graph_decode"):  # against the baseline's rows, or its matched ones
+            suffix = name[len("park_decode_over_graph_decode") :]
+            if park is not None and park["measured_steps"] < _min_steps(d):
+                parts.append(
+                    f"{name} {v:.2f} as this JSON computed it (park has {park['measured_steps']} measured step(s): "
+                    f"below the {_min_steps(d)}-step rule)"
+                )
+                continue
+            rate = d.get(f"graph_decode{suffix}_tokens_per_s")
+            if rate:
+                context = (
+                    f" from the workload's mean decode context ({d['graph_decode'].get('matched_context_tokens', '?')}"
+                    " tokens)"
+                    if suffix
+                    else ""
+                )
+                parts.append(
+                    f"{name} **{v:.3f}** (park's engine decode against the pure CUDA-graph decode{context}, "
+                    f"{rate:,.0f} tokens/s at batch {d.get(f'graph_decode{suffix}_batch', '?')})"
+                )
+                continue
         parts.append(f"{name} **{v:.3f}**")
     parts += [f"no {k}: {why}" for k, why in (d.get("no_ratio") or {}).items()]
     return f"* `{d['_file']}`: {'; '.join(parts) or 'no ratio'}"

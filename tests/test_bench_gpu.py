@@ -220,3 +220,28 @@ def test_a_long_stage_runs_only_detached_and_a_detached_runner_is_followed(tmp_p
     (tmp_path / "runner.log").write_text("=== long: rc=0\n")
     assert gpu.run(["--out", str(tmp_path), "--wait", "5", "--bundle", str(tmp_path / "b.tgz")]) == 0
     assert "finished" in capsys.readouterr().out and (tmp_path / "b.tgz").exists()
+
+
+def test_the_report_names_both_graph_baselines_and_refuses_both_below_the_step_rule():
+    """Park's decode against the baseline's rows and against its matched-context rows: one line each, with the rate
+    and batch it was compared with (the matched one with its context); from a park of too few steps, neither."""
+    park = {"samples_per_s": 8.0, "measured_steps": 3, "fresh_samples": 800, "trained_samples": 768}
+    d = {
+        "_file": "run.json",
+        "modes": {"park": park},
+        "graph_decode": {"matched_context_tokens": 1417},
+        "graph_decode_tokens_per_s": 19389.0,
+        "graph_decode_batch": 128,
+        "graph_decode_matched_context_tokens_per_s": 12000.0,
+        "graph_decode_matched_context_batch": 128,
+        "ratio_park_decode_over_graph_decode": 0.577,
+        "ratio_park_decode_over_graph_decode_matched_context": 0.932,
+    }
+    line = gpu_report.ratio_lines(d)
+    assert "park_decode_over_graph_decode **0.577** (park's engine decode against the pure CUDA-graph decode, " in line
+    assert "19,389 tokens/s at batch 128)" in line
+    assert "**0.932** (park's engine decode against the pure CUDA-graph decode from the workload's mean" in line
+    assert "(1417 tokens), 12,000 tokens/s at batch 128)" in line
+    park["measured_steps"] = 2
+    line = gpu_report.ratio_lines(d)
+    assert line.count("below the 3-step rule") == 2 and "**" not in line
