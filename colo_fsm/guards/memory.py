@@ -211,7 +211,7 @@ def estimate(
         raise ConfigError("kv_cache_mode", kv_cache_mode, f"one of {_KV_MODES}")
     _num("buffer_size_gb", buffer_size_gb)
     n = shape.num_parameters
-    mbs, seq = budget.forward(budget.sequence_length or 1)
+    mbs, seq = budget.forward(1)  # an unset sequence_length: 1 here (the megatron adapter states the engine's)
     acts = activation_bytes(shape, mbs, seq, recompute=budget.activation_recompute)
     full = activation_bytes(shape, mbs, seq, recompute=False)
     recomputed = activation_bytes(shape, mbs, seq, recompute=True)
