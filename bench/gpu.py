@@ -144,6 +144,15 @@ STAGES: tuple[Stage, ...] = (
         smoke=SMOKE_HANDOFF,
     ),
     Stage(
+        "reasoning-8k-drain-sync",
+        "reasoning shape, cut 8,192: drain and sync again (a second run of each beside an earlier park, for their "
+        "spread), and the pure graph decode at the workload's contexts",
+        _handoff(8192, "drain,sync"),
+        600,
+        smoke=SMOKE_HANDOFF,
+        default=False,
+    ),
+    Stage(
         "reasoning-8k-park-sync",
         "reasoning shape, cut 8,192: park and sync side by side (generate the whole batch, tail included, then train)",
         _handoff(8192, "park,sync", "--no-graph-baseline"),
