@@ -254,6 +254,60 @@ RUN_HEADER = (
 )
 
 
+def decode_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """What a decode step costs, in each run: the pure CUDA-graph decode it measured (megatron-core's engine alone,
+    at the baseline's context and, where it ran, at the workload's mean decode context), and each mode's
+    decode-only graph steps from its step profile. A comparison across two runs is the reader's to make: the
+    page gives a ratio only inside one run."""
+    lines: list[str] = []
+    base = [d for d in runs if isinstance(d.get("graph_decode"), dict) and d["graph_decode"].get("rows")]
+    if base:
+        batches = sorted({int(r["batch"]) for d in base for r in d["graph_decode"]["rows"]})
+        lines += [
+            "Pure CUDA-graph decode (megatron-core's engine alone, the batch kept full): ms per step (tokens/s):",
+            "",
+            f"| run | context (tokens) | {' | '.join(f'batch {b}' for b in batches)} |",
+            f"|---|---|{'---|' * len(batches)}",
+        ]
+        for d in base:
+            g = d["graph_decode"]
+            for rows, context in (
+                (g["rows"], g.get("context_tokens")),
+                (g.get("rows_matched_context") or [], g.get("matched_context_tokens")),
+            ):
+                if not rows:
+                    continue
+                by = {int(r["batch"]): r for r in rows}
+                cells = [
+                    f"{by[b]['step_ms']:.2f} ({by[b]['decode_tokens_per_s']:,.0f})" if b in by else "-" for b in batches
+                ]
+                lines.append(f"| `{d['_file']}` | {_fmt(context, '{:,}')} | {' | '.join(cells)} |")
+        lines.append("")
+    steps = [
+        (d, m, prof)
+        for d in runs
+        for m in MODES
+        if (r := _measured(d, m)) is not None
+        for prof in r.get("engine_step_profile_per_round") or []
+        if isinstance(prof.get("decode_graph"), dict)
+    ]
+    if steps:
+        lines += [
+            "Each mode's decode-only CUDA-graph steps (its step profile, measured window):",
+            "",
+            "| run | mode | steps | share of engine steps | ms per step | requests decoding |",
+            "|---|---|---|---|---|---|",
+        ]
+        for d, m, prof in steps:
+            g = prof["decode_graph"]
+            lines.append(
+                f"| `{d['_file']}` | {m} | {g['steps']:,} | {g['share']:.3f} | {g['ms_per_step']:.2f} | "
+                f"{g['mean_active']:.0f} |"
+            )
+        lines.append("")
+    return lines
+
+
 def workload_section(key: Key, runs: list[dict[str, Any]]) -> list[str]:
     """The Markdown of one workload's headline: the modes over its runs, every run's rows, its ratios."""
     model, cut, age = key
@@ -272,7 +326,7 @@ def workload_section(key: Key, runs: list[dict[str, Any]]) -> list[str]:
     lines += ["", "Each run's rows:", "", *RUN_HEADER]
     lines += [run_row(d, m, r) for d in runs for m in MODES if (r := _measured(d, m)) is not None]
     lines += ["", "Ratios, as each JSON gives them:", "", *[ratio_lines(d) for d in runs], ""]
-    return lines
+    return lines + decode_lines(runs)
 
 
 def history_section(hist: dict[Key, list[dict[str, Any]]]) -> list[str]:

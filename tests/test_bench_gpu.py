@@ -198,15 +198,49 @@ def test_a_window_that_filled_its_buffer_is_no_steady_state_on_the_page(tmp_path
 
 
 def test_the_report_reads_the_committed_gpu_runs():
-    """The committed folder: the headline is the two 8,192 runs at 6bd92a8 (park in both, drain and sync in the
-    first, abort in both); every other run, the 32,768 cut at b2de103 among them, is history."""
-    commit, now, old = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], ("6bd92a8",))
-    assert commit == "6bd92a8" and set(now) == {("gpt200m", 8192, 2)}
+    """The committed folder: the headline is the runs at 6bd92a8 and 791d078 (the same measured code): three at
+    the 8,192 cut (park in two, abort in two, drain and sync in two) and one at 32,768 with park, drain and sync;
+    every other run, the 32,768 cut at b2de103 among them, is history."""
+    commits = ("6bd92a8", "791d078")
+    commit, now, old = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], commits)
+    assert commit == "6bd92a8, 791d078" and set(now) == {("gpt200m", 8192, 2), ("gpt200m", 32768, 2)}
     runs = now[("gpt200m", 8192, 2)]
-    assert len(runs) == 2 and all({"park", "abort"} <= set(d["modes"]) for d in runs)
-    assert sum("drain" in d["modes"] and "sync" in d["modes"] for d in runs) == 1
-    assert all(d.get("commit") != "6bd92a8" for rs in old.values() for d in rs)
+    assert len(runs) == 3
+    for mode in ("park", "drain", "sync", "abort"):
+        assert sum(mode in d["modes"] for d in runs) == 2, mode
+    (long,) = now[("gpt200m", 32768, 2)]
+    assert all(long["modes"][m]["measured_steps"] >= 3 for m in ("park", "drain", "sync"))
+    assert {"ratio_park_over_drain", "ratio_park_over_sync"} <= set(long)
+    assert all(d.get("commit") not in commits for rs in old.values() for d in rs)
     assert ("gpt200m", 32768, 2) in old
+
+
+def test_the_report_shows_each_runs_graph_baseline_and_each_modes_decode_steps():
+    """Both baselines of a run (its context and the workload's), batch by batch, and each mode's decode-only graph
+    steps from its profile; a run without a baseline or a profile adds no row."""
+    park = {
+        "samples_per_s": 8.0,
+        "measured_steps": 3,
+        "engine_step_profile_per_round": [
+            {"decode_graph": {"steps": 8062, "share": 0.984, "ms_per_step": 9.54, "mean_active": 113.2}}
+        ],
+    }
+    rows = [{"batch": 64, "step_ms": 4.1, "decode_tokens_per_s": 15599.0}, {"batch": 128, "step_ms": 6.6,
+            "decode_tokens_per_s": 19389.0}]  # fmt: skip
+    matched = [{"batch": 128, "step_ms": 9.78, "decode_tokens_per_s": 13086.0}]
+    with_base = {
+        "_file": "a.json",
+        "modes": {"park": park, "drain": {"samples_per_s": 4.6, "measured_steps": 3}},
+        "graph_decode": {"rows": rows, "context_tokens": 832, "rows_matched_context": matched,
+                         "matched_context_tokens": 1417},
+    }  # fmt: skip
+    text = "\n".join(gpu_report.decode_lines([with_base, {"_file": "b.json", "modes": {}}]))
+    assert "| run | context (tokens) | batch 64 | batch 128 |" in text
+    assert "| `a.json` | 832 | 4.10 (15,599) | 6.60 (19,389) |" in text
+    assert "| `a.json` | 1,417 | - | 9.78 (13,086) |" in text
+    assert "| `a.json` | park | 8,062 | 0.984 | 9.54 | 113 |" in text
+    assert "drain" not in text and "b.json" not in text
+    assert gpu_report.decode_lines([{"_file": "b.json", "modes": {}}]) == []
 
 
 def test_a_long_stage_runs_only_detached_and_a_detached_runner_is_followed(tmp_path, stages, monkeypatch, capsys):
