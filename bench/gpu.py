@@ -209,6 +209,16 @@ STAGES: tuple[Stage, ...] = (
         smoke=SMOKE_HANDOFF,
     ),
     Stage(
+        "reasoning-32k-age4",
+        "park and sync at cut 32,768 with --max-age 4: a wider admission window, so more of it decodes at long "
+        "tails; ~9 min: --detach",
+        _handoff(32768, "park,sync", "--no-graph-baseline", age=4),
+        1200,
+        smoke=SMOKE_HANDOFF,
+        default=False,
+        long=True,
+    ),
+    Stage(
         "reasoning-8k-gpt1b",
         "the ~1B GPT: park and sync at cut 8,192",
         _handoff(8192, "park,sync", "--no-graph-baseline", model="gpt1b"),
