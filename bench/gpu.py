@@ -203,16 +203,19 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "reasoning-8k-age4",
-        "park and drain at --max-age 4",
-        _handoff(8192, "park,drain", "--no-graph-baseline", age=4),
-        600,
+        "park and drain at --max-age 4, after 4 warm-up steps (bench/handoff_model.py: one leaves park's window "
+        "filling its buffer, -42%); ~12 min: --detach",
+        _handoff(8192, "park,drain", "--no-graph-baseline", "--warmup", "4", age=4),
+        1200,
         smoke=SMOKE_HANDOFF,
+        default=False,
+        long=True,
     ),
     Stage(
         "reasoning-32k-age4",
         "park and sync at cut 32,768 with --max-age 4: a wider admission window, so more of it decodes at long "
-        "tails; ~9 min: --detach",
-        _handoff(32768, "park,sync", "--no-graph-baseline", age=4),
+        "tails; 4 warm-up steps (one leaves the window filling, bench/handoff_model.py); ~12 min: --detach",
+        _handoff(32768, "park,sync", "--no-graph-baseline", "--warmup", "4", age=4),
         1200,
         smoke=SMOKE_HANDOFF,
         default=False,
