@@ -66,7 +66,7 @@ class Stage:
 
 
 def _handoff(
-    cut: int, modes: str, *extra: str, model: str = "gpt200m", age: int = 2, order: str = "start"
+    cut: int, modes: str, *extra: str, model: str = "gpt200m", age: int = 2, order: str = "start", steps: int = 3
 ) -> tuple[str, ...]:
     tail = "" if order == "start" else f"_{order}-order"
     name = f"inflight_handoff_reasoning_{model}_cut{cut}_age{age}_{modes.replace(',', '-')}{tail}.json"
@@ -83,7 +83,7 @@ def _handoff(
         "--modes",
         modes,
         "--steps",
-        "3",
+        str(steps),
         *extra,
         "--out",
         f"{{out}}/{name}",
@@ -203,10 +203,10 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "reasoning-8k-age4",
-        "park and drain at --max-age 4, after 4 warm-up steps (bench/handoff_model.py: one leaves park's window "
-        "filling its buffer, -42%); ~12 min: --detach",
-        _handoff(8192, "park,drain", "--no-graph-baseline", "--warmup", "4", age=4),
-        1200,
+        "park and drain at --max-age 4: 4 warm-up steps, 6 measured (bench/handoff_model.py: after one, park's "
+        "3-step window makes 42% fewer samples than it trains; 4 + 6 is steady for each of 4 seeds); ~15 min: --detach",
+        _handoff(8192, "park,drain", "--no-graph-baseline", "--warmup", "4", age=4, steps=6),
+        1500,
         smoke=SMOKE_HANDOFF,
         default=False,
         long=True,
@@ -214,9 +214,10 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "reasoning-32k-age4",
         "park and sync at cut 32,768 with --max-age 4: a wider admission window, so more of it decodes at long "
-        "tails; 4 warm-up steps (one leaves the window filling, bench/handoff_model.py); ~12 min: --detach",
-        _handoff(32768, "park,sync", "--no-graph-baseline", "--warmup", "4", age=4),
-        1200,
+        "tails; 4 warm-up steps, 6 measured (bench/handoff_model.py: steady for 3 of 4 seeds, the bench's among "
+        "them); ~15 min: --detach",
+        _handoff(32768, "park,sync", "--no-graph-baseline", "--warmup", "4", age=4, steps=6),
+        1500,
         smoke=SMOKE_HANDOFF,
         default=False,
         long=True,

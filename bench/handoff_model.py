@@ -6,12 +6,17 @@
 
 The bench (``bench/inflight_handoff.py``) measures; this predicts, so that a GPU session knows what to expect
 of a stage before it spends device time on it, and so that a measured figure can be told apart from a model of
-it. Everything the modes decide comes from colo-fsm itself: admission is :class:`~colo_fsm.collector.ReplayBuffer`
-(``reserve``/``put``/``ready``/``sample``, start order) and :class:`~colo_fsm.guards.capacity.InFlightCap`, as
-the bench's collector uses them; the output lengths are the bench's own draws (``output_length``). What is
-modelled: time. An engine step decodes one token of every running request and takes the pure CUDA-graph
-decode's time at that batch (interpolated from a committed run's ``graph_decode`` rows) plus a fixed host cost
-per step; a training step takes a fixed cost per trained token; prefill, handoffs and threads cost nothing.
+it. What the modes decide comes from colo-fsm itself: admission is :class:`~colo_fsm.collector.ReplayBuffer`
+(``reserve``/``put``/``ready``/``sample``) and :class:`~colo_fsm.guards.capacity.InFlightCap`, as the bench's
+collector uses them; the output lengths are the bench's own draws (``output_length``). The loop around them (the
+collector admitting while the engine generates, the trainer taking a batch as soon as one is ready, the engine
+decoding its running requests first in, first out, with no KV limit) is re-written here. No timing enters what is
+decided, so the requests decoding per step follow from the admission rule and the lengths alone. What is
+modelled is time: an engine step decodes one token of every running request and takes the pure CUDA-graph
+decode's time at that batch, from a committed run's ``graph_decode`` rows, taken linearly in the decode context
+between its two contexts (the workload's mean decode context at each cut), plus a fixed host cost per step; a
+training step takes a fixed cost per trained token. Both fixed costs are fitted to park's run at the 8,192 cut.
+Prefill, handoffs and threads cost nothing.
 
 Each mode runs its warm-up steps, then its measured steps; samples/s is the samples of the groups finished
 inside the measured window over its length, as the bench counts them. It writes JSON (``--out``) and prints a
@@ -25,7 +30,7 @@ import argparse
 import bisect
 import json
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._handoff import MAX_BUFFER_GROWTH  # noqa: E402  (after the sys.path line above)
+from bench._handoff import MAX_BUFFER_GROWTH, decode_weighted_context  # noqa: E402  (after the sys.path line above)
 from bench.inflight_handoff import Shape, output_length  # noqa: E402
 from colo_fsm.adapters.protocols import Completion  # noqa: E402
 from colo_fsm.collector import ReplayBuffer, TrajectoryGroup  # noqa: E402
@@ -52,7 +57,7 @@ MODES = ("park", "drain", "sync")
 
 @dataclass
 class Timing:
-    """What a step costs in the model: engine steps from a table of (batch, ms), training per token."""
+    """What a step costs in the model: an engine step from a table of (batch, ms), training per token."""
 
     table: list[tuple[int, float]]
     host_ms: float = HOST_MS
@@ -62,13 +67,17 @@ class Timing:
         if not self.table or any(b <= 0 or ms <= 0 for b, ms in self.table):
             raise ConfigError("table", self.table, "one or more (batch > 0, ms > 0) rows")
         self.table = sorted(self.table)
+        batches = [b for b, _ in self.table]
+        if len(set(batches)) != len(batches):
+            raise ConfigError("table", self.table, "one row per batch size")
         if self.host_ms < 0:
             raise ConfigError("host_ms", self.host_ms, "a non-negative number of milliseconds")
         if self.train_us_per_token < 0:
             raise ConfigError("train_us_per_token", self.train_us_per_token, "a non-negative number of microseconds")
 
     def step_s(self, batch: int) -> float:
-        """One engine step at ``batch`` running requests: the table, linear between rows and past its ends."""
+        """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
+        two rows past its ends, never below half its smallest row; plus the host cost."""
         xs = [b for b, _ in self.table]
         ys = [ms for _, ms in self.table]
         if len(xs) == 1:
@@ -78,6 +87,25 @@ class Timing:
             (x0, y0), (x1, y1) = self.table[k - 1], self.table[k]
             ms = y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
         return (max(ms, ys[0] * 0.5) + self.host_ms) / 1000.0
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A GPU run's graph decode: ms per step by batch from one decode context, and, where it ran, from a second."""
+
+    context: int
+    rows: tuple[tuple[int, float], ...]
+    context2: int | None = None
+    rows2: tuple[tuple[int, float], ...] = ()
+
+    def table_at(self, context: int) -> list[tuple[int, float]]:
+        """The rows at ``context`` tokens: linear in the context through the two contexts, per batch both ran
+        (a decode step's attention reads the whole context); the one context's rows where only one ran."""
+        if self.context2 is None or not self.rows2 or self.context2 == self.context:
+            return list(self.rows)
+        other = dict(self.rows2)
+        f = (context - self.context) / (self.context2 - self.context)
+        return [(b, ms + (other[b] - ms) * f) for b, ms in self.rows if b in other]
 
 
 @dataclass
@@ -90,8 +118,21 @@ class _Group:
 
 
 @dataclass
+class StepRecord:
+    """One training step of a mode: its seconds, samples made and trained, engine steps, running requests summed
+    over them, and the seconds spent draining."""
+
+    seconds: float
+    made: int
+    trained: int
+    engine_steps: int
+    decoding: int
+    waiting_s: float
+
+
+@dataclass
 class ModeResult:
-    """One mode's prediction over its measured window."""
+    """One mode's prediction over a window of measured steps (:func:`summarize`)."""
 
     mode: str
     samples_per_s: float
@@ -100,25 +141,31 @@ class ModeResult:
     made: int
     trained: int
     mean_decoding: float  # running requests per engine step, averaged over steps
-    generating_share: float
-    training_share: float
     waiting_share: float  # draining (drain); no mode idles otherwise in this model
-    step_s: list[float] = field(default_factory=list)
-    made_per_step: list[int] = field(default_factory=list)
+    buffer_growth: float  # made / trained - 1: the bench's steady-state measure (MAX_BUFFER_GROWTH)
 
-    @property
-    def buffer_growth(self) -> float:
-        """Samples made over samples trained, minus one: the bench's steady-state measure (``MAX_BUFFER_GROWTH``)."""
-        return self.made / self.trained - 1.0 if self.trained else 0.0
 
-    def window_rates(self, width: int) -> list[float]:
-        """samples/s of every run of ``width`` consecutive measured steps: what one bench window could have seen."""
-        n = len(self.step_s)
-        return [
-            sum(self.made_per_step[i : i + width]) / sum(self.step_s[i : i + width])
-            for i in range(n - width + 1)
-            if sum(self.step_s[i : i + width]) > 0
-        ]
+def summarize(mode: str, steps: list[StepRecord]) -> ModeResult:
+    """The figures of a window of consecutive steps, as the bench computes them over its measured window."""
+    seconds = sum(r.seconds for r in steps)
+    made, trained = sum(r.made for r in steps), sum(r.trained for r in steps)
+    engine_steps = sum(r.engine_steps for r in steps)
+    return ModeResult(
+        mode=mode,
+        samples_per_s=made / seconds if seconds else 0.0,
+        measured_steps=len(steps),
+        measured_s=seconds,
+        made=made,
+        trained=trained,
+        mean_decoding=sum(r.decoding for r in steps) / engine_steps if engine_steps else 0.0,
+        waiting_share=sum(r.waiting_s for r in steps) / seconds if seconds else 0.0,
+        buffer_growth=made / trained - 1.0 if trained else 0.0,
+    )
+
+
+def window_rates(steps: list[StepRecord], width: int) -> list[float]:
+    """samples/s over every ``width`` consecutive steps: what one bench window could have seen."""
+    return [summarize("", steps[i : i + width]).samples_per_s for i in range(len(steps) - width + 1)]
 
 
 class _Sim:
@@ -221,8 +268,8 @@ class _Sim:
         self.steps_run += 1
 
 
-def run_mode(mode: str, shape: Shape, timing: Timing, *, seed: int, warmup: int, steps: int) -> ModeResult:
-    """One mode: ``warmup`` steps (sync: none), then ``steps`` measured, as the bench counts them."""
+def run_mode(mode: str, shape: Shape, timing: Timing, *, seed: int, warmup: int, steps: int) -> list[StepRecord]:
+    """One mode: ``warmup`` steps (sync: none), then ``steps`` measured ones, each recorded."""
     if mode not in MODES:
         raise ConfigError("mode", mode, f"one of {', '.join(MODES)}")
     if steps < 1:
@@ -230,36 +277,26 @@ def run_mode(mode: str, shape: Shape, timing: Timing, *, seed: int, warmup: int,
     sim = _Sim(shape, timing, seed)
     for _ in range(0 if mode == "sync" else warmup):
         sim.step(mode)
-    t0, made0, trained0 = sim.t, sim.made, sim.trained
-    times0 = dict(sim.time)
-    steps0, decoding0 = sim.decode_steps, sim.decoding_sum
-    per_step, made = [], []
+    out = []
     for _ in range(steps):
-        t, m = sim.t, sim.made
+        t, made, trained = sim.t, sim.made, sim.trained
+        n, decoding, waiting = sim.decode_steps, sim.decoding_sum, sim.time["waiting"]
         sim.step(mode)
-        per_step.append(sim.t - t)
-        made.append(sim.made - m)
-    window = sim.t - t0
-    share = {k: (sim.time[k] - times0[k]) / window for k in sim.time}
-    n = sim.decode_steps - steps0
-    return ModeResult(
-        mode=mode,
-        samples_per_s=(sim.made - made0) / window,
-        measured_steps=steps,
-        measured_s=window,
-        made=sim.made - made0,
-        trained=sim.trained - trained0,
-        mean_decoding=(sim.decoding_sum - decoding0) / n if n else 0.0,
-        generating_share=share["generating"],
-        training_share=share["training"],
-        waiting_share=share["waiting"],
-        step_s=per_step,
-        made_per_step=made,
-    )
+        out.append(
+            StepRecord(
+                seconds=sim.t - t,
+                made=sim.made - made,
+                trained=sim.trained - trained,
+                engine_steps=sim.decode_steps - n,
+                decoding=sim.decoding_sum - decoding,
+                waiting_s=sim.time["waiting"] - waiting,
+            )
+        )
+    return out
 
 
-def load_workload(path: Path) -> tuple[Shape, list[tuple[int, float]], int]:
-    """A committed run's shape, its graph baseline from the workload's mean context (else its plain rows), its seed."""
+def load_workload(path: Path) -> tuple[Shape, Baseline, int]:
+    """A committed run's shape, its graph baseline (one or two contexts) and its seed."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -267,15 +304,44 @@ def load_workload(path: Path) -> tuple[Shape, list[tuple[int, float]], int]:
     if not isinstance(data, dict) or "shape" not in data:
         raise ConfigError("--workload", str(path), "a bench/inflight_handoff.py JSON (it has no 'shape')")
     g = data.get("graph_decode") or {}
-    rows = g.get("rows_matched_context") or g.get("rows")
-    if not rows:
-        raise ConfigError("--workload", str(path), "a run with a graph baseline ('graph_decode' rows)")
-    return Shape(**data["shape"]), [(int(r["batch"]), float(r["step_ms"])) for r in rows], int(data.get("seed", 0))
+    if not g.get("rows") or not g.get("context_tokens"):
+        raise ConfigError("--workload", str(path), "a run with a graph baseline ('graph_decode' rows and context)")
+    try:
+        shape = Shape(**data["shape"])
+    except TypeError as exc:
+        raise ConfigError("--workload", str(path), f"a shape this bench knows ({exc})") from exc
+
+    def rows(key: str) -> tuple[tuple[int, float], ...]:
+        return tuple((int(r["batch"]), float(r["step_ms"])) for r in g.get(key) or ())
+
+    baseline = Baseline(
+        int(g["context_tokens"]), rows("rows"), g.get("matched_context_tokens"), rows("rows_matched_context")
+    )
+    return shape, baseline, int(data.get("seed", 0))
 
 
-def measured(folder: Path, commits: set[str]) -> dict[tuple[int, int, str, str], list[tuple[float, float | None]]]:
-    """The committed GPU runs of ``commits`` (gpt200m, direct engine): ``(cut, age, order, mode)`` -> every
-    run's (samples/s, requests per decode-only graph step), to print beside the model's figures."""
+def workload_context(shape: Shape, seed: int) -> int:
+    """The decode context the workload's steps attend over on average, over the bench's first 400 prompts (the
+    bench's own arithmetic, ``decode_weighted_context``)."""
+    lengths = [output_length(seed, i, j, shape) for i in range(400) for j in range(shape.samples_per_group)]
+    return decode_weighted_context(shape.prompt_len, lengths)
+
+
+SAME_SHAPE = (
+    "num_prompts_per_step",
+    "samples_per_group",
+    "max_active_requests",
+    "median_tokens",
+    "sigma",
+    "prompt_len",
+)
+
+
+def measured(
+    folder: Path, commits: set[str], shape: Shape, *, warmup: int, window: int
+) -> dict[tuple[int, int, str, str], list[tuple[float, float | None]]]:
+    """The committed GPU runs of ``commits`` (gpt200m, direct engine) of the model's workload, warm-up and window:
+    ``(cut, age, order, mode)`` -> every run's (samples/s, requests per decode-only graph step)."""
     out: dict[tuple[int, int, str, str], list[tuple[float, float | None]]] = {}
     for path in sorted(folder.glob("*reasoning*.json")):
         try:
@@ -284,11 +350,14 @@ def measured(folder: Path, commits: set[str]) -> dict[tuple[int, int, str, str],
             continue
         if not isinstance(d, dict) or d.get("commit") not in commits or d.get("model") != "gpt200m":
             continue
-        if d.get("engine", "direct") != "direct" or "shape" not in d:
+        sh = d.get("shape") or {}
+        if d.get("engine", "direct") != "direct" or any(sh.get(k) != getattr(shape, k) for k in SAME_SHAPE):
             continue
-        sh = d["shape"]
         for mode, row in (d.get("modes") or {}).items():
-            if "samples_per_s" not in row or row.get("measured_steps", 0) < 3:
+            ran = (d.get("warmup_steps") or {}).get(mode)
+            if "samples_per_s" not in row or row.get("measured_steps") != window:
+                continue
+            if ran is not None and ran != (0 if mode == "sync" else warmup):
                 continue
             prof = (row.get("engine_step_profile_per_round") or [{}])[0].get("decode_graph") or {}
             key = (int(sh["max_tokens"]), int(sh["max_trajectory_age_steps"]), sh.get("buffer_order", "start"), mode)
@@ -316,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=3, help="the bench's measured steps (default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up steps of park and drain (the bench's 1)")
     ap.add_argument("--steps", type=int, default=30, help="steps of the long run after the warm-up (default 30)")
+    ap.add_argument("--seed", type=int, default=None, help="the output lengths' seed (default: the workload run's)")
     ap.add_argument("--host-ms", type=float, default=HOST_MS, help=f"host ms per engine step (default {HOST_MS})")
     ap.add_argument("--train-us-per-token", type=float, default=TRAIN_US_PER_TOKEN, help="training us per token")
     ap.add_argument("--commits", default="6bd92a8,791d078", help="GPU runs to print beside the model (docs/gpu-runs)")
@@ -332,59 +402,62 @@ def main(argv: list[str] | None = None) -> int:
     if args.window < 1 or args.steps < args.window or args.warmup < 0:
         ap.error(f"--window {args.window} (>= 1), --steps {args.steps} (>= --window), --warmup {args.warmup} (>= 0)")
     try:
-        shape, table, seed = load_workload(args.workload)
-        timing = Timing(table, host_ms=args.host_ms, train_us_per_token=args.train_us_per_token)
+        shape, baseline, seed = load_workload(args.workload)
     except ConfigError as exc:
         ap.error(str(exc))
+    seed = seed if args.seed is None else args.seed
     if args.smoke:
         shape = replace(shape, num_prompts_per_step=4, max_active_requests=32)
         cuts, ages, orders = [min(cuts[0], 2048)], [ages[0]], orders[:1]
-    seen = measured(RUNS, {c.strip() for c in args.commits.split(",") if c.strip()})
+    seen = measured(
+        RUNS, {c.strip() for c in args.commits.split(",") if c.strip()}, shape, warmup=args.warmup, window=args.window
+    )
     print(
         f"handoff_model (a model, not a measurement): workload {args.workload.name} ({shape.num_prompts_per_step}x"
         f"{shape.samples_per_group} per step, {shape.max_active_requests} active, lognormal median "
-        f"{shape.median_tokens:g} sigma {shape.sigma:g}); an engine step is the graph decode at its batch "
-        f"({', '.join(f'{b}:{ms:.2f}' for b, ms in timing.table)} ms) + {timing.host_ms} ms; training "
-        f"{timing.train_us_per_token} us per token. 'bench window': {args.warmup} warm-up step(s) (sync none), then "
-        f"{args.window} measured, as the bench runs; 'long run': {args.steps} steps after the warm-up, and the range "
-        f"over its every {args.window} consecutive steps."
+        f"{shape.median_tokens:g} sigma {shape.sigma:g}, seed {seed}); an engine step is the graph decode at its "
+        f"batch, linear in the context through {baseline.context} and {baseline.context2} tokens, "
+        f"+ {args.host_ms} ms; training {args.train_us_per_token} us per token. 'bench window': {args.warmup} "
+        f"warm-up step(s) (sync none), then {args.window} measured, as the bench runs; 'long run': {args.steps} "
+        f"steps after the warm-up, and the range over its every {args.window} consecutive steps."
     )
-    head = (
-        f"{'cut':>6} {'age':>3} {'order':<8} {'mode':<5} | {'window':>6} {'growth':>6} | {'long':>5} "
-        f"{'windows':>11} {'decoding':>8} {'wait':>4} | measured (decoding)"
+    print(
+        f"{'cut':>6} {'age':>3} {'order':<8} {'mode':<5} | {'window':>6} {'growth':>6} {'decoding':>8} | {'long':>5} "
+        f"{'windows':>11} {'wait':>4} | measured (decoding)"
     )
-    print(head)
     points: list[dict[str, Any]] = []
     for cut in cuts:
+        context = workload_context(replace(shape, max_tokens=cut), seed)
+        timing = Timing(baseline.table_at(context), host_ms=args.host_ms, train_us_per_token=args.train_us_per_token)
         for age in ages:
             for order in orders:
                 s = replace(shape, max_tokens=cut, max_trajectory_age_steps=age, buffer_order=order)
-                point: dict[str, Any] = {"cut": cut, "max_age": age, "order": order, "modes": {}}
+                point: dict[str, Any] = {
+                    "shape": asdict(s), "seed": seed, "decode_context": context, "step_table": timing.table, "modes": {},
+                }  # fmt: skip
                 for mode in modes:
-                    r = run_mode(mode, s, timing, seed=seed, warmup=args.warmup, steps=args.steps)
-                    first = run_mode(mode, s, timing, seed=seed, warmup=args.warmup, steps=args.window)
-                    windows = r.window_rates(args.window)
-                    row = {
-                        "bench_window": {**vars(first), "buffer_growth": first.buffer_growth},
-                        "long_run": {**vars(r), "buffer_growth": r.buffer_growth},
+                    records = run_mode(mode, s, timing, seed=seed, warmup=args.warmup, steps=args.steps)
+                    first, long = summarize(mode, records[: args.window]), summarize(mode, records)
+                    windows = window_rates(records, args.window)
+                    point["modes"][mode] = {
+                        "bench_window": asdict(first),
+                        "long_run": asdict(long),
                         "window_range": [min(windows), max(windows)],
+                        "steps": [asdict(r) for r in records],
                     }
-                    point["modes"][mode] = row
                     got = seen.get((cut, age, order, mode), [])
                     shown = "; ".join(f"{x:.2f}" + (f" ({a:.0f})" if a is not None else "") for x, a in got) or "-"
-                    steady = "" if abs(first.buffer_growth) <= MAX_BUFFER_GROWTH else "!"
+                    steady = " " if abs(first.buffer_growth) <= MAX_BUFFER_GROWTH else "!"
                     print(
                         f"{cut:>6} {age:>3} {order:<8} {mode:<5} | {first.samples_per_s:>6.2f} "
-                        f"{first.buffer_growth:>+5.0%}{steady or ' '} | {r.samples_per_s:>5.2f} "
-                        f"{min(windows):>5.2f}-{max(windows):<5.2f} {first.mean_decoding:>8.0f} {r.waiting_share:>4.2f} "
-                        f"| {shown}"
+                        f"{first.buffer_growth:>+5.0%}{steady} {first.mean_decoding:>8.0f} | {long.samples_per_s:>5.2f} "
+                        f"{min(windows):>5.2f}-{max(windows):<5.2f} {long.waiting_share:>4.2f} | {shown}"
                     )
                 for other in ("drain", "sync"):
                     if "park" in point["modes"] and other in point["modes"]:
                         a, b = point["modes"]["park"], point["modes"][other]
                         point[f"model_park_over_{other}"] = {
-                            "bench_window": a["bench_window"]["samples_per_s"] / b["bench_window"]["samples_per_s"],
-                            "long_run": a["long_run"]["samples_per_s"] / b["long_run"]["samples_per_s"],
+                            k: a[k]["samples_per_s"] / b[k]["samples_per_s"] for k in ("bench_window", "long_run")
                         }
                 ratios = [
                     f"park/{o} {point[k]['bench_window']:.2f} in the bench window, {point[k]['long_run']:.2f} long"
@@ -395,14 +468,15 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{'':>26}{'; '.join(ratios)}")
                 points.append(point)
     print(f"'!': the bench window made more than {MAX_BUFFER_GROWTH:.0%} more or fewer samples than it trained: the "
-          "bench gives no ratio from it (a longer --warmup fills the pipeline first)")  # fmt: skip
+          "bench gives no ratio from it")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "benchmark": "handoff_model",
         "note": "a model, not a measurement: colo-fsm's admission in virtual time, a GPU run's step-time table",
         "workload": args.workload.name,
-        "shape": asdict(shape),
-        "timing": {"table": timing.table, "host_ms": timing.host_ms, "train_us_per_token": timing.train_us_per_token},
+        "baseline": asdict(baseline),
+        "host_ms": args.host_ms,
+        "train_us_per_token": args.train_us_per_token,
         "window": args.window,
         "warmup": args.warmup,
         "steps": args.steps,
