@@ -478,8 +478,14 @@ def test_abort_ends_the_running_requests_and_resubmits_prompt_plus_tokens_after_
         wait_for(lambda: len(llm.engine.requests) == 2, "both requests in megatron's engine")
         llm.engine.allow_steps = 3
         wait_for(lambda: llm.engine.steps == 3, "three decode steps")
-        llm.engine.allow_steps = None  # the stop-word step the abort waits for runs freely
-        eng.suspend()
+        # no decode step between the third and the abort's stop words (forced: a free engine could decode a fourth
+        # token before the suspend sets them, as it did once on a loaded machine); then the stop-word step runs
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            suspended = pool.submit(eng.suspend)
+            wait_for(lambda: len(llm.engine.stop_word_finished_request_ids) == 2, "the abort's stop words on both")
+            assert llm.engine.steps == 3 and not suspended.done()
+            llm.engine.allow_steps = None  # the stop-word step the abort waits for
+            suspended.result(timeout=20)
         assert not llm.engine.requests, "the suspend left requests in megatron's engine"
         assert eng.request_counts() == (2, 0, 0)  # both wait for their resubmission
         assert eng.inflight_stats() == (2, 2 * (4 + 3), 0, 0)  # prompt + 3 tokens of KV each, discarded
