@@ -5,8 +5,7 @@ passes silently. Plus the in-process (thread) fingerprint barrier and the finger
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
+import tempfile
 import threading
 
 import pytest
@@ -33,10 +32,10 @@ from tests.support.waits import get_or_fail, join_or_fail
 CASES = ("padding", "weight_version", "save")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous() -> str:
+    """A file-store address for one process group: no TCP port to pick, so none another test can take between
+    picking and binding (a port race once hung this module's ranks on a loaded machine)."""
+    return f"file://{tempfile.mkdtemp(prefix='colo-fsm-gloo-')}/store"
 
 
 class _PlainBarrier:
@@ -74,14 +73,13 @@ def _rank_lifecycle(case: str, rank: int, world: int, barrier) -> tuple[Lifecycl
     return lc, engine
 
 
-def _worker(rank: int, world: int, port: int, out) -> None:
+def _worker(rank: int, world: int, store: str, out) -> None:
     """One process of a world of ``world``; the program runs over the whole world and over ranks {0, 1}."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
         pair = dist.new_group([0, 1])  # every process takes part in creating it
         for n, group in ((world, None), (2, pair)):
@@ -109,8 +107,8 @@ def _worker(rank: int, world: int, port: int, out) -> None:
 def _run(world: int) -> dict[tuple[int, int, str, str], tuple[str, object]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, out)) for r in range(world)]
+    store = _rendezvous()
+    procs = [ctx.Process(target=_worker, args=(r, world, store, out)) for r in range(world)]
     for p in procs:
         p.start()
     results = {}
@@ -257,14 +255,13 @@ def test_every_declared_field_is_refused_by_the_thread_barrier(spec):
         assert isinstance(outcomes.get(rank), dict) and _named(spec) in outcomes[rank], (spec.name, outcomes)
 
 
-def _field_worker(rank: int, port: int, out) -> None:
+def _field_worker(rank: int, store: str, out) -> None:
     """Every SPEC case over one 2-rank gloo group (a refused exchange leaves the group healthy)."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
     try:
         barrier = TorchBarrier(timeout_s=30)
         for name, fps in [("<passing>", _replicas())] + [(s.name, _broken(s)) for s in SPEC]:
@@ -283,8 +280,8 @@ def _field_worker(rank: int, port: int, out) -> None:
 def gloo_field_outcomes() -> dict[tuple[str, int], object]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_field_worker, args=(r, port, out)) for r in range(2)]
+    store = _rendezvous()
+    procs = [ctx.Process(target=_field_worker, args=(r, store, out)) for r in range(2)]
     for p in procs:
         p.start()
     results: dict[tuple[str, int], object] = {}
