@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._handoff import MAX_BUFFER_GROWTH, decode_weighted_context  # noqa: E402  (after the sys.path line above)
+from bench import gpu_report  # noqa: E402  (after the sys.path line above)
+from bench._handoff import MAX_BUFFER_GROWTH, decode_weighted_context  # noqa: E402
 from bench.inflight_handoff import Shape, output_length  # noqa: E402
 from colo_fsm.adapters.protocols import Completion  # noqa: E402
 from colo_fsm.collector import ReplayBuffer, TrajectoryGroup  # noqa: E402
@@ -52,7 +53,10 @@ HOST_MS = 1.06
 """Host time per engine step outside megatron's step: park's, measured at the 8,192 cut (``reasoning-8k``)."""
 TRAIN_US_PER_TOKEN = 12.8
 """Training time per trained token (prompt + output): park's Training time at the 8,192 cut over its tokens."""
-MODES = ("park", "drain", "sync")
+MODES = ("park", "drain", "sync", "drain-hold")
+"""``drain-hold`` is drain where the trainer's handoff wins the race with the collector whenever the next batch is
+already buffered: nothing is admitted between the resume and that handoff, so it drains nothing and the next
+generation admits two batches' worth. The bench does not force either outcome; its threads race."""
 
 
 @dataclass
@@ -256,12 +260,14 @@ class _Sim:
             self.admit(limit=self.shape.num_prompts_per_step)
             while not self.ready():
                 self.decode("generating")
+        elif mode == "drain-hold" and self.ready():  # the handoff wins the race: nothing admitted, nothing to drain
+            pass
         else:  # the collector admits as soon as the engine generates again, before the trainer's next handoff
             self.admit()
             while not self.ready():
                 self.decode("generating")
                 self.admit()
-            if mode == "drain":  # nothing starts while draining; every request in flight finishes first
+            if mode.startswith("drain"):  # nothing starts while draining; every request in flight finishes first
                 while self.groups:
                     self.decode("waiting")
         self.train()
@@ -341,28 +347,36 @@ def measured(
     folder: Path, commits: set[str], shape: Shape, *, warmup: int, window: int
 ) -> dict[tuple[int, int, str, str], list[tuple[float, float | None]]]:
     """The committed GPU runs of ``commits`` (gpt200m, direct engine) of the model's workload, warm-up and window:
-    ``(cut, age, order, mode)`` -> every run's (samples/s, requests per decode-only graph step)."""
+    ``(cut, age, order, mode)`` -> every run's (samples/s, requests per decode-only graph step). The runs are the
+    report's (:func:`bench.gpu_report.load`), so the model and PERFORMANCE.md read the same files."""
     out: dict[tuple[int, int, str, str], list[tuple[float, float | None]]] = {}
-    for path in sorted(folder.glob("*reasoning*.json")):
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if not isinstance(d, dict) or d.get("commit") not in commits or d.get("model") != "gpt200m":
-            continue
-        sh = d.get("shape") or {}
-        if d.get("engine", "direct") != "direct" or any(sh.get(k) != getattr(shape, k) for k in SAME_SHAPE):
-            continue
-        for mode, row in (d.get("modes") or {}).items():
-            ran = (d.get("warmup_steps") or {}).get(mode)
-            if "samples_per_s" not in row or row.get("measured_steps") != window:
+    runs, _ = gpu_report.load(folder)
+    for (model, _cut, _age), group in sorted(runs.items()):
+        for d in group:
+            sh = d["shape"]
+            if model != "gpt200m" or d.get("commit") not in commits or d.get("engine", "direct") != "direct":
                 continue
-            if ran is not None and ran != (0 if mode == "sync" else warmup):
+            if any(sh.get(k) != getattr(shape, k) for k in SAME_SHAPE):
                 continue
-            prof = (row.get("engine_step_profile_per_round") or [{}])[0].get("decode_graph") or {}
-            key = (int(sh["max_tokens"]), int(sh["max_trajectory_age_steps"]), sh.get("buffer_order", "start"), mode)
-            out.setdefault(key, []).append((float(row["samples_per_s"]), prof.get("mean_active")))
+            for mode, row in (d.get("modes") or {}).items():
+                ran = (d.get("warmup_steps") or {}).get(mode)
+                if "samples_per_s" not in row or row.get("measured_steps") != window:
+                    continue
+                if ran is not None and ran != (0 if mode == "sync" else warmup):
+                    continue
+                prof = (row.get("engine_step_profile_per_round") or [{}])[0].get("decode_graph") or {}
+                key = (
+                    int(sh["max_tokens"]),
+                    int(sh["max_trajectory_age_steps"]),
+                    sh.get("buffer_order", "start"),
+                    mode,
+                )
+                out.setdefault(key, []).append((float(row["samples_per_s"]), prof.get("mean_active")))
     return out
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def _ints(ap: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
@@ -381,14 +395,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cut", default="8192,32768", help="output-length cuts, comma-separated (default 8192,32768)")
     ap.add_argument("--age", default="1,2,4", help="max_age values, comma-separated (default 1,2,4)")
     ap.add_argument("--order", default="start", help="buffer orders, comma-separated: start, deadline")
-    ap.add_argument("--modes", default="park,drain,sync", help="comma-separated, of park, drain, sync")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--window", type=int, default=3, help="the bench's measured steps (default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up steps of park and drain (the bench's 1)")
     ap.add_argument("--steps", type=int, default=30, help="steps of the long run after the warm-up (default 30)")
     ap.add_argument("--seed", type=int, default=None, help="the output lengths' seed (default: the workload run's)")
     ap.add_argument("--host-ms", type=float, default=HOST_MS, help=f"host ms per engine step (default {HOST_MS})")
     ap.add_argument("--train-us-per-token", type=float, default=TRAIN_US_PER_TOKEN, help="training us per token")
-    ap.add_argument("--commits", default="6bd92a8,791d078", help="GPU runs to print beside the model (docs/gpu-runs)")
+    ap.add_argument(
+        "--commits", default="6bd92a8,791d078,b1df85d", help="GPU runs to print beside the model (docs/gpu-runs)"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "handoff_model.json")
     ap.add_argument("--smoke", action="store_true", help="one small point, for the code path (CPU, a second)")
     args = ap.parse_args(argv)
@@ -422,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         f"steps after the warm-up, and the range over its every {args.window} consecutive steps."
     )
     print(
-        f"{'cut':>6} {'age':>3} {'order':<8} {'mode':<5} | {'window':>6} {'growth':>6} {'decoding':>8} | {'long':>5} "
+        f"{'cut':>6} {'age':>3} {'order':<8} {'mode':<10} | {'window':>6} {'growth':>6} {'decoding':>8} | {'long':>5} "
         f"{'windows':>11} {'wait':>4} | measured (decoding)"
     )
     points: list[dict[str, Any]] = []
@@ -449,23 +465,24 @@ def main(argv: list[str] | None = None) -> int:
                     shown = "; ".join(f"{x:.2f}" + (f" ({a:.0f})" if a is not None else "") for x, a in got) or "-"
                     steady = " " if abs(first.buffer_growth) <= MAX_BUFFER_GROWTH else "!"
                     print(
-                        f"{cut:>6} {age:>3} {order:<8} {mode:<5} | {first.samples_per_s:>6.2f} "
+                        f"{cut:>6} {age:>3} {order:<8} {mode:<10} | {first.samples_per_s:>6.2f} "
                         f"{first.buffer_growth:>+5.0%}{steady} {first.mean_decoding:>8.0f} | {long.samples_per_s:>5.2f} "
                         f"{min(windows):>5.2f}-{max(windows):<5.2f} {long.waiting_share:>4.2f} | {shown}"
                     )
-                for other in ("drain", "sync"):
+                for other in MODES[1:]:
                     if "park" in point["modes"] and other in point["modes"]:
                         a, b = point["modes"]["park"], point["modes"][other]
-                        point[f"model_park_over_{other}"] = {
-                            k: a[k]["samples_per_s"] / b[k]["samples_per_s"] for k in ("bench_window", "long_run")
+                        point[f"model_park_over_{other}"] = {  # None: the other mode made nothing in that window
+                            k: a[k]["samples_per_s"] / b[k]["samples_per_s"] if b[k]["samples_per_s"] else None
+                            for k in ("bench_window", "long_run")
                         }
                 ratios = [
-                    f"park/{o} {point[k]['bench_window']:.2f} in the bench window, {point[k]['long_run']:.2f} long"
-                    for o in ("drain", "sync")
+                    f"park/{o} {_ratio(point[k]['bench_window'])} in the bench window, {_ratio(point[k]['long_run'])} long"
+                    for o in MODES[1:]
                     if (k := f"model_park_over_{o}") in point
                 ]
                 if ratios:
-                    print(f"{'':>26}{'; '.join(ratios)}")
+                    print(f"{'':>31}{'; '.join(ratios)}")
                 points.append(point)
     print(f"'!': the bench window made more than {MAX_BUFFER_GROWTH:.0%} more or fewer samples than it trained: the "
           "bench gives no ratio from it")  # fmt: skip

@@ -198,19 +198,23 @@ def test_a_window_that_filled_its_buffer_is_no_steady_state_on_the_page(tmp_path
 
 
 def test_the_report_reads_the_committed_gpu_runs():
-    """The committed folder: the headline is the runs at 6bd92a8 and 791d078 (the same measured code): three at
-    the 8,192 cut (park in two, abort in two, drain and sync in two) and one at 32,768 with park, drain and sync;
-    every other run, the 32,768 cut at b2de103 among them, is history."""
-    commits = ("6bd92a8", "791d078")
+    """The committed folder: the headline is the runs at 6bd92a8, 791d078 and b1df85d (the same measured code):
+    four at the 8,192 cut (park in three, drain in three, sync and abort in two; one park beside the graph
+    baseline from the workload's context) and two at 32,768 with park, drain and sync; every other run, the
+    32,768 cut at b2de103 among them, is history."""
+    commits = ("6bd92a8", "791d078", "b1df85d")
     commit, now, old = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], commits)
-    assert commit == "6bd92a8, 791d078" and set(now) == {("gpt200m", 8192, 2), ("gpt200m", 32768, 2)}
+    assert commit == "6bd92a8, 791d078, b1df85d" and set(now) == {("gpt200m", 8192, 2), ("gpt200m", 32768, 2)}
     runs = now[("gpt200m", 8192, 2)]
-    assert len(runs) == 3
-    for mode in ("park", "drain", "sync", "abort"):
-        assert sum(mode in d["modes"] for d in runs) == 2, mode
-    (long,) = now[("gpt200m", 32768, 2)]
-    assert all(long["modes"][m]["measured_steps"] >= 3 for m in ("park", "drain", "sync"))
-    assert {"ratio_park_over_drain", "ratio_park_over_sync"} <= set(long)
+    assert len(runs) == 4
+    for mode, n in (("park", 3), ("drain", 3), ("sync", 2), ("abort", 2)):
+        assert sum(mode in d["modes"] for d in runs) == n, mode
+    assert any("ratio_park_decode_over_graph_decode_matched_context" in d for d in runs)
+    long = now[("gpt200m", 32768, 2)]
+    assert len(long) == 2
+    for d in long:
+        assert all(d["modes"][m]["measured_steps"] >= 3 for m in ("park", "drain", "sync"))
+        assert {"ratio_park_over_drain", "ratio_park_over_sync"} <= set(d)
     assert all(d.get("commit") not in commits for rs in old.values() for d in rs)
     assert ("gpt200m", 32768, 2) in old
 

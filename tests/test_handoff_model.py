@@ -47,6 +47,27 @@ def test_the_model_decodes_as_many_requests_as_the_gpu_did_in_each_mode(workload
         assert abs(r.buffer_growth) <= hm.MAX_BUFFER_GROWTH, mode
 
 
+def test_a_drain_whose_handoff_wins_the_race_with_the_collector_drains_nothing_then_two_batches(workload):
+    """The b1df85d run's drain was faster than both earlier runs (5.64 against 4.65 samples/s): one of its three
+    measured handoffs drained nothing (its draining time is its other two handoffs' to the tenth of a second), so
+    the trainer went first while its next batch was already buffered, and the next generation admitted two
+    batches' worth. The model's ``drain-hold`` is that outcome at every such handoff: a measured step that makes
+    no sample, more requests decoding, and a rate the mixed run lies between."""
+    shape, baseline, seed = workload
+    row = json.loads((RUNS / "2026-12-02-h200-reasoning-cut8192-park-drain-b1df85d.json").read_text())["modes"]["drain"]
+    handoffs_s = row["draining_share"] * row["measured_s"]
+    assert handoffs_s - (row["handoff_p50_ms"] + row["handoff_max_ms"]) / 1e3 == pytest.approx(0.0, abs=0.1)
+    assert row["step_samples_per_s"]["min"] == 0.0
+    s = replace(shape, max_tokens=8192, max_trajectory_age_steps=2)
+    timing = _timing(baseline, s, seed)
+    drain = hm.run_mode("drain", s, timing, seed=seed, warmup=1, steps=3)
+    hold = hm.run_mode("drain-hold", s, timing, seed=seed, warmup=1, steps=3)
+    assert all(r.made > 0 for r in drain) and any(r.made == 0 and r.waiting_s == 0 for r in hold)
+    a, b = hm.summarize("drain", drain), hm.summarize("drain-hold", hold)
+    assert b.mean_decoding > 2 * a.mean_decoding and abs(b.buffer_growth) <= hm.MAX_BUFFER_GROWTH
+    assert a.samples_per_s < row["samples_per_s"] < b.samples_per_s
+
+
 def test_the_step_table_follows_the_decode_context(workload):
     """At the second context the table is that context's rows; at a longer one, further along the same line."""
     shape, baseline, seed = workload
@@ -108,7 +129,7 @@ def test_the_command_runs_its_smoke_point_and_refuses_bad_options(tmp_path, caps
     data = json.loads(out.read_text())
     assert data["note"].startswith("a model, not a measurement") and len(data["points"]) == 1
     point = data["points"][0]
-    assert set(point["modes"]) == {"park", "drain", "sync"} and "model_park_over_sync" in point
+    assert set(point["modes"]) == set(hm.MODES) and "model_park_over_sync" in point
     assert point["shape"]["max_tokens"] == 2048 and "seed" in point and len(point["modes"]["park"]["steps"]) == 4
     assert "a model, not a measurement" in capsys.readouterr().out
     bad_shape = tmp_path / "bad.json"
