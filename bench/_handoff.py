@@ -376,19 +376,20 @@ def add_ratios(out: dict[str, Any]) -> None:
     no_ratio: dict[str, str] = {}
     for k in [k for k in out if k.startswith("ratio_park_")]:
         del out[k]  # recomputed from the rows as they are now
-    for other in ("sync", "drain", "abort"):
+    for other in ("sync", "drain", "abort", "drain-hold"):
         if other not in modes:
             continue
+        name = f"park_over_{other.replace('-', '_')}"
         why = ratio_refusal("park", park) or ratio_refusal(other, modes[other])
         if why:
-            no_ratio[f"park_over_{other}"] = why
+            no_ratio[name] = why
             continue
         assert park is not None
-        out[f"ratio_park_over_{other}"] = park["samples_per_s"] / modes[other]["samples_per_s"]
-        out[f"ratio_park_over_{other}_cpu"] = park["samples_per_cpu_s"] / modes[other]["samples_per_cpu_s"]
+        out[f"ratio_{name}"] = park["samples_per_s"] / modes[other]["samples_per_s"]
+        out[f"ratio_{name}_cpu"] = park["samples_per_cpu_s"] / modes[other]["samples_per_cpu_s"]
         mine, theirs = park["per_round_samples_per_s"], modes[other]["per_round_samples_per_s"]
         if len(mine) >= 2 and len(mine) == len(theirs):
-            out[f"ratio_park_over_{other}_per_round"] = [a / b for a, b in zip(mine, theirs)]
+            out[f"ratio_{name}_per_round"] = [a / b for a, b in zip(mine, theirs)]
     graph = out.get("graph_decode", {})
     for suffix, rows in (("", graph.get("rows")), ("_matched_context", graph.get("rows_matched_context"))):
         if not rows:

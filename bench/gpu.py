@@ -144,6 +144,17 @@ STAGES: tuple[Stage, ...] = (
         smoke=SMOKE_HANDOFF,
     ),
     Stage(
+        "reasoning-8k-drain-hold",
+        "reasoning shape, cut 8,192: park, drain and drain-hold (drain whose collector starts nothing while the next "
+        "batch is ready, so the trainer's handoff wins its race with the collector; bench/handoff_model.py predicts "
+        "park/drain-hold 1.11-1.17); ~14 min: --detach",
+        _handoff(8192, "park,drain,drain-hold", "--no-graph-baseline"),
+        1200,
+        smoke=SMOKE_HANDOFF,
+        default=False,
+        long=True,
+    ),
+    Stage(
         "reasoning-8k-drain-sync",
         "reasoning shape, cut 8,192: drain and sync again (a second run of each beside an earlier park, for their "
         "spread), and the pure graph decode at the workload's contexts",

@@ -29,7 +29,7 @@ from typing import Any
 
 from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS, buffer_growth  # the bench's own rules
 
-MODES = ("park", "drain", "sync", "abort")
+MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key writes drain-hold as drain_hold
 
 Key = tuple[str, int, int]
 
@@ -187,7 +187,7 @@ def ratio_lines(d: dict[str, Any]) -> str:
             continue
         name = k[len("ratio_") :]
         if name.startswith("park_over_"):
-            other = name[len("park_over_") :]
+            other = name[len("park_over_") :].replace("_", "-")
             short = [
                 f"{m} has {r['measured_steps']}"
                 for m in ("park", other)
@@ -445,7 +445,7 @@ def plot(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> 
 
     keys = sorted(runs)
     fig, axes = plt.subplots(1, len(keys), figsize=(6.4 * len(keys), 4.4), squeeze=False)
-    colors = {"park": "#2a7ab9", "drain": "#d9822b", "sync": "#8c8c8c", "abort": "#b93a3a"}
+    colors = {"park": "#2a7ab9", "drain": "#d9822b", "sync": "#8c8c8c", "abort": "#b93a3a", "drain-hold": "#e0b04a"}
     for ax, key in zip(axes[0], keys):
         xs, labels = [], []
         for m in MODES:
@@ -490,7 +490,11 @@ def plot(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> 
             if k.startswith("ratio_park_over_")
             and not k.endswith(("_cpu", "_per_round"))
             and isinstance(v, float)
-            and all(_counted(d, r) for m in ("park", k[len("ratio_park_over_") :]) if (r := _measured(d, m)))
+            and all(
+                _counted(d, r)
+                for m in ("park", k[len("ratio_park_over_") :].replace("_", "-"))
+                if (r := _measured(d, m))
+            )
         ]
         ax.set_title(f"{model}, cut {cut:,}, max_age {age}\n{', '.join(ratios)}", fontsize=9)
         ax.set_ylabel("samples / s made in the measured window")

@@ -12,7 +12,12 @@ are built and warmed once (``bench/_rig.py``) and every mode runs its own
 * ``sync``: no collector: generate the whole batch (tail included), then train; the same lifecycle handoffs;
 * ``abort``: the peers' colocated async (``inflight="abort"`` on both): each handoff ends the requests in
   flight, and after it each is resubmitted as prompt + the tokens it had, re-prefilled under the new weights
-  (its row reports the requests ended and the KV tokens discarded and re-prefilled).
+  (its row reports the requests ended and the KV tokens discarded and re-prefilled);
+* ``drain-hold`` (only when named in ``--modes``): drain whose collector starts no rollout while the buffer
+  already holds the next step's batch (its ``admit`` hook, :data:`HOLD_ADMIT`). In ``drain`` two threads race
+  after each resume, the collector admitting and the trainer handing off; when the collector goes first the
+  handoff drains what it just admitted, tail included. ``drain-hold`` makes the trainer's handoff go first
+  whenever its batch is ready: that handoff drains nothing, and the next generation admits two batches' worth.
 
 What counts (a figure a user can reproduce): each mode runs ``--steps`` measured steps after its warm-up (park,
 drain and abort: ``--warmup`` steps, which fill their pipeline and their buffer; sync starts every step empty, so
@@ -91,11 +96,28 @@ from colo_fsm.adapters.megatron.model import MODEL_PRESETS  # noqa: E402
 from colo_fsm.adapters.megatron.trainer import Rollout  # noqa: E402
 from colo_fsm.collector.batch_order import ORDERS  # noqa: E402
 
-MODES = ("park", "drain", "sync", "abort")
+MODES = ("park", "drain", "sync", "abort", "drain-hold")
+DEFAULT_MODES = ("park", "drain", "sync", "abort")
+HOLD_ADMIT = "the collector starts a rollout only while the buffer holds less than one batch for the current version"
+"""What ``drain-hold`` adds to drain's ``admit`` hook (the lifecycle Generating): a user's drain loop can do the same."""
+
+
+def batch_is_waiting(buffer: Any, version: int) -> bool:
+    """True while ``buffer`` holds a whole step's batch for ``version``: what ``drain-hold`` starts no rollout on
+    (:data:`HOLD_ADMIT`)."""
+    return bool(buffer.ready(version) >= buffer.num_prompts_per_step)
+
+
+def policy_of(mode: str) -> str:
+    """The in-flight policy a mode runs its collector and engine with (``drain-hold`` is drain's)."""
+    return "drain" if mode == "drain-hold" else mode
+
+
 HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs
     "park/drain samples/s": "ratio_park_over_drain",
     "park/sync samples/s": "ratio_park_over_sync",
     "park/abort samples/s": "ratio_park_over_abort",
+    "park/drain-hold samples/s": "ratio_park_over_drain_hold",
 }
 
 
@@ -259,7 +281,7 @@ def run_mode(
     from colo_fsm.states.spec import State
 
     tok, engine = rig.tokenizer, rig.engine
-    engine.real.set_inflight("park" if mode == "sync" else mode)  # sync never suspends with requests in flight
+    engine.real.set_inflight("park" if mode == "sync" else policy_of(mode))  # sync never suspends with any in flight
     meter = Meter()
     made: list[tuple[float, int]] = []  # (completion time, samples) of every group the engine made
     target = tok.tokenize(tok.alphabet[0])[0]
@@ -322,6 +344,14 @@ def run_mode(
     buffer = collector = None
     if mode != "sync":
         buffer = ReplayBuffer(shape.num_prompts_per_step, shape.max_trajectory_age_steps, order=shape.buffer_order)
+        held = buffer
+
+        def admit() -> bool:  # no rollout starts between a handoff's first step and its pause_collector action
+            if holder["lc"].state is not State.GENERATING:
+                return False
+            # drain-hold (HOLD_ADMIT): nothing starts while the next batch is ready, so its handoff drains nothing
+            return mode != "drain-hold" or not batch_is_waiting(held, rig.weight_version())
+
         collector = AsyncCollector(
             rollout,
             prompt_stream(),
@@ -330,8 +360,8 @@ def run_mode(
             cap=InFlightCap(
                 shape.num_prompts_per_step, shape.max_trajectory_age_steps, samples_per_group=shape.samples_per_group
             ),
-            admit=lambda: holder["lc"].state is State.GENERATING,
-            inflight=mode,
+            admit=admit,
+            inflight=policy_of(mode),
             name=f"bench-{mode}",
         )
     lc = holder["lc"] = Lifecycle(
@@ -572,7 +602,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         "buffer_order": args.buffer_order,
     }
     shape = replace(shape, **{k: v for k, v in overrides.items() if v is not None})
-    modes = [m.strip() for m in (args.modes or ",".join(MODES)).split(",") if m.strip()]
+    modes = [m.strip() for m in (args.modes or ",".join(DEFAULT_MODES)).split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         ap.error(f"--modes: {bad or modes} not in {MODES}")
@@ -626,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": " ".join([Path(sys.executable).name, "bench/inflight_handoff.py", *(argv or sys.argv[1:])]),
             "commit": git_commit(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            **({"drain_hold_admission": HOLD_ADMIT} if "drain-hold" in modes else {}),
             "machine": {
                 "python": platform.python_version(),
                 "torch": torch.__version__,
@@ -738,7 +769,7 @@ def print_table(out: dict[str, Any]) -> None:
         ("mean_running", "{:.0f}"),
     ]
     print()
-    print("  ".join(f"{c:>19}" if i else f"{c:<6}" for i, (c, _) in enumerate(cols)))
+    print("  ".join(f"{c:>19}" if i else f"{c:<10}" for i, (c, _) in enumerate(cols)))
     for m, r in results.items():
         values = {
             **r,
@@ -747,7 +778,7 @@ def print_table(out: dict[str, Any]) -> None:
             "mean_running": r["mean_running_requests"],
         }
         cells = [m] + [fmt.format(values[c]) for c, fmt in cols[1:]]
-        print("  ".join(f"{x:>19}" if i else f"{x:<6}" for i, x in enumerate(cells)))
+        print("  ".join(f"{x:>19}" if i else f"{x:<10}" for i, x in enumerate(cells)))
     print()
     for k, v in out.items():
         if k.startswith("ratio_") and not k.endswith("_cpu") and isinstance(v, float):
