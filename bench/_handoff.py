@@ -389,7 +389,9 @@ def add_ratios(out: dict[str, Any]) -> None:
         out[f"ratio_{name}_cpu"] = park["samples_per_cpu_s"] / modes[other]["samples_per_cpu_s"]
         mine, theirs = park["per_round_samples_per_s"], modes[other]["per_round_samples_per_s"]
         if len(mine) >= 2 and len(mine) == len(theirs):
-            out[f"ratio_{name}_per_round"] = [a / b for a, b in zip(mine, theirs)]
+            # a round whose window made nothing (e.g. a drain-hold round cut after a step that drained nothing) has
+            # no ratio: None, not a division by zero in the middle of a run
+            out[f"ratio_{name}_per_round"] = [a / b if b > 0 else None for a, b in zip(mine, theirs)]
     graph = out.get("graph_decode", {})
     for suffix, rows in (("", graph.get("rows")), ("_matched_context", graph.get("rows_matched_context"))):
         if not rows:

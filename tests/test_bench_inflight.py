@@ -185,6 +185,10 @@ def test_ratios_compare_park_with_the_graph_decode_at_its_concurrency():
     assert out["ratio_park_decode_over_graph_decode"] == pytest.approx(0.7)
     assert out["graph_decode_matched_context_batch"] == 128
     assert out["ratio_park_decode_over_graph_decode_matched_context"] == pytest.approx(14000 / 16000)
+    out["modes"]["sync"] = {**row, "per_round_samples_per_s": [2.0, 0.0]}  # a round that made nothing
+    out["modes"]["park"]["per_round_samples_per_s"] = [6.0, 5.0]
+    add_ratios(out)
+    assert out["ratio_park_over_sync_per_round"] == [3.0, None]
     out["modes"]["park"]["measured_steps"] = 2  # below the rule: neither decode ratio, each says why
     add_ratios(out)
     assert not [k for k in out if k.startswith("ratio_park_decode")]
