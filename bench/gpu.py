@@ -90,6 +90,11 @@ def _handoff(
     )
 
 
+def _detached(name: str, what: str, argv: tuple[str, ...], timeout_s: int) -> Stage:
+    """A handoff stage longer than one 10-minute remote call: run only when named, with --detach, then --wait."""
+    return Stage(name, what, argv, timeout_s, smoke=SMOKE_HANDOFF, default=False, long=True)
+
+
 STAGES: tuple[Stage, ...] = (
     Stage(
         "tests",
@@ -119,15 +124,12 @@ STAGES: tuple[Stage, ...] = (
         360,
         smoke=("--collect-only",),
     ),
-    Stage(
+    _detached(
         "reasoning-8k",
         "reasoning shape, cut 8,192: park, drain, sync and abort on one engine built once (each after its warm-up), "
         "and the pure graph decode; ~16 min: --detach",
         _handoff(8192, "park,drain,sync,abort"),
         1500,
-        smoke=SMOKE_HANDOFF,
-        default=False,
-        long=True,
     ),
     Stage(
         "reasoning-8k-park-abort",
@@ -143,16 +145,13 @@ STAGES: tuple[Stage, ...] = (
         600,
         smoke=SMOKE_HANDOFF,
     ),
-    Stage(
+    _detached(
         "reasoning-8k-drain-hold",
         "reasoning shape, cut 8,192: park, drain and drain-hold (drain whose collector starts nothing while the next "
         "batch is ready, so the trainer's handoff wins its race with the collector; bench/handoff_model.py predicts "
         "park/drain-hold 1.11-1.17); ~14 min: --detach",
         _handoff(8192, "park,drain,drain-hold", "--no-graph-baseline"),
         1200,
-        smoke=SMOKE_HANDOFF,
-        default=False,
-        long=True,
     ),
     Stage(
         "reasoning-8k-drain-sync",
@@ -170,23 +169,17 @@ STAGES: tuple[Stage, ...] = (
         600,
         smoke=SMOKE_HANDOFF,
     ),
-    Stage(
+    _detached(
         "reasoning-32k",
         "reasoning shape, cut 32,768: park, drain and sync (where drain's tail grows); ~16 min: --detach",
         _handoff(32768, "park,drain,sync", "--no-graph-baseline"),
         2400,
-        smoke=SMOKE_HANDOFF,
-        default=False,
-        long=True,
     ),
-    Stage(
+    _detached(
         "reasoning-32k-park-sync",
         "reasoning shape, cut 32,768: park and sync only (drain's figure is the long one); ~10 min: --detach",
         _handoff(32768, "park,sync", "--no-graph-baseline"),
         1200,
-        smoke=SMOKE_HANDOFF,
-        default=False,
-        long=True,
     ),
     Stage(
         "reasoning-8k-deadline",
@@ -195,15 +188,12 @@ STAGES: tuple[Stage, ...] = (
         600,
         smoke=SMOKE_HANDOFF,
     ),
-    Stage(
+    _detached(
         "reasoning-32k-deadline",
         "park (buffer in deadline order) and sync at cut 32,768, where a long rollout at the head holds a step; "
         "~9 min: --detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", order="deadline"),
         1200,
-        smoke=SMOKE_HANDOFF,
-        default=False,
-        long=True,
     ),
     Stage(
         "reasoning-8k-age1",
@@ -212,26 +202,20 @@ STAGES: tuple[Stage, ...] = (
         600,
         smoke=SMOKE_HANDOFF,
     ),
-    Stage(
+    _detached(
         "reasoning-8k-age4",
         "park and drain at --max-age 4: 4 warm-up steps, 6 measured (bench/handoff_model.py: after one, park's "
         "3-step window makes 42% fewer samples than it trains; 4 + 6 is steady for each of 4 seeds); ~15 min: --detach",
         _handoff(8192, "park,drain", "--no-graph-baseline", "--warmup", "4", age=4, steps=6),
         1500,
-        smoke=SMOKE_HANDOFF,
-        default=False,
-        long=True,
     ),
-    Stage(
+    _detached(
         "reasoning-32k-age4",
         "park and sync at cut 32,768 with --max-age 4: a wider admission window, so more of it decodes at long "
         "tails; 4 warm-up steps, 6 measured (bench/handoff_model.py: steady for 3 of 4 seeds, the bench's among "
         "them); ~15 min: --detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", "--warmup", "4", age=4, steps=6),
         1500,
-        smoke=SMOKE_HANDOFF,
-        default=False,
-        long=True,
     ),
     Stage(
         "reasoning-8k-gpt1b",
