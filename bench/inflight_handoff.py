@@ -14,7 +14,7 @@ are built and warmed once (``bench/_rig.py``) and every mode runs its own
   flight, and after it each is resubmitted as prompt + the tokens it had, re-prefilled under the new weights
   (its row reports the requests ended and the KV tokens discarded and re-prefilled);
 * ``drain-hold`` (only when named in ``--modes``): drain whose collector starts no rollout while the buffer
-  already holds the next step's batch (its ``admit`` hook, :data:`HOLD_ADMIT`). In ``drain`` two threads race
+  already holds the next step's batch (``AsyncCollector(hold_while_batch_waits=True)``, :data:`HOLD_ADMIT`). In ``drain`` two threads race
   after each resume, the collector admitting and the trainer handing off; when the collector goes first the
   handoff drains what it just admitted, tail included. ``drain-hold`` makes the trainer's handoff go first
   whenever its batch is ready: that handoff drains nothing, and the next generation admits two batches' worth.
@@ -99,13 +99,7 @@ from colo_fsm.collector.batch_order import ORDERS  # noqa: E402
 MODES = ("park", "drain", "sync", "abort", "drain-hold")
 DEFAULT_MODES = ("park", "drain", "sync", "abort")
 HOLD_ADMIT = "the collector starts a rollout only while the buffer holds less than one batch for the current version"
-"""What ``drain-hold`` adds to drain's ``admit`` hook (the lifecycle Generating): a user's drain loop can do the same."""
-
-
-def batch_is_waiting(buffer: Any, version: int) -> bool:
-    """True while ``buffer`` holds a whole step's batch for ``version``: what ``drain-hold`` starts no rollout on
-    (:data:`HOLD_ADMIT`)."""
-    return bool(buffer.ready(version) >= buffer.num_prompts_per_step)
+"""What ``drain-hold`` adds to drain: ``AsyncCollector(hold_while_batch_waits=True)``."""
 
 
 def policy_of(mode: str) -> str:
@@ -344,14 +338,6 @@ def run_mode(
     buffer = collector = None
     if mode != "sync":
         buffer = ReplayBuffer(shape.num_prompts_per_step, shape.max_trajectory_age_steps, order=shape.buffer_order)
-        held = buffer
-
-        def admit() -> bool:  # no rollout starts between a handoff's first step and its pause_collector action
-            if holder["lc"].state is not State.GENERATING:
-                return False
-            # drain-hold (HOLD_ADMIT): nothing starts while the next batch is ready, so its handoff drains nothing
-            return mode != "drain-hold" or not batch_is_waiting(held, rig.weight_version())
-
         collector = AsyncCollector(
             rollout,
             prompt_stream(),
@@ -360,8 +346,9 @@ def run_mode(
             cap=InFlightCap(
                 shape.num_prompts_per_step, shape.max_trajectory_age_steps, samples_per_group=shape.samples_per_group
             ),
-            admit=admit,
+            admit=lambda: holder["lc"].state is State.GENERATING,
             inflight=policy_of(mode),
+            hold_while_batch_waits=mode == "drain-hold",  # HOLD_ADMIT
             name=f"bench-{mode}",
         )
     lc = holder["lc"] = Lifecycle(

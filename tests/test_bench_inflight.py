@@ -60,23 +60,6 @@ def test_reasoning_smoke_writes_every_mode_and_the_ratios_on_one_engine(tmp_path
         )
     assert data["modes"]["drain-hold"]["warmup_steps"] == 1 and "starts a rollout only" in data["drain_hold_admission"]
     assert "drain-hold" not in inflight_handoff.DEFAULT_MODES
-
-
-def test_drain_hold_starts_no_rollout_while_the_next_batch_waits_in_the_buffer():
-    """The admission ``drain-hold`` adds to drain: with a whole batch ready for the current version nothing starts
-    (so the trainer's handoff finds nothing to drain); one group short of it, or once the batch is taken, it does."""
-    from colo_fsm.adapters.protocols import Completion
-    from colo_fsm.collector import ReplayBuffer, TrajectoryGroup
-
-    buffer = ReplayBuffer(num_prompts_per_step=2, max_trajectory_age_steps=2)
-    done = Completion(text="", token_ids=(), weight_version=0)
-    tickets = [buffer.reserve(0) for _ in range(3)]
-    for i, ticket in enumerate(tickets[:2]):
-        assert not inflight_handoff.batch_is_waiting(buffer, 0)
-        assert buffer.put(TrajectoryGroup(f"p{i}", "", (done,), (0.0,), 0), ticket=ticket)
-    assert inflight_handoff.batch_is_waiting(buffer, 0)  # a whole batch waits: drain-hold admits nothing
-    assert len(buffer.sample(0, timeout=0)) == 2
-    assert not inflight_handoff.batch_is_waiting(buffer, 1)  # taken: admission opens again
     assert inflight_handoff.policy_of("drain-hold") == "drain" and inflight_handoff.policy_of("park") == "park"
 
 

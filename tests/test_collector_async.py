@@ -346,6 +346,46 @@ def test_admit_predicate_holds_back_new_rollouts() -> None:
         collector.close()
 
 
+def _until(condition, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_hold_while_batch_waits_starts_nothing_until_the_trainer_takes_the_batch(hold: bool) -> None:
+    """With the trainer's next batch in the buffer a held collector starts nothing (a drain handoff would have to
+    wait for it), however many turns its loop takes (counted through the admit hook, which each turn asks first);
+    once the batch is taken it starts again. Without the hold the same turns start rollouts."""
+    turns = [0]
+
+    def admit() -> bool:
+        turns[0] += 1
+        return True
+
+    buffer = ReplayBuffer(num_prompts_per_step=2, max_trajectory_age_steps=2)  # room for 6 groups
+    done = Completion(text="", token_ids=(), weight_version=0)
+    for i in range(2):  # the next batch, already made
+        assert buffer.put(TrajectoryGroup(f"made{i}", "", (done,), (0.0,), 0), ticket=buffer.reserve(0))
+    collector = AsyncCollector(
+        Probe([0], 0.0), prompts(), buffer, lambda: 0, cap=2, admit=admit, hold_while_batch_waits=hold
+    )
+    try:
+        collector.resume()
+        _until(lambda: turns[0] >= 25, "25 turns of the collector's loop")
+        if not hold:
+            assert collector.stats().started > 0, "the control: an unheld collector starts with a batch waiting"
+            return
+        assert collector.stats().started == 0, "a held collector started a rollout with a batch waiting"
+        assert [g.prompt_id for g in buffer.sample(0, timeout=10)] == ["made0", "made1"]
+        _until(lambda: collector.stats().started > 0, "a start once the batch was taken")
+    finally:
+        collector.close()
+    with pytest.raises(ConfigError, match="hold_while_batch_waits"):
+        AsyncCollector(Probe([0]), prompts(), buffer, lambda: 0, hold_while_batch_waits="yes")  # type: ignore[arg-type]
+
+
 def check_version_stamp(collector_class: type[AsyncCollector] = AsyncCollector) -> None:
     """A rollout whose samples carry no per-token versions, started at weight version 3 and finished at 5 (the
     version moves while it is held), is stamped 3 (its oldest: its age counts from there) and 5 (its newest)."""
