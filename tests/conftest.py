@@ -1,5 +1,6 @@
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,6 +54,12 @@ RAY = frozenset({"test_guards_drain", "test_ray_control", "test_ray_megatron", "
 SPREAD = frozenset({"test_docs_blocks", "test_faults", "test_mutants"})
 
 
+# The longest single tests (a page's loops five times under a CPU hog; 2-5 min for docs/embedding.md on a busy
+# 2-core machine): scheduled first. xdist hands out the groups with the most tests first, so these one-test groups
+# came last, and one worker ran docs/embedding.md's alone at the end while the other was idle.
+FIRST = ("tests/test_docs_blocks.py::test_page_loops_run_five_times_under_load",)
+
+
 def xdist_group(stem: str, nodeid: str) -> str:
     """The pytest-xdist group of a test of module ``stem``: "ray", the test itself in a SPREAD module, else its
     module."""
@@ -67,6 +74,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # `make test` runs two workers with --dist loadgroup: a module stays on one worker (its module fixtures are
         # built once), and the Ray modules share one worker (and one cluster)
         item.add_marker(pytest.mark.xdist_group(xdist_group(stem, item.nodeid)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadgroup`` by the groups above. pytest-xdist 3.8 reads the xdist_group marks on the worker and
+    appends the group to ``item._nodeid``, which pytest 9.2 no longer has (a node keeps its id in ``_id``): the
+    suffix never reached the scheduler and every test was scheduled on its own, a module's fixtures built on both
+    workers and a Ray cluster started on each. The scheduler here groups the node ids itself
+    (tests/test_make_check.py::test_loadgroup_keeps_a_module_on_one_worker)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleGroupScheduling(LoadGroupScheduling):
+        def _assign_work_unit(self, node: Any) -> None:
+            # the scopes of FIRST go out before the rest (xdist orders the others by their number of tests)
+            for scope in [s for s in self.workqueue if s.startswith(FIRST)][::-1]:
+                self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            if scope != nodeid:  # a group xdist did append to the node id
+                return scope
+            return xdist_group(Path(nodeid.split("::", 1)[0]).stem, nodeid)
+
+    return ModuleGroupScheduling(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -70,10 +70,12 @@ def test_within_the_share_a_small_request_is_not_queued_behind_a_large_ones_choi
     waits behind its first choice only, not behind all twelve; lone requests keep their arrival order."""
     backend = GatedBackend()
     b = ContinuousBatcher(lambda: backend, max_active_requests=8, server_share=0.25)
-    b.start()
+    # every request queued before the loop starts: a loop already running could admit hog's turn 1 before small
+    # is submitted (it did once on a loaded machine), which is arrival order, not the rule under test
     hog = [b.submit([1], max_tokens=3, priority=Priority.SERVER, turn=t) for t in range(12)]
     small = b.submit([2], max_tokens=1, priority=Priority.SERVER)  # turn 0
     late = b.submit([3], max_tokens=1, priority=Priority.SERVER)  # turn 0, after small
+    b.start()
     backend.run_free()
     for h in (*hog, small, late):
         h.result(timeout=WAIT)

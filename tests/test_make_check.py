@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from collections import defaultdict
 from pathlib import Path
 
 from conftest import HEAVY
@@ -34,3 +37,24 @@ def test_make_test_runs_the_heavy_modules_too() -> None:
     test = _recipe("test")
     assert '-m "not slow and not gpu"' in test and "heavy" not in test
     assert "-j2 setup nemo-gym-venv" in test  # both venvs built side by side
+
+
+def test_loadgroup_keeps_a_module_on_one_worker() -> None:
+    """``make test``'s ``-n 2 --dist loadgroup`` schedules by tests/conftest.py's groups: every test of a module runs
+    on one worker (its module fixtures built once; the Ray modules share one worker and one cluster), here two
+    quick modules of many tests each, which plain load scheduling spreads over both workers."""
+    modules = ["tests/test_make_check.py", "tests/test_rules.py"]
+    args = ["-v", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-k", "not loadgroup", *modules]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    workers: dict[str, set[str]] = defaultdict(set)
+    for m in re.finditer(r"^\[(gw\d+)\] .*?PASSED (tests/\w+\.py)::", out.stdout, re.MULTILINE):
+        workers[m.group(2)].add(m.group(1))
+    assert set(workers) == set(modules), out.stdout[-3000:]
+    assert all(len(w) == 1 for w in workers.values()), dict(workers)

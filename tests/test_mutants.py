@@ -87,9 +87,18 @@ def test_the_nemo_rl_preset_survives_every_killer():
     assert kill_by_checker(control) is None
 
 
+# Mutants the hypothesis killer's drawn programs miss and a directed pass catches: their killer runs the directed
+# passes first. The same programs run in either order, each pass derandomized on its own, so a mutant is killed in
+# one order exactly when in the other; this only spares running all 600 drawn programs first (20-25 s each on a busy
+# 2-core machine). The others keep the drawn programs first: most are caught there sooner than the directed passes
+# (200 programs) would run.
+_DIRECTED_FIRST = frozenset({"in-flight-cap-ignores-actor", "nemo-early-stop-without-save"})
+
+
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_mutant_is_killed(mutant):
-    res = evaluate(mutant, killers=sorted(mutant.expected))
+    # the order of the hypothesis killer's passes changes only how soon it stops (the same programs run either way)
+    res = evaluate(mutant, killers=sorted(mutant.expected), directed_first=mutant.name in _DIRECTED_FIRST)
     assert not res.missing, f"{mutant.name} survived {res.missing}: {res.killed_by}"
     for killer in _NAMES_ITS_RULE.get(mutant.name, set()) | ({"properties"} & set(res.killed_by)):
         assert rule_in(res.killed_by[killer]) is mutant.breaks, (killer, res.killed_by[killer][:300])

@@ -986,8 +986,14 @@ def kill_by_checker(m: Mutant, ranks: Sequence[int] = (2, 3)) -> str | None:
     return None
 
 
-def kill_by_hypothesis(m: Mutant, max_examples: int = 500) -> str | None:
-    """The first failing program the lifecycle machine finds (no shrinking, derandomized), or None."""
+def kill_by_hypothesis(m: Mutant, max_examples: int = 500, *, directed_first: bool = False) -> str | None:
+    """The first failing program the lifecycle machine finds (no shrinking, derandomized), or None.
+
+    ``directed_first``: run the :data:`DIRECTED_PASSES` before the drawn programs instead of after them. The same
+    programs run either way (each pass is derandomized, independent of the others) and the killer stops at the
+    first failing one, so a mutant is killed in one order exactly when it is in the other; only the evidence may
+    come from another pass. A mutant only a directed pass catches is caught without first running every drawn
+    program (tests/test_mutants.py)."""
     from hypothesis import HealthCheck, Phase, Verbosity, settings
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -1008,7 +1014,7 @@ def kill_by_hypothesis(m: Mutant, max_examples: int = 500) -> str | None:
         machine = m.machine()
         # the drawn programs, then programs whose every step validates (or saves): the paths behind a decision
         # that only some steps take (an early stop after a validation) come in every one of those
-        for fixed in ({}, *DIRECTED_PASSES):
+        for fixed in (*DIRECTED_PASSES, {}) if directed_first else ({}, *DIRECTED_PASSES):
             passes = settings(s, max_examples=max_examples if not fixed else DIRECTED_EXAMPLES)
             directed = type(machine.__name__, (machine,), {"fixed_options": fixed}) if fixed else machine
             run_state_machine_as_test(directed, settings=passes)
@@ -1146,13 +1152,22 @@ of them to be caught (about 10 s more for it; the others are caught sooner)."""
 
 
 def evaluate(
-    m: Mutant, killers: Iterable[str] = KILLERS, *, hypothesis_examples: int = HYPOTHESIS_EXAMPLES
+    m: Mutant,
+    killers: Iterable[str] = KILLERS,
+    *,
+    hypothesis_examples: int = HYPOTHESIS_EXAMPLES,
+    directed_first: bool = False,
 ) -> MutantResult:
-    """Run ``killers`` against ``m`` (the hypothesis killer with up to ``hypothesis_examples`` programs)."""
+    """Run ``killers`` against ``m`` (the hypothesis killer with up to ``hypothesis_examples`` programs, its
+    directed passes first with ``directed_first``: :func:`kill_by_hypothesis`)."""
     res = MutantResult(m.name, m.breaks.value if m.breaks else "-", expected=sorted(m.expected))
     for k in killers:
         t0 = time.perf_counter()
-        evidence = kill_by_hypothesis(m, hypothesis_examples) if k == "hypothesis" else _KILL[k](m)
+        evidence = (
+            kill_by_hypothesis(m, hypothesis_examples, directed_first=directed_first)
+            if k == "hypothesis"
+            else _KILL[k](m)
+        )
         res.seconds[k] = round(time.perf_counter() - t0, 3)
         if evidence is None:
             res.survived_by.append(k)
