@@ -28,12 +28,13 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from colo_fsm.adapters.protocols import Completion, TextGenerator
 from colo_fsm.collector.buffer import ReplayBuffer, Ticket, TrajectoryGroup, samples_versions
+from colo_fsm.collector.prompts import Prompt, as_prompts
 from colo_fsm.errors import ConfigError, LifecycleError, RolloutDeferred, RolloutFailed, WaitTimeout
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.log import get_logger
@@ -63,36 +64,8 @@ _CANCEL_WAIT_S = 5.0
 """How long close() gives the rollouts it cancelled to end before the collector's event loop closes."""
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt to roll out: a stable id, the text, and free-form metadata (e.g. the reference answer)."""
-
-    prompt_id: str
-    text: str
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.prompt_id, str) or not self.prompt_id:
-            raise ConfigError("prompt_id", self.prompt_id, "a non-empty string")
-        if not isinstance(self.text, str):
-            raise ConfigError("text", self.text, "a string")
-
-
 RolloutFn = Callable[[Prompt], TrajectoryGroup] | Callable[[Prompt], Awaitable[TrajectoryGroup]]
 """Prompt in, trajectory group out (sync or async). Its ``weight_version``/``target_step`` are set by the collector."""
-
-
-def as_prompts(items: Iterable[Prompt | str | tuple[str, str]]) -> Iterator[Prompt]:
-    """Prompts from :class:`Prompt` objects, ``(prompt_id, text)`` pairs or plain strings (ids ``p0, p1, ...``)."""
-    for n, item in enumerate(items):
-        if isinstance(item, Prompt):
-            yield item
-        elif isinstance(item, str):
-            yield Prompt(f"p{n}", item)
-        elif isinstance(item, tuple) and len(item) == 2:
-            yield Prompt(str(item[0]), item[1])
-        else:
-            raise ConfigError(f"prompts[{n}]", item, "a Prompt, a str or a (prompt_id, text) pair")
 
 
 class TextRollout:
