@@ -365,6 +365,17 @@ def buffer_growth(row: dict[str, Any]) -> float | None:
     return (made - trained) / trained
 
 
+def ratio_name(other: str) -> str:
+    """The ratio of park over mode ``other`` as JSON keys spell it: ``park_over_drain_hold`` for ``drain-hold``."""
+    return f"park_over_{other.replace('-', '_')}"
+
+
+def mode_of_ratio(name: str) -> str:
+    """The mode a ``park_over_...`` ratio name (or ``ratio_park_over_...`` key) divides by: :func:`ratio_name`'s
+    inverse."""
+    return name.split("park_over_", 1)[1].replace("_", "-")
+
+
 def add_ratios(out: dict[str, Any]) -> None:
     """Park against each other mode in samples/s (and samples per CPU-second), and park's decode tokens/s against
     the pure graph decode at the batch nearest park's mean concurrency (which then becomes
@@ -379,7 +390,7 @@ def add_ratios(out: dict[str, Any]) -> None:
     for other in ("sync", "drain", "abort", "drain-hold"):
         if other not in modes:
             continue
-        name = f"park_over_{other.replace('-', '_')}"
+        name = ratio_name(other)
         why = ratio_refusal("park", park) or ratio_refusal(other, modes[other])
         if why:
             no_ratio[name] = why
@@ -464,8 +475,10 @@ __all__ = [
     "direct_engine",
     "git_commit",
     "graph_decode_baseline",
+    "mode_of_ratio",
     "mode_unavailable",
     "pct",
+    "ratio_name",
     "ratio_refusal",
     "release_model_graphs",
     "spread",

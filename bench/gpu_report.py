@@ -27,9 +27,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS, buffer_growth  # the bench's own rules
+from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS, buffer_growth, mode_of_ratio  # the bench's own rules
 
-MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key writes drain-hold as drain_hold
+MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key spells drain-hold drain_hold (ratio_name)
 
 Key = tuple[str, int, int]
 
@@ -187,7 +187,7 @@ def ratio_lines(d: dict[str, Any]) -> str:
             continue
         name = k[len("ratio_") :]
         if name.startswith("park_over_"):
-            other = name[len("park_over_") :].replace("_", "-")
+            other = mode_of_ratio(name)
             short = [
                 f"{m} has {r['measured_steps']}"
                 for m in ("park", other)
@@ -490,11 +490,7 @@ def plot(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> 
             if k.startswith("ratio_park_over_")
             and not k.endswith(("_cpu", "_per_round"))
             and isinstance(v, float)
-            and all(
-                _counted(d, r)
-                for m in ("park", k[len("ratio_park_over_") :].replace("_", "-"))
-                if (r := _measured(d, m))
-            )
+            and all(_counted(d, r) for m in ("park", mode_of_ratio(k)) if (r := _measured(d, m)))
         ]
         ax.set_title(f"{model}, cut {cut:,}, max_age {age}\n{', '.join(ratios)}", fontsize=9)
         ax.set_ylabel("samples / s made in the measured window")

@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import inflight_handoff  # noqa: E402
-from bench._handoff import add_ratios  # noqa: E402
+from bench._handoff import add_ratios, ratio_name  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +55,7 @@ def test_reasoning_smoke_writes_every_mode_and_the_ratios_on_one_engine(tmp_path
     abort = data["modes"]["abort"]
     assert abort["samples_per_s"] > 0 and abort["inflight_stats"]["ended"] >= 0
     for other in ("sync", "drain", "drain-hold"):
-        assert data[f"ratio_park_over_{other.replace('-', '_')}"] == pytest.approx(
+        assert data[f"ratio_{ratio_name(other)}"] == pytest.approx(
             data["modes"]["park"]["samples_per_s"] / data["modes"][other]["samples_per_s"]
         )
     assert data["modes"]["drain-hold"]["warmup_steps"] == 1 and "starts a rollout only" in data["drain_hold_admission"]
