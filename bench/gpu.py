@@ -154,6 +154,15 @@ STAGES: tuple[Stage, ...] = (
         1200,
     ),
     Stage(
+        "reasoning-8k-park-drain-hold",
+        "reasoning shape, cut 8,192: park and drain-hold only (drain's own runs are the earlier ones), side by side "
+        "on one engine; the short form of reasoning-8k-drain-hold",
+        _handoff(8192, "park,drain-hold", "--no-graph-baseline"),
+        600,
+        smoke=SMOKE_HANDOFF,
+        default=False,
+    ),
+    Stage(
         "reasoning-8k-drain-sync",
         "reasoning shape, cut 8,192: drain and sync again (a second run of each beside an earlier park, for their "
         "spread), and the pure graph decode at the workload's contexts",
