@@ -176,6 +176,51 @@ def test_park_pause_returns_at_once_and_parked_rollouts_land_after_the_step() ->
         collector.close()
 
 
+@pytest.mark.parametrize("paused_at_end", [True, False])
+def test_a_collector_told_its_version_at_resume_still_sees_a_parked_samples_newer_weights(paused_at_end: bool) -> None:
+    """The Ray collector actor learns the weight version only at its own resume, which the spec orders after the
+    engine's: a parked rollout can finish in between, one sample generated under the new weights. Forced here:
+    the rollout ends while the collector is paused and still told the old version. Its group's newest version is
+    the sample's (1), not the stale read (0). The control: a stamp above the collector's read while collecting is
+    the rollout's own tag, and the read stands."""
+    told, engine = [0], [0]
+    started, awake = threading.Event(), threading.Event()
+
+    def rollout(prompt: Prompt) -> TrajectoryGroup:
+        first = Completion("a", (1,), engine[0])  # finished before the handoff
+        started.set()
+        assert awake.wait(30), "the test never resumed the engine"
+        second = Completion("b", (2,), engine[0])  # held at the engine's gate, generated after its resume
+        return TrajectoryGroup(prompt.prompt_id, prompt.text, (first, second), (1.0, 0.0), weight_version=0)
+
+    buffer = ReplayBuffer(num_prompts_per_step=1, max_trajectory_age_steps=2)
+    collector = AsyncCollector(rollout, iter(["p"]), buffer, lambda: told[0], cap=1)
+    try:
+        collector.resume()
+        assert started.wait(30), "the rollout never started"
+        if paused_at_end:
+            collector.pause()  # park
+        engine[0] = 1  # the training step wrote the weights; the engine resumes first
+        awake.set()
+        deadline = time.monotonic() + 30
+        while collector.in_flight and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert collector.in_flight == 0, "the rollout never finished"
+        told[0] = 1  # the collector's own resume, after the engine's
+        if paused_at_end:
+            collector.resume()
+        (group,) = buffer.sample(1, timeout=30)
+    finally:
+        awake.set()
+        collector.close(timeout=30)
+    assert [c.weight_version for c in group.samples] == [0, 1] and group.samples[0].weight_versions == ()
+    expected = 1 if paused_at_end else 0
+    assert (group.weight_version, group.newest_version) == (0, expected), (
+        f"tagged {group.weight_version}..{group.newest_version} with samples stamped 0 and 1, "
+        f"{'paused' if paused_at_end else 'collecting'} at the rollout's end"
+    )
+
+
 def test_park_pause_does_not_wait_for_a_stuck_rollout_but_drain_times_out() -> None:
     gate = threading.Event()
 

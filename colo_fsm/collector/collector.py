@@ -626,8 +626,10 @@ class AsyncCollector:
                 group = await loop.run_in_executor(self._pool, self.rollout, prompt)
             if not isinstance(group, TrajectoryGroup):
                 raise ConfigError("rollout result", type(group).__name__, "a TrajectoryGroup")
+            with self._cond:
+                paused_at_end = self._paused
             end_version = int(self._weight_version())
-            tagged = self._tag(group, version, end_version, ticket)
+            tagged = self._tag(group, version, end_version, ticket, paused_at_end=paused_at_end)
         except RolloutDeferred as exc:
             self._put_back(prompt, order, ticket, exc)
         except BaseException as exc:
@@ -714,21 +716,27 @@ class AsyncCollector:
         self._in_flight -= 1
         self._cond.notify_all()
 
-    def _tag(self, group: TrajectoryGroup, version: int, end_version: int, ticket: Ticket) -> TrajectoryGroup:
+    def _tag(
+        self, group: TrajectoryGroup, version: int, end_version: int, ticket: Ticket, *, paused_at_end: bool = False
+    ) -> TrajectoryGroup:
         """The group tagged with the versions that generated it and its target step.
 
         Samples that report per-token weight versions (the engine's record) are the truth: oldest and newest
         come from them. Otherwise the oldest is the oldest sample's stamp, kept within the versions read at the
         rollout's start and end (a rollout's own tag outside them is replaced), and the newest is the version
-        read at its end.
+        read at its end, or one more where a sample says so and the rollout ended while the collector was paused:
+        the spec resumes the engine before the collector, so a collector told its version only at its resume
+        (the Ray collector actor) sees parked rollouts finish under weights it has not heard of yet.
         """
         spanned = samples_versions(group.samples)
         if spanned is not None:
             oldest, newest = spanned
         else:
             lo, hi = min(version, end_version), max(version, end_version)
-            stamp = min(s.weight_version for s in group.samples)
-            oldest, newest = min(max(stamp, lo), hi), hi
+            stamps = [s.weight_version for s in group.samples]
+            oldest, newest = min(max(min(stamps), lo), hi), hi
+            if paused_at_end:
+                newest = max(hi, min(max(stamps), hi + 1))
         return group.with_version(oldest, ticket.target_step, newest)
 
     def _put_back(self, prompt: Prompt, order: int, ticket: Ticket, exc: RolloutDeferred) -> None:
