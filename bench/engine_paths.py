@@ -80,6 +80,8 @@ def compare(per_engine: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, 
             "coordinator_step_wall_ms": step_wall_ms(c),
             "direct_handoff_p50_ms": d.get("handoff_p50_ms", float("nan")),
             "coordinator_handoff_p50_ms": c.get("handoff_p50_ms", float("nan")),
+            "direct_decode_tokens_per_s": d.get("decode_tokens_per_s", float("nan")),
+            "coordinator_decode_tokens_per_s": c.get("decode_tokens_per_s", float("nan")),
         }
         row["ratio_samples_per_s"] = row["coordinator_samples_per_s"] / row["direct_samples_per_s"]
         row["ratio_step_wall_ms"] = row["coordinator_step_wall_ms"] / row["direct_step_wall_ms"]
@@ -142,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "engine_paths",
         "command": " ".join(["python3", "bench/engine_paths.py", *(argv if argv is not None else sys.argv[1:])]),
+        "commit": next((r.get("commit") for r in per_engine.values() if r.get("commit")), None),
+        "date": next((r.get("date") for r in per_engine.values() if r.get("date")), None),
         "engines": engines,
         "compare": table,
         "no_ratio": no_ratio,

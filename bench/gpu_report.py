@@ -350,19 +350,39 @@ def history_section(hist: dict[Key, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
+def _paths_decode(mode: str, row: dict[str, Any], d: dict[str, Any]) -> str:
+    """``; engine decode C vs D tokens/s`` from the comparison row, or from each engine's run (older JSON)."""
+    rates = []
+    for engine in ("coordinator", "direct"):
+        rate = row.get(f"{engine}_decode_tokens_per_s")
+        if rate is None:
+            rate = (((d.get("runs") or {}).get(engine) or {}).get("modes") or {}).get(mode, {}).get(
+                "decode_tokens_per_s"
+            )
+        if rate is None:
+            return ""
+        rates.append(float(rate))
+    return f"; engine decode {rates[0]:,.0f} vs {rates[1]:,.0f} tokens/s"
+
+
 def engine_paths_section(paths: list[tuple[Path, dict[str, Any]]]) -> list[str]:
     """Coordinator against direct, per mode, as the engine-path JSON gives it."""
     if not paths:
         return []
     lines = ["### The two engine paths (colo-fsm's direct batcher, megatron-core's coordinator loop)", ""]
     for path, d in paths:
-        lines.append(f"* `{path.name}`: commit `{d.get('commit') or '?'}`, `{d.get('command', '?')}`")
+        runs = [r for r in (d.get("runs") or {}).values() if isinstance(r, dict)]
+        commit = d.get("commit") or next((r.get("commit") for r in runs if r.get("commit")), None) or "?"
+        lines.append(f"* `{path.name}`: commit `{commit}`, `{d.get('command', '?')}`")
         for m, r in (d.get("compare") or {}).items():
             lines.append(
                 f"  * {m}: coordinator {r['coordinator_samples_per_s']:.2f} vs direct {r['direct_samples_per_s']:.2f} "
                 f"samples/s (**{r['ratio_samples_per_s']:.2f}x**, {r['coordinator_measured_steps']} and "
                 f"{r['direct_measured_steps']} measured steps); wall ms per engine step "
-                f"{r['coordinator_step_wall_ms']:.1f} vs {r['direct_step_wall_ms']:.1f}"
+                f"{r['coordinator_step_wall_ms']:.1f} vs {r['direct_step_wall_ms']:.1f}; handoff p50 "
+                f"{r.get('coordinator_handoff_p50_ms', float('nan')):.1f} vs "
+                f"{r.get('direct_handoff_p50_ms', float('nan')):.1f} ms"
+                + _paths_decode(m, r, d)
             )
         for m, why in (d.get("no_ratio") or {}).items():
             lines.append(f"  * {m}: no ratio ({why})")

@@ -219,6 +219,18 @@ def test_the_report_reads_the_committed_gpu_runs():
     assert ("gpt200m", 32768, 2) in old
 
 
+def test_the_report_shows_the_engine_paths_with_their_commit_steps_handoff_and_decode():
+    """The committed engine-path run (aaf3a49: park on both paths, 3 measured steps each) on the page: its commit
+    (read from the engines' runs, which older JSON keeps only there), both step counts, the handoff and the decode
+    rate of each path."""
+    paths = gpu_report.load(ROOT / "docs" / "gpu-runs")[1]
+    (line,) = [x for x in gpu_report.engine_paths_section(paths) if "engine-paths-reasoning-cut8192-park" in x]
+    assert "commit `aaf3a49`" in line
+    text = "\n".join(gpu_report.engine_paths_section(paths))
+    assert "park: coordinator 8.98 vs direct 8.05 samples/s (**1.11x**, 3 and 3 measured steps)" in text
+    assert "handoff p50 80.2 vs 11.3 ms; engine decode 10,905 vs 9,782 tokens/s" in text
+
+
 def test_the_report_shows_each_runs_graph_baseline_and_each_modes_decode_steps():
     """Both baselines of a run (its context and the workload's), batch by batch, and each mode's decode-only graph
     steps from its profile; a run without a baseline or a profile adds no row."""
