@@ -42,12 +42,17 @@ def _read_json(path: Path) -> Any:
 
 
 def is_handoff(path: Path, data: Any) -> bool:
-    """A run of ``bench/inflight_handoff.py`` on colo-fsm's direct engine (by its content, or its file name)."""
+    """A run of ``bench/inflight_handoff.py``, on either engine path (by its content, or its file name)."""
     if not isinstance(data, dict) or not isinstance(data.get("modes"), dict) or "shape" not in data:
         return False
-    if data.get("benchmark") != "inflight_handoff" and "inflight_handoff" not in path.name:
-        return False
-    return data.get("engine", "direct") == "direct"
+    return data.get("benchmark") == "inflight_handoff" or "inflight_handoff" in path.name
+
+
+def workload_model(data: dict[str, Any]) -> str:
+    """The model as a workload's heading names it: a run on megatron-core's coordinator loop is its own workload
+    (its figures are never pooled with the direct engine's)."""
+    engine = data.get("engine", "direct")
+    return str(data["model"]) if engine == "direct" else f"{data['model']} on the {engine} loop"
 
 
 def load(folder: Path, *, include_cpu: bool = False) -> tuple[dict[Key, list[dict[str, Any]]], list[tuple[Path, Any]]]:
@@ -65,7 +70,7 @@ def load(folder: Path, *, include_cpu: bool = False) -> tuple[dict[Key, list[dic
             continue
         shape = data["shape"]
         data["_file"] = path.name
-        runs[(data["model"], int(shape["max_tokens"]), int(shape["max_trajectory_age_steps"]))].append(data)
+        runs[(workload_model(data), int(shape["max_tokens"]), int(shape["max_trajectory_age_steps"]))].append(data)
     for key in runs:
         runs[key].sort(key=lambda d: (str(d.get("date") or ""), d["_file"]))
     return dict(runs), paths

@@ -170,6 +170,10 @@ def test_the_performance_page_is_the_json_and_nothing_else(tmp_path):
     _handoff_json(cpu / "inflight_handoff_reasoning_smoke.json", {"park": {}}, machine={"device": "cpu"})
     assert gpu_report.load(cpu)[0] == {}  # a CPU smoke run is no GPU figure
     assert list(gpu_report.load(cpu, include_cpu=True)[0]) == [("gpt200m", 8192, 2)]
+    _handoff_json(tmp_path / "coordinator.json", {"park": {"samples_per_s": 9.0}}, engine="coordinator")
+    runs = gpu_report.load(tmp_path)[0]  # the coordinator's run is its own workload, never in the direct median
+    assert [d["modes"]["park"]["samples_per_s"] for d in runs[("gpt200m on the coordinator loop", 8192, 2)]] == [9.0]
+    assert all(d.get("engine", "direct") == "direct" for d in runs[("gpt200m", 8192, 2)])
 
 
 def test_a_window_that_filled_its_buffer_is_no_steady_state_on_the_page(tmp_path):
