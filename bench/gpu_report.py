@@ -361,8 +361,8 @@ def _paths_decode(mode: str, row: dict[str, Any], d: dict[str, Any]) -> str:
     for engine in ("coordinator", "direct"):
         rate = row.get(f"{engine}_decode_tokens_per_s")
         if rate is None:
-            rate = (((d.get("runs") or {}).get(engine) or {}).get("modes") or {}).get(mode, {}).get(
-                "decode_tokens_per_s"
+            rate = (
+                (((d.get("runs") or {}).get(engine) or {}).get("modes") or {}).get(mode, {}).get("decode_tokens_per_s")
             )
         if rate is None:
             return ""
@@ -386,8 +386,7 @@ def engine_paths_section(paths: list[tuple[Path, dict[str, Any]]]) -> list[str]:
                 f"{r['direct_measured_steps']} measured steps); wall ms per engine step "
                 f"{r['coordinator_step_wall_ms']:.1f} vs {r['direct_step_wall_ms']:.1f}; handoff p50 "
                 f"{r.get('coordinator_handoff_p50_ms', float('nan')):.1f} vs "
-                f"{r.get('direct_handoff_p50_ms', float('nan')):.1f} ms"
-                + _paths_decode(m, r, d)
+                f"{r.get('direct_handoff_p50_ms', float('nan')):.1f} ms" + _paths_decode(m, r, d)
             )
         for m, why in (d.get("no_ratio") or {}).items():
             lines.append(f"  * {m}: no ratio ({why})")
