@@ -80,8 +80,8 @@ def compare(per_engine: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, 
             "coordinator_step_wall_ms": step_wall_ms(c),
             "direct_handoff_p50_ms": d.get("handoff_p50_ms", float("nan")),
             "coordinator_handoff_p50_ms": c.get("handoff_p50_ms", float("nan")),
-            "direct_decode_tokens_per_s": d.get("decode_tokens_per_s", float("nan")),
-            "coordinator_decode_tokens_per_s": c.get("decode_tokens_per_s", float("nan")),
+            "direct_engine_decode_tokens_per_s": d.get("engine_decode_tokens_per_s", float("nan")),
+            "coordinator_engine_decode_tokens_per_s": c.get("engine_decode_tokens_per_s", float("nan")),
         }
         row["ratio_samples_per_s"] = row["coordinator_samples_per_s"] / row["direct_samples_per_s"]
         row["ratio_step_wall_ms"] = row["coordinator_step_wall_ms"] / row["direct_step_wall_ms"]

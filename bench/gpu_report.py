@@ -356,14 +356,14 @@ def history_section(hist: dict[Key, list[dict[str, Any]]]) -> list[str]:
 
 
 def _paths_decode(mode: str, row: dict[str, Any], d: dict[str, Any]) -> str:
-    """``; engine decode C vs D tokens/s`` from the comparison row, or from each engine's run (older JSON)."""
+    """``; engine decode C vs D tokens/s`` (per second of Generating and Draining: the figure the graph baseline is
+    compared with) from the comparison row, or from each engine's run (older JSON)."""
     rates = []
     for engine in ("coordinator", "direct"):
-        rate = row.get(f"{engine}_decode_tokens_per_s")
+        rate = row.get(f"{engine}_engine_decode_tokens_per_s")
         if rate is None:
-            rate = (
-                (((d.get("runs") or {}).get(engine) or {}).get("modes") or {}).get(mode, {}).get("decode_tokens_per_s")
-            )
+            run = ((d.get("runs") or {}).get(engine) or {}).get("modes") or {}
+            rate = run.get(mode, {}).get("engine_decode_tokens_per_s")
         if rate is None:
             return ""
         rates.append(float(rate))

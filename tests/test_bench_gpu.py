@@ -232,7 +232,7 @@ def test_the_report_shows_the_engine_paths_with_their_commit_steps_handoff_and_d
     assert "commit `aaf3a49`" in line
     text = "\n".join(gpu_report.engine_paths_section(paths))
     assert "park: coordinator 8.98 vs direct 8.05 samples/s (**1.11x**, 3 and 3 measured steps)" in text
-    assert "handoff p50 80.2 vs 11.3 ms; engine decode 10,905 vs 9,782 tokens/s" in text
+    assert "handoff p50 80.2 vs 11.3 ms; engine decode 12,689 vs 11,220 tokens/s" in text
 
 
 def test_the_report_shows_each_runs_graph_baseline_and_each_modes_decode_steps():
