@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import inflight_handoff  # noqa: E402
-from bench._handoff import add_ratios, ratio_name  # noqa: E402
+from bench._handoff import add_ratios, ratio_name, ratio_refusal  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -74,9 +74,15 @@ def test_a_drain_measured_while_its_buffer_fills_gets_no_ratio(tmp_path, capsys)
     drain = data["modes"]["drain"]
     assert drain["measured_steps"] == 3 and drain["buffer_growth"] > 0.2
     assert "ratio_park_over_drain" not in data
+    drain_why = ratio_refusal("drain", drain)  # drain's own window is refused, whatever park's did
+    assert drain_why is not None and drain_why.startswith(
+        f"drain made {drain['fresh_samples']} samples and trained {drain['trained_samples']}"
+    )
+    assert "not in steady state" in drain_why
+    # the page names the first mode refused: park's window too may fill without a warm-up on a loaded machine
     why = data["no_ratio"]["park_over_drain"]
-    assert why.startswith(f"drain made {drain['fresh_samples']} samples and trained {drain['trained_samples']}")
-    assert "not in steady state" in why and "no ratio_park_over_drain: drain made" in capsys.readouterr().out
+    assert why in (ratio_refusal("park", data["modes"]["park"]), drain_why)
+    assert f"no ratio_park_over_drain: {why}" in capsys.readouterr().out
 
 
 def test_each_mode_records_the_engines_kinds_of_step_over_its_measured_window(tmp_path, monkeypatch):

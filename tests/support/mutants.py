@@ -332,8 +332,8 @@ def _end_version_collector() -> type[Any]:
     from colo_fsm.collector import AsyncCollector
 
     class EndVersion(AsyncCollector):
-        def _tag(self, group: Any, version: int, end_version: int, ticket: Any) -> Any:
-            tagged = super()._tag(group, version, end_version, ticket)
+        def _tag(self, group: Any, version: int, end_version: int, ticket: Any, **kwargs: Any) -> Any:
+            tagged = super()._tag(group, version, end_version, ticket, **kwargs)
             if any(s.weight_versions for s in group.samples):
                 return tagged
             return tagged.with_version(max(version, end_version), ticket.target_step, max(version, end_version))
