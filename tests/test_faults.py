@@ -95,9 +95,9 @@ def test_real_gloo_rank_dies_or_never_arrives_at_torch_barrier():
 
     The never-arrives world starts late (a loaded machine): rank 1's hang must still outlast rank 0's timeout,
     counted from when it begins, not from process start."""
-    import torch.multiprocessing as mp
+    from tests.support.procs import rank_context
 
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     timeout_s = 2.0
     procs = []

@@ -5,11 +5,11 @@ import socket
 import threading
 
 import pytest
-import torch.multiprocessing as mp
 
 from colo_fsm.errors import BarrierTimeout, ConfigError
 from colo_fsm.guards.barrier import SoloBarrier, ThreadBarrier, TorchBarrier
 from colo_fsm.guards.decision import LatchedDecision, broadcast_from_rank0
+from tests.support.procs import rank_context
 from tests.support.waits import get_or_fail
 
 
@@ -43,7 +43,7 @@ def _worker(rank: int, world: int, port: int, timeout_s: float, out) -> None:
 
 
 def _run(timeout_s: float):
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, 2, port, timeout_s, out)) for r in range(2)]
@@ -92,7 +92,7 @@ def test_the_barrier_holds_its_last_exchange_and_not_the_default_group(tmp_path)
     lands in interpreter shutdown: "terminate called without an active exception", seen in about one 2-rank run
     of eight before). The default group is looked up per call, so ``destroy_process_group`` really ends it and a
     barrier built before a re-init works on the new group."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     procs = [ctx.Process(target=_regroup_worker, args=(r, str(tmp_path), out)) for r in range(2)]
     for p in procs:
@@ -172,7 +172,7 @@ def test_a_live_silent_peer_times_out_at_the_barriers_own_deadline():
     """Plain and fingerprint barriers, absent rank 1 and rank 0: the waiting rank raises BarrierTimeout within
     the deadline + slack of arriving, naming state, rank and timeout; the late rank fails too (gloo closed
     the connections at the deadline) instead of passing on its peer's abandoned contribution."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     releases = [ctx.Event() for _ in SILENT_CASES]
     port = _free_port()

@@ -9,7 +9,6 @@ import tempfile
 import threading
 
 import pytest
-import torch.multiprocessing as mp
 
 from colo_fsm.errors import HandoffDivergence
 from colo_fsm.guards.barrier import SoloBarrier, ThreadBarrier, TorchBarrier
@@ -27,6 +26,7 @@ from colo_fsm.guards.fingerprint import (
 from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
 from colo_fsm.states.spec import State
 from colo_fsm.testing.fakes import Journal, ModalEngine, RecordingCollector, RecordingTrainer
+from tests.support.procs import rank_context
 from tests.support.waits import get_or_fail, join_or_fail
 
 CASES = ("padding", "weight_version", "save")
@@ -105,7 +105,7 @@ def _worker(rank: int, world: int, store: str, out) -> None:
 
 
 def _run(world: int) -> dict[tuple[int, int, str, str], tuple[str, object]]:
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     store = _rendezvous()
     procs = [ctx.Process(target=_worker, args=(r, world, store, out)) for r in range(world)]
@@ -278,7 +278,7 @@ def _field_worker(rank: int, store: str, out) -> None:
 
 @pytest.fixture(scope="module")
 def gloo_field_outcomes() -> dict[tuple[str, int], object]:
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     store = _rendezvous()
     procs = [ctx.Process(target=_field_worker, args=(r, store, out)) for r in range(2)]

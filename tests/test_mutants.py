@@ -132,7 +132,7 @@ def test_suite_mutant_is_killed(name):
     print(f"{name}: {evidence}")
 
 
-@pytest.mark.slow  # one spawn of three gloo ranks per mutant (about 15 s each on a busy 2-core machine)
+@pytest.mark.slow  # one start of three gloo ranks per mutant (tests/support/three_ranks.py)
 @pytest.mark.parametrize(
     "name",
     ["barrier-deadline-restarts-per-wait", "sigterm-not-agreed-across-ranks", "lockstep-follower-plans-its-own-step"],

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import multiprocessing as mp
 import os
 import socket
 import threading
@@ -23,6 +22,7 @@ from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.machine.trace import TraceRecord
 from colo_fsm.server import GatedEngine, gather_base_urls, overlaps
 from colo_fsm.testing.fakes import RecordingEngine, recording_adapters
+from tests.support.procs import rank_context
 
 SERVING = (State.GENERATING, State.VALIDATING)
 
@@ -210,7 +210,7 @@ def test_base_urls_gathered_across_dp_ranks_over_gloo() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     q = ctx.Queue()
     procs = [ctx.Process(target=_gather_rank, args=(r, port, q)) for r in range(2)]
     for p in procs:

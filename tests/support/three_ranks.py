@@ -1,7 +1,8 @@
-"""Three real gloo ranks (spawned processes) for the guards whose bugs two ranks cannot show.
+"""Three real gloo ranks (processes forked from tests/support/procs.py's fork server) for the guards whose bugs two
+ranks cannot show.
 
-One spawn runs every case, each on a process group of its own, and the test process orders the ranks' arrivals
-(each rank waits for the test's signal before it enters; never a sleep inside a rank):
+One start of the three runs every case, each on a process group of its own, and the test process orders the ranks'
+arrivals (each rank waits for the test's signal before it enters; never a sleep inside a rank):
 
 * ``lockstep``: :class:`~colo_fsm.adapters.lockstep.TorchLockstep` over three ranks: every follower passes a plan of
   its own and must get the leader's back (with the requests it carries);
@@ -157,11 +158,11 @@ class _Inbox:
 
 
 def run_three_ranks(mutants: Iterable[str] = ()) -> dict[str, dict[int, Any]]:
-    """Spawn the three ranks, order the barrier case's arrivals, and collect every case's reports:
+    """Start the three ranks, order the barrier case's arrivals, and collect every case's reports:
     ``{case: {rank: (kind, payload) or None}}`` (None: nothing came within the bound)."""
-    import torch.multiprocessing as mp
+    from tests.support.procs import rank_context
 
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     go = {1: ctx.Event(), 2: ctx.Event()}
     port = _free_port()
