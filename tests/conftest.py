@@ -56,8 +56,25 @@ SPREAD = frozenset({"test_docs_blocks", "test_faults", "test_mutants"})
 
 # The longest single tests (a page's loops five times under a CPU hog; 2-5 min for docs/embedding.md on a busy
 # 2-core machine): scheduled first. xdist hands out the groups with the most tests first, so these one-test groups
-# came last, and one worker ran docs/embedding.md's alone at the end while the other was idle.
-FIRST = ("tests/test_docs_blocks.py::test_page_loops_run_five_times_under_load",)
+# came last, and one worker ran docs/embedding.md's alone at the end while the other was idle. After them, in this
+# order, the other groups of one long test (5-20 s each), which came last too: the suite then ends on short ones
+# (the other pages, the thread-rank faults, the mutants), and the two workers finish within seconds of each other.
+# An entry names a group (a module's stem, or a SPREAD test's node id) or, without its parameters, a test's
+# parametrized groups.
+FIRST = (
+    "tests/test_docs_blocks.py::test_page_loops_run_five_times_under_load",
+    "tests/test_docs_blocks.py::test_page_blocks_run[docs/embedding.md]",
+    "tests/test_faults.py::test_real_gloo_rank_dies_or_never_arrives_at_torch_barrier",
+    "test_server_chaos",
+    "test_megatron_bridge",
+    "test_server_nemo_gym",
+    "test_lockstep_torch",
+)
+
+
+def first_rank(scope: str) -> int | None:
+    """The place of group ``scope`` in FIRST (None: scheduled in xdist's own order, after them)."""
+    return next((i for i, f in enumerate(FIRST) if scope == f or scope.startswith(f + "[")), None)
 
 
 def xdist_group(stem: str, nodeid: str) -> str:
@@ -89,8 +106,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class ModuleGroupScheduling(LoadGroupScheduling):
         def _assign_work_unit(self, node: Any) -> None:
-            # the scopes of FIRST go out before the rest (xdist orders the others by their number of tests)
-            for scope in [s for s in self.workqueue if s.startswith(FIRST)][::-1]:
+            # the scopes of FIRST go out before the rest, in FIRST's order (xdist orders the others by their
+            # number of tests)
+            ranked = sorted((r, i, s) for i, s in enumerate(self.workqueue) if (r := first_rank(s)) is not None)
+            for _, _, scope in reversed(ranked):
                 self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
