@@ -25,6 +25,15 @@ def served():
     gated.shutdown()
 
 
+@pytest.fixture(scope="module")
+def served_for_refusals():
+    """One server for every case of the 400 test: a refused request never reaches its engine (each case checks),
+    so the cases cannot see each other."""
+    gated, eng = serve_fake(request_timeout_s=10.0)
+    yield gated, eng
+    gated.shutdown()
+
+
 def base(gated) -> str:  # type: ignore[no-untyped-def]
     return gated.server_base_urls()[0]
 
@@ -227,14 +236,15 @@ def test_a_client_that_disconnects_has_its_request_cancelled() -> None:
         ("/chat/completions", {"messages": [{"role": "user", "content": "1", "foo": 2}]}, "messages.0.foo"),
     ],
 )
-def test_unsupported_or_bad_params_get_400_naming_them(served, path: str, extra: dict, param: str) -> None:
-    gated, _ = served
+def test_unsupported_or_bad_params_get_400_naming_them(served_for_refusals, path: str, extra: dict, param: str) -> None:
+    gated, eng = served_for_refusals
     body = {"prompt": "12>"} if path == "/completions" else {"messages": [{"role": "user", "content": "12"}]}
     body.update(extra)
     r = httpx.post(base(gated) + path, json=body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"].startswith(param) and err["type"] == "invalid_request_error"
+    assert eng.submitted == [] and eng.steps == 0, "a refused request reached the engine"
 
 
 def test_null_is_accepted_where_openai_allows_it(served) -> None:

@@ -53,6 +53,18 @@ def served():
     gated.shutdown()
 
 
+@pytest.fixture(scope="module")
+def served_for_refusals():
+    """One server for every case of the malformed-request test: a refused request never reaches its generator
+    (each case checks), so the cases cannot see each other."""
+    engine = RecordingEngine()
+    gen = CheckedGenerator(engine, delay=0.02)
+    gated = GatedEngine(engine, gen, serve=True, record=True, request_timeout_s=10.0)
+    gated.bring_up()
+    yield gated, gen
+    gated.shutdown()
+
+
 def wait_until(condition, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
     """Poll ``condition()`` until it holds; fail (naming ``what``) after a generous ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -126,13 +138,14 @@ def test_health_reports_lifecycle_state_and_weight_version(served) -> None:
         ("/chat/completions", {"messages": "hi"}, "messages"),
     ],
 )
-def test_malformed_requests_get_400_naming_the_field(served, path: str, body, param: str) -> None:
-    gated, _ = served
+def test_malformed_requests_get_400_naming_the_field(served_for_refusals, path: str, body, param: str) -> None:
+    gated, gen = served_for_refusals
     r = httpx.post(gated.server_base_urls()[0] + path, json=body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error"
     assert err["message"].startswith(param)
+    assert gen.calls == 0, "a refused request reached the generator"
 
 
 def test_invalid_json_and_wrong_methods_do_not_crash_the_server(served) -> None:
