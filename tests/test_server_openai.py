@@ -43,26 +43,28 @@ class CheckedGenerator:
         return [Completion(f"echo:{p}"[: max_tokens + 5], tuple(range(max_tokens)), 7, "length") for p in prompts]
 
 
-@pytest.fixture
-def served():
+def _serve():  # type: ignore[no-untyped-def]
+    """A served engine with a checked generator, shut down when the caller's fixture ends."""
     engine = RecordingEngine()
     gen = CheckedGenerator(engine, delay=0.02)
     gated = GatedEngine(engine, gen, serve=True, record=True, request_timeout_s=10.0)
     gated.bring_up()
-    yield gated, gen
-    gated.shutdown()
+    try:
+        yield gated, gen
+    finally:
+        gated.shutdown()
+
+
+@pytest.fixture
+def served():  # type: ignore[no-untyped-def]
+    yield from _serve()
 
 
 @pytest.fixture(scope="module")
-def served_for_refusals():
+def served_for_refusals():  # type: ignore[no-untyped-def]
     """One server for every case of the malformed-request test: a refused request never reaches its generator
     (each case checks), so the cases cannot see each other."""
-    engine = RecordingEngine()
-    gen = CheckedGenerator(engine, delay=0.02)
-    gated = GatedEngine(engine, gen, serve=True, record=True, request_timeout_s=10.0)
-    gated.bring_up()
-    yield gated, gen
-    gated.shutdown()
+    yield from _serve()
 
 
 def wait_until(condition, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
