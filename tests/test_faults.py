@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 
 import pytest
@@ -163,3 +164,80 @@ def test_a_slow_healthy_barrier_is_not_a_failure(tmp_path, monkeypatch):
     assert check_outcome(run) == []
     victim = run.outcomes[run.victim]
     assert victim.fault_fired and victim.trained >= 1 and isinstance(victim.failure, ActionFailed)
+
+
+def _ranks_in_barrier(shared, hold, results):
+    """Two rank threads: each meets the barrier, then stays alive until ``hold`` is set, then meets it again."""
+    passed = threading.Barrier(3)  # the two ranks past their first wait, and the test
+
+    def rank(r: int) -> None:
+        shared.wait(timeout=5)
+        passed.wait(timeout=5)
+        hold.wait(5)
+        try:
+            shared.wait(timeout=5)
+            results[r] = "met"
+        except threading.BrokenBarrierError:
+            results[r] = "broken"
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    passed.wait(timeout=5)
+    return threads
+
+
+def test_the_fault_breaker_leaves_alone_a_barrier_every_rank_has_left():
+    """After the fault, ranks still running (recovering, or not yet scheduled) that are not in the barrier must find
+    it whole: the breaker breaks only a barrier a rank is held in. Forced: both ranks are past the barrier and
+    parked on an event when the fault fires and the breaker's timeout runs out."""
+    shared, fault, hold, results = faults._HandoffBarrier(2), threading.Event(), threading.Event(), {}
+    threads = _ranks_in_barrier(shared, hold, results)
+    fault.set()
+    faults._break_after_fault(shared, fault, 0.2, threads)  # returns once its timeout ran out with both alive
+    assert not shared.broken
+    hold.set()
+    for t in threads:
+        t.join(10)
+    assert results == {0: "met", 1: "met"}
+
+
+def test_a_released_barrier_holds_no_rank_before_its_ranks_run_again():
+    """The moment a generation is released (megatron's peers would be free) every rank's wait is still on record,
+    since none has run since: the breaker must already see no rank held. Forced inside the release itself."""
+    seen: list[bool] = []
+
+    class Probe(faults._HandoffBarrier):
+        def _released(self) -> None:  # the barrier's action: run under its lock, before it wakes any rank
+            super()._released()
+            seen.append(self.holds_a_rank())
+
+    shared = Probe(2)
+    threads = [threading.Thread(target=shared.wait, kwargs={"timeout": 5}, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == [False]
+
+
+def test_the_fault_breaker_breaks_a_barrier_a_healthy_rank_is_held_in():
+    """The other side: a rank waits (with the long healthy timeout) for a victim that never comes; the breaker
+    breaks that barrier once the peers' timeout after the fault ran out."""
+    shared, fault, out = faults._HandoffBarrier(2), threading.Event(), []
+
+    def rank() -> None:
+        try:
+            shared.wait(timeout=60)
+            out.append("met")
+        except threading.BrokenBarrierError:
+            out.append("broken")
+
+    t = threading.Thread(target=rank, daemon=True)
+    t.start()
+    while shared.n_waiting < 1:
+        time.sleep(0.01)
+    fault.set()
+    faults._break_after_fault(shared, fault, 0.2, [t])
+    t.join(10)
+    assert out == ["broken"]

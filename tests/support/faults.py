@@ -262,6 +262,38 @@ HEALTHY_BARRIER_TIMEOUT_S = 30.0
 slowly a loaded machine runs 100 rank threads. Only barriers after the fault get the short timeout under test."""
 
 
+class _HandoffBarrier(threading.Barrier):
+    """The ranks' shared barrier, counting its generations (one per release of every rank) and the waits in it, so
+    :func:`_break_after_fault` breaks only a barrier a rank is still held in, never one every rank already left
+    (a released rank the scheduler has not run yet included)."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__(parties, action=self._released)
+        self.generation = 0
+        self._lock = threading.Lock()
+        self._waits: dict[int, int] = {}  # id of a wait in progress -> the generation it waits in
+
+    def _released(self) -> None:  # runs under the barrier's own lock, before any rank is woken
+        self.generation += 1
+
+    def wait(self, timeout: float | None = None) -> int:
+        token = object()
+        with self._lock:
+            # this rank's arrival is needed for the generation read here to end, so it is the wait's own
+            self._waits[id(token)] = self.generation
+        try:
+            return super().wait(timeout)
+        finally:
+            with self._lock:
+                self._waits.pop(id(token), None)
+
+    def holds_a_rank(self) -> bool:
+        """Whether a rank waits in the generation not yet released (a wait whose generation ended is over, even if
+        its rank has not run since)."""
+        with self._lock:
+            return any(g == self.generation for g in self._waits.values())
+
+
 class _FaultRunBarrier(ThreadBarrier):
     """A :class:`ThreadBarrier` whose timeout is ``healthy_s`` until the run's fault fired, ``timeout_s`` after.
 
@@ -281,16 +313,18 @@ class _FaultRunBarrier(ThreadBarrier):
 
 
 def _break_after_fault(
-    shared: threading.Barrier, fault_fired: threading.Event, timeout_s: float, threads: list[threading.Thread]
+    shared: _HandoffBarrier, fault_fired: threading.Event, timeout_s: float, threads: list[threading.Thread]
 ) -> None:
     """Once the fault fired, break the shared barrier after ``timeout_s`` (the peers' timeout, counted from the
-    fault) unless every rank has ended by then."""
+    fault) if a rank is still held in it: a wait begun while every rank was healthy has the long timeout, which is
+    not the one under test. A barrier every rank has left is left alone, so a rank that is still running after the
+    fault (recovering, or not yet scheduled after its release) meets its next barrier whole."""
     while any(t.is_alive() for t in threads):
         if fault_fired.wait(0.1):
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline and any(t.is_alive() for t in threads):
                 time.sleep(0.05)
-            if any(t.is_alive() for t in threads):
+            if shared.holds_a_rank():
                 shared.abort()
             return
 
@@ -520,8 +554,8 @@ def start_ranks(
     ``barrier_timeout_s`` is the peers' timeout once the fault fired (counted from the fault); a barrier met
     while every rank is healthy waits up to ``healthy_timeout_s``, so a loaded machine cannot fail it spuriously.
     """
-    shared = threading.Barrier(world)
     fault_fired = threading.Event()
+    shared = _HandoffBarrier(world)
     release = threading.Event()
     out: dict[int, RankOutcome] = {}
     abort = False  # a failed rank simply stops taking part, as a real process group member would
