@@ -576,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
             f"## Headline: commit{'s' if len(commits) > 1 else ''} `{commit or '?'}`, {dates[-1]}, {', '.join(devices)}",
             "",
             (
-                f"The runs of the commits named ({commit}: the same measured code, the notes say why); every other "
+                f"The runs of the commits named ({commit}; the notes say what each measured and what differs between them); every other "
                 "run is under History at the end."
                 if commits
                 else "The runs of the newest commit in this folder; older commits' runs are under History at the end."
