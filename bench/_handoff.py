@@ -158,6 +158,16 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "engine_backend": runs[0]["engine_backend"],
         "rounds": len(runs),
         **({"inflight_stats": stats} if stats else {}),
+        # the prompt groups in flight when each measured handoff began; in drain, 0 is the trainer-first outcome of
+        # its race with the collector (inflight_handoff.py's docstring), which a drain figure depends on
+        **(
+            {
+                "groups_in_flight_at_handoff": (held := [x for r in runs for x in r["groups_in_flight_at_handoff"]]),
+                "handoffs_with_nothing_in_flight": sum(1 for x in held if x == 0),
+            }
+            if all("groups_in_flight_at_handoff" in r for r in runs)
+            else {}
+        ),
         # megatron's dynamic engine: its kinds of decode step over each round's measured window (step_profile.py)
         **(
             {"engine_step_profile_per_round": [r["engine_step_profile"] for r in runs]}

@@ -175,11 +175,13 @@ def run_row(d: dict[str, Any], name: str, r: dict[str, Any]) -> str:
     )
     made = f"{r['fresh_samples']:,} / {r['trained_samples']:,}" if "fresh_samples" in r else "-"
     single = f"{_fmt(s['median'])} ({_fmt(s['min'])}-{_fmt(s['max'])})" if s else "-"
+    # recorded since the runs after 4366d6d; older runs (and sync, which has no collector) show "-"
+    held = ", ".join(str(n) for n in r["groups_in_flight_at_handoff"]) if "groups_in_flight_at_handoff" in r else "-"
     return (
         f"| `{d['_file']}` | {name} | {_fmt(r['samples_per_s'])} | {_fmt(r.get('trained_samples_per_s'))} | {made} | "
         f"{steps_text(d, r)} | {single} | "
         f"{_fmt(r.get('draining_share'), '{:.3f}')} | {_fmt(r.get('handoff_p50_ms'), '{:,.0f} ms')} | "
-        f"{_fmt(r.get('engine_decode_tokens_per_s'), '{:,.0f}')} | {_fmt(r.get('mean_running_requests'), '{:.0f}')} | "
+        f"{held} | {_fmt(r.get('engine_decode_tokens_per_s'), '{:,.0f}')} | {_fmt(r.get('mean_running_requests'), '{:.0f}')} | "
         f"{_fmt(r.get('peak_allocated_gib'), '{:.1f}')} | {abort} |"
     )
 
@@ -253,9 +255,9 @@ def run_list(runs: list[dict[str, Any]]) -> list[str]:
 
 RUN_HEADER = (
     "| run | mode | samples/s | trained samples/s | samples made / trained in the window | measured steps | "
-    "single steps: median (min-max) | Draining share | handoff p50 | engine decode tok/s | mean running | peak GiB | "
-    "abort cost |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "single steps: median (min-max) | Draining share | handoff p50 | groups in flight at each handoff | "
+    "engine decode tok/s | mean running | peak GiB | abort cost |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
 )
 
 

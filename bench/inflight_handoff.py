@@ -37,7 +37,9 @@ Output lengths are lognormal (``--median-tokens``, ``--sigma``), cut at ``--max-
 at its drawn length (the tokenizer's end-of-document id lies outside the vocabulary), so the tail is real in every
 mode. ``draining_share`` is the fraction of the measured wall-clock the lifecycle spent in Draining (from its
 trace); ``handoff_p50_ms`` the median time in Draining per step; ``spanning_rollouts`` the requests whose tokens
-came from more than one weight version; ``decode_tokens_per_s`` the tokens generated per wall-clock second.
+came from more than one weight version; ``decode_tokens_per_s`` the tokens generated per wall-clock second;
+``groups_in_flight_at_handoff`` the prompt groups in flight as each measured handoff began (the collector's pause),
+so a drain figure says which outcome of its race each handoff had (0: the trainer went first).
 
 Usage::
 
@@ -335,10 +337,20 @@ def run_mode(
                 out.append(Rollout(ids, tuple(s.token_ids), r, g.prompt_id, tuple(s.logprobs), g.weight_version))
         return out
 
+    pauses: list[tuple[float, int]] = []  # (when, prompt groups in flight) at each pause: a handoff's first action
+
+    class HandoffCountingCollector(AsyncCollector):
+        """The collector, noting how many rollouts were in flight when each handoff began. In drain that is
+        what the handoff waits for: 0 is the race's trainer-first outcome (the module's docstring)."""
+
+        def pause(self) -> None:
+            pauses.append((time.monotonic(), self.in_flight))
+            super().pause()
+
     buffer = collector = None
     if mode != "sync":
         buffer = ReplayBuffer(shape.num_prompts_per_step, shape.max_trajectory_age_steps, order=shape.buffer_order)
-        collector = AsyncCollector(
+        collector = HandoffCountingCollector(
             rollout,
             prompt_stream(),
             buffer,
@@ -444,7 +456,8 @@ def run_mode(
         if stats0 is not None:
             now = engine.inflight_stats()
             out["inflight_stats"] = {k: getattr(now, k) - getattr(stats0, k) for k in now._fields}
-        if collector is not None:
+        if collector is not None:  # sync has none: each of its handoffs comes after the whole batch
+            out["groups_in_flight_at_handoff"] = [n for t, n in list(pauses) if t0 < t <= t1]
             out["collector"] = {
                 k: v
                 for k, v in asdict(collector.stats()).items()
@@ -709,8 +722,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"steps (after {r['warmup_steps']} warm-up; made {r['fresh_samples']}, trained "
                     f"{r['trained_samples']}), draining {sum(r['draining_s']):.2f} of "
                     f"{r['measured_s']:.2f} s, run {r['run_s']:.1f} s"
-                    f"{' (cut by the budget)' if r['cut_by_budget'] else ''}, "
-                    f"load {r['loadavg_start']:.1f}->{r['loadavg_end']:.1f}",
+                    f"{' (cut by the budget)' if r['cut_by_budget'] else ''}"
+                    + (
+                        f", groups in flight at its handoffs {r['groups_in_flight_at_handoff']}"
+                        if "groups_in_flight_at_handoff" in r
+                        else ""
+                    )
+                    + f", load {r['loadavg_start']:.1f}->{r['loadavg_end']:.1f}",
                     flush=True,
                 )
                 prof = r.get("engine_step_profile")

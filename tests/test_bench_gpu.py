@@ -299,3 +299,19 @@ def test_the_report_names_both_graph_baselines_and_refuses_both_below_the_step_r
     park["measured_steps"] = 2
     line = gpu_report.ratio_lines(d)
     assert line.count("below the 3-step rule") == 2 and "**" not in line
+
+
+def test_the_page_shows_the_groups_each_handoff_found_in_flight(tmp_path):
+    """Drain's figure depends on how many of its handoffs found nothing to wait for: each run's row says what each
+    handoff found, and a run that did not record it shows '-', not an empty list or a zero."""
+    _handoff_json(
+        tmp_path / "run.json",
+        {"park": {"groups_in_flight_at_handoff": [61, 60, 62]}, "drain": {"groups_in_flight_at_handoff": [0, 33, 35]}},
+    )
+    _handoff_json(tmp_path / "older.json", {"drain": {}}, commit="0ld0000", date="2026-12-01T01:00:00+00:00")
+    page = tmp_path / "PERFORMANCE.md"
+    assert gpu.main(["report", str(tmp_path), "--out", str(page), "--commits", "abc1234,0ld0000"]) == 0
+    text = page.read_text()
+    assert "groups in flight at each handoff" in text
+    assert "| 14 ms | 61, 60, 62 | 11,000 |" in text and "| 14 ms | 0, 33, 35 | 11,000 |" in text
+    assert "| 14 ms | - | 11,000 |" in text  # the older run

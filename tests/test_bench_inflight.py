@@ -51,6 +51,11 @@ def test_reasoning_smoke_writes_every_mode_and_the_ratios_on_one_engine(tmp_path
         assert row["measured_steps"] == 3 and row["step_samples_per_s"]["n"] == 3
         assert abs(row["buffer_growth"]) <= 0.2, row  # steady state: the window made about what it trained
     assert data["modes"]["sync"]["warmup_steps"] == 0
+    for mode in ("park", "drain", "abort", "drain-hold"):  # each handoff's rollouts in flight, as it began
+        held = data["modes"][mode]["groups_in_flight_at_handoff"]
+        assert len(held) == 3 and all(isinstance(n, int) and n >= 0 for n in held), (mode, held)
+        assert data["modes"][mode]["handoffs_with_nothing_in_flight"] == held.count(0)
+    assert "groups_in_flight_at_handoff" not in data["modes"]["sync"]  # no collector: nothing to hold across
     assert data["modes"]["park"]["warmup_steps"] == data["modes"]["drain"]["warmup_steps"] == 1
     abort = data["modes"]["abort"]
     assert abort["samples_per_s"] > 0 and abort["inflight_stats"]["ended"] >= 0
@@ -209,3 +214,26 @@ def test_release_model_graphs_drops_megatrons_cache_entry_and_runners(monkeypatc
     release_model_graphs(model)
     assert id(model) not in mutils.cuda_graph_attr_cache
     assert mgr.cudagraph_runners == [] and mgr.custom_cudagraphs_lookup_table == {}
+
+
+def test_a_modes_handoff_counts_join_its_rounds_and_need_every_round():
+    """The groups in flight at each measured handoff, over rounds: joined in order, the empty handoffs counted
+    (drain's figure depends on how many of its handoffs found nothing to wait for); a round that did not record
+    them leaves the mode without the field, never with part of it."""
+    from bench._handoff import summarize
+
+    def run(held: list[int] | None) -> dict:
+        r = {
+            "measured_s": 10.0, "state_s": {"Generating": 8.0, "Draining": 2.0}, "draining_s": [1.0, 1.0],
+            "fresh_samples": 20, "trained_samples": 20, "step_samples_per_s": [2.0, 2.0], "spanning_rollouts": 0,
+            "max_version_span": 0, "decode_tokens": 100, "decode_steps": 10, "active_sum": 10,
+            "occupancy_samples": 5, "idle_samples": 0, "spanning_groups_trained": 0, "measured_steps": 2,
+            "cpu_s": 5.0, "loadavg_start": 1.0, "loadavg_end": 1.0, "cut_by_budget": False, "warmup_steps": 1,
+            "peak_allocated_gib": None, "engine_backend": "cpu",
+        }  # fmt: skip
+        return r if held is None else {**r, "groups_in_flight_at_handoff": held}
+
+    row = summarize([run([0, 7]), run([4, 0])])
+    assert row["groups_in_flight_at_handoff"] == [0, 7, 4, 0] and row["handoffs_with_nothing_in_flight"] == 2
+    partial = summarize([run([0, 7]), run(None)])
+    assert "groups_in_flight_at_handoff" not in partial and "handoffs_with_nothing_in_flight" not in partial
