@@ -167,15 +167,16 @@ def test_a_slow_healthy_barrier_is_not_a_failure(tmp_path, monkeypatch):
 
 
 def _ranks_in_barrier(shared, hold, results):
-    """Two rank threads: each meets the barrier, then stays alive until ``hold`` is set, then meets it again."""
+    """Two rank threads: each meets the barrier (a wait begun while healthy: its timeout is longer than the
+    peers'), then stays alive until ``hold`` is set, then meets it again."""
     passed = threading.Barrier(3)  # the two ranks past their first wait, and the test
 
     def rank(r: int) -> None:
-        shared.wait(timeout=5)
-        passed.wait(timeout=5)
-        hold.wait(5)
+        shared.wait(timeout=30)
+        passed.wait(timeout=10)
+        hold.wait(30)
         try:
-            shared.wait(timeout=5)
+            shared.wait(timeout=30)
             results[r] = "met"
         except threading.BrokenBarrierError:
             results[r] = "broken"
@@ -183,18 +184,32 @@ def _ranks_in_barrier(shared, hold, results):
     threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
     for t in threads:
         t.start()
-    passed.wait(timeout=5)
+    passed.wait(timeout=10)
     return threads
+
+
+def _breaker(shared, fault, threads):
+    """The harness's breaker in a thread of its own, with the peers' timeout 0.2 s; returns the event it sets each
+    time it has looked at the barrier after that timeout."""
+    checked = threading.Event()
+    args = (shared, fault, 0.2, threads, checked)
+    threading.Thread(target=faults._break_after_fault, args=args, daemon=True).start()
+    return checked
 
 
 def test_the_fault_breaker_leaves_alone_a_barrier_every_rank_has_left():
     """After the fault, ranks still running (recovering, or not yet scheduled) that are not in the barrier must find
     it whole: the breaker breaks only a barrier a rank is held in. Forced: both ranks are past the barrier and
-    parked on an event when the fault fires and the breaker's timeout runs out."""
-    shared, fault, hold, results = faults._HandoffBarrier(2), threading.Event(), threading.Event(), {}
+    parked on an event while the breaker looks, past its deadline."""
+    shared, fault, hold, results = (
+        faults._HandoffBarrier(2, peers_timeout_s=1.0),
+        threading.Event(),
+        threading.Event(),
+        {},
+    )
     threads = _ranks_in_barrier(shared, hold, results)
     fault.set()
-    faults._break_after_fault(shared, fault, 0.2, threads)  # returns once its timeout ran out with both alive
+    assert _breaker(shared, fault, threads).wait(10), "the breaker never looked past its deadline"
     assert not shared.broken
     hold.set()
     for t in threads:
@@ -203,17 +218,17 @@ def test_the_fault_breaker_leaves_alone_a_barrier_every_rank_has_left():
 
 
 def test_a_released_barrier_holds_no_rank_before_its_ranks_run_again():
-    """The moment a generation is released (megatron's peers would be free) every rank's wait is still on record,
-    since none has run since: the breaker must already see no rank held. Forced inside the release itself."""
+    """The moment a generation is released every rank's wait is still on record, since none has run since: the
+    breaker must already see no rank held. Forced inside the release itself."""
     seen: list[bool] = []
 
     class Probe(faults._HandoffBarrier):
         def _released(self) -> None:  # the barrier's action: run under its lock, before it wakes any rank
             super()._released()
-            seen.append(self.holds_a_rank())
+            seen.append(self.holds_a_healthy_wait())
 
-    shared = Probe(2)
-    threads = [threading.Thread(target=shared.wait, kwargs={"timeout": 5}, daemon=True) for _ in range(2)]
+    shared = Probe(2, peers_timeout_s=1.0)
+    threads = [threading.Thread(target=shared.wait, kwargs={"timeout": 30}, daemon=True) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -224,7 +239,7 @@ def test_a_released_barrier_holds_no_rank_before_its_ranks_run_again():
 def test_the_fault_breaker_breaks_a_barrier_a_healthy_rank_is_held_in():
     """The other side: a rank waits (with the long healthy timeout) for a victim that never comes; the breaker
     breaks that barrier once the peers' timeout after the fault ran out."""
-    shared, fault, out = faults._HandoffBarrier(2), threading.Event(), []
+    shared, fault, out = faults._HandoffBarrier(2, peers_timeout_s=1.0), threading.Event(), []
 
     def rank() -> None:
         try:
@@ -241,3 +256,53 @@ def test_the_fault_breaker_breaks_a_barrier_a_healthy_rank_is_held_in():
     faults._break_after_fault(shared, fault, 0.2, [t])
     t.join(10)
     assert out == ["broken"]
+
+
+def test_the_fault_breaker_breaks_a_healthy_wait_that_arrives_after_its_deadline():
+    """A rank chose its long timeout before the fault, then was not scheduled until after the breaker's deadline:
+    its wait still gets broken when it arrives, not left to run out 60 s later. Forced: the rank is held on an
+    event until the breaker has looked past its deadline."""
+    shared, fault, go, out = faults._HandoffBarrier(2, peers_timeout_s=1.0), threading.Event(), threading.Event(), []
+
+    def rank() -> None:
+        go.wait(30)
+        try:
+            shared.wait(timeout=60)  # the timeout it chose while healthy
+            out.append("met")
+        except threading.BrokenBarrierError:
+            out.append("broken")
+
+    t = threading.Thread(target=rank, daemon=True)
+    t.start()
+    fault.set()
+    assert _breaker(shared, fault, [t]).wait(10), "the breaker never looked past its deadline"
+    go.set()
+    t.join(10)
+    assert out == ["broken"]
+
+
+def test_the_fault_breaker_leaves_a_wait_begun_after_the_fault_to_its_own_timeout():
+    """A wait begun after the fault has the peers' timeout, counted from its own start: a peer that arrives after
+    the breaker's deadline but within that timeout meets it. Forced: the second rank starts only once the breaker
+    has looked past its deadline with the first rank held."""
+    shared, fault, results = faults._HandoffBarrier(2, peers_timeout_s=30.0), threading.Event(), {}
+
+    def rank(r: int) -> None:
+        try:
+            shared.wait(timeout=30)  # the peers' timeout: begun after the fault
+            results[r] = "met"
+        except threading.BrokenBarrierError:
+            results[r] = "broken"
+
+    fault.set()
+    first = threading.Thread(target=rank, args=(0,), daemon=True)
+    first.start()
+    while shared.n_waiting < 1:
+        time.sleep(0.01)
+    second = threading.Thread(target=rank, args=(1,), daemon=True)
+    checked = _breaker(shared, fault, [first, second])
+    assert checked.wait(10), "the breaker never looked past its deadline"
+    second.start()
+    for t in (first, second):
+        t.join(10)
+    assert results == {0: "met", 1: "met"}

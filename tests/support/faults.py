@@ -263,35 +263,38 @@ slowly a loaded machine runs 100 rank threads. Only barriers after the fault get
 
 
 class _HandoffBarrier(threading.Barrier):
-    """The ranks' shared barrier, counting its generations (one per release of every rank) and the waits in it, so
-    :func:`_break_after_fault` breaks only a barrier a rank is still held in, never one every rank already left
-    (a released rank the scheduler has not run yet included)."""
+    """The ranks' shared barrier, counting its generations (one per release of every rank) and the waits in it with
+    a timeout longer than the peers' (``peers_timeout_s``): a wait begun while every rank was healthy. So
+    :func:`_break_after_fault` breaks only a barrier such a wait is still held in; never one every rank already left
+    (a released rank the scheduler has not run yet included), and never a wait begun after the fault, which times
+    out on its own, as a real peer's would."""
 
-    def __init__(self, parties: int) -> None:
+    def __init__(self, parties: int, peers_timeout_s: float) -> None:
         super().__init__(parties, action=self._released)
-        self.generation = 0
+        self.peers_timeout_s, self.generation = peers_timeout_s, 0
         self._lock = threading.Lock()
-        self._waits: dict[int, int] = {}  # id of a wait in progress -> the generation it waits in
+        self._long_waits: dict[int, int] = {}  # id of a wait with a longer timeout than the peers' -> its generation
 
     def _released(self) -> None:  # runs under the barrier's own lock, before any rank is woken
         self.generation += 1
 
     def wait(self, timeout: float | None = None) -> int:
         token = object()
-        with self._lock:
-            # this rank's arrival is needed for the generation read here to end, so it is the wait's own
-            self._waits[id(token)] = self.generation
+        if timeout is None or timeout > self.peers_timeout_s:
+            with self._lock:
+                # this rank's arrival is needed for the generation read here to end, so it is the wait's own
+                self._long_waits[id(token)] = self.generation
         try:
             return super().wait(timeout)
         finally:
             with self._lock:
-                self._waits.pop(id(token), None)
+                self._long_waits.pop(id(token), None)
 
-    def holds_a_rank(self) -> bool:
-        """Whether a rank waits in the generation not yet released (a wait whose generation ended is over, even if
-        its rank has not run since)."""
+    def holds_a_healthy_wait(self) -> bool:
+        """Whether a wait begun before the fault (its timeout longer than the peers') is in the generation not yet
+        released (a wait whose generation ended is over, even if its rank has not run since)."""
         with self._lock:
-            return any(g == self.generation for g in self._waits.values())
+            return any(g == self.generation for g in self._long_waits.values())
 
 
 class _FaultRunBarrier(ThreadBarrier):
@@ -313,19 +316,29 @@ class _FaultRunBarrier(ThreadBarrier):
 
 
 def _break_after_fault(
-    shared: _HandoffBarrier, fault_fired: threading.Event, timeout_s: float, threads: list[threading.Thread]
+    shared: _HandoffBarrier,
+    fault_fired: threading.Event,
+    timeout_s: float,
+    threads: list[threading.Thread],
+    checked: threading.Event | None = None,
 ) -> None:
-    """Once the fault fired, break the shared barrier after ``timeout_s`` (the peers' timeout, counted from the
-    fault) if a rank is still held in it: a wait begun while every rank was healthy has the long timeout, which is
-    not the one under test. A barrier every rank has left is left alone, so a rank that is still running after the
-    fault (recovering, or not yet scheduled after its release) meets its next barrier whole."""
+    """Once the fault fired and ``timeout_s`` (the peers' timeout) has passed, break the shared barrier as soon as a
+    wait begun while every rank was healthy is held in it: that wait's long timeout is not the one under test, and
+    its rank may reach it late (chose its timeout before the fault, then was not scheduled), so the breaker watches
+    until every rank has ended. A barrier every rank has left, and a wait begun after the fault, are left alone, so
+    a rank still running after the fault meets its next barrier whole or times out on its own. ``checked`` (tests)
+    is set after each look at the barrier past the deadline."""
     while any(t.is_alive() for t in threads):
         if fault_fired.wait(0.1):
             deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and any(t.is_alive() for t in threads):
+            while any(t.is_alive() for t in threads):
+                if time.monotonic() >= deadline:
+                    if shared.holds_a_healthy_wait():
+                        shared.abort()
+                        return
+                    if checked is not None:
+                        checked.set()
                 time.sleep(0.05)
-            if shared.holds_a_rank():
-                shared.abort()
             return
 
 
@@ -555,7 +568,7 @@ def start_ranks(
     while every rank is healthy waits up to ``healthy_timeout_s``, so a loaded machine cannot fail it spuriously.
     """
     fault_fired = threading.Event()
-    shared = _HandoffBarrier(world)
+    shared = _HandoffBarrier(world, peers_timeout_s=barrier_timeout_s)
     release = threading.Event()
     out: dict[int, RankOutcome] = {}
     abort = False  # a failed rank simply stops taking part, as a real process group member would
