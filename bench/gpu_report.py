@@ -176,7 +176,7 @@ def run_row(d: dict[str, Any], name: str, r: dict[str, Any]) -> str:
     made = f"{r['fresh_samples']:,} / {r['trained_samples']:,}" if "fresh_samples" in r else "-"
     single = f"{_fmt(s['median'])} ({_fmt(s['min'])}-{_fmt(s['max'])})" if s else "-"
     # recorded since the runs after 4366d6d; older runs (and sync, which has no collector) show "-"
-    held = ", ".join(str(n) for n in r["groups_in_flight_at_handoff"]) if "groups_in_flight_at_handoff" in r else "-"
+    held = ", ".join(str(n) for n in r.get("groups_in_flight_at_handoff") or []) or "-"
     return (
         f"| `{d['_file']}` | {name} | {_fmt(r['samples_per_s'])} | {_fmt(r.get('trained_samples_per_s'))} | {made} | "
         f"{steps_text(d, r)} | {single} | "
