@@ -175,7 +175,8 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-8k-coordinator",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop (the faster path for park: 1.11x the direct "
         "one at aaf3a49): the pure graph decode, then park, drain, sync and abort on one engine, the headline's modes "
-        "and park's decode against the graph decode in one process, on the path users run; ~18 min: --detach",
+        "and park's decode against the graph decode in one process, on the path users run; ~15 min (the four modes "
+        "took 759 s at 4366d6d): --detach",
         _handoff(8192, "park,drain,sync,abort", "--engine", "coordinator", engine="coordinator"),
         1500,
         smoke=(*SMOKE_HANDOFF, "--engine", "direct"),  # the coordinator needs a GPU; the rest of the path runs
