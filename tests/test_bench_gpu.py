@@ -223,6 +223,28 @@ def test_the_report_reads_the_committed_gpu_runs():
     assert ("gpt200m", 32768, 2) in old
 
 
+def test_the_committed_coordinator_runs_back_the_readmes_faster_path_figures():
+    """The coordinator path's runs at 4366d6d, a workload of their own: one process with all four modes at 3
+    measured steps and the ratios at top level, one with park beside the graph decode (its drain cut at 2 steps:
+    no ratio). The README's figures for the faster path are these JSON's, to the digits it quotes."""
+    commits = ("6bd92a8", "791d078", "b1df85d", "4366d6d")
+    _, now, _ = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], commits)
+    runs = now[("gpt200m on the coordinator loop", 8192, 2)]
+    assert len(runs) == 2 and {d["commit"] for d in runs} == {"4366d6d"}
+    (whole,) = [d for d in runs if set(d["modes"]) == {"park", "drain", "sync", "abort"} and "graph_decode" not in d]
+    (beside,) = [d for d in runs if "graph_decode" in d]
+    assert all(whole["modes"][m]["measured_steps"] >= 3 for m in whole["modes"])
+    assert beside["modes"]["park"]["measured_steps"] >= 3 and beside["modes"]["drain"]["measured_steps"] < 3
+    assert "park_over_drain" in beside["no_ratio"] and "ratio_park_over_drain" not in beside
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for key in ("ratio_park_over_drain", "ratio_park_over_sync", "ratio_park_over_abort"):
+        assert f"**{whole[key]:.3f}**" in readme, key
+    decode = beside["ratio_park_decode_over_graph_decode_matched_context"]
+    assert decode >= 0.8 and f"**{decode:.3f}**" in readme
+    for mode in ("park", "drain", "sync", "abort"):
+        assert f"{whole['modes'][mode]['samples_per_s']:.2f}" in readme, mode
+
+
 def test_the_report_shows_the_engine_paths_with_their_commit_steps_handoff_and_decode():
     """The committed engine-path run (aaf3a49: park on both paths, 3 measured steps each) on the page: its commit
     (read from the engines' runs, which older JSON keeps only there), both step counts, the handoff and the decode
