@@ -97,9 +97,12 @@ def _engine_has_submit() -> bool:
 
 
 def test_demo_serve_answers_an_openai_client_during_the_run(tmp_path):
+    """Every request is made while the run is surely going on: the run is long (500 steps) and is stopped by
+    SIGTERM once the client is done, so a busy machine cannot end it under the client (with 40 steps it once ended
+    before the /health call: connection refused)."""
     from openai import OpenAI
 
-    demo = Demo(tmp_path, 40)
+    demo = Demo(tmp_path, 500)
     try:
         urls = demo.urls()
         assert len(urls) == 1 and urls[0].startswith("http://127.0.0.1:") and urls[0].endswith("/v1")
@@ -135,12 +138,30 @@ def test_demo_serve_answers_an_openai_client_during_the_run(tmp_path):
                 model="m", messages=[{"role": "user", "content": "12"}], stream=True, max_tokens=3, logprobs=True
             )
             assert [c for c in chat_stream if c.choices and c.choices[0].finish_reason]
+        assert demo.proc.poll() is None, "the run ended while the client was still talking to it"
+        demo.proc.send_signal(signal.SIGTERM)
+        rc = demo.proc.wait(timeout=180)
+    finally:
+        demo.close()
+    assert rc == 128 + signal.SIGTERM, demo.stderr()
+    stdout = "".join(demo.out)
+    assert stdout.count("dp_openai_server_base_urls=") == 1  # up exactly once
+    trace = read_trace_file(demo.run / "trace.rank0.jsonl")
+    assert [r.dest for r in trace].count("Starting") == 1 and trace[-1].dest == "Stopped"
+
+
+def test_a_serving_demo_that_runs_to_its_end_exits_0_with_its_server_down(tmp_path):
+    """The normal end of a serving run: exit code 0, the server up exactly once and down after (refused)."""
+    demo = Demo(tmp_path, 3)
+    try:
+        url = demo.urls()[0]
         rc = demo.proc.wait(timeout=180)
     finally:
         demo.close()
     assert rc == 0, demo.stderr()
-    stdout = "".join(demo.out)
-    assert stdout.count("dp_openai_server_base_urls=") == 1  # up exactly once
+    assert "".join(demo.out).count("dp_openai_server_base_urls=") == 1
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url.removesuffix("/v1") + "/health", timeout=5)
     trace = read_trace_file(demo.run / "trace.rank0.jsonl")
     assert [r.dest for r in trace].count("Starting") == 1 and trace[-1].dest == "Stopped"
 
