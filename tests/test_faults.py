@@ -166,6 +166,15 @@ def test_a_slow_healthy_barrier_is_not_a_failure(tmp_path, monkeypatch):
     assert victim.fault_fired and victim.trained >= 1 and isinstance(victim.failure, ActionFailed)
 
 
+def _meet(shared, timeout: float) -> str:
+    """One rank's wait at the shared barrier: "met" when every rank came, "broken" when it was broken."""
+    try:
+        shared.wait(timeout=timeout)
+        return "met"
+    except threading.BrokenBarrierError:
+        return "broken"
+
+
 def _ranks_in_barrier(shared, hold, results):
     """Two rank threads: each meets the barrier (a wait begun while healthy: its timeout is longer than the
     peers'), then stays alive until ``hold`` is set, then meets it again."""
@@ -175,11 +184,7 @@ def _ranks_in_barrier(shared, hold, results):
         shared.wait(timeout=30)
         passed.wait(timeout=10)
         hold.wait(30)
-        try:
-            shared.wait(timeout=30)
-            results[r] = "met"
-        except threading.BrokenBarrierError:
-            results[r] = "broken"
+        results[r] = _meet(shared, 30)
 
     threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
     for t in threads:
@@ -240,15 +245,7 @@ def test_the_fault_breaker_breaks_a_barrier_a_healthy_rank_is_held_in():
     """The other side: a rank waits (with the long healthy timeout) for a victim that never comes; the breaker
     breaks that barrier once the peers' timeout after the fault ran out."""
     shared, fault, out = faults._HandoffBarrier(2, peers_timeout_s=1.0), threading.Event(), []
-
-    def rank() -> None:
-        try:
-            shared.wait(timeout=60)
-            out.append("met")
-        except threading.BrokenBarrierError:
-            out.append("broken")
-
-    t = threading.Thread(target=rank, daemon=True)
+    t = threading.Thread(target=lambda: out.append(_meet(shared, 60)), daemon=True)
     t.start()
     while shared.n_waiting < 1:
         time.sleep(0.01)
@@ -266,11 +263,7 @@ def test_the_fault_breaker_breaks_a_healthy_wait_that_arrives_after_its_deadline
 
     def rank() -> None:
         go.wait(30)
-        try:
-            shared.wait(timeout=60)  # the timeout it chose while healthy
-            out.append("met")
-        except threading.BrokenBarrierError:
-            out.append("broken")
+        out.append(_meet(shared, 60))  # the timeout it chose while healthy
 
     t = threading.Thread(target=rank, daemon=True)
     t.start()
@@ -288,11 +281,7 @@ def test_the_fault_breaker_leaves_a_wait_begun_after_the_fault_to_its_own_timeou
     shared, fault, results = faults._HandoffBarrier(2, peers_timeout_s=30.0), threading.Event(), {}
 
     def rank(r: int) -> None:
-        try:
-            shared.wait(timeout=30)  # the peers' timeout: begun after the fault
-            results[r] = "met"
-        except threading.BrokenBarrierError:
-            results[r] = "broken"
+        results[r] = _meet(shared, 30)  # the peers' timeout: begun after the fault
 
     fault.set()
     first = threading.Thread(target=rank, args=(0,), daemon=True)
