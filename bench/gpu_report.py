@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS, buffer_growth, mode_of_ratio  # the bench's own rules
+from bench.parking_map import map_section, standing_ratios
 
 MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key spells drain-hold drain_hold (ratio_name)
 
@@ -509,15 +510,7 @@ def plot(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> 
             labels.append(m)
         ax.set_xticks(xs, labels)
         model, cut, age = key
-        ratios = [
-            f"park/{k[len('ratio_park_over_') :]} {v:.3f}"
-            for d in runs[key]
-            for k, v in d.items()
-            if k.startswith("ratio_park_over_")
-            and not k.endswith(("_cpu", "_per_round"))
-            and isinstance(v, float)
-            and all(_counted(d, r) for m in ("park", mode_of_ratio(k)) if (r := _measured(d, m)))
-        ]
+        ratios = [f"park/{m} {v:.3f}" for d in runs[key] for m, v in standing_ratios(d).items()]
         ax.set_title(f"{model}, cut {cut:,}, max_age {age}\n{', '.join(ratios)}", fontsize=9)
         ax.set_ylabel("samples / s made in the measured window")
         ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
@@ -592,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
                 title=f"Where parking pays (one {', '.join(devices)}, commit{'s' if len(commits) > 1 else ''} {commit or '?'})",
             )
             lines += [f"![where parking pays: samples/s per mode]({args.plot.name})", ""]
+        lines += map_section([d for rs in head.values() for d in rs])
     for key in sorted(head):
         lines += workload_section(key, head[key])
     lines += engine_paths_section(paths)

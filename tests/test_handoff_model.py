@@ -14,9 +14,11 @@ from colo_fsm.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "docs" / "gpu-runs"
-MEASURED = {  # the committed runs the model is held to: (cut, file)
-    8192: "2026-12-02-h200-reasoning-cut8192-park-drain-sync-abort-6bd92a8.json",
-    32768: "2026-12-02-h200-reasoning-cut32768-park-drain-sync-791d078.json",
+MEASURED = {  # the committed runs the model is held to: (cut, max_age) -> file
+    (8192, 2): "2026-12-02-h200-reasoning-cut8192-park-drain-sync-abort-6bd92a8.json",
+    (32768, 2): "2026-12-02-h200-reasoning-cut32768-park-drain-sync-791d078.json",
+    # out of sample: the model's fixed costs were fitted to park at max_age 2 before this run
+    (8192, 1): "2026-12-03-h200-reasoning-cut8192-age1-park-drain-6f74238.json",
 }
 
 
@@ -29,15 +31,18 @@ def _timing(baseline: hm.Baseline, shape, seed: int) -> hm.Timing:
     return hm.Timing(baseline.table_at(hm.workload_context(shape, seed)))
 
 
-@pytest.mark.parametrize("cut", sorted(MEASURED))
-def test_the_model_decodes_as_many_requests_as_the_gpu_did_in_each_mode(workload, cut):
+@pytest.mark.parametrize("cut,age", sorted(MEASURED))
+def test_the_model_decodes_as_many_requests_as_the_gpu_did_in_each_mode(workload, cut, age):
     """Requests decoding per step within 3 of the H200 run's, samples/s within 10%, drain's waiting share within
-    0.05, in every mode: the admission the model runs is colo-fsm's own, so a change to it moves these."""
+    0.05, in every mode the run measured: the admission the model runs is colo-fsm's own, so a change to it moves
+    these. The ``max_age`` 1 run is out of sample: it ran after the model was written and fitted (at ``max_age`` 2),
+    and the model, unchanged, gives park 6.42 with 70 decoding and drain 4.72 with 40 (measured 6.11 and 4.68, 70
+    and 40)."""
     shape, baseline, seed = workload
-    data = json.loads((RUNS / MEASURED[cut]).read_text())
-    s = replace(shape, max_tokens=cut, max_trajectory_age_steps=2)
+    data = json.loads((RUNS / MEASURED[(cut, age)]).read_text())
+    s = replace(shape, max_tokens=cut, max_trajectory_age_steps=age)
     timing = _timing(baseline, s, seed)
-    for mode in ("park", "drain", "sync"):
+    for mode in [m for m in ("park", "drain", "sync") if m in data["modes"]]:
         row = data["modes"][mode]
         gpu_active = row["engine_step_profile_per_round"][0]["decode_graph"]["mean_active"]
         r = hm.summarize(mode, hm.run_mode(mode, s, timing, seed=seed, warmup=1, steps=3))

@@ -1,0 +1,113 @@
+"""The map of where parking pays: one row per measured point (output-length cut, ``max_age``, engine loop, model),
+with park's samples/s over each other mode's as the runs at that point give them in one process.
+
+The performance page (``bench/gpu_report.py``) opens its headline with this table, and the README quotes it
+verbatim (a test keeps the two equal). A ratio enters only as its JSON gives it, and only where both of its modes
+pass the bench's own rule (:func:`bench._handoff.ratio_refusal`: 3 or more measured steps, in steady state, some
+samples made): the map computes nothing across processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench._handoff import mode_of_ratio, ratio_refusal
+
+OTHERS = ("drain", "sync", "abort", "drain-hold")  # the modes park is measured against, in the map's column order
+
+Point = tuple[int, int, str, str]  # (cut, max_age, engine loop, model): the map's order
+
+
+def standing_ratios(d: dict[str, Any]) -> dict[str, float]:
+    """Park over each other mode in one run's JSON (``{"drain": 1.31, ...}``), only the ratios whose two modes
+    each pass the bench's rule (an older JSON's ratio between shorter or filling windows is left out)."""
+    out: dict[str, float] = {}
+    modes = d.get("modes") or {}
+    for key, value in d.items():
+        if not key.startswith("ratio_park_over_") or key.endswith(("_cpu", "_per_round")):
+            continue
+        if not isinstance(value, float):
+            continue
+        other = mode_of_ratio(key)
+        if ratio_refusal("park", modes.get("park")) is None and ratio_refusal(other, modes.get(other)) is None:
+            out[other] = value
+    return out
+
+
+@dataclass
+class MapRow:
+    """One measured point: every standing ratio of its runs, the modes measured there, park's rate per run."""
+
+    point: Point
+    ratios: dict[str, list[float]] = field(default_factory=dict)
+    measured: set[str] = field(default_factory=set)
+    park: list[float] = field(default_factory=list)
+
+    def cell(self, other: str) -> str:
+        """The ratios against ``other``, oldest run first; ``no ratio`` where it ran but never beside a park that
+        gives one; ``-`` where it did not run."""
+        if self.ratios.get(other):
+            return ", ".join(f"{r:.3f}" for r in self.ratios[other])
+        return "no ratio" if other in self.measured else "-"
+
+
+def point_of(d: dict[str, Any]) -> Point:
+    """Where one run sits on the map."""
+    shape = d["shape"]
+    return (
+        int(shape["max_tokens"]),
+        int(shape["max_trajectory_age_steps"]),
+        str(d.get("engine", "direct")),
+        str(d["model"]),
+    )
+
+
+def map_rows(runs: list[dict[str, Any]]) -> list[MapRow]:
+    """The map of ``runs`` (the headline's, oldest first), one row per point, by cut, age, loop and model."""
+    rows: dict[Point, MapRow] = {}
+    for d in runs:
+        row = rows.setdefault(point_of(d), MapRow(point_of(d)))
+        modes = d.get("modes") or {}
+        row.measured |= {m for m, r in modes.items() if "samples_per_s" in (r or {})}
+        for other, value in standing_ratios(d).items():
+            row.ratios.setdefault(other, []).append(value)
+        park = modes.get("park")
+        if ratio_refusal("park", park) is None:
+            assert park is not None
+            row.park.append(float(park["samples_per_s"]))
+    return [rows[p] for p in sorted(rows)]
+
+
+def map_table(runs: list[dict[str, Any]]) -> list[str]:
+    """The map as Markdown table lines (a column per mode park was measured against at any point)."""
+    rows = map_rows(runs)
+    others = [m for m in OTHERS if any(m in r.measured for r in rows)]
+    lines = [
+        "| cut | max_age | engine loop | model | "
+        + " | ".join(f"park / {m}" for m in others)
+        + " | park samples/s, each run |",
+        "|---|---|---|---|" + "---|" * len(others) + "---|",
+    ]
+    for r in rows:
+        cut, age, engine, model = r.point
+        cells = [f"{cut:,}", str(age), engine, model, *(r.cell(m) for m in others)]
+        cells.append(", ".join(f"{x:.2f}" for x in r.park) or "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+INTRO = (
+    "Park's samples/s over each other mode's, one figure per process that measured both, each mode at 3 or more "
+    "measured steps in steady state. Above 1, parking paid at that point; `-`: the mode did not run there; "
+    "`no ratio`: it ran only in processes without a park that gives one (its figures are in the point's section "
+    "below)."
+)
+
+
+def map_section(runs: list[dict[str, Any]]) -> list[str]:
+    """The page's section: a heading, what a cell means, the table."""
+    return ["### Where parking pays: the map", "", INTRO, "", *map_table(runs), ""]
+
+
+__all__ = ["INTRO", "MapRow", "map_rows", "map_section", "map_table", "point_of", "standing_ratios"]

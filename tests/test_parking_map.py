@@ -1,0 +1,136 @@
+"""bench/parking_map.py: the map of where parking pays, from the runs' own ratios, and the README's copy of it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import gpu_report, parking_map  # noqa: E402
+from bench._handoff import ratio_name  # noqa: E402
+
+HEADLINE = ("6bd92a8", "791d078", "b1df85d", "4366d6d", "6f74238")  # the commits PERFORMANCE.md is generated from
+
+
+def _mode(rate: float, steps: int = 3, made: int = 768) -> dict:
+    return {
+        "samples_per_s": rate,
+        "measured_steps": steps,
+        "fresh_samples": made,
+        "trained_samples": 768,
+    }
+
+
+def _run(modes: dict, cut: int = 8192, age: int = 2, engine: str = "direct", model: str = "gpt200m", **ratios) -> dict:
+    return {
+        "model": model,
+        "engine": engine,
+        "shape": {"max_tokens": cut, "max_trajectory_age_steps": age},
+        "modes": modes,
+        **{f"ratio_park_over_{k}": v for k, v in ratios.items()},
+    }
+
+
+def test_a_ratio_stands_only_where_both_of_its_modes_pass_the_benchs_rule():
+    """Each ratio the JSON gives, by the mode it divides by; none beside a park, or another mode, with fewer than 3
+    measured steps, a filling buffer, or no sample made; the CPU-time and per-round ratios are not figures."""
+    ok = _run(
+        {"park": _mode(8.0), "drain": _mode(5.0), "drain-hold": _mode(7.0)},
+        drain=1.6,
+        drain_hold=1.143,
+        drain_cpu=1.5,
+        drain_per_round=[1.6],
+    )
+    assert parking_map.standing_ratios(ok) == {"drain": 1.6, "drain-hold": 1.143}
+    short = _run({"park": _mode(8.0), "sync": _mode(4.0, steps=2)}, sync=2.0)
+    assert parking_map.standing_ratios(short) == {}
+    filling = _run({"park": _mode(8.0, made=1280), "sync": _mode(4.0)}, sync=2.0)
+    assert parking_map.standing_ratios(filling) == {}
+    nothing = _run({"park": _mode(8.0), "drain": _mode(0.0)}, drain=float("inf"))
+    assert parking_map.standing_ratios(nothing) == {}
+
+
+def test_the_map_has_a_row_per_point_and_every_runs_ratio_in_it():
+    """One row per (cut, max_age, engine loop, model), in that order; a point's ratios oldest run first; a mode
+    run only beside no park says ``no ratio``, one never run ``-``; a column only for a mode run somewhere;
+    park's rate from every run whose park stands."""
+    runs = [
+        _run({"park": _mode(8.0), "drain": _mode(5.0)}, drain=1.6),
+        _run({"park": _mode(7.0), "drain": _mode(5.6), "sync": _mode(4.6)}, drain=1.25, sync=1.522),
+        _run({"park": _mode(5.5), "sync": _mode(3.5)}, cut=32768, sync=1.571),
+        _run({"park": _mode(9.0), "abort": _mode(8.6)}, engine="coordinator", abort=1.047),
+        _run({"drain": _mode(5.2), "sync": _mode(5.0)}, engine="coordinator"),
+        _run({"park": _mode(6.0, steps=2), "sync": _mode(4.0)}, model="gpt1b"),
+    ]
+    table = parking_map.map_table(runs)
+    assert table[0] == (
+        "| cut | max_age | engine loop | model | park / drain | park / sync | park / abort | park samples/s, each run |"
+    )
+    assert table[2:] == [
+        "| 8,192 | 2 | coordinator | gpt200m | no ratio | no ratio | 1.047 | 9.00 |",
+        "| 8,192 | 2 | direct | gpt1b | - | no ratio | - | - |",
+        "| 8,192 | 2 | direct | gpt200m | 1.600, 1.250 | 1.522 | - | 8.00, 7.00 |",
+        "| 32,768 | 2 | direct | gpt200m | - | 1.571 | - | 5.50 |",
+    ]
+    section = parking_map.map_section(runs)
+    assert section[0] == "### Where parking pays: the map" and parking_map.INTRO in section
+
+
+def test_the_page_opens_its_headline_with_the_map(tmp_path):
+    """The performance page carries the map of its headline's runs, after the picture and before the first point's
+    section; an older commit's run is not on it."""
+    import json
+
+    for name, run, commit in (
+        ("new.json", _run({"park": _mode(8.0), "drain": _mode(5.0)}, drain=1.6), "abc1234"),
+        ("old.json", _run({"park": _mode(9.0), "drain": _mode(3.0)}, drain=3.0), "0ld0000"),
+    ):
+        run.update(benchmark="inflight_handoff", commit=commit, machine={"device": "NVIDIA H200"})
+        run["date"] = "2026-12-02T01:00:00+00:00" if commit == "abc1234" else "2026-12-01T01:00:00+00:00"
+        (tmp_path / name).write_text(json.dumps(run))
+    page = tmp_path / "PERFORMANCE.md"
+    assert gpu_report.main([str(tmp_path), "--out", str(page), "--commits", "abc1234"]) == 0
+    head = page.read_text().split("## History")[0]
+    assert head.index("### Where parking pays: the map") < head.index("### gpt200m, output lengths cut at 8,192")
+    assert "| 8,192 | 2 | direct | gpt200m | 1.600 | 8.00 |" in head and "3.000" not in head
+
+
+def test_the_readme_quotes_the_committed_map_verbatim():
+    """The README's map is the one the committed headline runs give, line for line: a ratio edited in the README,
+    or a run added to the headline without the README following, turns this red."""
+    _, head, _ = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
+    table = parking_map.map_table([d for runs in head.values() for d in runs])
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "\n".join(table) in readme, "README.md's map of where parking pays differs from the runs':\n" + "\n".join(
+        table
+    )
+    performance = (ROOT / "docs" / "gpu-runs" / "PERFORMANCE.md").read_text(encoding="utf-8")
+    assert "\n".join(table) in performance, "regenerate docs/gpu-runs/PERFORMANCE.md (bench/gpu_report.py)"
+
+
+def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_its_ratios_at_top_level():
+    """The committed evidence as a reader finds it: each headline JSON's name holds ``reasoning``, its cut and its
+    commit (and ``gpt1b`` or ``age1`` where it leaves the default model or age); each of its modes ran 3 or more
+    measured steps, or the JSON says why it gives no ratio; every ratio is a top-level key; the runs since the
+    in-flight record (6f74238) carry one count per measured handoff of every mode with a collector."""
+    _, head, _ = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
+    runs = [d for rs in head.values() for d in rs]
+    assert len(runs) == 11
+    for d in runs:
+        name, cut = d["_file"], d["shape"]["max_tokens"]
+        assert "reasoning" in name and f"cut{cut}" in name and d["commit"] in name, name
+        if d["model"] != "gpt200m":
+            assert d["model"] in name, name
+        if d["shape"]["max_trajectory_age_steps"] != 2:
+            assert f"age{d['shape']['max_trajectory_age_steps']}" in name, name
+        short = [m for m, r in d["modes"].items() if r.get("measured_steps", 0) < 3]
+        assert all(any(m in why for why in d["no_ratio"].values()) for m in short), (name, short)
+        for other in [m for m in d["modes"] if m != "park" and "park" in d["modes"]]:  # a ratio, or why none
+            assert f"ratio_{ratio_name(other)}" in d or ratio_name(other) in d["no_ratio"], (name, other)
+        if d["commit"] == "6f74238":
+            for m, r in d["modes"].items():
+                if m != "sync":
+                    assert len(r["groups_in_flight_at_handoff"]) == r["measured_steps"], (name, m)
