@@ -225,7 +225,8 @@ STAGES: tuple[Stage, ...] = (
     ),
     _detached(
         "reasoning-8k-age1",
-        "park and drain at --max-age 1 (one step of staleness allowed); ~9 min, close to one remote call: --detach",
+        "park and drain at --max-age 1 (one step of staleness allowed); ~8 min (488 s at 6f74238), too close to one "
+        "remote call with the wheels' install: --detach",
         _handoff(8192, "park,drain", "--no-graph-baseline", age=1),
         900,
     ),
@@ -246,8 +247,8 @@ STAGES: tuple[Stage, ...] = (
     ),
     _detached(
         "reasoning-8k-gpt1b",
-        "the ~1B GPT: park and sync at cut 8,192 (its length is not yet measured: a decode step of 5x the weights "
-        "of gpt200m's, so up to 20 min): --detach",
+        "the ~1B GPT: park and sync at cut 8,192; ~9 min (533 s at 6f74238), too close to one remote call with the "
+        "wheels' install: --detach",
         _handoff(8192, "park,sync", "--no-graph-baseline", model="gpt1b"),
         1200,
     ),
