@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS, buffer_growth, mode_of_ratio  # the bench's own rules
-from bench.parking_map import map_section, standing_ratios
+from bench.parking_map import map_section, plot_map, standing_ratios
 
 MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key spells drain-hold drain_hold (ratio_name)
 
@@ -549,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu report", description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path, help="where the JSON is (e.g. docs/gpu-runs)")
     ap.add_argument("--out", type=Path, default=None, help="the Markdown page (default: print it)")
-    ap.add_argument("--plot", type=Path, default=None, help="the picture of the headline (PNG)")
+    ap.add_argument(
+        "--plot", type=Path, default=None, help="the picture of the headline (PNG); the map's goes beside it (-map.png)"
+    )
     ap.add_argument("--notes", type=Path, default=None, help="Markdown placed after the headline tables (by hand)")
     ap.add_argument("--include-cpu", action="store_true", help="also CPU runs (the smoke twins: to test this page)")
     ap.add_argument(
@@ -585,7 +587,12 @@ def main(argv: list[str] | None = None) -> int:
                 title=f"Where parking pays (one {', '.join(devices)}, commit{'s' if len(commits) > 1 else ''} {commit or '?'})",
             )
             lines += [f"![where parking pays: samples/s per mode]({args.plot.name})", ""]
-        lines += map_section([d for rs in head.values() for d in rs])
+        every = [d for rs in head.values() for d in rs]
+        picture = None
+        if args.plot is not None:  # the map's own picture, beside the bars: <plot>-map.png
+            picture = args.plot.with_name(f"{args.plot.stem}-map{args.plot.suffix}")
+            plot_map(every, picture, title=f"Where parking pays: the map (commits {commit or '?'})")
+        lines += map_section(every, picture.name if picture else None)
     for key in sorted(head):
         lines += workload_section(key, head[key])
     lines += engine_paths_section(paths)

@@ -92,10 +92,13 @@ def test_the_page_opens_its_headline_with_the_map(tmp_path):
         run["date"] = "2026-12-02T01:00:00+00:00" if commit == "abc1234" else "2026-12-01T01:00:00+00:00"
         (tmp_path / name).write_text(json.dumps(run))
     page = tmp_path / "PERFORMANCE.md"
-    assert gpu_report.main([str(tmp_path), "--out", str(page), "--commits", "abc1234"]) == 0
+    argv = [str(tmp_path), "--out", str(page), "--commits", "abc1234", "--plot", str(tmp_path / "bars.png")]
+    assert gpu_report.main(argv) == 0
     head = page.read_text().split("## History")[0]
     assert head.index("### Where parking pays: the map") < head.index("### gpt200m, output lengths cut at 8,192")
     assert "| 8,192 | 2 | direct | gpt200m | 1.600 | 8.00 |" in head and "3.000" not in head
+    assert (tmp_path / "bars-map.png").stat().st_size > 0  # the map's picture, beside the bars, on the page
+    assert head.index("![where parking pays: the map](bars-map.png)") < head.index("### gpt200m, output lengths")
 
 
 def test_the_readme_quotes_the_committed_map_verbatim():
