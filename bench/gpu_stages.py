@@ -14,6 +14,9 @@ from pathlib import Path
 
 HANDOFF = ("bench/inflight_handoff.py", "--workload", "reasoning")
 SMOKE_HANDOFF = ("--smoke", "--model", "small", "--max-len", "48")  # later options win: the CPU shape
+# a coordinator stage's CPU twin: megatron's coordinator needs a GPU, so the twin runs the rest of the path on the
+# direct engine (a later --engine wins)
+SMOKE_COORDINATOR = (*SMOKE_HANDOFF, "--engine", "direct")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ def _handoff(
     steps: int = 3,
     engine: str = "direct",
 ) -> tuple[str, ...]:
+    """The handoff bench's argv at one point (cut, modes, model, age, order, engine loop: ``--engine`` unless
+    direct), ``extra`` after it, and a JSON name that says the point."""
     tail = ("" if order == "start" else f"_{order}-order") + ("" if engine == "direct" else f"_{engine}")
     name = f"inflight_handoff_reasoning_{model}_cut{cut}_age{age}_{modes.replace(',', '-')}{tail}.json"
     return (
@@ -64,6 +69,7 @@ def _handoff(
         modes,
         "--steps",
         str(steps),
+        *(() if engine == "direct" else ("--engine", engine)),
         *extra,
         "--out",
         f"{{out}}/{name}",
@@ -150,27 +156,27 @@ STAGES: tuple[Stage, ...] = (
         "one at aaf3a49): the pure graph decode, then park, drain, sync and abort on one engine, the headline's modes "
         "and park's decode against the graph decode in one process, on the path users run; ~15 min (the four modes "
         "took 759 s at 4366d6d): --detach",
-        _handoff(8192, "park,drain,sync,abort", "--engine", "coordinator", engine="coordinator"),
+        _handoff(8192, "park,drain,sync,abort", engine="coordinator"),
         1500,
-        smoke=(*SMOKE_HANDOFF, "--engine", "direct"),  # the coordinator needs a GPU; the rest of the path runs
+        smoke=SMOKE_COORDINATOR,
     ),
     Stage(
         "reasoning-8k-coordinator-park-drain",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and drain in one process, so park / "
         "drain on the faster path has a second one-process figure (the first, 1.316 at 4366d6d, had a handoff that "
         "drained nothing; this run's JSON says how many groups each handoff found); ~7 min",
-        _handoff(8192, "park,drain", "--no-graph-baseline", "--engine", "coordinator", engine="coordinator"),
+        _handoff(8192, "park,drain", "--no-graph-baseline", engine="coordinator"),
         600,
-        smoke=(*SMOKE_HANDOFF, "--engine", "direct"),
+        smoke=SMOKE_COORDINATOR,
         default=False,
     ),
     _detached(
         "reasoning-32k-coordinator",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park, drain and sync (the long tail on "
         "the faster path; measured on the direct path only so far); ~15 min: --detach",
-        _handoff(32768, "park,drain,sync", "--no-graph-baseline", "--engine", "coordinator", engine="coordinator"),
+        _handoff(32768, "park,drain,sync", "--no-graph-baseline", engine="coordinator"),
         2400,
-        smoke=(*SMOKE_HANDOFF, "--engine", "direct"),
+        smoke=SMOKE_COORDINATOR,
     ),
     Stage(
         "reasoning-8k-drain-sync",
@@ -385,4 +391,4 @@ BY_NAME = {s.name: s for s in STAGES}
 NAME_WIDTH = max(len(s.name) for s in STAGES) + 1  # the stage-name column of --list and of the summary
 
 
-__all__ = ["BY_NAME", "HANDOFF", "NAME_WIDTH", "SMOKE_HANDOFF", "STAGES", "Stage"]
+__all__ = ["BY_NAME", "HANDOFF", "NAME_WIDTH", "SMOKE_COORDINATOR", "SMOKE_HANDOFF", "STAGES", "Stage"]

@@ -67,7 +67,8 @@ def map_rows(runs: list[dict[str, Any]]) -> list[MapRow]:
     """The map of ``runs`` (the headline's, oldest first), one row per point, by cut, age, loop and model."""
     rows: dict[Point, MapRow] = {}
     for d in runs:
-        row = rows.setdefault(point_of(d), MapRow(point_of(d)))
+        point = point_of(d)
+        row = rows.setdefault(point, MapRow(point))
         modes = d.get("modes") or {}
         row.measured |= {m for m, r in modes.items() if "samples_per_s" in (r or {})}
         for other, value in standing_ratios(d).items():

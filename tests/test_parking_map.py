@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -82,8 +83,6 @@ def test_the_map_has_a_row_per_point_and_every_runs_ratio_in_it():
 def test_the_page_opens_its_headline_with_the_map(tmp_path):
     """The performance page carries the map of its headline's runs, after the picture and before the first point's
     section; an older commit's run is not on it."""
-    import json
-
     for name, run, commit in (
         ("new.json", _run({"park": _mode(8.0), "drain": _mode(5.0)}, drain=1.6), "abc1234"),
         ("old.json", _run({"park": _mode(9.0), "drain": _mode(3.0)}, drain=3.0), "0ld0000"),
