@@ -19,7 +19,6 @@ Nothing is computed that the JSON does not hold but medians and ranges of its ow
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import xml.etree.ElementTree as ET
@@ -27,102 +26,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS, buffer_growth, mode_of_ratio  # the bench's own rules
-from bench.parking_map import map_section, plot_map, standing_ratios
-
-MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key spells drain-hold drain_hold (ratio_name)
-
-Key = tuple[str, int, int]
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def is_handoff(path: Path, data: Any) -> bool:
-    """A run of ``bench/inflight_handoff.py``, on either engine path (by its content, or its file name)."""
-    if not isinstance(data, dict) or not isinstance(data.get("modes"), dict) or "shape" not in data:
-        return False
-    return data.get("benchmark") == "inflight_handoff" or "inflight_handoff" in path.name
-
-
-def workload_model(data: dict[str, Any]) -> str:
-    """The model as a workload's heading names it: a run on megatron-core's coordinator loop is its own workload
-    (its figures are never pooled with the direct engine's)."""
-    engine = data.get("engine", "direct")
-    return str(data["model"]) if engine == "direct" else f"{data['model']} on the {engine} loop"
-
-
-def load(folder: Path, *, include_cpu: bool = False) -> tuple[dict[Key, list[dict[str, Any]]], list[tuple[Path, Any]]]:
-    """Handoff runs grouped by workload ``(model, cut, max_age)``, oldest first, and the engine-path runs."""
-    runs: dict[Key, list[dict[str, Any]]] = defaultdict(list)
-    paths = []
-    for path in sorted(folder.glob("*.json")):
-        data = _read_json(path)
-        if isinstance(data, dict) and isinstance(data.get("compare"), dict):
-            paths.append((path, data))
-            continue
-        if not is_handoff(path, data):
-            continue
-        if data.get("machine", {}).get("device", "cpu") == "cpu" and not include_cpu:
-            continue
-        shape = data["shape"]
-        data["_file"] = path.name
-        runs[(workload_model(data), int(shape["max_tokens"]), int(shape["max_trajectory_age_steps"]))].append(data)
-    for key in runs:
-        runs[key].sort(key=lambda d: (str(d.get("date") or ""), d["_file"]))
-    return dict(runs), paths
-
-
-def split_history(
-    runs: dict[Key, list[dict[str, Any]]], commits: tuple[str, ...] = ()
-) -> tuple[str | None, dict[Key, list[dict[str, Any]]], dict[Key, list[dict[str, Any]]]]:
-    """``(commit, headline, history)``: the headline's commit(s), their runs, and every other run. The headline is
-    the runs of ``commits`` (commits the caller states run the same measured code), else of the newest run's."""
-    every = [d for rs in runs.values() for d in rs]
-    if not every:
-        return None, {}, {}
-    newest = max(every, key=lambda d: (str(d.get("date") or ""), d["_file"]))
-    chosen = set(commits) if commits else {newest.get("commit")}
-    head: dict[Key, list[dict[str, Any]]] = {}
-    hist: dict[Key, list[dict[str, Any]]] = {}
-    for key, rs in runs.items():
-        for d in rs:
-            now = (d is newest and not commits) or (d.get("commit") is not None and d.get("commit") in chosen)
-            (head if now else hist).setdefault(key, []).append(d)
-    return (", ".join(commits) if commits else newest.get("commit")), head, hist
+from bench._handoff import mode_of_ratio  # the bench's own rules
+from bench.gpu_plots import plot_bars, plot_map
+from bench.gpu_runs import MODES, Key, in_median, load, measured, min_steps, read_json, split_history, unsteady
+from bench.parking_map import map_section
 
 
 def _fmt(x: Any, spec: str = "{:.2f}") -> str:
     return "-" if x is None or (isinstance(x, float) and x != x) else spec.format(x)
-
-
-def _min_steps(d: dict[str, Any]) -> int:
-    return int(d.get("min_steps_for_a_ratio") or MIN_STEPS)
-
-
-def _measured(d: dict[str, Any], m: str) -> dict[str, Any] | None:
-    row = d["modes"].get(m) or {}
-    return row if "samples_per_s" in row else None
-
-
-def unsteady(r: dict[str, Any]) -> str | None:
-    """Why a mode's window was no steady state (None when it was, or when the row cannot say): it made more
-    than :data:`~bench._handoff.MAX_BUFFER_GROWTH` more (or fewer) samples than it trained, so its buffer was
-    filling (or emptying). Older JSON has no ``buffer_growth``; it is the same arithmetic on its own counts."""
-    growth = buffer_growth(r)
-    if growth is None or abs(growth) <= MAX_BUFFER_GROWTH:
-        return None
-    made, trained = r["fresh_samples"], r["trained_samples"]
-    return f"made {made:,} and trained {trained:,} in its window ({growth:+.0%}): its buffer was filling"
-
-
-def _counted(d: dict[str, Any], r: dict[str, Any]) -> bool:
-    """Whether a run's mode enters a median: enough measured steps, in steady state."""
-    return r["measured_steps"] >= _min_steps(d) and unsteady(r) is None
 
 
 def steps_text(d: dict[str, Any], row: dict[str, Any]) -> str:
@@ -142,16 +53,16 @@ def steps_text(d: dict[str, Any], row: dict[str, Any]) -> str:
 
 def mode_row(name: str, rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
     """One summary row for mode ``name`` over the runs that measured it (``(run, row)`` pairs, oldest first)."""
-    counted = [(d, r) for d, r in rows if _counted(d, r)]
+    counted = [(d, r) for d, r in rows if in_median(d, r)]
     rates = [r["samples_per_s"] for _, r in counted]
     median = statistics.median(rates) if rates else None
     each = []
     for d, r in rows:
         short = (
             ""
-            if _counted(d, r)
+            if in_median(d, r)
             else "; not in the median"
-            if r["measured_steps"] < _min_steps(d)
+            if r["measured_steps"] < min_steps(d)
             else "; not steady: not in the median"
         )
         each.append(f"{_fmt(r['samples_per_s'])} ({steps_text(d, r)}{short})")
@@ -199,28 +110,28 @@ def ratio_lines(d: dict[str, Any]) -> str:
             short = [
                 f"{m} has {r['measured_steps']}"
                 for m in ("park", other)
-                if (r := _measured(d, m)) is not None and r["measured_steps"] < _min_steps(d)
+                if (r := measured(d, m)) is not None and r["measured_steps"] < min_steps(d)
             ]
             if short:
                 parts.append(
                     f"{name} {v:.2f} as this JSON computed it ({', '.join(short)} measured step(s): below the "
-                    f"{_min_steps(d)}-step rule, not a ratio by it)"
+                    f"{min_steps(d)}-step rule, not a ratio by it)"
                 )
                 continue
-            filling = [f"{m} {why}" for m in ("park", other) if (r := _measured(d, m)) and (why := unsteady(r))]
+            filling = [f"{m} {why}" for m in ("park", other) if (r := measured(d, m)) and (why := unsteady(r))]
             if filling:
                 parts.append(
                     f"{name} {v:.2f} as this JSON computed it ({'; '.join(filling)}: no steady state, not a ratio "
                     "by the rule the bench has applied since)"
                 )
                 continue
-        park = _measured(d, "park")
+        park = measured(d, "park")
         if name.startswith("park_decode_over_graph_decode"):  # against the baseline's rows, or its matched ones
             suffix = name[len("park_decode_over_graph_decode") :]
-            if park is not None and park["measured_steps"] < _min_steps(d):
+            if park is not None and park["measured_steps"] < min_steps(d):
                 parts.append(
                     f"{name} {v:.2f} as this JSON computed it (park has {park['measured_steps']} measured step(s): "
-                    f"below the {_min_steps(d)}-step rule)"
+                    f"below the {min_steps(d)}-step rule)"
                 )
                 continue
             rate = d.get(f"graph_decode{suffix}_tokens_per_s")
@@ -295,7 +206,7 @@ def decode_lines(runs: list[dict[str, Any]]) -> list[str]:
         (d, m, prof)
         for d in runs
         for m in MODES
-        if (r := _measured(d, m)) is not None
+        if (r := measured(d, m)) is not None
         for prof in r.get("engine_step_profile_per_round") or []
         if isinstance(prof.get("decode_graph"), dict)
     ]
@@ -328,11 +239,11 @@ def workload_section(key: Key, runs: list[dict[str, Any]]) -> list[str]:
     by_mode: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
     for d in runs:
         for m in MODES:
-            if (r := _measured(d, m)) is not None:
+            if (r := measured(d, m)) is not None:
                 by_mode[m].append((d, r))
     lines += [mode_row(m, by_mode[m]) for m in MODES if m in by_mode]
     lines += ["", "Each run's rows:", "", *RUN_HEADER]
-    lines += [run_row(d, m, r) for d in runs for m in MODES if (r := _measured(d, m)) is not None]
+    lines += [run_row(d, m, r) for d in runs for m in MODES if (r := measured(d, m)) is not None]
     lines += ["", "Ratios, as each JSON gives them:", "", *[ratio_lines(d) for d in runs], ""]
     return lines + decode_lines(runs)
 
@@ -352,7 +263,7 @@ def history_section(hist: dict[Key, list[dict[str, Any]]]) -> list[str]:
         model, cut, age = key
         lines += [f"### {model}, output lengths cut at {cut:,}, max_age {age} (history)", ""]
         lines += [*run_list(hist[key]), "", *RUN_HEADER]
-        lines += [run_row(d, m, r) for d in hist[key] for m in MODES if (r := _measured(d, m)) is not None]
+        lines += [run_row(d, m, r) for d in hist[key] for m in MODES if (r := measured(d, m)) is not None]
         failed = [f"{m}: {r.get('error')}" for d in hist[key] for m, r in d["modes"].items() if r.get("error")]
         lines += ["", *[ratio_lines(d) for d in hist[key]], *[f"* failed mode {f[:200]}" for f in failed], ""]
     return lines
@@ -402,7 +313,7 @@ def engine_loop_section(folder: Path) -> list[str]:
     """``bench/engine_loop.py``'s JSON: the direct engine loop's own host cost per decode step (no model)."""
     lines: list[str] = []
     for path in sorted(folder.glob("*.json")):
-        d = _read_json(path)
+        d = read_json(path)
         if not isinstance(d, dict) or d.get("bench") != "engine_loop":
             continue
         load_avg = d.get("machine", {}).get("loadavg_start") or [float("nan")]
@@ -462,73 +373,6 @@ def tests_section(folder: Path) -> list[str]:
     return lines
 
 
-def plot(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> None:
-    """Bars: each mode's samples/s (median of its runs with enough steps) per workload; whiskers: the range over
-    single steps; dots: each run's figure (hollow: a run with fewer steps, not in the median)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = sorted(runs)
-    fig, axes = plt.subplots(1, len(keys), figsize=(6.4 * len(keys), 4.4), squeeze=False)
-    colors = {"park": "#2a7ab9", "drain": "#d9822b", "sync": "#8c8c8c", "abort": "#b93a3a", "drain-hold": "#e0b04a"}
-    for ax, key in zip(axes[0], keys):
-        xs, labels = [], []
-        for m in MODES:
-            rows = [(d, r) for d in runs[key] if (r := _measured(d, m)) is not None]
-            if not rows:
-                continue
-            x = len(xs)
-            counted = [(d, r) for d, r in rows if _counted(d, r)]
-            rates = [r["samples_per_s"] for _, r in counted]
-            steps = [
-                s for _, r in counted for s in ((r.get("step_samples_per_s") or {}).get(k) for k in ("min", "max"))
-            ]
-            if rates:
-                med = statistics.median(rates)
-                lo, hi = (
-                    min([med, *[s for s in steps if s is not None]]),
-                    max([med, *[s for s in steps if s is not None]]),
-                )
-                ax.bar(x, med, 0.6, color=colors[m], alpha=0.85, yerr=[[med - lo], [hi - med]], capsize=5)
-                n = sum(int(r["measured_steps"]) for _, r in counted)
-                ax.text(x, hi, f"{med:.2f}\n{len(rates)} run(s), {n} steps", ha="center", va="bottom", fontsize=8)
-            for d, r in rows:
-                full = _counted(d, r)
-                ax.plot(
-                    x + 0.18,
-                    r["samples_per_s"],
-                    "o",
-                    color="black" if full else "none",
-                    markeredgecolor="black",
-                    markersize=4,
-                )
-                if r.get("trained_samples_per_s") is not None:
-                    ax.plot(x - 0.18, r["trained_samples_per_s"], "x", color="black", markersize=5)
-            xs.append(x)
-            labels.append(m)
-        ax.set_xticks(xs, labels)
-        model, cut, age = key
-        ratios = [f"park/{m} {v:.3f}" for d in runs[key] for m, v in standing_ratios(d).items()]
-        ax.set_title(f"{model}, cut {cut:,}, max_age {age}\n{', '.join(ratios)}", fontsize=9)
-        ax.set_ylabel("samples / s made in the measured window")
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
-    fig.suptitle(title or "Where parking pays", fontsize=10)
-    fig.text(
-        0.5,
-        0.01,
-        "bar: median of runs with >= 3 measured steps in steady state; whisker: single steps\n"
-        "dot: each run (hollow: fewer steps, or a filling buffer); x: each run's trained samples/s\n"
-        "ratios: each from the one run that measured both modes",
-        ha="center",
-        fontsize=7,
-    )
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 HEADER = """## Performance on one H200
 
 Generated by `{command}` (`bench/gpu_report.py`) from the
@@ -581,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
         if args.plot is not None:
-            plot(
+            plot_bars(
                 head,
                 args.plot,
                 title=f"Where parking pays (one {', '.join(devices)}, commit{'s' if len(commits) > 1 else ''} {commit or '?'})",
@@ -613,4 +457,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["is_handoff", "load", "main", "plot", "split_history"]
+__all__ = ["decode_lines", "engine_paths_section", "main", "ratio_lines", "workload_section"]

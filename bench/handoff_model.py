@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import gpu_report  # noqa: E402  (after the sys.path line above)
+from bench import gpu_runs  # noqa: E402  (after the sys.path line above)
 from bench._handoff import MAX_BUFFER_GROWTH, decode_weighted_context  # noqa: E402
 from bench.inflight_handoff import Shape, output_length  # noqa: E402
 from colo_fsm.adapters.protocols import Completion  # noqa: E402
@@ -349,9 +349,9 @@ def measured(
 ) -> dict[tuple[int, int, str, str], list[tuple[float, float | None]]]:
     """The committed GPU runs of ``commits`` (gpt200m, direct engine) of the model's workload, warm-up and window:
     ``(cut, age, order, mode)`` -> every run's (samples/s, requests per decode-only graph step). The runs are the
-    report's (:func:`bench.gpu_report.load`), so the model and PERFORMANCE.md read the same files."""
+    report's (:func:`bench.gpu_runs.load`), so the model and PERFORMANCE.md read the same files."""
     out: dict[tuple[int, int, str, str], list[tuple[float, float | None]]] = {}
-    runs, _ = gpu_report.load(folder)
+    runs, _ = gpu_runs.load(folder)
     for (model, _cut, _age), group in sorted(runs.items()):
         for d in group:
             sh = d["shape"]

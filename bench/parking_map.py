@@ -121,50 +121,6 @@ TARGETS: dict[tuple[int, str], float] = {
     (32768, "drain"): 2.0,
     (32768, "sync"): 2.5,
 }
-COLORS = {"drain": "#d9822b", "sync": "#8c8c8c", "abort": "#b93a3a", "drain-hold": "#e0b04a"}
-
-
-def point_label(point: Point) -> str:
-    """A row's name on the picture: ``cut 8,192, max_age 2, coordinator, gpt200m``."""
-    cut, age, engine, model = point
-    return f"cut {cut:,}, max_age {age}, {engine}, {model}"
-
-
-def plot_map(runs: list[dict[str, Any]], path: Any, title: str = "") -> None:
-    """The map as a picture: a row per point, a dot per one-process ratio (a colour per mode park was measured
-    against), the line at 1 (parking pays to its right) and, on the workload's own point, each target as a bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = map_rows(runs)[::-1]  # the first point at the top
-    others = [m for m in OTHERS if any(r.ratios.get(m) for r in rows)]
-    fig, ax = plt.subplots(figsize=(10.0, 1.4 + 0.55 * len(rows)))
-    for y, row in enumerate(rows):
-        cut, age, _, model = row.point
-        for i, m in enumerate(others):
-            dy = (i - (len(others) - 1) / 2) * 0.16
-            xs = row.ratios.get(m, [])
-            ax.plot(xs, [y + dy] * len(xs), "o", color=COLORS[m], markersize=6, label=f"park / {m}")
-            target = TARGETS.get((cut, m)) if (model, age) == ("gpt200m", 2) else None
-            if target is not None:
-                ax.plot([target], [y + dy], "|", color=COLORS[m], markersize=14, markeredgewidth=2.5)
-    marks = [x for r in rows for xs in r.ratios.values() for x in xs] + list(TARGETS.values())
-    ax.set_xlim(min(0.95, min(marks) - 0.05), max(marks) + 0.15)
-    ax.axvline(1.0, color="black", linewidth=1)
-    ax.text(1.01, len(rows) - 0.45, "parking pays to the right", fontsize=8, va="top")
-    ax.set_yticks(range(len(rows)), [point_label(r.point) for r in rows], fontsize=8)
-    ax.set_ylim(-0.6, len(rows) - 0.4)
-    ax.set_xlabel("park's samples/s over the other mode's, one process (dot: a run; bar: the target)")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(axis="x", alpha=0.3)
-    ax.set_title(title or "Where parking pays: the map", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 __all__ = [
@@ -174,8 +130,6 @@ __all__ = [
     "map_rows",
     "map_section",
     "map_table",
-    "plot_map",
-    "point_label",
     "point_of",
     "standing_ratios",
 ]

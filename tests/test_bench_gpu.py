@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import gpu, gpu_report  # noqa: E402
+from bench import gpu, gpu_report, gpu_runs  # noqa: E402
 
 WRITE_JSON = (
     "-c",
@@ -163,15 +163,15 @@ def test_the_performance_page_is_the_json_and_nothing_else(tmp_path):
     assert "commit `0ld0000`" in history and "| park | 10.80 |" in history
     assert "park_over_sync 2.51 as this JSON computed it (park has 1, sync has 1 measured step(s)" in history
     assert (tmp_path / "map.png").stat().st_size > 0 and "![where parking pays: samples/s per mode](map.png)" in text
-    commit, now, old = gpu_report.split_history(gpu_report.load(tmp_path)[0])
+    commit, now, old = gpu_runs.split_history(gpu_runs.load(tmp_path)[0])
     assert commit == "abc1234" and len(now[("gpt200m", 8192, 2)]) == 3 and len(old[("gpt200m", 8192, 2)]) == 1
     cpu = tmp_path / "cpu"
     cpu.mkdir()
     _handoff_json(cpu / "inflight_handoff_reasoning_smoke.json", {"park": {}}, machine={"device": "cpu"})
-    assert gpu_report.load(cpu)[0] == {}  # a CPU smoke run is no GPU figure
-    assert list(gpu_report.load(cpu, include_cpu=True)[0]) == [("gpt200m", 8192, 2)]
+    assert gpu_runs.load(cpu)[0] == {}  # a CPU smoke run is no GPU figure
+    assert list(gpu_runs.load(cpu, include_cpu=True)[0]) == [("gpt200m", 8192, 2)]
     _handoff_json(tmp_path / "coordinator.json", {"park": {"samples_per_s": 9.0}}, engine="coordinator")
-    runs = gpu_report.load(tmp_path)[0]  # the coordinator's run is its own workload, never in the direct median
+    runs = gpu_runs.load(tmp_path)[0]  # the coordinator's run is its own workload, never in the direct median
     assert [d["modes"]["park"]["samples_per_s"] for d in runs[("gpt200m on the coordinator loop", 8192, 2)]] == [9.0]
     assert all(d.get("engine", "direct") == "direct" for d in runs[("gpt200m", 8192, 2)])
 
@@ -207,7 +207,7 @@ def test_the_report_reads_the_committed_gpu_runs():
     baseline from the workload's context) and two at 32,768 with park, drain and sync; every other run, the
     32,768 cut at b2de103 among them, is history."""
     commits = ("6bd92a8", "791d078", "b1df85d")
-    commit, now, old = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], commits)
+    commit, now, old = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], commits)
     assert commit == "6bd92a8, 791d078, b1df85d" and set(now) == {("gpt200m", 8192, 2), ("gpt200m", 32768, 2)}
     runs = now[("gpt200m", 8192, 2)]
     assert len(runs) == 4
@@ -228,7 +228,7 @@ def test_the_committed_coordinator_runs_back_the_readmes_faster_path_figures():
     measured steps and the ratios at top level, one with park beside the graph decode (its drain cut at 2 steps:
     no ratio). The README's figures for the faster path are these JSON's, to the digits it quotes."""
     commits = ("6bd92a8", "791d078", "b1df85d", "4366d6d")
-    _, now, _ = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], commits)
+    _, now, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], commits)
     runs = now[("gpt200m on the coordinator loop", 8192, 2)]
     assert len(runs) == 2 and {d["commit"] for d in runs} == {"4366d6d"}
     (whole,) = [d for d in runs if set(d["modes"]) == {"park", "drain", "sync", "abort"} and "graph_decode" not in d]
@@ -249,7 +249,7 @@ def test_the_report_shows_the_engine_paths_with_their_commit_steps_handoff_and_d
     """The committed engine-path run (aaf3a49: park on both paths, 3 measured steps each) on the page: its commit
     (read from the engines' runs, which older JSON keeps only there), both step counts, the handoff and the decode
     rate of each path."""
-    paths = gpu_report.load(ROOT / "docs" / "gpu-runs")[1]
+    paths = gpu_runs.load(ROOT / "docs" / "gpu-runs")[1]
     (line,) = [x for x in gpu_report.engine_paths_section(paths) if "engine-paths-reasoning-cut8192-park" in x]
     assert "commit `aaf3a49`" in line
     text = "\n".join(gpu_report.engine_paths_section(paths))

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import gpu_report, parking_map  # noqa: E402
+from bench import gpu_report, gpu_runs, parking_map  # noqa: E402
 from bench._handoff import ratio_name  # noqa: E402
 
 HEADLINE = ("6bd92a8", "791d078", "b1df85d", "4366d6d", "6f74238")  # the commits PERFORMANCE.md is generated from
@@ -103,7 +103,7 @@ def test_the_page_opens_its_headline_with_the_map(tmp_path):
 def test_the_readme_quotes_the_committed_map_verbatim():
     """The README's map is the one the committed headline runs give, line for line: a ratio edited in the README,
     or a run added to the headline without the README following, turns this red."""
-    _, head, _ = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
+    _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
     table = parking_map.map_table([d for runs in head.values() for d in runs])
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "\n".join(table) in readme, "README.md's map of where parking pays differs from the runs':\n" + "\n".join(
@@ -118,7 +118,7 @@ def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_i
     commit (and ``gpt1b`` or ``age1`` where it leaves the default model or age); each of its modes ran 3 or more
     measured steps, or the JSON says why it gives no ratio; every ratio is a top-level key; the runs since the
     in-flight record (6f74238) carry one count per measured handoff of every mode with a collector."""
-    _, head, _ = gpu_report.split_history(gpu_report.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
+    _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
     runs = [d for rs in head.values() for d in rs]
     assert len(runs) == 11
     for d in runs:

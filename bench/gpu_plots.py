@@ -1,0 +1,131 @@
+"""The performance page's two pictures: the headline's bars (each mode's samples/s per workload) and the map of
+where parking pays (park's one-process ratios per measured point, beside the targets). ``bench/gpu_report.py``
+draws both when asked for ``--plot``. The numbers are the committed runs' (``bench/gpu_runs.py``) and the map's
+rows (``bench/parking_map.py``); the bars add only medians and ranges of those numbers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.gpu_runs import MODES, Key, in_median, measured
+from bench.parking_map import OTHERS, TARGETS, Point, map_rows, standing_ratios
+
+COLORS = {"park": "#2a7ab9", "drain": "#d9822b", "sync": "#8c8c8c", "abort": "#b93a3a", "drain-hold": "#e0b04a"}
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend (no display on the GPU machine or in CI)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_bars(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> None:
+    """Bars: each mode's samples/s (median of its runs with enough steps) per workload; whiskers: the range over
+    single steps; dots: each run's figure (hollow: a run with fewer steps, not in the median)."""
+    plt = _pyplot()
+    keys = sorted(runs)
+    fig, axes = plt.subplots(1, len(keys), figsize=(6.4 * len(keys), 4.4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        xs: list[int] = []
+        labels: list[str] = []
+        for m in MODES:
+            rows = [(d, r) for d in runs[key] if (r := measured(d, m)) is not None]
+            if not rows:
+                continue
+            x = len(xs)
+            counted = [(d, r) for d, r in rows if in_median(d, r)]
+            rates = [r["samples_per_s"] for _, r in counted]
+            steps = [
+                s for _, r in counted for s in ((r.get("step_samples_per_s") or {}).get(k) for k in ("min", "max"))
+            ]
+            if rates:
+                med = statistics.median(rates)
+                lo, hi = (
+                    min([med, *[s for s in steps if s is not None]]),
+                    max([med, *[s for s in steps if s is not None]]),
+                )
+                ax.bar(x, med, 0.6, color=COLORS[m], alpha=0.85, yerr=[[med - lo], [hi - med]], capsize=5)
+                n = sum(int(r["measured_steps"]) for _, r in counted)
+                ax.text(x, hi, f"{med:.2f}\n{len(rates)} run(s), {n} steps", ha="center", va="bottom", fontsize=8)
+            for d, r in rows:
+                full = in_median(d, r)
+                ax.plot(
+                    x + 0.18,
+                    r["samples_per_s"],
+                    "o",
+                    color="black" if full else "none",
+                    markeredgecolor="black",
+                    markersize=4,
+                )
+                if r.get("trained_samples_per_s") is not None:
+                    ax.plot(x - 0.18, r["trained_samples_per_s"], "x", color="black", markersize=5)
+            xs.append(x)
+            labels.append(m)
+        ax.set_xticks(xs, labels)
+        model, cut, age = key
+        ratios = [f"park/{m} {v:.3f}" for d in runs[key] for m, v in standing_ratios(d).items()]
+        ax.set_title(f"{model}, cut {cut:,}, max_age {age}\n{', '.join(ratios)}", fontsize=9)
+        ax.set_ylabel("samples / s made in the measured window")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
+    fig.suptitle(title or "Where parking pays", fontsize=10)
+    fig.text(
+        0.5,
+        0.01,
+        "bar: median of runs with >= 3 measured steps in steady state; whisker: single steps\n"
+        "dot: each run (hollow: fewer steps, or a filling buffer); x: each run's trained samples/s\n"
+        "ratios: each from the one run that measured both modes",
+        ha="center",
+        fontsize=7,
+    )
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def point_label(point: Point) -> str:
+    """A row's name on the picture: ``cut 8,192, max_age 2, coordinator, gpt200m``."""
+    cut, age, engine, model = point
+    return f"cut {cut:,}, max_age {age}, {engine}, {model}"
+
+
+def plot_map(runs: list[dict[str, Any]], path: Path, title: str = "") -> None:
+    """The map as a picture: a row per point, a dot per one-process ratio (a colour per mode park was measured
+    against), the line at 1 (parking pays to its right) and, on the workload's own point, each target as a bar."""
+    plt = _pyplot()
+    rows = map_rows(runs)[::-1]  # the first point at the top
+    others = [m for m in OTHERS if any(r.ratios.get(m) for r in rows)]
+    fig, ax = plt.subplots(figsize=(10.0, 1.4 + 0.55 * len(rows)))
+    for y, row in enumerate(rows):
+        cut, age, _, model = row.point
+        for i, m in enumerate(others):
+            dy = (i - (len(others) - 1) / 2) * 0.16
+            xs = row.ratios.get(m, [])
+            ax.plot(xs, [y + dy] * len(xs), "o", color=COLORS[m], markersize=6, label=f"park / {m}")
+            target = TARGETS.get((cut, m)) if (model, age) == ("gpt200m", 2) else None
+            if target is not None:
+                ax.plot([target], [y + dy], "|", color=COLORS[m], markersize=14, markeredgewidth=2.5)
+    marks = [x for r in rows for xs in r.ratios.values() for x in xs] + list(TARGETS.values())
+    ax.set_xlim(min(0.95, min(marks) - 0.05), max(marks) + 0.15)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.text(1.01, len(rows) - 0.45, "parking pays to the right", fontsize=8, va="top")
+    ax.set_yticks(range(len(rows)), [point_label(r.point) for r in rows], fontsize=8)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlabel("park's samples/s over the other mode's, one process (dot: a run; bar: the target)")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(title or "Where parking pays: the map", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["COLORS", "plot_bars", "plot_map", "point_label"]

@@ -1,0 +1,124 @@
+"""The committed GPU runs, read: every handoff run in a folder grouped by workload, the headline split from the
+history, and the bench's rules for which of a run's figures count (read by the performance page,
+``bench/gpu_report.py``, its pictures, ``bench/gpu_plots.py``, and the handoff model, ``bench/handoff_model.py``).
+
+A handoff run is a JSON that ``bench/inflight_handoff.py`` wrote, on either engine path; an engine-path run is
+``bench/engine_paths.py``'s (it has a ``compare`` table). CPU runs (the smoke twins) are left out unless asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS, buffer_growth  # the bench's own rules
+
+MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key spells drain-hold drain_hold (ratio_name)
+
+Key = tuple[str, int, int]  # a workload: (model as its heading names it, output-length cut, max_age)
+
+
+def read_json(path: Path) -> Any:
+    """The file's JSON, or None where it cannot be read or parsed (a folder may hold anything)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def is_handoff(path: Path, data: Any) -> bool:
+    """A run of ``bench/inflight_handoff.py``, on either engine path (by its content, or its file name)."""
+    if not isinstance(data, dict) or not isinstance(data.get("modes"), dict) or "shape" not in data:
+        return False
+    return data.get("benchmark") == "inflight_handoff" or "inflight_handoff" in path.name
+
+
+def workload_model(data: dict[str, Any]) -> str:
+    """The model as a workload's heading names it: a run on megatron-core's coordinator loop is its own workload
+    (its figures are never pooled with the direct engine's)."""
+    engine = data.get("engine", "direct")
+    return str(data["model"]) if engine == "direct" else f"{data['model']} on the {engine} loop"
+
+
+def load(folder: Path, *, include_cpu: bool = False) -> tuple[dict[Key, list[dict[str, Any]]], list[tuple[Path, Any]]]:
+    """Handoff runs grouped by workload ``(model, cut, max_age)``, oldest first, and the engine-path runs."""
+    runs: dict[Key, list[dict[str, Any]]] = defaultdict(list)
+    paths = []
+    for path in sorted(folder.glob("*.json")):
+        data = read_json(path)
+        if isinstance(data, dict) and isinstance(data.get("compare"), dict):
+            paths.append((path, data))
+            continue
+        if not is_handoff(path, data):
+            continue
+        if data.get("machine", {}).get("device", "cpu") == "cpu" and not include_cpu:
+            continue
+        shape = data["shape"]
+        data["_file"] = path.name
+        runs[(workload_model(data), int(shape["max_tokens"]), int(shape["max_trajectory_age_steps"]))].append(data)
+    for key in runs:
+        runs[key].sort(key=lambda d: (str(d.get("date") or ""), d["_file"]))
+    return dict(runs), paths
+
+
+def split_history(
+    runs: dict[Key, list[dict[str, Any]]], commits: tuple[str, ...] = ()
+) -> tuple[str | None, dict[Key, list[dict[str, Any]]], dict[Key, list[dict[str, Any]]]]:
+    """``(commit, headline, history)``: the headline's commit(s), their runs, and every other run. The headline is
+    the runs of ``commits`` (commits the caller states run the same measured code), else of the newest run's."""
+    every = [d for rs in runs.values() for d in rs]
+    if not every:
+        return None, {}, {}
+    newest = max(every, key=lambda d: (str(d.get("date") or ""), d["_file"]))
+    chosen = set(commits) if commits else {newest.get("commit")}
+    head: dict[Key, list[dict[str, Any]]] = {}
+    hist: dict[Key, list[dict[str, Any]]] = {}
+    for key, rs in runs.items():
+        for d in rs:
+            now = (d is newest and not commits) or (d.get("commit") is not None and d.get("commit") in chosen)
+            (head if now else hist).setdefault(key, []).append(d)
+    return (", ".join(commits) if commits else newest.get("commit")), head, hist
+
+
+def min_steps(d: dict[str, Any]) -> int:
+    """The fewest measured steps a mode of this run needs for a ratio (its JSON says; older JSON: the bench's)."""
+    return int(d.get("min_steps_for_a_ratio") or MIN_STEPS)
+
+
+def measured(d: dict[str, Any], m: str) -> dict[str, Any] | None:
+    """Mode ``m``'s row in run ``d``, or None where the run did not measure it."""
+    row = d["modes"].get(m) or {}
+    return row if "samples_per_s" in row else None
+
+
+def unsteady(r: dict[str, Any]) -> str | None:
+    """Why a mode's window was no steady state (None when it was, or when the row cannot say): it made more
+    than :data:`~bench._handoff.MAX_BUFFER_GROWTH` more (or fewer) samples than it trained, so its buffer was
+    filling (or emptying). Older JSON has no ``buffer_growth``; it is the same arithmetic on its own counts."""
+    growth = buffer_growth(r)
+    if growth is None or abs(growth) <= MAX_BUFFER_GROWTH:
+        return None
+    made, trained = r["fresh_samples"], r["trained_samples"]
+    return f"made {made:,} and trained {trained:,} in its window ({growth:+.0%}): its buffer was filling"
+
+
+def in_median(d: dict[str, Any], r: dict[str, Any]) -> bool:
+    """Whether a run's mode enters a median: enough measured steps, in steady state."""
+    return r["measured_steps"] >= min_steps(d) and unsteady(r) is None
+
+
+__all__ = [
+    "MODES",
+    "Key",
+    "in_median",
+    "is_handoff",
+    "load",
+    "measured",
+    "min_steps",
+    "read_json",
+    "split_history",
+    "unsteady",
+    "workload_model",
+]
