@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS, buffer_growth  # the bench's own rules
+from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS, buffer_growth, ratio_refusal  # the bench's own rules
 
 MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key spells drain-hold drain_hold (ratio_name)
 
@@ -105,8 +105,10 @@ def unsteady(r: dict[str, Any]) -> str | None:
 
 
 def in_median(d: dict[str, Any], r: dict[str, Any]) -> bool:
-    """Whether a run's mode enters a median: enough measured steps, in steady state."""
-    return r["measured_steps"] >= min_steps(d) and unsteady(r) is None
+    """Whether a run's mode enters a median: by the rule a ratio is held to (:func:`bench._handoff.ratio_refusal`:
+    enough measured steps, in steady state, some samples made), and by the run's own step minimum where its JSON
+    states one."""
+    return r["measured_steps"] >= min_steps(d) and ratio_refusal("mode", r) is None
 
 
 __all__ = [

@@ -11,7 +11,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import gpu_report, gpu_runs, parking_map  # noqa: E402
-from bench._handoff import ratio_name  # noqa: E402
+from bench._handoff import ratio_name, ratio_refusal  # noqa: E402
 
 HEADLINE = ("6bd92a8", "791d078", "b1df85d", "4366d6d", "6f74238")  # the commits PERFORMANCE.md is generated from
 
@@ -52,6 +52,15 @@ def test_a_ratio_stands_only_where_both_of_its_modes_pass_the_benchs_rule():
     assert parking_map.standing_ratios(filling) == {}
     nothing = _run({"park": _mode(8.0), "drain": _mode(0.0)}, drain=float("inf"))
     assert parking_map.standing_ratios(nothing) == {}
+
+
+def test_a_median_takes_a_mode_by_the_rule_a_ratio_is_held_to():
+    """The page's medians and the map's ratios read one rule: a mode enters a median exactly where it could enter
+    a ratio (3 or more measured steps, steady state, some samples made), and a JSON's own stated minimum holds."""
+    cases = [_mode(8.0), _mode(4.0, steps=2), _mode(8.0, made=1280), _mode(0.0), _mode(5.0, steps=4)]
+    for row in cases:
+        assert gpu_runs.in_median({}, row) == (ratio_refusal("drain", row) is None), row
+    assert not gpu_runs.in_median({"min_steps_for_a_ratio": 5}, _mode(5.0, steps=4))
 
 
 def test_the_map_has_a_row_per_point_and_every_runs_ratio_in_it():
