@@ -230,7 +230,7 @@ STAGES: tuple[Stage, ...] = (
     _detached(
         "reasoning-8k-age4",
         "park and drain at --max-age 4: 4 warm-up steps, 6 measured (bench/handoff_model.py: after one, park's "
-        "3-step window makes 42% fewer samples than it trains; 4 + 6 is steady for each of 4 seeds); ~15 min: --detach",
+        "3-step window makes 42% fewer samples than it trains; 4 + 6 is steady for each of 4 seeds); ~18 min (1,053 s at 0bdc5f1): --detach",
         _handoff(8192, "park,drain", "--no-graph-baseline", "--warmup", "4", age=4, steps=6),
         1500,
     ),
