@@ -157,6 +157,30 @@ def test_suspend_under_saturation_stops_all_rollouts_and_loses_none(grouped, rel
     assert s.completed_at_suspend + s.waiting_at_gate == s.calls_at_suspend, s  # the rest wait at the gate
 
 
+def test_the_suspend_snapshot_waits_out_a_call_counted_but_not_yet_at_the_gate(monkeypatch) -> None:
+    """Forced: ``health`` (the control group's thread) can read a rollout call counted on arrival but not yet
+    waiting at the gate (1,120 calls, 1,000 done, 119 waiting: a busy machine's CI caught it). The snapshot the
+    suspend test asserts on is taken once every call has arrived and two reads agree, never from that read."""
+    from tests.support import saturation
+
+    reads = [
+        {"calls": 1120, "completed": 1000, "waiting": 119, "active": 0},
+        {"calls": 1200, "completed": 1000, "waiting": 199, "active": 0},
+        {"calls": 1200, "completed": 1000, "waiting": 200, "active": 0},
+        {"calls": 1200, "completed": 1000, "waiting": 200, "active": 0},
+    ]
+
+    class Worker:
+        class health:
+            @staticmethod
+            def remote() -> dict:
+                return reads.pop(0)
+
+    monkeypatch.setattr(saturation.ray, "get", lambda ref, timeout=None: ref)
+    health = saturation._settled_health(Worker(), 1200, deadline=float("inf"))
+    assert health == {"calls": 1200, "completed": 1000, "waiting": 200, "active": 0} and reads == []
+
+
 def test_training_step_under_saturation_runs_at_once(grouped, one_queue, release) -> None:
     """A training step is a control call: with >1000 rollout calls waiting for the suspended engine (all
     max_concurrency slots taken), it still runs at once. In one shared queue it waits for those slots, i.e.

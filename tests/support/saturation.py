@@ -216,6 +216,22 @@ def _probe_active(worker: Any, target: int, deadline: float) -> int:
     return active
 
 
+def _settled_health(worker: Any, calls: int, deadline: float) -> dict[str, Any]:
+    """The worker's ``health`` once every submitted rollout call has reached it (``calls`` in all) and two reads in
+    a row agree. ``health`` runs in the control group's thread while rollout calls still arrive in theirs, so one
+    read can catch a call counted on arrival but not yet waiting at the gate; while suspended nothing else moves,
+    so a settled read is one consistent snapshot (the last read when ``deadline`` passes first)."""
+    last: dict[str, Any] = {}
+    keys = ("calls", "completed", "waiting", "active")
+    while True:
+        health = ray.get(worker.health.remote(), timeout=max(1.0, deadline - time.monotonic()))
+        settled = health["calls"] == calls and all(health.get(k) == last.get(k) for k in keys)
+        if settled or time.monotonic() >= deadline:
+            return health
+        last = health
+        time.sleep(0.02)
+
+
 @dataclass
 class SuspendResult:
     """One suspend issued while rollout calls saturated the actor, and what happened to those rollouts."""
@@ -232,8 +248,8 @@ class SuspendResult:
     """Rollout calls that had returned when the engine was suspended (at most ``max_concurrency`` when the
     suspend did not queue behind the rollouts submitted before it)."""
     calls_at_suspend: int = 0
-    """Rollout calls the actor had started (taken a slot for) when the suspend returned: each one either finished
-    before the gate closed or waits at it."""
+    """Rollout calls the actor had started (taken a slot for) while suspended, once every submitted call had
+    arrived: each one either finished before the gate closed or waits at it."""
 
 
 def measure_suspend(
@@ -277,7 +293,7 @@ def measure_suspend(
         ray.get(release.send.remote())
         ray.get(suspending, timeout=timeout_s)
     suspend_s = time.monotonic() - t0
-    health = ray.get(worker.health.remote(), timeout=timeout_s)
+    health = _settled_health(worker, calls_before + rollout_calls, time.monotonic() + timeout_s)
     time.sleep(suspended_for_s)
     ray.get(worker.resume.remote(), timeout=timeout_s)
     ok, failed = _outcomes(rollouts, timeout_s)
