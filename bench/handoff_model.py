@@ -344,12 +344,22 @@ SAME_SHAPE = (
 )
 
 
+def requests_per_engine_step(row: dict[str, Any]) -> float | None:
+    """A GPU run's requests running per engine step, over every step its profile counts (decode-only and those
+    with a prefill), as the model's :attr:`ModeResult.mean_decoding` counts them: the model admits a request
+    straight into decoding, so its steps are all of the engine's. None where the row has no profile."""
+    profile = (row.get("engine_step_profile_per_round") or [{}])[0]
+    kinds = [v for v in profile.values() if isinstance(v, dict) and "mean_active" in v and v.get("steps")]
+    steps = sum(int(v["steps"]) for v in kinds)
+    return sum(v["steps"] * v["mean_active"] for v in kinds) / steps if steps else None
+
+
 def measured(
     folder: Path, commits: set[str], shape: Shape, *, warmup: int, window: int
 ) -> dict[tuple[int, int, str, str], list[tuple[float, float | None]]]:
     """The committed GPU runs of ``commits`` (gpt200m, direct engine) of the model's workload, warm-up and window:
-    ``(cut, age, order, mode)`` -> every run's (samples/s, requests per decode-only graph step). The runs are the
-    report's (:func:`bench.gpu_runs.load`), so the model and PERFORMANCE.md read the same files."""
+    ``(cut, age, order, mode)`` -> every run's (samples/s, requests per engine step). The runs are the report's
+    (:func:`bench.gpu_runs.load`), so the model and PERFORMANCE.md read the same files."""
     out: dict[tuple[int, int, str, str], list[tuple[float, float | None]]] = {}
     runs, _ = gpu_runs.load(folder)
     for (model, _cut, _age), group in sorted(runs.items()):
@@ -365,14 +375,13 @@ def measured(
                     continue
                 if ran is not None and ran != (0 if mode == "sync" else warmup):
                     continue
-                prof = (row.get("engine_step_profile_per_round") or [{}])[0].get("decode_graph") or {}
                 key = (
                     int(sh["max_tokens"]),
                     int(sh["max_trajectory_age_steps"]),
                     sh.get("buffer_order", "start"),
                     mode,
                 )
-                out.setdefault(key, []).append((float(row["samples_per_s"]), prof.get("mean_active")))
+                out.setdefault(key, []).append((float(row["samples_per_s"]), requests_per_engine_step(row)))
     return out
 
 
@@ -404,7 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-ms", type=float, default=HOST_MS, help=f"host ms per engine step (default {HOST_MS})")
     ap.add_argument("--train-us-per-token", type=float, default=TRAIN_US_PER_TOKEN, help="training us per token")
     ap.add_argument(
-        "--commits", default="6bd92a8,791d078,b1df85d", help="GPU runs to print beside the model (docs/gpu-runs)"
+        "--commits",
+        default="6bd92a8,791d078,b1df85d,6f74238,0bdc5f1",
+        help="GPU runs to print beside the model (docs/gpu-runs)",
     )
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "handoff_model.json")
     ap.add_argument("--smoke", action="store_true", help="one small point, for the code path (CPU, a second)")
