@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench._handoff import MIN_STEPS
 from bench.gpu_runs import MODES, Key, in_median, measured
 from bench.parking_map import OTHERS, TARGETS, Point, map_rows, standing_ratios
 
@@ -28,7 +29,8 @@ def _pyplot() -> Any:
 
 def plot_bars(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = "") -> None:
     """Bars: each mode's samples/s (median of its runs with enough steps) per workload; whiskers: the range over
-    single steps; dots: each run's figure (hollow: a run with fewer steps, not in the median)."""
+    single steps; dots: each run's figure (hollow: a run not in the median: fewer steps, a filling buffer or no
+    sample made)."""
     plt = _pyplot()
     keys = sorted(runs)
     fig, axes = plt.subplots(1, len(keys), figsize=(6.4 * len(keys), 4.4), squeeze=False)
@@ -78,8 +80,8 @@ def plot_bars(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = ""
     fig.text(
         0.5,
         0.01,
-        "bar: median of runs with >= 3 measured steps in steady state; whisker: single steps\n"
-        "dot: each run (hollow: fewer steps, or a filling buffer); x: each run's trained samples/s\n"
+        f"bar: median of runs with >= {MIN_STEPS} measured steps in steady state; whisker: single steps\n"
+        "dot: each run (hollow: fewer steps, a filling buffer or no sample made); x: each run's trained samples/s\n"
         "ratios: each from the one run that measured both modes",
         ha="center",
         fontsize=7,

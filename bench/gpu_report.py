@@ -64,6 +64,8 @@ def mode_row(name: str, rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> st
             else "; not in the median"
             if r["measured_steps"] < min_steps(d)
             else "; not steady: not in the median"
+            if unsteady(r)
+            else "; made no sample: not in the median"
         )
         each.append(f"{_fmt(r['samples_per_s'])} ({steps_text(d, r)}{short})")
     spread = [r.get("step_samples_per_s") or {} for _, r in counted]

@@ -1,6 +1,7 @@
 """The committed GPU runs, read: every handoff run in a folder grouped by workload, the headline split from the
 history, and the bench's rules for which of a run's figures count (read by the performance page,
-``bench/gpu_report.py``, its pictures, ``bench/gpu_plots.py``, and the handoff model, ``bench/handoff_model.py``).
+``bench/gpu_report.py``, and its pictures, ``bench/gpu_plots.py``; the handoff model, ``bench/handoff_model.py``,
+reads the runs through :func:`load`).
 
 A handoff run is a JSON that ``bench/inflight_handoff.py`` wrote, on either engine path; an engine-path run is
 ``bench/engine_paths.py``'s (it has a ``compare`` table). CPU runs (the smoke twins) are left out unless asked for.
@@ -106,8 +107,8 @@ def unsteady(r: dict[str, Any]) -> str | None:
 
 def in_median(d: dict[str, Any], r: dict[str, Any]) -> bool:
     """Whether a run's mode enters a median: by the rule a ratio is held to (:func:`bench._handoff.ratio_refusal`:
-    enough measured steps, in steady state, some samples made), and by the run's own step minimum where its JSON
-    states one."""
+    at least ``MIN_STEPS`` measured steps, in steady state, some samples made), and by the run's own step minimum
+    where its JSON states a higher one."""
     return r["measured_steps"] >= min_steps(d) and ratio_refusal("mode", r) is None
 
 

@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'cut':>6} {'age':>3} {'order':<8} {'mode':<10} | {'window':>6} {'growth':>6} {'decoding':>8} | {'long':>5} "
-        f"{'windows':>11} {'wait':>4} | measured (decoding)"
+        f"{'windows':>11} {'wait':>4} | measured (requests/step)"
     )
     points: list[dict[str, Any]] = []
     for cut in cuts:

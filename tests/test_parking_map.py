@@ -13,14 +13,8 @@ if str(ROOT) not in sys.path:
 from bench import gpu_report, gpu_runs, parking_map  # noqa: E402
 from bench._handoff import ratio_name, ratio_refusal  # noqa: E402
 
-HEADLINE = (
-    "6bd92a8",
-    "791d078",
-    "b1df85d",
-    "4366d6d",
-    "6f74238",
-    "0bdc5f1",
-)  # the commits PERFORMANCE.md is generated from
+# the commits PERFORMANCE.md is generated from
+HEADLINE = ("6bd92a8", "791d078", "b1df85d", "4366d6d", "6f74238", "0bdc5f1")
 
 
 def _mode(rate: float, steps: int = 3, made: int = 768) -> dict:
@@ -125,11 +119,9 @@ def test_the_readme_quotes_the_committed_map_verbatim():
     assert "\n".join(table) in readme, "README.md's map of where parking pays differs from the runs':\n" + "\n".join(
         table
     )
-    performance = (ROOT / "docs" / "gpu-runs" / "PERFORMANCE.md").read_text(encoding="utf-8")
-    assert "\n".join(table) in performance, "regenerate docs/gpu-runs/PERFORMANCE.md (bench/gpu_report.py)"
 
 
-def test_the_committed_page_is_what_the_report_writes_from_the_committed_files(tmp_path):
+def test_the_committed_page_is_what_the_report_writes_from_the_committed_files(tmp_path, monkeypatch):
     """PERFORMANCE.md is the report's output from the files beside it, its notes included: a run added, a note
     edited or a figure changed by hand without regenerating the page turns this red. The line that names the
     report's command (which holds the output paths) is the only one left out."""
@@ -137,6 +129,8 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_files(t
     page = tmp_path / "PERFORMANCE.md"
     notes = runs / "PERFORMANCE.notes.md"
     argv = [str(runs), "--out", str(page), "--commits", ",".join(HEADLINE), "--notes", str(notes)]
+    monkeypatch.setattr(gpu_report, "plot_bars", lambda *a, **k: None)  # the pictures' files are not the page
+    monkeypatch.setattr(gpu_report, "plot_map", lambda *a, **k: None)
     assert gpu_report.main([*argv, "--plot", str(tmp_path / "where-parking-pays.png")]) == 0
 
     def body(text: str) -> list[str]:

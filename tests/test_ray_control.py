@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,6 +37,7 @@ from colo_fsm.ray import (  # noqa: E402
 )
 from colo_fsm.ray.actors import rank_local  # noqa: E402
 from colo_fsm.ray.fakes import HoldingWorkerFactory, numbered_prompts, text_length_reward  # noqa: E402
+from tests.support import saturation  # noqa: E402
 from tests.support.saturation import (  # noqa: E402
     HeldWorkerFactory,
     Release,
@@ -160,15 +162,12 @@ def test_suspend_under_saturation_stops_all_rollouts_and_loses_none(grouped, rel
 def test_the_suspend_snapshot_waits_out_a_call_counted_but_not_yet_at_the_gate(monkeypatch) -> None:
     """Forced: ``health`` (the control group's thread) can read a rollout call counted on arrival but not yet
     waiting at the gate (1,120 calls, 1,000 done, 119 waiting: a busy machine's CI caught it). The snapshot the
-    suspend test asserts on is taken once every call has arrived and two reads agree, never from that read."""
-    from tests.support import saturation
-
-    reads = [
-        {"calls": 1120, "completed": 1000, "waiting": 119, "active": 0},
-        {"calls": 1200, "completed": 1000, "waiting": 199, "active": 0},
-        {"calls": 1200, "completed": 1000, "waiting": 200, "active": 0},
-        {"calls": 1200, "completed": 1000, "waiting": 200, "active": 0},
-    ]
+    suspend test asserts on is taken once every call that can arrive has and reads agree for ``SETTLE_S``, never
+    from that read."""
+    first = {"calls": 1120, "completed": 1000, "waiting": 119, "active": 0}
+    late = {"calls": 1200, "completed": 1000, "waiting": 199, "active": 0}
+    settled = {"calls": 1200, "completed": 1000, "waiting": 200, "active": 0}
+    reads = [first, late, *[settled] * 1000]
 
     class Worker:
         class health:
@@ -176,9 +175,13 @@ def test_the_suspend_snapshot_waits_out_a_call_counted_but_not_yet_at_the_gate(m
             def remote() -> dict:
                 return reads.pop(0)
 
-    monkeypatch.setattr(saturation.ray, "get", lambda ref, timeout=None: ref)
-    health = saturation._settled_health(Worker(), 1200, deadline=float("inf"))
-    assert health == {"calls": 1200, "completed": 1000, "waiting": 200, "active": 0} and reads == []
+    monkeypatch.setattr(saturation, "ray", SimpleNamespace(get=lambda ref, timeout=None: ref))
+    clock = iter(range(10**6))  # 50 ms per read; the module's own clock, not the process's
+    monkeypatch.setattr(saturation, "time", SimpleNamespace(sleep=lambda s: None, monotonic=lambda: next(clock) * 0.05))
+    health = saturation._settled_health(Worker(), 0, 0, 1200, 1000, deadline=float("inf"))
+    assert health == settled and first not in reads and late not in reads
+    waited = 1000 - len(reads)  # the settled reads it went through: SETTLE_S of them, 50 ms apart, and the first
+    assert saturation.SETTLE_S / 0.05 + 1 <= waited <= saturation.SETTLE_S / 0.05 + 2, waited
 
 
 def test_training_step_under_saturation_runs_at_once(grouped, one_queue, release) -> None:

@@ -216,20 +216,35 @@ def _probe_active(worker: Any, target: int, deadline: float) -> int:
     return active
 
 
-def _settled_health(worker: Any, calls: int, deadline: float) -> dict[str, Any]:
-    """The worker's ``health`` once every submitted rollout call has reached it (``calls`` in all) and two reads in
-    a row agree. ``health`` runs in the control group's thread while rollout calls still arrive in theirs, so one
-    read can catch a call counted on arrival but not yet waiting at the gate; while suspended nothing else moves,
-    so a settled read is one consistent snapshot (the last read when ``deadline`` passes first)."""
-    last: dict[str, Any] = {}
+def _settled_health(
+    worker: Any, calls_before: int, completed_before: int, rollout_calls: int, max_concurrency: int, deadline: float
+) -> dict[str, Any]:
+    """The worker's ``health`` once every rollout call that can reach it while suspended has (all ``rollout_calls``,
+    or as many as the slots the finished ones left allow) and reads agree for ``SETTLE_S``. ``health`` runs in the
+    control group's thread while rollout calls still arrive in theirs, so one read can catch a call counted on
+    arrival but not yet waiting at the gate; while suspended nothing else moves, so a settled read is one
+    consistent snapshot (the last read when ``deadline`` passes first)."""
     keys = ("calls", "completed", "waiting", "active")
+    since: float | None = None
+    last: dict[str, Any] = {}
+    now = time.monotonic()
     while True:
-        health = ray.get(worker.health.remote(), timeout=max(1.0, deadline - time.monotonic()))
-        settled = health["calls"] == calls and all(health.get(k) == last.get(k) for k in keys)
-        if settled or time.monotonic() >= deadline:
+        health = ray.get(worker.health.remote(), timeout=max(1.0, deadline - now))
+        now = time.monotonic()
+        arrived = min(rollout_calls, health["completed"] - completed_before + max_concurrency)
+        if health["calls"] - calls_before == arrived and all(health.get(k) == last.get(k) for k in keys):
+            since = now if since is None else since
+            if now - since >= SETTLE_S:
+                return health
+        else:
+            since = None
+        if now >= deadline:
             return health
         last = health
         time.sleep(0.02)
+
+
+SETTLE_S = 0.2  # how long the suspended worker's health must read the same to be one snapshot
 
 
 @dataclass
@@ -293,7 +308,9 @@ def measure_suspend(
         ray.get(release.send.remote())
         ray.get(suspending, timeout=timeout_s)
     suspend_s = time.monotonic() - t0
-    health = _settled_health(worker, calls_before + rollout_calls, time.monotonic() + timeout_s)
+    health = _settled_health(
+        worker, calls_before, completed_before, rollout_calls, max_concurrency, time.monotonic() + timeout_s
+    )
     time.sleep(suspended_for_s)
     ray.get(worker.resume.remote(), timeout=timeout_s)
     ok, failed = _outcomes(rollouts, timeout_s)
