@@ -6,12 +6,11 @@ rows (``bench/parking_map.py``); the bars add only medians and ranges of those n
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
 from bench._handoff import MIN_STEPS
-from bench.gpu_runs import MODES, Key, in_median, measured
+from bench.gpu_runs import MODES, Key, in_median, measured, mode_figures
 from bench.parking_map import OTHERS, TARGETS, Point, map_rows, standing_ratios
 
 COLORS = {"park": "#2a7ab9", "drain": "#d9822b", "sync": "#8c8c8c", "abort": "#b93a3a", "drain-hold": "#e0b04a"}
@@ -42,20 +41,13 @@ def plot_bars(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = ""
             if not rows:
                 continue
             x = len(xs)
-            counted = [(d, r) for d, r in rows if in_median(d, r)]
-            rates = [r["samples_per_s"] for _, r in counted]
-            steps = [
-                s for _, r in counted for s in ((r.get("step_samples_per_s") or {}).get(k) for k in ("min", "max"))
-            ]
-            if rates:
-                med = statistics.median(rates)
-                lo, hi = (
-                    min([med, *[s for s in steps if s is not None]]),
-                    max([med, *[s for s in steps if s is not None]]),
-                )
+            f = mode_figures(rows)
+            if f.median is not None:
+                med = f.median
+                lo = med if f.low is None else min(med, f.low)
+                hi = med if f.high is None else max(med, f.high)
                 ax.bar(x, med, 0.6, color=COLORS[m], alpha=0.85, yerr=[[med - lo], [hi - med]], capsize=5)
-                n = sum(int(r["measured_steps"]) for _, r in counted)
-                ax.text(x, hi, f"{med:.2f}\n{len(rates)} run(s), {n} steps", ha="center", va="bottom", fontsize=8)
+                ax.text(x, hi, f"{med:.2f}\n{f.runs} run(s), {f.steps} steps", ha="center", va="bottom", fontsize=8)
             for d, r in rows:
                 full = in_median(d, r)
                 ax.plot(

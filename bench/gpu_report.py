@@ -19,7 +19,6 @@ Nothing is computed that the JSON does not hold but medians and ranges of its ow
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -28,7 +27,18 @@ from typing import Any
 
 from bench._handoff import mode_of_ratio  # the bench's own rules
 from bench.gpu_plots import plot_bars, plot_map
-from bench.gpu_runs import MODES, Key, in_median, load, measured, min_steps, read_json, split_history, unsteady
+from bench.gpu_runs import (
+    MODES,
+    Key,
+    in_median,
+    load,
+    measured,
+    min_steps,
+    mode_figures,
+    read_json,
+    split_history,
+    unsteady,
+)
 from bench.parking_map import map_section
 
 
@@ -53,9 +63,7 @@ def steps_text(d: dict[str, Any], row: dict[str, Any]) -> str:
 
 def mode_row(name: str, rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
     """One summary row for mode ``name`` over the runs that measured it (``(run, row)`` pairs, oldest first)."""
-    counted = [(d, r) for d, r in rows if in_median(d, r)]
-    rates = [r["samples_per_s"] for _, r in counted]
-    median = statistics.median(rates) if rates else None
+    figures = mode_figures(rows)
     each = []
     for d, r in rows:
         short = (
@@ -68,12 +76,10 @@ def mode_row(name: str, rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> st
             else "; made no sample: not in the median"
         )
         each.append(f"{_fmt(r['samples_per_s'])} ({steps_text(d, r)}{short})")
-    spread = [r.get("step_samples_per_s") or {} for _, r in counted]
-    lo = min((s["min"] for s in spread if "min" in s), default=None)
-    hi = max((s["max"] for s in spread if "max" in s), default=None)
-    steps = sum(int(r["measured_steps"]) for _, r in counted)
+    lo, hi = figures.low, figures.high
     return (
-        f"| {name} | {_fmt(median)} | {'; '.join(each)} | {steps} | {_fmt(lo)}-{_fmt(hi) if hi is not None else '-'} |"
+        f"| {name} | {_fmt(figures.median)} | {'; '.join(each)} | {figures.steps} | "
+        f"{_fmt(lo)}-{_fmt(hi) if hi is not None else '-'} |"
     )
 
 

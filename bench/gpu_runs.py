@@ -10,7 +10,9 @@ A handoff run is a JSON that ``bench/inflight_handoff.py`` wrote, on either engi
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,14 +114,42 @@ def in_median(d: dict[str, Any], r: dict[str, Any]) -> bool:
     return r["measured_steps"] >= min_steps(d) and ratio_refusal("mode", r) is None
 
 
+@dataclass(frozen=True)
+class ModeFigures:
+    """One mode's figures over the runs that measured it, from the runs in the median only (:func:`in_median`)."""
+
+    median: float | None  # samples/s: the median of the runs' figures
+    low: float | None  # the lowest single step of those runs
+    high: float | None  # the highest single step of those runs
+    runs: int  # how many runs are in the median
+    steps: int  # their measured steps, together
+
+
+def mode_figures(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> ModeFigures:
+    """The median, single-step range and step count of a mode over ``(run, row)`` pairs (the page's summary row
+    and the bars' height and whisker)."""
+    counted = [r for d, r in rows if in_median(d, r)]
+    rates = [r["samples_per_s"] for r in counted]
+    spread = [r.get("step_samples_per_s") or {} for r in counted]
+    return ModeFigures(
+        median=statistics.median(rates) if rates else None,
+        low=min((s["min"] for s in spread if "min" in s), default=None),
+        high=max((s["max"] for s in spread if "max" in s), default=None),
+        runs=len(counted),
+        steps=sum(int(r["measured_steps"]) for r in counted),
+    )
+
+
 __all__ = [
     "MODES",
     "Key",
+    "ModeFigures",
     "in_median",
     "is_handoff",
     "load",
     "measured",
     "min_steps",
+    "mode_figures",
     "read_json",
     "split_history",
     "unsteady",
