@@ -344,9 +344,9 @@ def run_mode(
         what the handoff waits for: 0 is the race's trainer-first outcome (the module's docstring)."""
 
         def pause(self) -> None:
-            with self._cond:  # read under the lock the pause takes (reentrant), so no group ends in between
-                pauses.append((time.monotonic(), self.in_flight))
-                super().pause()
+            began = time.monotonic()
+            super().pause()
+            pauses.append((began, self.stats().in_flight_at_pause))
 
     buffer = collector = None
     if mode != "sync":

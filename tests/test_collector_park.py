@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -175,6 +176,35 @@ def test_checkpoint_while_parked_neither_loses_nor_duplicates_on_restore() -> No
     assert len(everything) == len(set(everything)), "a prompt was rolled out twice"
     assert sorted(everything, key=_num) == [f"q{i}" for i in range(stream2.index)], "a prompt was lost"
     assert restored_trained[len(trained) : len(trained) + len(parked_at_save)] == parked_at_save
+
+
+@pytest.mark.parametrize(("inflight", "cap"), [("park", 3), ("drain", 2)])
+def test_stats_count_what_each_pause_found_in_flight(inflight: str, cap: int) -> None:
+    """``pauses`` and ``in_flight_at_pause`` say what each handoff found: park keeps 3 rollouts in flight, and a
+    drain reports the 2 it waited for, though none is in flight once it returns."""
+    version = [0]
+    roll = Controlled(version)
+    collector = AsyncCollector(roll, Drawn(), ReplayBuffer(2, 1), lambda: version[0], cap=cap, inflight=inflight)
+    try:
+        assert (collector.stats().pauses, collector.stats().in_flight_at_pause) == (0, 0)
+        collector.resume()
+        assert _wait(lambda: len(roll.waiting) == cap)
+        pausing = threading.Thread(target=collector.pause)
+        pausing.start()
+        assert _wait(lambda: collector.paused)
+        if inflight == "drain":  # the pause waits for these; park's returned at once
+            while roll.resolve("finish"):
+                pass
+        pausing.join(10)
+        assert not pausing.is_alive()
+        collector.pause()  # already paused: not a second handoff
+        s = collector.stats()
+        assert (s.pauses, s.in_flight_at_pause) == (1, cap), inflight
+        assert s.in_flight == (cap if inflight == "park" else 0), inflight
+        assert s.as_metrics()["collector/in_flight_at_pause"] == float(cap)
+    finally:
+        roll.release_all(collector)
+        collector.close()
 
 
 OPS = st.lists(

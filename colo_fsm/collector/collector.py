@@ -128,7 +128,9 @@ class CollectorStats:
     are discarded, their prompts put back); ``returned`` is how many put-back prompts wait to be started again. ``parked``
     (part of ``in_flight``) counts rollouts in flight across at least one pause and not finished yet;
     ``spanning`` counts finished rollouts that were in flight across a pause (``version_changed_mid_rollout``:
-    those whose weight version changed meanwhile).
+    those whose weight version changed meanwhile). ``pauses`` counts pauses (one per handoff);
+    ``in_flight_at_pause`` is how many rollouts were in flight when the last one began: what a drain waited for,
+    or what park kept in the engine (0 before the first pause).
     """
 
     started: int
@@ -145,6 +147,8 @@ class CollectorStats:
     parked: int = 0
     spanning: int = 0
     abandoned: int = 0
+    pauses: int = 0
+    in_flight_at_pause: int = 0
 
     def as_metrics(self, prefix: str = "collector/") -> dict[str, float]:
         """Flat ``{name: number}`` for :class:`colo_fsm.metrics.MetricsLogger`."""
@@ -273,6 +277,7 @@ class AsyncCollector:
         self._running: dict[int, _Running] = {}  # rollouts in flight by order number
         self._spanning = 0
         self._pauses = 0
+        self._in_flight_at_pause = 0
         self._abandoned = 0
         self.error: RolloutFailed | None = None
         self._thread: threading.Thread | None = None
@@ -293,6 +298,7 @@ class AsyncCollector:
         with self._cond:
             if not self._paused:
                 self._pauses += 1
+                self._in_flight_at_pause = self._in_flight
                 for r in self._running.values():
                     r.pauses += 1
             self._paused = True
@@ -407,6 +413,8 @@ class AsyncCollector:
                 parked=sum(1 for r in self._running.values() if r.pauses),
                 spanning=self._spanning,
                 abandoned=self._abandoned,
+                pauses=self._pauses,
+                in_flight_at_pause=self._in_flight_at_pause,
             )
 
     def state_dict(self) -> dict[str, Any]:
