@@ -30,12 +30,14 @@ from bench.gpu_plots import plot_bars, plot_map
 from bench.gpu_runs import (
     MODES,
     Key,
+    between_steps_ms,
     in_median,
     load,
     measured,
     min_steps,
     mode_figures,
     read_json,
+    requests_per_engine_step,
     split_history,
     unsteady,
 )
@@ -220,16 +222,21 @@ def decode_lines(runs: list[dict[str, Any]]) -> list[str]:
     ]
     if steps:
         lines += [
-            "Each mode's decode-only CUDA-graph steps (its step profile, measured window):",
+            "Each mode's decode-only CUDA-graph steps (its step profile, measured window), the requests running "
+            "per engine step over every kind of step, and the ms between steps (Generating and Draining outside "
+            "megatron's steps, per step: the engine loop's own work and any wait with nothing to run):",
             "",
-            "| run | mode | steps | share of engine steps | ms per step | requests decoding |",
-            "|---|---|---|---|---|---|",
+            "| run | mode | steps | share of engine steps | ms per step | requests decoding | "
+            "requests per engine step, all kinds | ms between steps |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for d, m, prof in steps:
             g = prof["decode_graph"]
+            r = d["modes"][m]
             lines.append(
                 f"| `{d['_file']}` | {m} | {g['steps']:,} | {g['share']:.3f} | {g['ms_per_step']:.2f} | "
-                f"{g['mean_active']:.0f} |"
+                f"{g['mean_active']:.0f} | {_fmt(requests_per_engine_step(r), '{:.1f}')} | "
+                f"{_fmt(between_steps_ms(r), '{:.2f}')} |"
             )
         lines.append("")
     return lines

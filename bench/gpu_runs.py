@@ -96,6 +96,36 @@ def measured(d: dict[str, Any], m: str) -> dict[str, Any] | None:
     return row if "samples_per_s" in row else None
 
 
+def _engine_steps(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The kinds of engine step in a mode's step profile (first round) that ran at least once."""
+    profile = (row.get("engine_step_profile_per_round") or [{}])[0]
+    return [v for v in profile.values() if isinstance(v, dict) and "mean_active" in v and v.get("steps")]
+
+
+def requests_per_engine_step(row: dict[str, Any]) -> float | None:
+    """A mode's requests running per engine step, over every step its profile counts (decode-only and those with
+    a prefill), as the handoff model counts them (it admits a request straight into decoding, so its steps are all
+    of the engine's). None where the row has no step profile."""
+    kinds = _engine_steps(row)
+    steps = sum(int(v["steps"]) for v in kinds)
+    return sum(v["steps"] * v["mean_active"] for v in kinds) / steps if steps else None
+
+
+def between_steps_ms(row: dict[str, Any]) -> float | None:
+    """The time a mode's engine spent between megatron's steps, per step, in ms: its measured window's Generating
+    and Draining (the engine has the GPU) less the time inside its profiled steps, over their count. That is the
+    direct loop's own host work per step (token intake, finish checks, the other threads' turns) and any wait
+    with nothing to run. None where the row has no step profile or no state shares."""
+    kinds = _engine_steps(row)
+    steps = sum(int(v["steps"]) for v in kinds)
+    shares = row.get("state_share") or {}
+    if not steps or not shares or "measured_s" not in row:
+        return None
+    busy_s = (shares.get("Generating", 0.0) + shares.get("Draining", 0.0)) * row["measured_s"]
+    in_steps_s = sum(v["steps"] * v["ms_per_step"] for v in kinds) / 1e3
+    return (busy_s - in_steps_s) / steps * 1e3
+
+
 def unsteady(r: dict[str, Any]) -> str | None:
     """Why a mode's window was no steady state (None when it was, or when the row cannot say): it made more
     than :data:`~bench._handoff.MAX_BUFFER_GROWTH` more (or fewer) samples than it trained, so its buffer was

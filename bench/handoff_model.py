@@ -344,16 +344,6 @@ SAME_SHAPE = (
 )
 
 
-def requests_per_engine_step(row: dict[str, Any]) -> float | None:
-    """A GPU run's requests running per engine step, over every step its profile counts (decode-only and those
-    with a prefill), as the model's :attr:`ModeResult.mean_decoding` counts them: the model admits a request
-    straight into decoding, so its steps are all of the engine's. None where the row has no profile."""
-    profile = (row.get("engine_step_profile_per_round") or [{}])[0]
-    kinds = [v for v in profile.values() if isinstance(v, dict) and "mean_active" in v and v.get("steps")]
-    steps = sum(int(v["steps"]) for v in kinds)
-    return sum(v["steps"] * v["mean_active"] for v in kinds) / steps if steps else None
-
-
 def measured(
     folder: Path, commits: set[str], shape: Shape, *, warmup: int, window: int
 ) -> dict[tuple[int, int, str, str], list[tuple[float, float | None]]]:
@@ -381,7 +371,7 @@ def measured(
                     sh.get("buffer_order", "start"),
                     mode,
                 )
-                out.setdefault(key, []).append((float(row["samples_per_s"]), requests_per_engine_step(row)))
+                out.setdefault(key, []).append((float(row["samples_per_s"]), gpu_runs.requests_per_engine_step(row)))
     return out
 
 
