@@ -1,13 +1,16 @@
-"""Per-step decode bookkeeping of the dynamic backend: the full rebuild (before) against the cursor (now), on CPU.
+"""Per-step decode bookkeeping of the dynamic backend: the full rebuild, the cursor's general reading and the
+cursor as shipped, on CPU.
 
 After every ``step_modern()`` the dynamic backend reads each active request's new tokens and log-probs off its
 ``DynamicInferenceRequestRecord``. The old reading rebuilt every request's whole token and log-prob lists each
 step (cost grows with the tokens generated so far); :class:`~colo_fsm.adapters.megatron.dynamic.RecordCursor`
-reads only what that step appended. Both run here on megatron-core's own record classes, filled the way the
-engine fills them: ``--requests`` active requests, each already holding ``L`` generated tokens (split over two
-requests of its record, as after a recompute-mode resume), then timed engine steps that append one token per
-request and run the bookkeeping. Old and new are interleaved round by round in one process; the table reports
-the median milliseconds per engine step and the ratio old/new for each ``L``.
+reads only what that step appended: in general by slicing each request from where it stands (``general``), and
+for a step that appended one token to Python lists, most steps, without building slices (``new``, as shipped).
+All three run here on megatron-core's own record classes, filled the way the engine fills them: ``--requests``
+active requests, each already holding ``L`` generated tokens (split over two requests of its record, as after a
+recompute-mode resume), then timed engine steps that append one token per request and run the bookkeeping. The
+variants interleave round by round in one process, the order rotating; the table reports the median
+milliseconds per engine step and the ratios old/new and general/new for each ``L``.
 
 Usage::
 
@@ -46,6 +49,7 @@ HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over
     "new ms/step at 100 tokens": "rows.0.new_ms_per_step",
     "new ms/step at 8000 tokens": "rows.5.new_ms_per_step",
     "old ms/step at 8000 tokens": "rows.5.old_ms_per_step",
+    "general/new at 1000 tokens": "rows.2.ratio_general_vs_new",
     "new growth 8000 vs 100": "new_growth_8000_vs_100",
 }
 LENGTHS = (100, 500, 1000, 2000, 4000, 8000)
@@ -113,42 +117,59 @@ def time_steps(records: dict[int, Any], steps: int, bookkeeping: Callable[[dict[
     return out
 
 
+class GeneralCursor(RecordCursor):
+    """The cursor without its one-token path: every step read through :meth:`RecordCursor.read_new` (slices of
+    each request from the cursor on), as every step was before that path."""
+
+    def advance(self, record: Any, top_k: int = 0) -> tuple[list[int], list[float], list[Any]]:
+        return self.read_new(record, top_k)
+
+
+VARIANTS = ("old", "general", "new")
+"""``old``: the full rebuild; ``general``: the cursor reading slices; ``new``: the cursor as shipped."""
+
+
+def bookkeeping_of(which: str, records: dict[int, Any], length: int) -> Callable[[dict[int, Any]], Any]:
+    """One variant's per-step bookkeeping over ``records`` (each already holding ``length`` tokens)."""
+    if which == "old":
+        tracked_old = dict.fromkeys(records, length)
+
+        def run_old(recs: dict[int, Any]) -> Any:
+            outs = old_outputs(tracked_old, recs, [], EOD)
+            assert len(outs) == len(recs)
+            return outs
+
+        return run_old
+    cursor = GeneralCursor if which == "general" else RecordCursor
+    tracked = {rid: cursor(part=1, offset=length - length // 2, reported=length) for rid in records}
+
+    def run_cursor(recs: dict[int, Any]) -> Any:
+        outs = outputs_from_records(tracked, recs, [], EOD)
+        assert len(outs) == len(recs)
+        return outs
+
+    return run_cursor
+
+
 def measure(length: int, n_requests: int, steps: int, rounds: int) -> dict[str, Any]:
-    """Median ms per engine step at ``length`` generated tokens, old and new interleaved over ``rounds``."""
-    samples: dict[str, list[float]] = {"old": [], "new": []}
+    """Median ms per engine step at ``length`` generated tokens, the variants interleaved over ``rounds`` (the
+    order rotates every round)."""
+    samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for rnd in range(rounds):
-        for which in ("old", "new") if rnd % 2 == 0 else ("new", "old"):
+        for which in VARIANTS[rnd % 3 :] + VARIANTS[: rnd % 3]:
             records = build_records(n_requests, length)
-            if which == "old":
-                tracked_old = dict.fromkeys(records, length)
-
-                def run_old(recs: dict[int, Any], tracked: dict[int, int] = tracked_old) -> Any:
-                    outs = old_outputs(tracked, recs, [], EOD)
-                    assert len(outs) == len(recs)
-                    return outs
-
-                fn = run_old
-            else:
-                tracked_new = {
-                    rid: RecordCursor(part=1, offset=length - length // 2, reported=length) for rid in records
-                }
-
-                def run_new(recs: dict[int, Any], tracked: dict[int, RecordCursor] = tracked_new) -> Any:
-                    outs = outputs_from_records(tracked, recs, [], EOD)
-                    assert len(outs) == len(recs)
-                    return outs
-
-                fn = run_new
+            fn = bookkeeping_of(which, records, length)
             gc.collect()
             samples[which].extend(time_steps(records, steps, fn))
-    old_ms = statistics.median(samples["old"]) * 1e3
-    new_ms = statistics.median(samples["new"]) * 1e3
+    ms = {v: statistics.median(samples[v]) * 1e3 for v in VARIANTS}
     return {
         "generated_tokens": length,
         "requests": n_requests,
-        "old_ms_per_step": old_ms,
-        "new_ms_per_step": new_ms,
-        "ratio_old_vs_new": old_ms / new_ms if new_ms > 0 else float("inf"),
+        "old_ms_per_step": ms["old"],
+        "general_ms_per_step": ms["general"],
+        "new_ms_per_step": ms["new"],
+        "ratio_old_vs_new": ms["old"] / ms["new"] if ms["new"] > 0 else float("inf"),
+        "ratio_general_vs_new": ms["general"] / ms["new"] if ms["new"] > 0 else float("inf"),
         "samples_per_mode": len(samples["old"]),
     }
 
@@ -173,11 +194,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "old_growth_8000_vs_100": last["old_ms_per_step"] / first["old_ms_per_step"],
     }
     print(f"decode bookkeeping per engine step, {args.requests} active requests (median of interleaved rounds)")
-    print(f"{'generated':>10} {'old ms/step':>12} {'new ms/step':>12} {'old/new':>8}")
+    print(
+        f"{'generated':>10} {'old ms/step':>12} {'general ms/step':>16} {'new ms/step':>12} {'old/new':>8} {'general/new':>12}"
+    )
     for r in rows:
         print(
-            f"{r['generated_tokens']:>10} {r['old_ms_per_step']:>12.3f} {r['new_ms_per_step']:>12.3f} "
-            f"{r['ratio_old_vs_new']:>8.1f}"
+            f"{r['generated_tokens']:>10} {r['old_ms_per_step']:>12.3f} {r['general_ms_per_step']:>16.3f} "
+            f"{r['new_ms_per_step']:>12.3f} {r['ratio_old_vs_new']:>8.1f} {r['ratio_general_vs_new']:>12.2f}"
         )
     print(
         f"growth from 100 to 8000 tokens: old x{summary['old_growth_8000_vs_100']:.1f}, "

@@ -108,3 +108,29 @@ def test_per_step_bookkeeping_reads_only_the_new_tokens():
     # one token and one log-prob per step; a rebuild of the whole list each step would read ~steps**2 of them
     assert CountingList.read == 2 * steps
     assert tracked[1].reported == steps
+
+
+LOG_PROBS = {  # what megatron may hold as a request's generated log-probs, for two generated tokens
+    "none": lambda: None,
+    "empty": lambda: [],
+    "shorter-than-the-tokens": lambda: [-0.5],
+    "both": lambda: [-0.5, -0.25],
+    "a-tensor": lambda: torch.tensor([-0.5, -0.25]),
+}
+
+
+@pytest.mark.parametrize("log_probs", sorted(LOG_PROBS))
+def test_the_one_token_step_reads_what_the_general_reading_does(log_probs):
+    """A step that appended one token takes a shorter path (most steps do); it gives what reading the record in
+    full gives, ``nan`` where megatron has no log-prob for a token, and a tensor field goes the general way."""
+    rec = _record(1)
+    r = rec[-1]
+    r.generated_tokens = [4, 9]
+    r.generated_log_probs = LOG_PROBS[log_probs]()
+    cursor = RecordCursor(offset=1, reported=1, last_token=4)
+    toks, lps, tops = cursor.advance(rec)
+    want_t, want_lp = record_tokens(rec)
+    assert toks == want_t[1:] == [9] and tops == []
+    assert (math.isnan(lps[0]) and math.isnan(want_lp[1])) or lps == pytest.approx(want_lp[1:])
+    assert (cursor.offset, cursor.reported, cursor.last_token) == (2, 2, 9)
+    assert cursor.advance(rec) == ([], [], [])  # nothing new: nothing read twice

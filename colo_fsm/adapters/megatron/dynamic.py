@@ -153,6 +153,32 @@ class RecordCursor:
     def advance(self, record: Any, top_k: int = 0) -> tuple[list[int], list[float], list[Any]]:
         """The tokens, log-probs (``nan`` where missing) and raw top-n entries (when ``top_k > 0``) generated
         since the last call; the cursor moves past them."""
+        if not top_k:
+            one = self._one_new_token(record)
+            if one is not None:
+                return one
+        return self.read_new(record, top_k)
+
+    def _one_new_token(self, record: Any) -> tuple[list[int], list[float], list[Any]] | None:
+        """What :meth:`read_new` gives when the request being read (the record's last) appended exactly one token
+        to Python lists since the last call, most engine steps, read without building slices; None otherwise."""
+        reqs = getattr(record, "requests", None) or [record]
+        if self.part != len(reqs) - 1:
+            return None
+        r = reqs[self.part]
+        gen = r.generated_tokens
+        got = getattr(r, "generated_log_probs", None)
+        if not isinstance(gen, list) or len(gen) != self.offset + 1 or not (got is None or isinstance(got, list)):
+            return None
+        tok = int(gen[self.offset])
+        lp = float(got[self.offset]) if got is not None and len(got) > self.offset else math.nan
+        self.offset += 1
+        self.reported += 1
+        self.last_token = tok
+        return [tok], [lp], []
+
+    def read_new(self, record: Any, top_k: int = 0) -> tuple[list[int], list[float], list[Any]]:
+        """:meth:`advance` for any record: every request of it from the cursor on, tokens in lists or tensors."""
         reqs = getattr(record, "requests", None) or [record]
         toks: list[int] = []
         lps: list[float] = []
@@ -209,12 +235,12 @@ def outputs_from_records(
     """
     out: list[StepOutput] = []
     done = {int(r.request_id): r for r in finished}
-    for rid in list(tracked):
-        record = done.get(rid, live.get(rid))
-        if record is None:
+    want = want_top or {}
+    for rid, cursor in list(tracked.items()):
+        record = done.get(rid)
+        if record is None and (record := live.get(rid)) is None:
             continue
-        cursor = tracked[rid]
-        k = (want_top or {}).get(rid, 0)
+        k = want.get(rid, 0) if want else 0
         new_t, new_lp, raw_top = cursor.advance(record, k)
         new_top: tuple[TopLogprobs, ...] = ()
         if k > 0 and new_t:
