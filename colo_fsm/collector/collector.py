@@ -129,8 +129,9 @@ class CollectorStats:
     (part of ``in_flight``) counts rollouts in flight across at least one pause and not finished yet;
     ``spanning`` counts finished rollouts that were in flight across a pause (``version_changed_mid_rollout``:
     those whose weight version changed meanwhile). ``pauses`` counts pauses (one per handoff);
-    ``in_flight_at_pause`` is how many rollouts were in flight when the last one began: what a drain waited for,
-    or what park kept in the engine (0 before the first pause).
+    ``in_flight_at_pause`` is how many rollouts were in flight when the last one began: what park kept in the
+    engine, or what a drain waited for (at most: rollouts that defer end at once); 0 before the first pause. A
+    pause while already paused is not counted, and a stop's :meth:`AsyncCollector.take_back` is not a pause.
     """
 
     started: int

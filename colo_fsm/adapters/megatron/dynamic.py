@@ -81,6 +81,12 @@ def check_head_dim(config: Any) -> None:
         )
 
 
+def requests_of(record: Any) -> Sequence[Any]:
+    """The requests of a ``DynamicInferenceRequestRecord`` in order (one per recompute checkpoint; the record's
+    own list, not a copy); a bare request stands for itself."""
+    return getattr(record, "requests", None) or [record]
+
+
 def _as_list(x: Any) -> list[Any]:
     if x is None:
         return []
@@ -96,7 +102,7 @@ def record_tokens(record: Any) -> tuple[list[int], list[float]]:
     """
     toks: list[int] = []
     lps: list[float] = []
-    for r in getattr(record, "requests", [record]):
+    for r in requests_of(record):
         t = [int(x) for x in _as_list(r.generated_tokens)]
         lp = [float(x) for x in _as_list(getattr(r, "generated_log_probs", None))]
         toks.extend(t)
@@ -112,7 +118,7 @@ def record_top_logprobs(record: Any, text_to_id: Callable[[str], int | None]) ->
     whose texts collide were already merged by megatron-core). Pairs are sorted most likely first.
     """
     out: list[TopLogprobs] = []
-    for r in getattr(record, "requests", [record]):
+    for r in requests_of(record):
         n = len(_as_list(r.generated_tokens))
         tops = list(getattr(r, "generated_top_n_logprobs", None) or [])
         for d in (tops + [{}] * n)[:n]:
@@ -122,8 +128,7 @@ def record_top_logprobs(record: Any, text_to_id: Callable[[str], int | None]) ->
 
 def record_status(record: Any) -> str:
     """The status name of a record's latest request ("COMPLETED", "FAILED", ...; "" if unknown)."""
-    reqs = getattr(record, "requests", None) or [record]
-    status = getattr(reqs[-1], "status", None)
+    status = getattr(requests_of(record)[-1], "status", None)
     return str(getattr(status, "name", status or ""))
 
 
@@ -162,7 +167,7 @@ class RecordCursor:
     def _one_new_token(self, record: Any) -> tuple[list[int], list[float], list[Any]] | None:
         """What :meth:`read_new` gives when the request being read (the record's last) appended exactly one token
         to Python lists since the last call, most engine steps, read without building slices; None otherwise."""
-        reqs = getattr(record, "requests", None) or [record]
+        reqs = requests_of(record)
         if self.part != len(reqs) - 1:
             return None
         r = reqs[self.part]
@@ -179,7 +184,7 @@ class RecordCursor:
 
     def read_new(self, record: Any, top_k: int = 0) -> tuple[list[int], list[float], list[Any]]:
         """:meth:`advance` for any record: every request of it from the cursor on, tokens in lists or tensors."""
-        reqs = getattr(record, "requests", None) or [record]
+        reqs = requests_of(record)
         toks: list[int] = []
         lps: list[float] = []
         tops: list[Any] = []
@@ -240,7 +245,7 @@ def outputs_from_records(
         record = done.get(rid)
         if record is None and (record := live.get(rid)) is None:
             continue
-        k = want.get(rid, 0) if want else 0
+        k = want.get(rid, 0)
         new_t, new_lp, raw_top = cursor.advance(record, k)
         new_top: tuple[TopLogprobs, ...] = ()
         if k > 0 and new_t:
