@@ -115,12 +115,12 @@ def between_steps_ms(row: dict[str, Any]) -> float | None:
     """The time a mode's engine spent between megatron's steps, per step, in ms: its measured window's Generating
     and Draining (the engine has the GPU) less the time inside its profiled steps, over their count. That is the
     direct loop's own host work per step (token intake, finish checks, the other threads' turns) and any wait
-    with nothing to run. None where the row has no step profile or no state shares."""
+    with nothing to run. None where the row has no step profile or no state shares, or ran more than one round."""
     kinds = _engine_steps(row)
     steps = sum(int(v["steps"]) for v in kinds)
     shares = row.get("state_share") or {}
-    if not steps or not shares or "measured_s" not in row:
-        return None
+    if not steps or not shares or "measured_s" not in row or len(row["engine_step_profile_per_round"]) != 1:
+        return None  # the shares and the window cover every round, the profile one round
     busy_s = (shares.get("Generating", 0.0) + shares.get("Draining", 0.0)) * row["measured_s"]
     in_steps_s = sum(v["steps"] * v["ms_per_step"] for v in kinds) / 1e3
     return (busy_s - in_steps_s) / steps * 1e3

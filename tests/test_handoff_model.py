@@ -183,3 +183,13 @@ def test_the_time_between_the_direct_loops_engine_steps_grows_with_the_requests_
     assert all(abs(ms - (fit.intercept + fit.slope * n)) < 0.3 for n, ms in before)
     [(n4, ms4)] = [(n, ms) for commit, n, ms in points if commit == "0bdc5f1" and n > 100]
     assert (round(n4), round(fit.intercept + fit.slope * n4, 2), round(ms4, 2)) == (186, 1.91, 2.16)
+
+
+def test_the_time_between_steps_is_read_only_where_the_window_and_the_profile_cover_the_same_steps():
+    """A mode's state shares and window cover every round, its step profile each round: one round gives the
+    time between its steps, two give none (never one round's steps over two rounds' time)."""
+    prof = {"decode_graph": {"steps": 1000, "ms_per_step": 9.0, "mean_active": 100.0, "share": 1.0}}
+    row = {"measured_s": 10.0, "state_share": {"Generating": 0.95, "Draining": 0.05}}
+    assert gpu_runs.between_steps_ms({**row, "engine_step_profile_per_round": [prof]}) == pytest.approx(1.0)
+    assert gpu_runs.between_steps_ms({**row, "engine_step_profile_per_round": [prof, prof]}) is None
+    assert gpu_runs.between_steps_ms({"measured_s": 10.0, "engine_step_profile_per_round": [prof]}) is None
