@@ -156,7 +156,7 @@ def measure(length: int, n_requests: int, steps: int, rounds: int) -> dict[str, 
     order rotates every round)."""
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for rnd in range(rounds):
-        for which in VARIANTS[rnd % 3 :] + VARIANTS[: rnd % 3]:
+        for which in VARIANTS[rnd % len(VARIANTS) :] + VARIANTS[: rnd % len(VARIANTS)]:
             records = build_records(n_requests, length)
             fn = bookkeeping_of(which, records, length)
             gc.collect()

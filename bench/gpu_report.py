@@ -37,7 +37,7 @@ from bench.gpu_runs import (
     min_steps,
     mode_figures,
     read_json,
-    requests_per_engine_step,
+    requests_per_step,
     split_history,
     unsteady,
 )
@@ -235,7 +235,7 @@ def decode_lines(runs: list[dict[str, Any]]) -> list[str]:
             r = d["modes"][m]
             lines.append(
                 f"| `{d['_file']}` | {m} | {g['steps']:,} | {g['share']:.3f} | {g['ms_per_step']:.2f} | "
-                f"{g['mean_active']:.0f} | {_fmt(requests_per_engine_step(r), '{:.1f}')} | "
+                f"{g['mean_active']:.0f} | {_fmt(requests_per_step(prof), '{:.1f}')} | "
                 f"{_fmt(between_steps_ms(r), '{:.2f}')} |"
             )
         lines.append("")

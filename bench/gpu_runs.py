@@ -96,19 +96,27 @@ def measured(d: dict[str, Any], m: str) -> dict[str, Any] | None:
     return row if "samples_per_s" in row else None
 
 
-def _engine_steps(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The kinds of engine step in a mode's step profile (first round) that ran at least once."""
-    profile = (row.get("engine_step_profile_per_round") or [{}])[0]
+def _engine_steps(profile: dict[str, Any]) -> list[dict[str, Any]]:
+    """The kinds of engine step in one round's step profile that ran at least once."""
     return [v for v in profile.values() if isinstance(v, dict) and "mean_active" in v and v.get("steps")]
 
 
-def requests_per_engine_step(row: dict[str, Any]) -> float | None:
-    """A mode's requests running per engine step, over every step its profile counts (decode-only and those with
-    a prefill), as the handoff model counts them (it admits a request straight into decoding, so its steps are all
-    of the engine's). None where the row has no step profile."""
-    kinds = _engine_steps(row)
+def _first_profile(row: dict[str, Any]) -> dict[str, Any]:
+    return (row.get("engine_step_profile_per_round") or [{}])[0]
+
+
+def requests_per_step(profile: dict[str, Any]) -> float | None:
+    """Requests running per engine step over every step one round's profile counts (decode-only and those with a
+    prefill), as the handoff model counts them (it admits a request straight into decoding, so its steps are all
+    of the engine's). None where the profile counts no step."""
+    kinds = _engine_steps(profile)
     steps = sum(int(v["steps"]) for v in kinds)
     return sum(v["steps"] * v["mean_active"] for v in kinds) / steps if steps else None
+
+
+def requests_per_engine_step(row: dict[str, Any]) -> float | None:
+    """A mode's :func:`requests_per_step` in its first round; None where the row has no step profile."""
+    return requests_per_step(_first_profile(row))
 
 
 def between_steps_ms(row: dict[str, Any]) -> float | None:
@@ -116,7 +124,7 @@ def between_steps_ms(row: dict[str, Any]) -> float | None:
     and Draining (the engine has the GPU) less the time inside its profiled steps, over their count. That is the
     direct loop's own host work per step (token intake, finish checks, the other threads' turns) and any wait
     with nothing to run. None where the row has no step profile or no state shares, or ran more than one round."""
-    kinds = _engine_steps(row)
+    kinds = _engine_steps(_first_profile(row))
     steps = sum(int(v["steps"]) for v in kinds)
     shares = row.get("state_share") or {}
     if not steps or not shares or "measured_s" not in row or len(row["engine_step_profile_per_round"]) != 1:
