@@ -471,6 +471,38 @@ class JsonReport:
             tmp.replace(self.path)
 
 
+def print_table(out: dict[str, Any]) -> None:
+    """The modes side by side, then each ratio (or why there is none)."""
+    results = {m: r for m, r in out["modes"].items() if "samples_per_s" in r}
+    cols = [
+        ("mode", "{}"),
+        ("samples_per_s", "{:.2f}"),
+        ("spread", "{}"),
+        ("steps", "{}"),
+        ("draining_share", "{:.3f}"),
+        ("handoff_p50_ms", "{:.1f}"),
+        ("decode_tokens_per_s", "{:.0f}"),
+        ("mean_running", "{:.0f}"),
+    ]
+    print()
+    print("  ".join(f"{c:>19}" if i else f"{c:<10}" for i, (c, _) in enumerate(cols)))
+    for m, r in results.items():
+        values = {
+            **r,
+            "spread": spread_text(r),
+            "steps": r["measured_steps"],
+            "mean_running": r["mean_running_requests"],
+        }
+        cells = [m] + [fmt.format(values[c]) for c, fmt in cols[1:]]
+        print("  ".join(f"{x:>19}" if i else f"{x:<10}" for i, x in enumerate(cells)))
+    print()
+    for k, v in out.items():
+        if k.startswith("ratio_") and not k.endswith("_cpu") and isinstance(v, float):
+            print(f"{k} = {v:.2f}")
+    for k, why in (out.get("no_ratio") or {}).items():
+        print(f"no ratio_{k}: {why}")
+
+
 __all__ = [
     "ENGINES",
     "MAX_BUFFER_GROWTH",
@@ -488,6 +520,7 @@ __all__ = [
     "mode_of_ratio",
     "mode_unavailable",
     "pct",
+    "print_table",
     "ratio_name",
     "ratio_refusal",
     "release_model_graphs",

@@ -13,11 +13,15 @@ vocabulary), so what a mode measures does not depend on the weights it starts fr
 
 from __future__ import annotations
 
+import argparse
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench._handoff import ENGINES
+from bench._workload import Shape, alphabet_of
 from colo_fsm.guards.engine_state import engine_state_of
 
 SETTLE_S = 120.0  # how long the rig waits for a mode's leftover requests to leave the engine before it fails
@@ -115,4 +119,57 @@ class Rig:
             self.engine.real.shutdown()
 
 
-__all__ = ["SETTLE_S", "EngineLease", "Rig"]
+def build_rig(args: argparse.Namespace, shape: Shape) -> Rig:
+    """The model, trainer and engine every mode of this process shares (built, then warmed, once)."""
+    from colo_fsm.adapters.megatron.model import ModelConfig, build_model
+    from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig
+    from colo_fsm.guards.memory import MemoryBudget
+
+    t0 = time.monotonic()
+    tok = CharTokenizer(alphabet_of(shape), generates_eod=False)  # each request stops at its drawn length
+    seq_len = shape.prompt_len + shape.max_tokens
+    model = build_model(
+        ModelConfig(
+            vocab_size=tok.vocab_size,
+            hidden_size=shape.hidden_size,
+            num_layers=shape.num_layers,
+            num_attention_heads=shape.num_attention_heads,
+            max_sequence_length=seq_len,
+            device=args.device,
+            seed=args.seed,
+            cuda_graphs=args.cuda_graphs is not None,
+        )
+    )
+    # the trainer first: megatron-core's DDP may move parameters into its buffer before graphs are captured
+    trainer = MegatronTrainer(
+        model, TrainerConfig(lr=shape.lr, micro_batch_tokens=shape.micro_batch_tokens), pad_id=tok.pad
+    )
+    rig = Rig(model, trainer, EngineLease(None), tok)
+    engine = ENGINES[args.engine]("park", args, shape, model, tok, rig.weight_version, seq_len)
+    # the memory guard checks the forward this trainer runs: micro-batches of micro_batch_tokens padded tokens, or
+    # one sequence where it is longer (the guard's default, 8 sequences of the model's length, is 262k tokens at
+    # the 32,768 cut, which this trainer never runs)
+    engine.memory_budget = MemoryBudget(micro_batch_tokens=shape.micro_batch_tokens)
+    rig.engine = EngineLease(engine)
+    rig.engine.bring_up()
+    rig.engine.shutdown()  # built and awake; each mode's lifecycle takes its own lease
+    rig.build_s = time.monotonic() - t0
+    rng = random.Random(args.seed + 1)
+    warm = [
+        tok.tokenize("".join(rng.choice(tok.alphabet) for _ in range(shape.prompt_len)))
+        for _ in range(shape.max_active_requests)
+    ]
+    rig.warm(
+        warm,
+        max_tokens=min(64, shape.max_tokens),
+        temperature=shape.temperature,
+        batch_of=lambda ps, outs: [
+            Rollout(tuple(p), tuple(o.token_ids), 0.0, i // shape.samples_per_group, tuple(o.logprobs), 0)
+            for i, (p, o) in enumerate(zip(ps, outs))
+        ],
+    )
+    return rig
+
+
+__all__ = ["SETTLE_S", "EngineLease", "Rig", "build_rig"]

@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 
 from bench import gpu_runs  # noqa: E402  (after the sys.path line above)
 from bench._handoff import MAX_BUFFER_GROWTH, decode_weighted_context  # noqa: E402
-from bench.inflight_handoff import Shape, output_length  # noqa: E402
+from bench._workload import Shape, output_length  # noqa: E402
 from colo_fsm.adapters.protocols import Completion  # noqa: E402
 from colo_fsm.collector import ReplayBuffer, TrajectoryGroup  # noqa: E402
 from colo_fsm.errors import ConfigError  # noqa: E402

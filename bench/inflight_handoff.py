@@ -58,7 +58,6 @@ import argparse
 import asyncio
 import itertools
 import logging
-import math
 import os
 import platform
 import random
@@ -67,7 +66,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -89,12 +88,12 @@ from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     graph_decode_baseline,
     mode_unavailable,
     pct,
+    print_table,
     release_model_graphs,
-    spread_text,
     summarize,
 )
-from bench._rig import EngineLease, Rig  # noqa: E402
-from colo_fsm.adapters.megatron.model import MODEL_PRESETS  # noqa: E402
+from bench._rig import Rig, build_rig  # noqa: E402
+from bench._workload import MODELS, QUICK, Shape, output_length, warmup_steps  # noqa: E402
 from colo_fsm.adapters.megatron.trainer import Rollout  # noqa: E402
 from colo_fsm.collector.batch_order import ORDERS  # noqa: E402
 
@@ -117,67 +116,6 @@ HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over
 }
 
 
-@dataclass(frozen=True)
-class Shape:
-    """Model and workload of one run (the same for every mode)."""
-
-    hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-    alphabet_size: int
-    prompt_len: int
-    max_tokens: int
-    median_tokens: float
-    sigma: float
-    num_prompts_per_step: int
-    samples_per_group: int
-    max_trajectory_age_steps: int
-    steps: int  # measured steps per mode
-    warmup: int  # steps before them for the modes that carry rollouts over (park, abort): see warmup_steps
-    max_active_requests: int
-    lr: float
-    temperature: float
-    micro_batch_tokens: int = 16384  # the trainer's padded-token budget per micro-batch
-    buffer_order: str = "start"  # ReplayBuffer(order=...): "start", or "deadline" (colo_fsm/collector/batch_order.py)
-
-
-MODELS: dict[str, Shape] = {
-    # CPU: a tiny GPT whose decode step costs about the same for 1 or 24 short requests (per-step overhead
-    # dominates; the CPU path recomputes every sequence each step, so long batches stop being cheap)
-    "small": Shape(16, 1, 4, 16, 4, 64, 3.0, 1.6, 8, 2, 3, 95, 5, 48, 1e-4, 0.0),
-    # one GPU: ~200M parameters (16 layers x 1024 hidden), long tails
-    "gpt200m": Shape(1024, 16, 16, 200, 16, 1024, 64.0, 1.3, 32, 4, 2, 18, 2, 512, 1e-5, 1.0),
-}
-
-
-def _preset(name: str, base: Shape, **kw: Any) -> Shape:
-    """``base`` with the model shape of colo-fsm's preset ``name`` (hidden size, layers, heads)."""
-    p = MODEL_PRESETS[name]
-    return replace(
-        base,
-        hidden_size=p["hidden_size"],
-        num_layers=p["num_layers"],
-        num_attention_heads=p["num_attention_heads"],
-        **kw,
-    )
-
-
-MODELS["gpt200m"] = _preset("gpt200m", MODELS["gpt200m"])
-MODELS["gpt1b"] = _preset("gpt1b", MODELS["gpt200m"], micro_batch_tokens=8192)  # ~1.0B: less activation room
-QUICK: dict[str, dict[str, Any]] = {
-    "small": {"steps": 45, "warmup": 5},
-    "gpt200m": {"steps": 10, "warmup": 2},
-    "gpt1b": {"steps": 10, "warmup": 2},
-}
-
-
-def output_length(seed: int, prompt: int, sample: int, shape: Shape) -> int:
-    """The drawn output length of one request (lognormal, cut to ``[1, max_tokens]``); the same in every mode."""
-    rng = random.Random(seed * 1_000_003 + prompt * 1009 + sample)
-    x = rng.lognormvariate(math.log(shape.median_tokens), shape.sigma)
-    return max(1, min(shape.max_tokens, round(x)))
-
-
 def _peak_gib(device: str) -> float | None:
     """The CUDA allocator's peak since the mode started (GiB), None on the CPU."""
     if device != "cuda":
@@ -185,73 +123,6 @@ def _peak_gib(device: str) -> float | None:
     import torch
 
     return torch.cuda.max_memory_allocated() / 2**30
-
-
-def build_rig(args: argparse.Namespace, shape: Shape) -> Rig:
-    """The model, trainer and engine every mode of this process shares (built, then warmed, once)."""
-    from colo_fsm.adapters.megatron.model import ModelConfig, build_model
-    from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
-    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
-    from colo_fsm.guards.memory import MemoryBudget
-
-    t0 = time.monotonic()
-    tok = CharTokenizer(alphabet_of(shape), generates_eod=False)  # each request stops at its drawn length
-    seq_len = shape.prompt_len + shape.max_tokens
-    model = build_model(
-        ModelConfig(
-            vocab_size=tok.vocab_size,
-            hidden_size=shape.hidden_size,
-            num_layers=shape.num_layers,
-            num_attention_heads=shape.num_attention_heads,
-            max_sequence_length=seq_len,
-            device=args.device,
-            seed=args.seed,
-            cuda_graphs=args.cuda_graphs is not None,
-        )
-    )
-    # the trainer first: megatron-core's DDP may move parameters into its buffer before graphs are captured
-    trainer = MegatronTrainer(
-        model, TrainerConfig(lr=shape.lr, micro_batch_tokens=shape.micro_batch_tokens), pad_id=tok.pad
-    )
-    rig = Rig(model, trainer, EngineLease(None), tok)
-    engine = ENGINES[args.engine]("park", args, shape, model, tok, rig.weight_version, seq_len)
-    # the memory guard checks the forward this trainer runs: micro-batches of micro_batch_tokens padded tokens, or
-    # one sequence where it is longer (the guard's default, 8 sequences of the model's length, is 262k tokens at
-    # the 32,768 cut, which this trainer never runs)
-    engine.memory_budget = MemoryBudget(micro_batch_tokens=shape.micro_batch_tokens)
-    rig.engine = EngineLease(engine)
-    rig.engine.bring_up()
-    rig.engine.shutdown()  # built and awake; each mode's lifecycle takes its own lease
-    rig.build_s = time.monotonic() - t0
-    rng = random.Random(args.seed + 1)
-    warm = [
-        tok.tokenize("".join(rng.choice(tok.alphabet) for _ in range(shape.prompt_len)))
-        for _ in range(shape.max_active_requests)
-    ]
-    rig.warm(
-        warm,
-        max_tokens=min(64, shape.max_tokens),
-        temperature=shape.temperature,
-        batch_of=lambda ps, outs: [
-            Rollout(tuple(p), tuple(o.token_ids), 0.0, i // shape.samples_per_group, tuple(o.logprobs), 0)
-            for i, (p, o) in enumerate(zip(ps, outs))
-        ],
-    )
-    return rig
-
-
-def alphabet_of(shape: Shape) -> str:
-    """The bench tokenizer's characters (``alphabet_size`` of them)."""
-    return "".join(chr(ord("a") + i) if i < 26 else chr(0x100 + i) for i in range(shape.alphabet_size))
-
-
-def warmup_steps(mode: str, shape: Shape) -> int:
-    """Steps a mode runs before its measured ones: every mode with a collector (park, drain, abort) carries
-    rollouts from one step into the next, in the engine or in the buffer (a drain finishes every rollout in flight,
-    up to ``max_age`` steps' worth, and the buffer keeps what the step does not train), so its steady state starts
-    after ``shape.warmup`` steps; sync starts every step empty, which is its steady state from the first step on
-    (the rig already warmed the engine and the trainer)."""
-    return 0 if mode == "sync" else shape.warmup
 
 
 def run_mode(
@@ -759,38 +630,6 @@ def main(argv: list[str] | None = None) -> int:
     print_table(report.data)
     print(f"total {report.data.get('total_s', 0.0):.0f} s; wrote {args.out}")
     return 0
-
-
-def print_table(out: dict[str, Any]) -> None:
-    """The modes side by side, then each ratio (or why there is none)."""
-    results = {m: r for m, r in out["modes"].items() if "samples_per_s" in r}
-    cols = [
-        ("mode", "{}"),
-        ("samples_per_s", "{:.2f}"),
-        ("spread", "{}"),
-        ("steps", "{}"),
-        ("draining_share", "{:.3f}"),
-        ("handoff_p50_ms", "{:.1f}"),
-        ("decode_tokens_per_s", "{:.0f}"),
-        ("mean_running", "{:.0f}"),
-    ]
-    print()
-    print("  ".join(f"{c:>19}" if i else f"{c:<10}" for i, (c, _) in enumerate(cols)))
-    for m, r in results.items():
-        values = {
-            **r,
-            "spread": spread_text(r),
-            "steps": r["measured_steps"],
-            "mean_running": r["mean_running_requests"],
-        }
-        cells = [m] + [fmt.format(values[c]) for c, fmt in cols[1:]]
-        print("  ".join(f"{x:>19}" if i else f"{x:<10}" for i, x in enumerate(cells)))
-    print()
-    for k, v in out.items():
-        if k.startswith("ratio_") and not k.endswith("_cpu") and isinstance(v, float):
-            print(f"{k} = {v:.2f}")
-    for k, why in (out.get("no_ratio") or {}).items():
-        print(f"no ratio_{k}: {why}")
 
 
 if __name__ == "__main__":
