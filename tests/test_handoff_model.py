@@ -165,7 +165,9 @@ def test_the_time_between_the_direct_loops_engine_steps_grows_with_the_requests_
     sync run of the 202M GPT on the direct path measured before the ``max_age`` 4 run (16 of them, at 22 to 115
     requests per engine step), the time between megatron's steps is 0.10 ms plus 9.7 us per request running, each
     run within 0.3 ms of that line. It gives 1.91 ms at the ``max_age`` 4 run's 186 requests, out of sample: the
-    run spent 2.16, where the model prices 1.06 at any concurrency."""
+    run spent 2.16, where the model prices 1.06 at any concurrency. The one direct run with the one-token reading of
+    megatron's records (``76259d0``, park alone) lies 0.20 ms above the line at 115 requests, inside the band: the
+    0.2 ms the CPU figures say that reading saves there does not show on the GPU in one run."""
     runs, _ = gpu_runs.load(RUNS)
     points = []
     for d in [d for group in runs.values() for d in group]:
@@ -183,6 +185,9 @@ def test_the_time_between_the_direct_loops_engine_steps_grows_with_the_requests_
     assert all(abs(ms - (fit.intercept + fit.slope * n)) < 0.3 for n, ms in before)
     [(n4, ms4)] = [(n, ms) for commit, n, ms in points if commit == "0bdc5f1" and n > 100]
     assert (round(n4), round(fit.intercept + fit.slope * n4, 2), round(ms4, 2)) == (186, 1.91, 2.16)
+    [(n5, ms5)] = [(n, ms) for commit, n, ms in points if commit == "76259d0"]
+    line5 = fit.intercept + fit.slope * n5
+    assert (round(n5), round(line5, 2), round(ms5, 2)) == (115, 1.23, 1.43) and 0 < ms5 - line5 < 0.3
 
 
 def test_the_time_between_steps_is_read_only_where_the_window_and_the_profile_cover_the_same_steps():
