@@ -1,6 +1,6 @@
 """Pieces of ``bench/inflight_handoff.py`` (not a benchmark itself: ``run_all`` skips files starting with ``_``):
 the reasoning workload, the engine factory (one function per way of building the engine, so another can plug
-in), the pure graph-decode baseline, the JSON report written after every mode, and the side-by-side ratios."""
+in), the pure graph-decode baseline, the JSON report written after every mode, the side-by-side table and its ratios."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ class Shape:
     samples_per_group: int
     max_trajectory_age_steps: int
     steps: int  # measured steps per mode
-    warmup: int  # steps before them for the modes that carry rollouts over (park, abort): see warmup_steps
+    warmup: int  # steps before them for the modes that carry rollouts over (park, drain, abort): see warmup_steps
     max_active_requests: int
     lr: float
     temperature: float

@@ -164,7 +164,7 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-8k-coordinator-park-drain",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and drain in one process, so park / "
         "drain on the faster path has a second one-process figure (the first, 1.316 at 4366d6d, had a handoff that "
-        "drained nothing; this run's JSON says how many groups each handoff found); ~7 min",
+        "drained nothing; this run's JSON says how many groups each handoff found); ~9 min (531 s at 76259d0)",
         _handoff(8192, "park,drain", "--no-graph-baseline", engine="coordinator"),
         600,
         smoke=SMOKE_COORDINATOR,
