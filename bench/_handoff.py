@@ -264,24 +264,13 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
     from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
 
     from bench._gpu import BenchEngine, EngineOptions
-    from colo_fsm.adapters.megatron.model import ModelConfig, build_model
+    from bench._workload import alphabet_of, model_config
+    from colo_fsm.adapters.megatron.model import build_model
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
 
-    alphabet = "".join(chr(ord("a") + i) if i < 26 else chr(0x100 + i) for i in range(shape.alphabet_size))
-    tok = CharTokenizer(alphabet)
+    tok = CharTokenizer(alphabet_of(shape))
     seq_len = shape.prompt_len + shape.max_tokens
-    model = build_model(
-        ModelConfig(
-            vocab_size=tok.vocab_size,
-            hidden_size=shape.hidden_size,
-            num_layers=shape.num_layers,
-            num_attention_heads=shape.num_attention_heads,
-            max_sequence_length=seq_len,
-            device="cuda",
-            seed=args.seed,
-            cuda_graphs=True,
-        )
-    )
+    model = build_model(model_config(shape, tok.vocab_size, device="cuda", seed=args.seed, cuda_graphs=True))
     batches = sorted(
         {b for b in (16, 32, 64, 128, 256, 512) if b < shape.max_active_requests} | {shape.max_active_requests}
     )

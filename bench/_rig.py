@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench._handoff import ENGINES
-from bench._workload import Shape, alphabet_of
+from bench._workload import Shape, alphabet_of, model_config
 from colo_fsm.guards.engine_state import engine_state_of
 
 SETTLE_S = 120.0  # how long the rig waits for a mode's leftover requests to leave the engine before it fails
@@ -121,7 +121,7 @@ class Rig:
 
 def build_rig(args: argparse.Namespace, shape: Shape) -> Rig:
     """The model, trainer and engine every mode of this process shares (built, then warmed, once)."""
-    from colo_fsm.adapters.megatron.model import ModelConfig, build_model
+    from colo_fsm.adapters.megatron.model import build_model
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig
     from colo_fsm.guards.memory import MemoryBudget
@@ -130,15 +130,8 @@ def build_rig(args: argparse.Namespace, shape: Shape) -> Rig:
     tok = CharTokenizer(alphabet_of(shape), generates_eod=False)  # each request stops at its drawn length
     seq_len = shape.prompt_len + shape.max_tokens
     model = build_model(
-        ModelConfig(
-            vocab_size=tok.vocab_size,
-            hidden_size=shape.hidden_size,
-            num_layers=shape.num_layers,
-            num_attention_heads=shape.num_attention_heads,
-            max_sequence_length=seq_len,
-            device=args.device,
-            seed=args.seed,
-            cuda_graphs=args.cuda_graphs is not None,
+        model_config(
+            shape, tok.vocab_size, device=args.device, seed=args.seed, cuda_graphs=args.cuda_graphs is not None
         )
     )
     # the trainer first: megatron-core's DDP may move parameters into its buffer before graphs are captured

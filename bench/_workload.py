@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any
 
-from colo_fsm.adapters.megatron.model import MODEL_PRESETS
+from colo_fsm.adapters.megatron.model import MODEL_PRESETS, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -90,4 +90,18 @@ def warmup_steps(mode: str, shape: Shape) -> int:
     return 0 if mode == "sync" else shape.warmup
 
 
-__all__ = ["MODELS", "QUICK", "Shape", "alphabet_of", "output_length", "warmup_steps"]
+def model_config(shape: Shape, vocab_size: int, *, device: str, seed: int, cuda_graphs: bool) -> ModelConfig:
+    """The GPT of this shape, long enough for a prompt and its longest output."""
+    return ModelConfig(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        num_layers=shape.num_layers,
+        num_attention_heads=shape.num_attention_heads,
+        max_sequence_length=shape.prompt_len + shape.max_tokens,
+        device=device,
+        seed=seed,
+        cuda_graphs=cuda_graphs,
+    )
+
+
+__all__ = ["MODELS", "QUICK", "Shape", "alphabet_of", "model_config", "output_length", "warmup_steps"]
