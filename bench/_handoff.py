@@ -269,7 +269,7 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
 
     tok = CharTokenizer(alphabet_of(shape))
-    seq_len = shape.prompt_len + shape.max_tokens
+    seq_len = shape.sequence_length
     model = build_model(model_config(shape, tok.vocab_size, device="cuda", seed=args.seed, cuda_graphs=True))
     batches = sorted(
         {b for b in (16, 32, 64, 128, 256, 512) if b < shape.max_active_requests} | {shape.max_active_requests}

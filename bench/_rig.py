@@ -128,7 +128,6 @@ def build_rig(args: argparse.Namespace, shape: Shape) -> Rig:
 
     t0 = time.monotonic()
     tok = CharTokenizer(alphabet_of(shape), generates_eod=False)  # each request stops at its drawn length
-    seq_len = shape.prompt_len + shape.max_tokens
     model = build_model(
         model_config(
             shape, tok.vocab_size, device=args.device, seed=args.seed, cuda_graphs=args.cuda_graphs is not None
@@ -139,7 +138,7 @@ def build_rig(args: argparse.Namespace, shape: Shape) -> Rig:
         model, TrainerConfig(lr=shape.lr, micro_batch_tokens=shape.micro_batch_tokens), pad_id=tok.pad
     )
     rig = Rig(model, trainer, EngineLease(None), tok)
-    engine = ENGINES[args.engine]("park", args, shape, model, tok, rig.weight_version, seq_len)
+    engine = ENGINES[args.engine]("park", args, shape, model, tok, rig.weight_version, shape.sequence_length)
     # the memory guard checks the forward this trainer runs: micro-batches of micro_batch_tokens padded tokens, or
     # one sequence where it is longer (the guard's default, 8 sequences of the model's length, is 262k tokens at
     # the 32,768 cut, which this trainer never runs)

@@ -38,6 +38,11 @@ class Shape:
     micro_batch_tokens: int = 16384  # the trainer's padded-token budget per micro-batch
     buffer_order: str = "start"  # ReplayBuffer(order=...): "start", or "deadline" (colo_fsm/collector/batch_order.py)
 
+    @property
+    def sequence_length(self) -> int:
+        """The longest sequence a request makes: its prompt and its longest output."""
+        return self.prompt_len + self.max_tokens
+
 
 MODELS: dict[str, Shape] = {
     # CPU: a tiny GPT whose decode step costs about the same for 1 or 24 short requests (per-step overhead
@@ -97,7 +102,7 @@ def model_config(shape: Shape, vocab_size: int, *, device: str, seed: int, cuda_
         hidden_size=shape.hidden_size,
         num_layers=shape.num_layers,
         num_attention_heads=shape.num_attention_heads,
-        max_sequence_length=shape.prompt_len + shape.max_tokens,
+        max_sequence_length=shape.sequence_length,
         device=device,
         seed=seed,
         cuda_graphs=cuda_graphs,
