@@ -6,6 +6,7 @@ rows (``bench/parking_map.py``); the bars add only medians and ranges of those n
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,7 @@ def plot_map(runs: list[dict[str, Any]], path: Path, title: str = "") -> None:
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(title or "Where parking pays: the map", fontsize=10)
+    ax.set_title(textwrap.fill(title or "Where parking pays: the map", 80), fontsize=10)  # the axes' width
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
