@@ -168,6 +168,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             if all("groups_in_flight_at_handoff" in r for r in runs)
             else {}
         ),
+        # --drain-race collector-first: the seconds each measured handoff waited for the collector's admission
+        **(
+            {"collector_first_waits_s": [x for r in runs for x in r["collector_first_waits_s"]]}
+            if all("collector_first_waits_s" in r for r in runs)
+            else {}
+        ),
         # megatron's dynamic engine: its kinds of decode step over each round's measured window (step_profile.py)
         **(
             {"engine_step_profile_per_round": [r["engine_step_profile"] for r in runs]}
@@ -336,6 +342,37 @@ each; with 3 measured steps per mode in steady state, at commit 6bd92a8, they ca
 docs/gpu-runs/README.md)."""
 
 
+DRAIN_RACES = ("free", "collector-first")
+"""How the bench's ``drain`` meets the race after each resume (the collector admitting, the trainer handing off):
+``free`` lets the threads run as they do (either may go first); ``collector-first`` holds each handoff until the
+collector has started every rollout its admission allows (:func:`wait_for_admission`), so every handoff drains
+the groups admitted after the step before. ``drain-hold`` forces the other outcome."""
+
+ADMISSION_WAIT_S = 10.0
+"""How long a ``collector-first`` handoff waits for the collector's admission before it goes on anyway (its wait is
+then recorded as None: that handoff was not forced)."""
+
+
+def window_taken(buffer: Any) -> bool:
+    """Whether the collector may start no rollout for the step in hand: the buffer's finished and reserved groups,
+    with the batch just sampled, fill its window (``ReplayBuffer.reserve`` refuses the next place)."""
+    return len(buffer) + buffer.pending() + buffer.num_prompts_per_step >= buffer.window
+
+
+def wait_for_admission(
+    buffer: Any, collector: Any, timeout_s: float = ADMISSION_WAIT_S, poll_s: float = 0.001
+) -> float | None:
+    """Wait until the collector has started every rollout it may (the buffer's window taken, or its in-flight cap
+    reached); return the seconds waited, or None if ``timeout_s`` passed first (the collector failed, ran out of
+    prompts, or its admission was closed)."""
+    t0 = time.monotonic()
+    while not (window_taken(buffer) or collector.in_flight >= collector.cap):
+        if collector.error is not None or time.monotonic() - t0 > timeout_s:
+            return None
+        time.sleep(poll_s)
+    return time.monotonic() - t0
+
+
 def ratio_refusal(name: str, row: dict[str, Any] | None) -> str | None:
     """Why mode ``name`` cannot enter a ratio (None when it can)."""
     if row is None:
@@ -458,6 +495,36 @@ class JsonReport:
             tmp = self.path.with_suffix(".json.tmp")
             tmp.write_text(json.dumps(self.data, indent=1, default=str), encoding="utf-8")
             tmp.replace(self.path)
+
+
+def round_lines(k: int, rounds: int, mode: str, r: dict[str, Any]) -> list[str]:
+    """What the bench prints after one round of one mode: its rate and window, what its handoffs found, and (on
+    megatron's dynamic engine) its kinds of engine step."""
+    rate = r["fresh_samples"] / r["measured_s"] if r["measured_s"] > 0 else float("nan")
+    line = (
+        f"  round {k + 1}/{rounds} {mode}: {rate:.2f} samples/s over {r['measured_steps']} measured steps (after "
+        f"{r['warmup_steps']} warm-up; made {r['fresh_samples']}, trained {r['trained_samples']}), draining "
+        f"{sum(r['draining_s']):.2f} of {r['measured_s']:.2f} s, run {r['run_s']:.1f} s"
+        f"{' (cut by the budget)' if r['cut_by_budget'] else ''}"
+    )
+    if "groups_in_flight_at_handoff" in r:
+        line += f", groups in flight at its handoffs {r['groups_in_flight_at_handoff']}"
+    if "collector_first_waits_s" in r:
+        waits = ("gave up" if x is None else f"{x * 1e3:.0f} ms" for x in r["collector_first_waits_s"])
+        line += f", collector first at each (waited {', '.join(waits)})"
+    lines = [line + f", load {r['loadavg_start']:.1f}->{r['loadavg_end']:.1f}"]
+    prof = r.get("engine_step_profile")
+    if prof:
+        kinds = [
+            f"{kind} {v['share']:.0%} {v['ms_per_step']:.1f} ms {v['mean_active']:.0f} active"
+            for kind, v in prof.items()
+            if isinstance(v, dict)
+        ]
+        lines.append(
+            f"    engine steps: {'; '.join(kinds)}; paused {prof.get('mean_paused', 0):.1f}, "
+            f"waiting {prof.get('mean_waiting', 0):.1f} per step"
+        )
+    return lines
 
 
 def print_table(out: dict[str, Any]) -> None:

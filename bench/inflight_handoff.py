@@ -18,6 +18,9 @@ are built and warmed once (``bench/_rig.py``) and every mode runs its own
   after each resume, the collector admitting and the trainer handing off; when the collector goes first the
   handoff drains what it just admitted, tail included. ``drain-hold`` makes the trainer's handoff go first
   whenever its batch is ready: that handoff drains nothing, and the next generation admits two batches' worth.
+  ``--drain-race collector-first`` forces the other outcome in ``drain``: each handoff waits until the collector
+  has started every rollout it may (``bench/_handoff.py``'s ``wait_for_admission``; the seconds each waited are
+  the row's ``collector_first_waits_s``, None where it gave up). The default, ``free``, forces neither.
 
 What counts (a figure a user can reproduce): each mode runs ``--steps`` measured steps after its warm-up (park,
 drain and abort: ``--warmup`` steps, which fill their pipeline and their buffer; sync starts every step empty, so
@@ -77,6 +80,7 @@ if str(ROOT) not in sys.path:
 RESULTS = ROOT / "bench" / "results" / "inflight_handoff.json"
 
 from bench._handoff import (  # noqa: E402  (after the sys.path line above)
+    DRAIN_RACES,
     ENGINES,
     MIN_STEPS,
     REASONING,
@@ -90,7 +94,9 @@ from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     pct,
     print_table,
     release_model_graphs,
+    round_lines,
     summarize,
+    wait_for_admission,
 )
 from bench._rig import Rig, build_rig  # noqa: E402
 from bench._workload import MODELS, QUICK, Shape, output_length, warmup_steps  # noqa: E402
@@ -209,6 +215,8 @@ def run_mode(
         return out
 
     pauses: list[tuple[float, int]] = []  # (when, prompt groups in flight) at each pause: a handoff's first action
+    forced = mode == "drain" and args.drain_race == "collector-first"
+    admission_waits: list[float | None] = []  # per step, when forced: seconds its handoff waited for the collector
 
     class HandoffCountingCollector(AsyncCollector):
         """The collector, noting how many rollouts were in flight when each handoff began. In drain that is
@@ -330,6 +338,8 @@ def run_mode(
             out["inflight_stats"] = {k: getattr(now, k) - getattr(stats0, k) for k in now._fields}
         if collector is not None:  # sync has none: each of its handoffs comes after the whole batch
             out["groups_in_flight_at_handoff"] = [n for t, n in list(pauses) if t0 < t <= t1]
+        if forced:
+            out["collector_first_waits_s"] = admission_waits[w:]
             out["collector"] = {
                 k: v
                 for k, v in asdict(collector.stats()).items()
@@ -351,6 +361,8 @@ def run_mode(
                     break
             if buffer is not None:
                 groups = buffer.sample(lc.weight_version, timeout=args.sample_timeout)
+                if forced:  # the race's collector-first outcome: the handoff starts once admission is done
+                    admission_waits.append(wait_for_admission(buffer, collector))
             else:  # sync: the whole batch, tail included, then train
                 prompts = [next(stream) for _ in range(shape.num_prompts_per_step)]
                 handles = [[submit(p, j) for j in range(shape.samples_per_group)] for p in prompts]
@@ -434,6 +446,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
     ap.add_argument("--buffer-gb", type=float, default=None, help="KV buffer of the dynamic engine (GiB; default 1)")
     ap.add_argument("--no-graph-baseline", action="store_true", help="skip the pure graph-decode baseline")
     ap.add_argument(
+        "--drain-race",
+        choices=DRAIN_RACES,
+        default="free",
+        help="drain's race after each resume: free (either thread may go first) or collector-first (each handoff "
+        "waits until the collector has started every rollout it may)",
+    )
+    ap.add_argument(
         "--buffer-order",
         choices=ORDERS,
         default=None,
@@ -482,6 +501,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         ap.error(f"--steps {shape.steps} (>= 1) and --warmup {shape.warmup} (>= 0): measured and warm-up steps")
     if args.mode_budget_s is not None and not args.mode_budget_s > 0:
         ap.error(f"--mode-budget-s {args.mode_budget_s}: a positive number of seconds")
+    if args.drain_race != "free" and "drain" not in modes:
+        ap.error(f"--drain-race {args.drain_race} forces drain's handoffs, and --modes {','.join(modes)} has no drain")
     if args.out is None:
         name = "inflight_handoff"
         if reasoning:
@@ -529,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             "commit": git_commit(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             **({"drain_hold_admission": HOLD_ADMIT} if "drain-hold" in modes else {}),
+            **({"drain_race": args.drain_race} if "drain" in modes else {}),
             "machine": {
                 "python": platform.python_version(),
                 "torch": torch.__version__,
@@ -588,33 +610,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 r = run_mode(mode, rig, args, shape, on_step=lambda row, m=mode: publish(m, row))
                 runs[mode].append(r)
-                rate = r["fresh_samples"] / r["measured_s"] if r["measured_s"] > 0 else float("nan")
-                print(
-                    f"  round {k + 1}/{rounds} {mode}: {rate:.2f} samples/s over {r['measured_steps']} measured "
-                    f"steps (after {r['warmup_steps']} warm-up; made {r['fresh_samples']}, trained "
-                    f"{r['trained_samples']}), draining {sum(r['draining_s']):.2f} of "
-                    f"{r['measured_s']:.2f} s, run {r['run_s']:.1f} s"
-                    f"{' (cut by the budget)' if r['cut_by_budget'] else ''}"
-                    + (
-                        f", groups in flight at its handoffs {r['groups_in_flight_at_handoff']}"
-                        if "groups_in_flight_at_handoff" in r
-                        else ""
-                    )
-                    + f", load {r['loadavg_start']:.1f}->{r['loadavg_end']:.1f}",
-                    flush=True,
-                )
-                prof = r.get("engine_step_profile")
-                if prof:
-                    kinds = [
-                        f"{kind} {v['share']:.0%} {v['ms_per_step']:.1f} ms {v['mean_active']:.0f} active"
-                        for kind, v in prof.items()
-                        if isinstance(v, dict)
-                    ]
-                    print(
-                        f"    engine steps: {'; '.join(kinds)}; paused {prof.get('mean_paused', 0):.1f}, "
-                        f"waiting {prof.get('mean_waiting', 0):.1f} per step",
-                        flush=True,
-                    )
+                print("\n".join(round_lines(k, rounds, mode, r)), flush=True)
                 report.data["rounds_done"] = k + (mode == modes[-1])
                 publish(mode)
     finally:

@@ -68,6 +68,74 @@ def test_reasoning_smoke_writes_every_mode_and_the_ratios_on_one_engine(tmp_path
     assert inflight_handoff.policy_of("drain-hold") == "drain" and inflight_handoff.policy_of("park") == "park"
 
 
+def test_collector_first_holds_every_drain_handoff_until_the_collector_has_admitted(tmp_path, monkeypatch):
+    """``--drain-race collector-first`` forces one outcome of drain's race after each resume. The interleaving is
+    forced here the other way round too: every turn of the collector's admission is slowed (a hook before its
+    ``_try_start``), so in the free race the trainer's handoff comes first and drains nothing (this setup gave
+    handoffs finding 0, 0 and 4 groups). Forced, every measured handoff waits for the admission and finds the
+    groups the collector admitted, and the row says how long each waited."""
+    import time
+
+    from colo_fsm.collector import AsyncCollector
+
+    real = AsyncCollector._try_start
+
+    def slow_admission(self):
+        time.sleep(0.05)
+        return real(self)
+
+    monkeypatch.setattr(AsyncCollector, "_try_start", slow_admission)
+    out = tmp_path / "forced.json"
+    argv = ["--workload", "reasoning", "--smoke", "--modes", "drain", "--drain-race", "collector-first"]
+    assert inflight_handoff.main([*argv, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    drain = data["modes"]["drain"]
+    assert data["drain_race"] == "collector-first" and drain["measured_steps"] == 3
+    assert all(n > 0 for n in drain["groups_in_flight_at_handoff"]), drain["groups_in_flight_at_handoff"]
+    waits = drain["collector_first_waits_s"]
+    assert len(waits) == 3 and all(w is not None and w > 0 for w in waits), waits
+
+
+def test_the_admission_wait_reads_the_buffers_window_and_gives_up_on_a_failed_collector():
+    """What ``wait_for_admission`` waits for, as the bench calls it (right after a batch was sampled): the
+    buffer's window taken, exactly when ``reserve`` refuses the next place, or the collector's cap reached; a
+    collector that failed ends the wait at once, with None."""
+    from types import SimpleNamespace
+
+    from bench._handoff import wait_for_admission, window_taken
+    from colo_fsm.adapters.protocols import Completion
+    from colo_fsm.collector import ReplayBuffer, TrajectoryGroup
+
+    def group(pid: str) -> TrajectoryGroup:
+        return TrajectoryGroup(pid, pid, (Completion(pid, (1,), 0),), (1.0,), 0)
+
+    buf = ReplayBuffer(2, 2)  # a window of 6 groups
+    for pid in ("a", "b"):
+        assert buf.put(group(pid), ticket=buf.reserve(0))
+    assert len(buf.sample(0, timeout=1)) == 2  # the step's batch in hand, as before a handoff
+    for _ in range(3):
+        assert buf.reserve(0) is not None and not window_taken(buf)
+    assert buf.reserve(0) is not None and window_taken(buf) and buf.reserve(0) is None
+    idle = SimpleNamespace(in_flight=0, cap=4, error=None)
+    assert wait_for_admission(buf, idle) is not None
+    empty = ReplayBuffer(2, 2)
+    assert not window_taken(empty)
+    assert wait_for_admission(empty, SimpleNamespace(in_flight=4, cap=4, error=None)) is not None  # the cap
+    failed = SimpleNamespace(in_flight=0, cap=4, error=RuntimeError("rollout failed"))
+    assert wait_for_admission(empty, failed) is None
+    assert wait_for_admission(empty, SimpleNamespace(in_flight=0, cap=4, error=None), timeout_s=0.01) is None
+
+
+def test_the_drain_race_option_needs_a_drain_to_force(capsys):
+    with pytest.raises(SystemExit):
+        inflight_handoff.main(
+            ["--workload", "reasoning", "--smoke", "--modes", "park", "--drain-race", "collector-first"]
+        )
+    assert (
+        "--drain-race collector-first forces drain's handoffs, and --modes park has no drain" in capsys.readouterr().err
+    )
+
+
 def test_a_drain_measured_while_its_buffer_fills_gets_no_ratio(tmp_path, capsys):
     """Without a warm-up, drain's first handoff finishes up to ``max_age`` steps of rollouts into an empty buffer:
     its window makes far more than it trains, which is no steady state, so no ratio is given (the GPU run at

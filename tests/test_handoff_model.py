@@ -204,9 +204,9 @@ def _decodes_without_the_race(mode: str, row: dict) -> bool:
 
 def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload):
     """Admission does not depend on the machine or the model size, so the model's requests decoding per engine
-    step match every committed run on the direct path, either GPT, every cut and age, within 0.5 (they are within
-    0.2): 26 modes of 13 runs, the three runs at ``9de9ebc`` among them. Drain is left out where its race with the
-    trainer went the other way at a handoff (the ``b1df85d`` drain). Time is another matter: the same runs' rates
+    step match every committed run on the direct path that has an engine step profile, either GPT, every cut and
+    age, within 0.5 (they are within 0.2): 26 modes of 13 runs, the three runs at ``9de9ebc`` among them. Drain
+    is left out where its race with the trainer went the other way at a handoff (the ``b1df85d`` drain). Time is another matter: the same runs' rates
     spread by machine (park 6.96-8.04 samples/s at the same point), which the samples/s bounds elsewhere state."""
     shape, baseline, seed = workload
     runs, _ = gpu_runs.load(RUNS)
@@ -239,7 +239,7 @@ def test_the_models_drain_hold_written_before_the_gpu_ran_it_predicts_the_run(wo
     nothing and its one that makes all 768 are the run's (single steps 0, 0 and 7.15 samples/s; handoffs found
     0, 0 and 6 groups in flight), its waiting share 0.10 against 0.11, its rate 6% above. Park in the same
     process ran 11% below the model (a slower machine: its decode-only steps took 10.58 ms at 113 requests,
-    against 9.54 on the machine the time was fitted to), so park / drain-hold is 1.10 against the model's 1.17."""
+    against 9.54 in the run the model's fixed costs were fitted to), so park / drain-hold is 1.10 against the model's 1.17."""
     shape, baseline, seed = workload
     data = json.loads((RUNS / "2026-12-03-h200-reasoning-cut8192-park-drain-hold-9de9ebc.json").read_text())
     row = data["modes"]["drain-hold"]
