@@ -355,8 +355,11 @@ then recorded as None: that handoff was not forced)."""
 
 def window_taken(buffer: Any) -> bool:
     """Whether the collector may start no rollout for the step in hand: the buffer's finished and reserved groups,
-    with the batch just sampled, fill its window (``ReplayBuffer.reserve`` refuses the next place)."""
-    return len(buffer) + buffer.pending() + buffer.num_prompts_per_step >= buffer.window
+    with the batch just sampled, fill its window (``ReplayBuffer.reserve`` refuses the next place). Only right after
+    ``sample`` at the current weight version, as the bench calls it: before it, the step's batch is still queued and
+    would be counted twice. One snapshot of the buffer (``stats``), so a group finishing meanwhile is counted once."""
+    st = buffer.stats()
+    return st.size + st.pending + buffer.num_prompts_per_step >= buffer.window
 
 
 def wait_for_admission(
@@ -383,6 +386,12 @@ def ratio_refusal(name: str, row: dict[str, Any] | None) -> str | None:
         return f"{name} has {row['measured_steps']} measured step(s), fewer than {MIN_STEPS}"
     if not row["samples_per_s"] > 0:
         return f"{name} made no sample in its measured window"
+    waits = row.get("collector_first_waits_s") or []
+    if None in waits:
+        return (
+            f"{name}'s race was to be forced collector-first, and {waits.count(None)} of its {len(waits)} measured "
+            f"handoffs went on without the collector's admission (it did not finish within {ADMISSION_WAIT_S:.0f} s)"
+        )
     growth = buffer_growth(row)
     if growth is not None and abs(growth) > MAX_BUFFER_GROWTH:
         return (
@@ -510,8 +519,11 @@ def round_lines(k: int, rounds: int, mode: str, r: dict[str, Any]) -> list[str]:
     if "groups_in_flight_at_handoff" in r:
         line += f", groups in flight at its handoffs {r['groups_in_flight_at_handoff']}"
     if "collector_first_waits_s" in r:
-        waits = ("gave up" if x is None else f"{x * 1e3:.0f} ms" for x in r["collector_first_waits_s"])
-        line += f", collector first at each (waited {', '.join(waits)})"
+        waits = (
+            "gave up" if x is None else "<1 ms" if x < 1e-3 else f"{x * 1e3:.0f} ms"
+            for x in r["collector_first_waits_s"]
+        )
+        line += f", collector-first waits {', '.join(waits)}"
     lines = [line + f", load {r['loadavg_start']:.1f}->{r['loadavg_end']:.1f}"]
     prof = r.get("engine_step_profile")
     if prof:

@@ -171,6 +171,7 @@ def run_list(runs: list[dict[str, Any]]) -> list[str]:
     return [
         f"* `{d['_file']}`: {_commit(d)}, {d.get('date', '?')}, "
         f"{d.get('machine', {}).get('device', '?')}, `{d.get('command', '?')}`"
+        + (" (drain's race forced collector-first)" if d.get("drain_race") == "collector-first" else "")
         for d in runs
     ]
 

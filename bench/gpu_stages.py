@@ -174,8 +174,8 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-8k-coordinator-park-drain-collector-first",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and drain in one process with drain's "
         "race forced (--drain-race collector-first: each drain handoff waits until the collector has admitted what "
-        "it may), so every drain handoff waits for its tail, where both free runs on this path had one that drained "
-        "nothing; ~9 min",
+        "it may), so every drain handoff waits for its tail, where both one-process park / drain runs on this path "
+        "had one that drained nothing; ~9 min",
         _handoff(8192, "park,drain", "--no-graph-baseline", "--drain-race", "collector-first", engine="coordinator"),
         600,
         smoke=SMOKE_COORDINATOR,

@@ -338,13 +338,13 @@ def run_mode(
             out["inflight_stats"] = {k: getattr(now, k) - getattr(stats0, k) for k in now._fields}
         if collector is not None:  # sync has none: each of its handoffs comes after the whole batch
             out["groups_in_flight_at_handoff"] = [n for t, n in list(pauses) if t0 < t <= t1]
-        if forced:
-            out["collector_first_waits_s"] = admission_waits[w:]
             out["collector"] = {
                 k: v
                 for k, v in asdict(collector.stats()).items()
                 if k in ("started", "completed", "spanning", "failed")
             }
+        if forced:
+            out["collector_first_waits_s"] = admission_waits[w:]
         return out
 
     try:

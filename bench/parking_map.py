@@ -43,12 +43,17 @@ class MapRow:
     ratios: dict[str, list[float]] = field(default_factory=dict)
     measured: set[str] = field(default_factory=set)
     park: list[float] = field(default_factory=list)
+    forced: dict[str, list[bool]] = field(default_factory=dict)  # per ratio: drain's race forced collector-first
 
     def cell(self, other: str) -> str:
-        """The ratios against ``other``, oldest run first; ``no ratio`` where it ran but never beside a park that
-        gives one; ``-`` where it did not run."""
+        """The ratios against ``other``, oldest run first (``(forced)`` after one whose drain ran with
+        ``--drain-race collector-first``); ``no ratio`` where it ran but never beside a park that gives one; ``-``
+        where it did not run."""
         if self.ratios.get(other):
-            return ", ".join(f"{r:.3f}" for r in self.ratios[other])
+            marks = self.forced.get(other, [])
+            return ", ".join(
+                f"{r:.3f}{' (forced)' if i < len(marks) and marks[i] else ''}" for i, r in enumerate(self.ratios[other])
+            )
         return "no ratio" if other in self.measured else "-"
 
 
@@ -73,6 +78,7 @@ def map_rows(runs: list[dict[str, Any]]) -> list[MapRow]:
         row.measured |= {m for m, r in modes.items() if "samples_per_s" in (r or {})}
         for other, value in standing_ratios(d).items():
             row.ratios.setdefault(other, []).append(value)
+            row.forced.setdefault(other, []).append(other == "drain" and d.get("drain_race") == "collector-first")
         park = modes.get("park")
         if ratio_refusal("park", park) is None:
             assert park is not None
@@ -102,7 +108,9 @@ INTRO = (
     "Park's samples/s over each other mode's, one figure per process that measured both, each mode at 3 or more "
     "measured steps in steady state. Above 1, parking paid at that point; `-`: the mode did not run there; "
     "`no ratio`: it ran only in processes without a park that gives one (its figures are in the point's section "
-    "below)."
+    "below); `(forced)`: a drain whose race with the trainer was forced collector-first (`--drain-race "
+    "collector-first`: every handoff waited for the groups admitted after the step before), where the others let "
+    "either thread go first."
 )
 
 

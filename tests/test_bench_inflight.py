@@ -126,6 +126,15 @@ def test_the_admission_wait_reads_the_buffers_window_and_gives_up_on_a_failed_co
     assert wait_for_admission(empty, SimpleNamespace(in_flight=0, cap=4, error=None), timeout_s=0.01) is None
 
 
+def test_a_drain_whose_forced_race_gave_up_at_a_handoff_gets_no_ratio():
+    """A handoff that went on without the collector's admission (its wait None) was not forced: the drain no
+    longer measures what ``collector-first`` says, so it enters no ratio, and the reason names the count."""
+    row = {"samples_per_s": 5.0, "measured_steps": 3, "fresh_samples": 768, "trained_samples": 768}
+    assert ratio_refusal("drain", {**row, "collector_first_waits_s": [0.2, 0.0, 0.1]}) is None
+    why = ratio_refusal("drain", {**row, "collector_first_waits_s": [0.2, None, 0.1]})
+    assert why is not None and "1 of its 3 measured handoffs went on without the collector's admission" in why
+
+
 def test_the_drain_race_option_needs_a_drain_to_force(capsys):
     with pytest.raises(SystemExit):
         inflight_handoff.main(

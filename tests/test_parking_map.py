@@ -55,6 +55,15 @@ def test_a_ratio_stands_only_where_both_of_its_modes_pass_the_benchs_rule():
     assert parking_map.standing_ratios(nothing) == {}
 
 
+def test_a_drain_whose_race_was_forced_is_marked_on_the_map():
+    """A run with ``--drain-race collector-first`` enters the map beside the free ones, its drain ratio marked."""
+    free = _run({"park": _mode(8.0), "drain": _mode(5.0)}, drain=1.6)
+    forced = {**_run({"park": _mode(8.0), "drain": _mode(4.0)}, drain=2.0), "drain_race": "collector-first"}
+    [row] = parking_map.map_rows([free, forced])
+    assert row.cell("drain") == "1.600, 2.000 (forced)" and row.ratios["drain"] == [1.6, 2.0]
+    assert "(forced)" in parking_map.INTRO
+
+
 def test_a_median_takes_a_mode_by_the_rule_a_ratio_is_held_to():
     """The page's medians and the map's ratios read one rule: a mode enters a median exactly where it could enter
     a ratio (3 or more measured steps, steady state, some samples made), and a JSON's own stated minimum holds."""
