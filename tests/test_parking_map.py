@@ -14,7 +14,18 @@ from bench import gpu_report, gpu_runs, parking_map  # noqa: E402
 from bench._handoff import ratio_name, ratio_refusal  # noqa: E402
 
 # the commits PERFORMANCE.md is generated from
-HEADLINE = ("6bd92a8", "791d078", "b1df85d", "4366d6d", "6f74238", "0bdc5f1", "8ba94f0", "76259d0", "9de9ebc")
+HEADLINE = (
+    "6bd92a8",
+    "791d078",
+    "b1df85d",
+    "4366d6d",
+    "6f74238",
+    "0bdc5f1",
+    "8ba94f0",
+    "76259d0",
+    "9de9ebc",
+    "ad762e2",
+)
 
 
 def _mode(rate: float, steps: int = 3, made: int = 768) -> dict:
@@ -158,7 +169,7 @@ def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_i
     in-flight record (6f74238) carry one count per measured handoff of every mode with a collector."""
     _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
     runs = [d for rs in head.values() for d in rs]
-    assert len(runs) == 18
+    assert len(runs) == 20
     for d in runs:
         name, cut = d["_file"], d["shape"]["max_tokens"]
         assert "reasoning" in name and f"cut{cut}" in name and d["commit"] in name, name
@@ -170,7 +181,7 @@ def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_i
         assert all(any(m in why for why in d["no_ratio"].values()) for m in short), (name, short)
         for other in [m for m in d["modes"] if m != "park" and "park" in d["modes"]]:  # a ratio, or why none
             assert f"ratio_{ratio_name(other)}" in d or ratio_name(other) in d["no_ratio"], (name, other)
-        if d["commit"] in ("6f74238", "0bdc5f1", "8ba94f0", "76259d0", "9de9ebc"):
+        if d["commit"] in ("6f74238", "0bdc5f1", "8ba94f0", "76259d0", "9de9ebc", "ad762e2"):
             for m, r in d["modes"].items():
                 if m != "sync":
                     assert len(r["groups_in_flight_at_handoff"]) == r["measured_steps"], (name, m)
