@@ -44,7 +44,7 @@ def test_the_model_decodes_as_many_requests_as_the_gpu_did_in_each_mode(workload
     40 requests at ``max_age`` 1 (measured 6.11 and 4.68, 70 and 40), and park 9.28 and drain 4.78 with 186 and
     38.5 at ``max_age`` 4 (measured 8.49 and 4.99 at ``0bdc5f1``, 9.15 and 4.77 at ``ad762e2``, 186 and 38.5 in
     both): the admission holds there. The model's park is 9% above the first run, whose host spent 2.15 ms per
-    engine step where the model prices 1.06, and 1.4% above the second, whose host spent 1.50."""
+    engine step where the model prices 1.06, and 1.5% above the second, whose host spent 1.50."""
     shape, baseline, seed = workload
     data = json.loads((RUNS / name).read_text())
     s = replace(shape, max_tokens=cut, max_trajectory_age_steps=age)
@@ -164,16 +164,16 @@ def test_the_command_runs_its_smoke_point_and_refuses_bad_options(tmp_path, caps
 
 def test_the_time_between_the_direct_loops_engine_steps_grows_with_the_requests_running():
     """What the notes say of the model's fixed host cost, held to the committed files: over every park, drain and
-    sync run of the 202M GPT on the direct path measured before the ``max_age`` 4 run (16 of them, at 22 to 115
-    requests per engine step), the time between megatron's steps is 0.10 ms plus 9.7 us per request running, each
-    run within 0.3 ms of that line. It gives 1.91 ms at the ``max_age`` 4 run's 186 requests, out of sample: the
-    run spent 2.16, where the model prices 1.06 at any concurrency.
+    sync run of the 202M GPT on the direct path measured before the first ``max_age`` 4 run (16 of them, at 22 to
+    115 requests per engine step), the time between megatron's steps is 0.10 ms plus 9.7 us per request running, each
+    run within 0.3 ms of that line. It gives 1.91 ms at the first ``max_age`` 4 run's 186 requests, out of sample:
+    the run spent 2.16, where the model prices 1.06 at any concurrency.
 
     The modes measured with the one-token reading of megatron's records (``76259d0``: park alone; ``9de9ebc``:
     park and drain at ``max_age`` 1, park and drain-hold; ``ad762e2``: park and drain-hold again, drain at
-    ``max_age`` 4) lie -0.12 to +0.21 ms from the line inside its range (38 to 115 requests), -0.03 on average,
-    every one inside the band: the 0.08-0.23 ms below it that the CPU figures (2 us per request per step) would
-    give does not show there. Beyond it, at 186 requests, the second ``max_age`` 4 run (``ad762e2``, with the
+    ``max_age`` 4) lie -0.12 to +0.21 ms from the line inside its range (22 to 115 requests; these at 38 to 115),
+    -0.03 on average, every one inside the band: the 0.08-0.23 ms below it that the CPU figures (2 us per request
+    per step) would give does not show there. Beyond it, at 186 requests, the second ``max_age`` 4 run (``ad762e2``, with the
     reading) spent 1.51 ms, 0.65 ms less than the first at the same requests and 0.40 below the line, where the CPU
     figures give 0.37: one pair of runs on two machines, whose decode steps also differ (13.37 ms against 13.97)."""
     runs, _ = gpu_runs.load(RUNS)
