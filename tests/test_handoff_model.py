@@ -34,7 +34,7 @@ def _timing(baseline: hm.Baseline, shape, seed: int) -> hm.Timing:
     return hm.Timing(baseline.table_at(hm.workload_context(shape, seed)))
 
 
-@pytest.mark.parametrize("cut,age,name", MEASURED, ids=[name[15:-5] for _, _, name in MEASURED])
+@pytest.mark.parametrize("cut,age,name", MEASURED, ids=[name[16:-5] for _, _, name in MEASURED])
 def test_the_model_decodes_as_many_requests_as_the_gpu_did_in_each_mode(workload, cut, age, name):
     """Requests running per engine step within 1 of the H200 run's (over every engine step, those with a prefill
     included, as the model counts them), samples/s within 10%, drain's waiting share within 0.05, in every mode
