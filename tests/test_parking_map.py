@@ -25,6 +25,7 @@ HEADLINE = (
     "76259d0",
     "9de9ebc",
     "ad762e2",
+    "dec9bed",
 )
 
 
@@ -164,12 +165,13 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_files(t
 
 def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_its_ratios_at_top_level():
     """The committed evidence as a reader finds it: each headline JSON's name holds ``reasoning``, its cut and its
-    commit (and ``gpt1b`` or ``age1`` where it leaves the default model or age); each of its modes ran 3 or more
+    commit (and ``gpt1b`` or ``age1`` where it leaves the default model or age, ``collector-first`` where drain's
+    race was forced); each of its modes ran 3 or more
     measured steps, or the JSON says why it gives no ratio; every ratio is a top-level key; the runs since the
     in-flight record (6f74238) carry one count per measured handoff of every mode with a collector."""
     _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
     runs = [d for rs in head.values() for d in rs]
-    assert len(runs) == 20
+    assert len(runs) == 22
     for d in runs:
         name, cut = d["_file"], d["shape"]["max_tokens"]
         assert "reasoning" in name and f"cut{cut}" in name and d["commit"] in name, name
@@ -181,7 +183,9 @@ def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_i
         assert all(any(m in why for why in d["no_ratio"].values()) for m in short), (name, short)
         for other in [m for m in d["modes"] if m != "park" and "park" in d["modes"]]:  # a ratio, or why none
             assert f"ratio_{ratio_name(other)}" in d or ratio_name(other) in d["no_ratio"], (name, other)
-        if d["commit"] in ("6f74238", "0bdc5f1", "8ba94f0", "76259d0", "9de9ebc", "ad762e2"):
+        if d.get("drain_race", "free") != "free":  # a forced race is never pooled unlabelled
+            assert d["drain_race"] in name, name
+        if d["commit"] in ("6f74238", "0bdc5f1", "8ba94f0", "76259d0", "9de9ebc", "ad762e2", "dec9bed"):
             for m, r in d["modes"].items():
                 if m != "sync":
                     assert len(r["groups_in_flight_at_handoff"]) == r["measured_steps"], (name, m)
