@@ -3,9 +3,9 @@
 # flash-attn-4 and the CUTLASS DSL it compiles its kernels with, pyzmq (megatron-core's coordinator mode) and the
 # OpenAI server's web stack. A remote call carries at most 64 MiB, the repository's tracked files and the folder
 # together, so each folder leaves room for the tree (the script checks, at the end):
-#   .devwheels/part1   the CUTLASS DSL's one large library (xz) and its small wheels (~57 MB)
-#   .devwheels/part2   the rest of the CUTLASS CUDA-13 wheel, megatron-core, flash-attn-4, apache-tvm-ffi, pyzmq,
-#                      fastapi, uvicorn ... (~26 MB)
+#   .devwheels/part1   the CUTLASS DSL's one large library (xz) and its wheel (~52 MB)
+#   .devwheels/part2   the rest of the CUTLASS CUDA-13 wheel, the DSL's other wheels, megatron-core, flash-attn-4,
+#                      apache-tvm-ffi, pyzmq, fastapi, uvicorn ... (~31 MB)
 # Run here, from the repository root (needs pip and a registry). On the GPU machine, from the same root:
 #   bash .devwheels/part1/install.sh && bash .devwheels/part2/install.sh
 #   export PYTHONPATH=/opt/site:/opt/site/nvidia_cutlass_dsl/dsl_packages:$PWD NCCL_NVLS_ENABLE=0
@@ -25,10 +25,10 @@ fetch() {  # fetch FOLDER [--deps] PACKAGE==VERSION ...: wheels built for CPytho
     --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform any -d "$folder" "$@"
 }
-fetch "$dest/part1" nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1
-# apache-tvm-ffi (3.3 MB) travels with part2: part1 beside the tree came within 1 MiB of the limit
-fetch "$dest/part2" megatron-core==0.19.2 transitions==0.9.3 flash-attn-4==4.0.0b36 quack-kernels torch-c-dlpack-ext \
-  apache-tvm-ffi pyzmq==27.3.0 "$@"
+fetch "$dest/part1" nvidia-cutlass-dsl==4.8.1
+# the DSL's other wheels and apache-tvm-ffi (8 MB) travel with part2: part1 beside the tree was refused at 63.7 MiB
+fetch "$dest/part2" nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 megatron-core==0.19.2 \
+  transitions==0.9.3 flash-attn-4==4.0.0b36 quack-kernels torch-c-dlpack-ext apache-tvm-ffi pyzmq==27.3.0 "$@"
 fetch "$dest/part2" --deps fastapi==0.163.2 uvicorn==0.54.0  # with what they import (opentelemetry-api among them)
 fetch "$dest/big" nvidia-cutlass-dsl-libs-cu13==4.8.1
 # The CUDA-13 CUTLASS wheel (~92 MB) does not fit one folder: its largest library goes to part1, xz-compressed,
@@ -65,10 +65,12 @@ echo "part2 in /opt/site"
 EOF
 chmod +x "$dest/part1/install.sh" "$dest/part2/install.sh"
 du -sh "$dest/part1" "$dest/part2"
-# what one call carries: the tracked files and one folder (untracked files that git does not ignore travel too)
+# What one call carries: the tracked files and one folder (untracked files that git does not ignore travel too).
+# The remote side counts more than these bytes (a call at 63.7 MiB by this count was refused, one at 60.6 went
+# through), so the check keeps 4 MiB spare.
 tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 for part in part1 part2; do
   size=$(( tree + $(du -sb "$dest/$part" | cut -f1) ))
-  echo "$part with the tree: $(( size / 1048576 )) MiB of 64"
-  [ "$size" -lt $(( 64 * 1048576 )) ] || { echo "error: $dest/$part and the tree exceed 64 MiB: move a wheel to the other part" >&2; exit 1; }
+  echo "$part with the tree: $(( size / 1048576 )) MiB (at most 60 of the 64 a call carries)"
+  [ "$size" -le $(( 60 * 1048576 )) ] || { echo "error: $dest/$part and the tree exceed 60 MiB: move a wheel to the other part" >&2; exit 1; }
 done
