@@ -260,7 +260,7 @@ def decode_weighted_context(prompt_len: int, lengths: list[int]) -> int:
 def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[int] | None = None) -> dict[str, Any]:
     """Decode tokens/s of megatron-core's dynamic engine alone (CUDA graphs, no lifecycle, no bookkeeping of
     colo-fsm) on a fresh model of the same shape, KV buffer and graph count, at batch sizes up to the run's
-    concurrency, each request decoding from a context of prompt + median output length (``rows``: the issue's
+    concurrency, each request decoding from a context of prompt + median output length (``rows``, the first
     baseline). With the workload's drawn output ``lengths`` the same batches run again from the context a decode
     step of the workload attends over on average (:func:`decode_weighted_context`; ``rows_matched_context``): a
     long rollout's decode reads more KV than a median one's, so that row tells attention cost from loop cost.

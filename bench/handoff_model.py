@@ -56,8 +56,8 @@ TRAIN_US_PER_TOKEN = 12.8
 MODES = ("park", "drain", "sync", "drain-hold")
 """``drain-hold`` is drain where the trainer's handoff wins the race with the collector whenever the next batch is
 already buffered: nothing is admitted between the resume and that handoff, so it drains nothing and the next
-generation admits two batches' worth. The bench's ``drain`` forces neither outcome (its threads race); its
-``drain-hold`` forces this one."""
+generation admits two batches' worth. The bench's ``drain`` forces neither outcome by default (its threads race;
+``--drain-race collector-first`` forces the other one); its ``drain-hold`` forces this one."""
 
 
 @dataclass
