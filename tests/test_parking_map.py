@@ -166,9 +166,9 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_files(t
 def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_its_ratios_at_top_level():
     """The committed evidence as a reader finds it: each headline JSON's name holds ``reasoning``, its cut and its
     commit (and ``gpt1b`` or ``age1`` where it leaves the default model or age, ``collector-first`` where drain's
-    race was forced); each of its modes ran 3 or more
-    measured steps, or the JSON says why it gives no ratio; every ratio is a top-level key; the runs since the
-    in-flight record (6f74238) carry one count per measured handoff of every mode with a collector."""
+    race was forced); each of its modes ran 3 or more measured steps, or the JSON says why it gives no ratio; every
+    ratio is a top-level key; the runs since the in-flight record (6f74238) carry one count per measured handoff of
+    every mode with a collector."""
     _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
     runs = [d for rs in head.values() for d in rs]
     assert len(runs) == 22
