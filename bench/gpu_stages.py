@@ -262,16 +262,10 @@ STAGES: tuple[Stage, ...] = (
     ),
     _detached(
         "reasoning-8k-gpt1b-park-abort",
-        "the ~1B GPT: park and abort at cut 8,192, where a re-prefill costs more than on the 202M model (whose park "
-        "and abort were level, 0.95-1.14x in four processes); ~9 min by the gpt1b park / sync run: --detach",
+        "the ~1B GPT: park and abort at cut 8,192, where a token of re-prefill costs more than on the 202M model "
+        "(whose park and abort were level, 0.95-1.14x in four processes); ~9 min by the gpt1b park / sync run: "
+        "--detach",
         _handoff(8192, "park,abort", "--no-graph-baseline", model="gpt1b"),
-        1200,
-    ),
-    _detached(
-        "reasoning-32k-park-abort",
-        "reasoning shape, cut 32,768: park and abort, where an aborted request carries a longer partial output to "
-        "re-prefill than at 8,192; ~8 min by the 32,768 park runs (45-47 s a step): --detach",
-        _handoff(32768, "park,abort", "--no-graph-baseline"),
         1200,
     ),
     Stage(

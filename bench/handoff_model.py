@@ -16,7 +16,8 @@ modelled is time: an engine step decodes one token of every running request and 
 decode's time at that batch, from a committed run's ``graph_decode`` rows, taken linearly in the decode context
 between its two contexts (the workload's mean decode context at each cut), plus a fixed host cost per step; a
 training step takes a fixed cost per trained token. Both fixed costs are fitted to park's run at the 8,192 cut.
-Prefill, handoffs and threads cost nothing.
+Prefill, handoffs and threads cost nothing. Each step records what was in flight as its handoff began (groups,
+running requests, their tokens so far): what drain waits for, and what abort would end and re-prefill.
 
 Each mode runs its warm-up steps, then its measured steps; samples/s is the samples of the groups finished
 inside the measured window over its length, as the bench counts them. It writes JSON (``--out``) and prints a
@@ -120,12 +121,13 @@ class _Group:
     version: int
     left: list[int]  # tokens still to decode, one per sample (0: finished)
     tokens: int  # prompt + output tokens of every sample: what training it costs
+    lengths: tuple[int, ...] = ()  # each sample's output length
 
 
 @dataclass
 class StepRecord:
     """One training step of a mode: its seconds, samples made and trained, engine steps, running requests summed
-    over them, and the seconds spent draining."""
+    over them, the seconds spent draining, and what was in flight as its handoff began (:class:`InFlight`)."""
 
     seconds: float
     made: int
@@ -133,6 +135,17 @@ class StepRecord:
     engine_steps: int
     decoding: int
     waiting_s: float
+    at_handoff: InFlight | None = None  # None for sync, which has no handoff with work in flight
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """What is in flight as a handoff begins: prompt groups, the requests the engine is running, and their tokens
+    so far (prompt + output), which abort would end and re-prefill after the resume."""
+
+    groups: int
+    requests: int
+    tokens: int
 
 
 @dataclass
@@ -205,7 +218,7 @@ class _Sim:
             self.next_prompt += 1
             lengths = [output_length(self.seed, i, j, self.shape) for j in range(self.shape.samples_per_group)]
             tokens = sum(lengths) + self.shape.prompt_len * len(lengths)
-            self.groups.append(_Group(i, ticket, self.version, lengths, tokens))
+            self.groups.append(_Group(i, ticket, self.version, list(lengths), tokens, tuple(lengths)))
             started += 1
         return started
 
@@ -255,24 +268,33 @@ class _Sim:
     def ready(self) -> bool:
         return self.buffer.ready(self.version) >= self.shape.num_prompts_per_step
 
+    def in_flight(self) -> InFlight:
+        run = self.running()
+        tokens = sum(self.shape.prompt_len + g.lengths[j] - g.left[j] for g, j in run)
+        return InFlight(len(self.groups), len(run), tokens)
+
     # the modes: one training step each
-    def step(self, mode: str) -> None:
+    def step(self, mode: str) -> InFlight | None:
+        """One training step of ``mode``; what was in flight as its handoff began (None for sync)."""
+        at_handoff = None
         if mode == "sync":  # the whole batch, tail included, then train
             self.admit(limit=self.shape.num_prompts_per_step)
             while not self.ready():
                 self.decode("generating")
         elif mode == "drain-hold" and self.ready():  # the handoff wins the race: nothing admitted, nothing to drain
-            pass
+            at_handoff = self.in_flight()
         else:  # the collector admits as soon as the engine generates again, before the trainer's next handoff
             self.admit()
             while not self.ready():
                 self.decode("generating")
                 self.admit()
+            at_handoff = self.in_flight()
             if mode.startswith("drain"):  # nothing starts while draining; every request in flight finishes first
                 while self.groups:
                     self.decode("waiting")
         self.train()
         self.steps_run += 1
+        return at_handoff
 
 
 def run_mode(mode: str, shape: Shape, timing: Timing, *, seed: int, warmup: int, steps: int) -> list[StepRecord]:
@@ -288,7 +310,7 @@ def run_mode(mode: str, shape: Shape, timing: Timing, *, seed: int, warmup: int,
     for _ in range(steps):
         t, made, trained = sim.t, sim.made, sim.trained
         n, decoding, waiting = sim.decode_steps, sim.decoding_sum, sim.time["waiting"]
-        sim.step(mode)
+        at_handoff = sim.step(mode)
         out.append(
             StepRecord(
                 seconds=sim.t - t,
@@ -297,6 +319,7 @@ def run_mode(mode: str, shape: Shape, timing: Timing, *, seed: int, warmup: int,
                 engine_steps=sim.decode_steps - n,
                 decoding=sim.decoding_sum - decoding,
                 waiting_s=sim.time["waiting"] - waiting,
+                at_handoff=at_handoff,
             )
         )
     return out

@@ -262,6 +262,49 @@ def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload)
     assert (checked, len(files)) == (30, 15)
 
 
+DIRECT_ABORT_RUNS = (  # the headline's abort runs on the direct path (older ones ran with megatron holding 128)
+    "2026-12-02-h200-reasoning-cut8192-park-drain-sync-abort-6bd92a8.json",
+    "2026-12-02-h200-reasoning-cut8192-park-abort-6bd92a8.json",
+)
+
+
+def test_what_abort_ends_at_a_handoff_is_what_the_model_finds_in_flight_there(workload):
+    """At 8,192 the model's park finds, as each handoff begins, the groups every committed park and abort run there
+    recorded (35, 51 and 6 at the measured handoffs, on both engine paths) and its drain the collector-first
+    outcome (32 each, as the forced drain and the drains without a trainer-first handoff); over the warm-up and
+    measured handoffs its running requests are the 245 the direct abort runs ended, and their tokens within 0.5% of
+    what those runs re-prefilled (the coordinator's abort ended 242). At 32,768 fewer tokens are in flight at the
+    measured handoffs than at 8,192, which is why no abort stage runs there (PERFORMANCE.notes.md)."""
+    shape, baseline, seed = workload
+    in_flight = {}
+    for cut in (8192, 32768):
+        s = replace(shape, max_tokens=cut)
+        park = hm.run_mode("park", s, _timing(baseline, s, seed), seed=seed, warmup=0, steps=4)
+        in_flight[cut] = [r.at_handoff for r in park]  # the first is the warm-up step's handoff
+    drain = hm.run_mode("drain", shape, _timing(baseline, shape, seed), seed=seed, warmup=1, steps=3)
+    assert [r.at_handoff.groups for r in drain] == [32, 32, 32]
+    assert [h.groups for h in in_flight[8192][1:]] == [35, 51, 6]
+    runs, _ = gpu_runs.load(RUNS)
+    ended = []
+    for d in [d for group in runs.values() for d in group]:
+        if d.get("workload") != "reasoning" or "modes" not in d or d.get("model") != "gpt200m":
+            continue
+        if (d["shape"]["max_tokens"], d["shape"]["max_trajectory_age_steps"]) != (8192, 2):
+            continue
+        for mode in ("park", "abort"):
+            if "groups_in_flight_at_handoff" in d["modes"].get(mode, {}):
+                assert d["modes"][mode]["groups_in_flight_at_handoff"] == [35, 51, 6], (d["_file"], mode)
+        if d["_file"] in DIRECT_ABORT_RUNS:
+            stats = d["modes"]["abort"]["inflight_stats"]
+            ended.append((stats["ended"], stats["reprefill_tokens"]))
+    assert len(ended) == len(DIRECT_ABORT_RUNS)
+    for requests, tokens in ended:
+        assert requests == sum(h.requests for h in in_flight[8192])
+        assert sum(h.tokens for h in in_flight[8192]) == pytest.approx(tokens, rel=0.005)
+    measured = {cut: sum(h.tokens for h in hs[1:]) for cut, hs in in_flight.items()}
+    assert measured[32768] < 0.5 * measured[8192], measured
+
+
 DRAIN_HOLD_RUNS = {  # commit -> park / drain-hold in the run's one process
     "9de9ebc": 1.10,
     "ad762e2": 1.14,
