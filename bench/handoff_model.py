@@ -121,7 +121,7 @@ class _Group:
     version: int
     left: list[int]  # tokens still to decode, one per sample (0: finished)
     tokens: int  # prompt + output tokens of every sample: what training it costs
-    lengths: tuple[int, ...] = ()  # each sample's output length
+    lengths: tuple[int, ...]  # each sample's output length: what it has decoded is its length less ``left``
 
 
 @dataclass
