@@ -396,9 +396,16 @@ def ratio_refusal(name: str, row: dict[str, Any] | None) -> str | None:
     if growth is not None and abs(growth) > MAX_BUFFER_GROWTH:
         return (
             f"{name} made {row['fresh_samples']} samples and trained {row['trained_samples']} in its window "
-            f"({growth:+.0%}, more than {MAX_BUFFER_GROWTH:.0%}): its buffer was filling, not in steady state"
+            f"({growth:+.0%}, more than {MAX_BUFFER_GROWTH:.0%}): its buffer was {buffer_trend(growth)}, not in "
+            "steady state"
         )
     return None
+
+
+def buffer_trend(growth: float) -> str:
+    """What a window's :func:`buffer_growth` did to its buffer, in a word: filling (made more than it trained) or
+    emptying (trained samples made before the window)."""
+    return "filling" if growth > 0 else "emptying"
 
 
 def buffer_growth(row: dict[str, Any]) -> float | None:

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._handoff import MAX_BUFFER_GROWTH, MIN_STEPS, buffer_growth, ratio_refusal  # the bench's own rules
+from bench._handoff import (  # the bench's own rules
+    MAX_BUFFER_GROWTH,
+    MIN_STEPS,
+    buffer_growth,
+    buffer_trend,
+    ratio_refusal,
+)
 
 MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key spells drain-hold drain_hold (ratio_name)
 
@@ -142,7 +148,7 @@ def unsteady(r: dict[str, Any]) -> str | None:
     if growth is None or abs(growth) <= MAX_BUFFER_GROWTH:
         return None
     made, trained = r["fresh_samples"], r["trained_samples"]
-    return f"made {made:,} and trained {trained:,} in its window ({growth:+.0%}): its buffer was filling"
+    return f"made {made:,} and trained {trained:,} in its window ({growth:+.0%}): its buffer was {buffer_trend(growth)}"
 
 
 def in_median(d: dict[str, Any], r: dict[str, Any]) -> bool:

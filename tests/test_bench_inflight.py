@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import inflight_handoff  # noqa: E402
+from bench import gpu_runs, inflight_handoff  # noqa: E402
 from bench._handoff import add_ratios, ratio_name, ratio_refusal  # noqa: E402
 
 
@@ -133,6 +133,18 @@ def test_a_drain_whose_forced_race_gave_up_at_a_handoff_gets_no_ratio():
     assert ratio_refusal("drain", {**row, "collector_first_waits_s": [0.2, 0.0, 0.1]}) is None
     why = ratio_refusal("drain", {**row, "collector_first_waits_s": [0.2, None, 0.1]})
     assert why is not None and "1 of its 3 measured handoffs went on without the collector's admission" in why
+
+
+def test_a_window_that_trained_what_it_did_not_make_is_said_to_empty_its_buffer():
+    """A window that made fewer samples than it trained (it ate samples made before it) is refused as emptying its
+    buffer, one that made more as filling it; the word follows the sign (a GPU run cut after two of abort's steps
+    made 192 and trained 512)."""
+    row = {"samples_per_s": 3.1, "measured_steps": 3, "fresh_samples": 192, "trained_samples": 512}
+    emptying = ratio_refusal("abort", row)
+    assert emptying is not None and "(-62%, more than 20%): its buffer was emptying" in emptying
+    filling = ratio_refusal("drain", {**row, "fresh_samples": 1280, "trained_samples": 768})
+    assert filling is not None and "(+67%, more than 20%): its buffer was filling" in filling
+    assert gpu_runs.unsteady(row) == "made 192 and trained 512 in its window (-62%): its buffer was emptying"
 
 
 def test_the_drain_race_option_needs_a_drain_to_force(capsys):
