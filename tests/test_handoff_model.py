@@ -228,7 +228,8 @@ def _decodes_without_the_race(mode: str, row: dict) -> bool:
 def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload):
     """Admission does not depend on the machine or the model size, so the model's requests decoding per engine
     step match every committed run on the direct path that has an engine step profile, either GPT, every cut and
-    age, within 0.5 (they are within 0.2): 30 modes of 15 runs, those at ``9de9ebc`` and ``ad762e2`` among them. Drain
+    age, within 0.5 (they are within 0.2): 32 modes of 17 runs, the ~1B GPT's park at ``4406c2f`` and ``4a18c96``
+    among them. Drain
     is left out where its race with the trainer went the other way at a handoff (the ``b1df85d`` drain). Time is another matter: the same runs' rates
     spread by machine (park 6.96-8.04 samples/s at the same point), which the samples/s bounds elsewhere state."""
     shape, baseline, seed = workload
@@ -259,7 +260,7 @@ def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload)
             model = model_decoding(cut, age, mode, warmup, row["measured_steps"])
             assert model == pytest.approx(gpu_running, abs=0.5), (d["_file"], mode, model)
             checked, files = checked + 1, files | {d["_file"]}
-    assert (checked, len(files)) == (30, 15)
+    assert (checked, len(files)) == (32, 17)
 
 
 DIRECT_ABORT_RUNS = (  # the headline's abort runs on the direct path (older ones ran with megatron holding 128)
@@ -270,7 +271,8 @@ DIRECT_ABORT_RUNS = (  # the headline's abort runs on the direct path (older one
 
 def test_what_abort_ends_at_a_handoff_is_what_the_model_finds_in_flight_there(workload):
     """At 8,192 the model's park finds, as each handoff begins, the groups every committed park and abort run there
-    recorded (35, 51 and 6 at the measured handoffs, on both engine paths) and its drain the collector-first
+    recorded (35, 51 and 6 at the measured handoffs, on both engine paths and both GPTs; the ~1B GPT's abort that
+    lost its machine after two, 35 and 51) and its drain the collector-first
     outcome (32 each, as the forced drain and the drains without a trainer-first handoff); over the warm-up and
     measured handoffs its running requests are the 245 the direct abort runs ended, and their tokens within 0.5% of
     what those runs re-prefilled (the coordinator's abort ended 242). At 32,768 fewer tokens are in flight at the
@@ -285,19 +287,21 @@ def test_what_abort_ends_at_a_handoff_is_what_the_model_finds_in_flight_there(wo
     assert [r.at_handoff.groups for r in drain] == [32, 32, 32]
     assert [h.groups for h in in_flight[8192][1:]] == [35, 51, 6]
     runs, _ = gpu_runs.load(RUNS)
-    ended = []
+    ended, checked_groups = [], set()
     for d in [d for group in runs.values() for d in group]:
-        if d.get("workload") != "reasoning" or "modes" not in d or d.get("model") != "gpt200m":
+        if d.get("workload") != "reasoning" or "modes" not in d:
             continue
         if (d["shape"]["max_tokens"], d["shape"]["max_trajectory_age_steps"]) != (8192, 2):
             continue
         for mode in ("park", "abort"):
             if "groups_in_flight_at_handoff" in d["modes"].get(mode, {}):
-                assert d["modes"][mode]["groups_in_flight_at_handoff"] == [35, 51, 6], (d["_file"], mode)
+                found = d["modes"][mode]["groups_in_flight_at_handoff"]
+                assert found == [35, 51, 6][: len(found)] and len(found) >= 2, (d["_file"], mode)
+                checked_groups.add(d.get("model"))
         if d["_file"] in DIRECT_ABORT_RUNS:
             stats = d["modes"]["abort"]["inflight_stats"]
             ended.append((stats["ended"], stats["reprefill_tokens"]))
-    assert len(ended) == len(DIRECT_ABORT_RUNS)
+    assert len(ended) == len(DIRECT_ABORT_RUNS) and checked_groups == {"gpt200m", "gpt1b"}
     for requests, tokens in ended:
         assert requests == sum(h.requests for h in in_flight[8192])
         assert sum(h.tokens for h in in_flight[8192]) == pytest.approx(tokens, rel=0.005)

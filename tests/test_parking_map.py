@@ -26,6 +26,8 @@ HEADLINE = (
     "9de9ebc",
     "ad762e2",
     "dec9bed",
+    "4406c2f",
+    "4a18c96",
 )
 
 
@@ -171,7 +173,7 @@ def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_i
     every mode with a collector."""
     _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
     runs = [d for rs in head.values() for d in rs]
-    assert len(runs) == 22
+    assert len(runs) == 24
     for d in runs:
         name, cut = d["_file"], d["shape"]["max_tokens"]
         assert "reasoning" in name and f"cut{cut}" in name and d["commit"] in name, name
@@ -185,7 +187,17 @@ def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_i
             assert f"ratio_{ratio_name(other)}" in d or ratio_name(other) in d["no_ratio"], (name, other)
         if d.get("drain_race", "free") != "free":  # a forced race is never pooled unlabelled
             assert d["drain_race"] in name, name
-        if d["commit"] in ("6f74238", "0bdc5f1", "8ba94f0", "76259d0", "9de9ebc", "ad762e2", "dec9bed"):
+        if d["commit"] in (
+            "6f74238",
+            "0bdc5f1",
+            "8ba94f0",
+            "76259d0",
+            "9de9ebc",
+            "ad762e2",
+            "dec9bed",
+            "4406c2f",
+            "4a18c96",
+        ):
             for m, r in d["modes"].items():
                 if m != "sync":
                     assert len(r["groups_in_flight_at_handoff"]) == r["measured_steps"], (name, m)
