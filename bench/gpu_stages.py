@@ -200,7 +200,8 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "reasoning-8k-park-sync",
-        "reasoning shape, cut 8,192: park and sync side by side (generate the whole batch, tail included, then train)",
+        "reasoning shape, cut 8,192: park and sync side by side (generate the whole batch, tail included, then "
+        "train); ~7 min (440 s at 7d7d980)",
         _handoff(8192, "park,sync", "--no-graph-baseline"),
         600,
         smoke=SMOKE_HANDOFF,
@@ -263,7 +264,8 @@ STAGES: tuple[Stage, ...] = (
     _detached(
         "reasoning-8k-gpt1b-park-abort",
         "the ~1B GPT: park and abort at cut 8,192, where a token of re-prefill costs more than on the 202M model "
-        "(whose park and abort were level, 0.95-1.14x in four processes); ~9 min (546 s at 4a18c96): --detach",
+        "(whose park and abort were level, 0.95-1.14x in four processes); ~9-11 min (546 s at 4a18c96, 640 s with "
+        "its exit at 7d7d980): give it 660 s or more, --detach",
         _handoff(8192, "park,abort", "--no-graph-baseline", model="gpt1b"),
         1200,
     ),
