@@ -189,6 +189,15 @@ STAGES: tuple[Stage, ...] = (
         2400,
         smoke=SMOKE_COORDINATOR,
     ),
+    _detached(
+        "reasoning-32k-coordinator-park-drain",
+        "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and drain only (the 2.0x drain "
+        "target's pair; sync's figure is the long one), so it fits one session's device time after the wheels' "
+        "install; ~13 min (park's mode ran 296 s at 6f6dd0a, drain's ran 405-414 s on the direct path): --detach",
+        _handoff(32768, "park,drain", "--no-graph-baseline", engine="coordinator"),
+        1200,
+        smoke=SMOKE_COORDINATOR,
+    ),
     Stage(
         "reasoning-8k-drain-sync",
         "reasoning shape, cut 8,192: drain and sync again (a second run of each beside an earlier park, for their "
