@@ -37,24 +37,29 @@ def standing_ratios(d: dict[str, Any]) -> dict[str, float]:
 
 @dataclass
 class MapRow:
-    """One measured point: every standing ratio of its runs, the modes measured there, park's rate per run."""
+    """One measured point: every standing ratio of its runs, the modes run there (``measured``: with a rate, whole
+    or not; ``standing``: with a figure a ratio could take), park's rate per run."""
 
     point: Point
     ratios: dict[str, list[float]] = field(default_factory=dict)
     measured: set[str] = field(default_factory=set)
+    standing: set[str] = field(default_factory=set)
     park: list[float] = field(default_factory=list)
     forced: dict[str, list[bool]] = field(default_factory=dict)  # per ratio: drain's race forced collector-first
 
     def cell(self, other: str) -> str:
         """The ratios against ``other``, oldest run first (``(forced)`` after one whose drain ran with
-        ``--drain-race collector-first``); ``no ratio`` where it ran but never beside a park that gives one; ``-``
-        where it did not run."""
+        ``--drain-race collector-first``); ``no ratio`` where it gave a figure but never beside a park that gives
+        one; ``cut short`` where it ran but gave no figure (fewer than 3 measured steps, or no steady window);
+        ``-`` where it did not run."""
         if self.ratios.get(other):
             marks = self.forced.get(other, [])
             return ", ".join(
                 f"{r:.3f}{' (forced)' if i < len(marks) and marks[i] else ''}" for i, r in enumerate(self.ratios[other])
             )
-        return "no ratio" if other in self.measured else "-"
+        if other in self.standing:
+            return "no ratio"
+        return "cut short" if other in self.measured else "-"
 
 
 def point_of(d: dict[str, Any]) -> Point:
@@ -75,7 +80,9 @@ def map_rows(runs: list[dict[str, Any]]) -> list[MapRow]:
         point = point_of(d)
         row = rows.setdefault(point, MapRow(point))
         modes = d.get("modes") or {}
-        row.measured |= {m for m, r in modes.items() if "samples_per_s" in (r or {})}
+        ran = {m for m, r in modes.items() if "samples_per_s" in (r or {})}
+        row.measured |= ran
+        row.standing |= {m for m in ran if ratio_refusal(m, modes[m]) is None}
         for other, value in standing_ratios(d).items():
             row.ratios.setdefault(other, []).append(value)
             row.forced.setdefault(other, []).append(other == "drain" and d.get("drain_race") == "collector-first")
@@ -107,8 +114,9 @@ def map_table(runs: list[dict[str, Any]]) -> list[str]:
 INTRO = (
     "Park's samples/s over each other mode's, one figure per process that measured both, each mode at 3 or more "
     "measured steps in steady state. Above 1, parking paid at that point; `-`: the mode did not run there; "
-    "`no ratio`: it ran only in processes without a park that gives one (its figures are in the point's section "
-    "below); `(forced)`: a drain whose race with the trainer was forced collector-first (`--drain-race "
+    "`no ratio`: it gave figures only in processes without a park that gives one (its figures are in the point's "
+    "section below); `cut short`: it ran but gave no figure (fewer than 3 measured steps: its machine went back, "
+    "or no steady window); `(forced)`: a drain whose race with the trainer was forced collector-first (`--drain-race "
     "collector-first`: every handoff waited for the groups admitted after the step before), where the others let "
     "either thread go first."
 )

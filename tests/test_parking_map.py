@@ -29,6 +29,8 @@ HEADLINE = (
     "4406c2f",
     "4a18c96",
     "7d7d980",
+    "6f6dd0a",
+    "c324f9c",
 )
 
 
@@ -90,8 +92,8 @@ def test_a_median_takes_a_mode_by_the_rule_a_ratio_is_held_to():
 
 def test_the_map_has_a_row_per_point_and_every_runs_ratio_in_it():
     """One row per (cut, max_age, engine loop, model), in that order; a point's ratios oldest run first; a mode
-    run only beside no park says ``no ratio``, one never run ``-``; a column only for a mode run somewhere;
-    park's rate from every run whose park stands."""
+    whose figures stand only beside no park says ``no ratio``, one that ran without a figure ``cut short``, one
+    never run ``-``; a column only for a mode run somewhere; park's rate from every run whose park stands."""
     runs = [
         _run({"park": _mode(8.0), "drain": _mode(5.0)}, drain=1.6),
         _run({"park": _mode(7.0), "drain": _mode(5.6), "sync": _mode(4.6)}, drain=1.25, sync=1.522),
@@ -99,6 +101,7 @@ def test_the_map_has_a_row_per_point_and_every_runs_ratio_in_it():
         _run({"park": _mode(9.0), "abort": _mode(8.6)}, engine="coordinator", abort=1.047),
         _run({"drain": _mode(5.2), "sync": _mode(5.0)}, engine="coordinator"),
         _run({"park": _mode(6.0, steps=2), "sync": _mode(4.0)}, model="gpt1b"),
+        _run({"park": _mode(6.2), "drain": _mode(3.1, steps=1)}, cut=32768, engine="coordinator"),
     ]
     table = parking_map.map_table(runs)
     assert table[0] == (
@@ -108,6 +111,7 @@ def test_the_map_has_a_row_per_point_and_every_runs_ratio_in_it():
         "| 8,192 | 2 | coordinator | gpt200m | no ratio | no ratio | 1.047 | 9.00 |",
         "| 8,192 | 2 | direct | gpt1b | - | no ratio | - | - |",
         "| 8,192 | 2 | direct | gpt200m | 1.600, 1.250 | 1.522 | - | 8.00, 7.00 |",
+        "| 32,768 | 2 | coordinator | gpt200m | cut short | - | - | 6.20 |",
         "| 32,768 | 2 | direct | gpt200m | - | 1.571 | - | 5.50 |",
     ]
     section = parking_map.map_section(runs)
@@ -174,7 +178,7 @@ def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_i
     every mode with a collector."""
     _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
     runs = [d for rs in head.values() for d in rs]
-    assert len(runs) == 27
+    assert len(runs) == 29
     for d in runs:
         name, cut = d["_file"], d["shape"]["max_tokens"]
         assert "reasoning" in name and f"cut{cut}" in name and d["commit"] in name, name
