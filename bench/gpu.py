@@ -9,7 +9,8 @@
 A stage is named for what it measures (:data:`bench.gpu_stages.STAGES`); it runs as a child process under its own timeout, capped
 by what is left of ``--budget-s``; a stage that cannot finish in what is left is skipped (and said so), and one
 that needs more GPUs than the machine has is skipped with that reason. Each stage writes its JSON as it goes,
-so a stage cut by its timeout keeps what it measured. ``OUT/stages.json`` records every stage's outcome: a later
+so a stage cut by its timeout keeps what it measured. ``OUT/stages.json`` records every stage's outcome (and, for
+each JSON that counts its rounds, whether it is whole, so rc 124 after the last write is told apart): a later
 call with the same ``--out`` runs only the stages not yet done (``--redo`` runs them again). ``--bundle`` packs
 ``OUT`` into one archive after every stage (a time-limited remote call returns one file, whole or cut). A stage
 longer than one remote call (``reasoning-32k``) runs detached: ``--detach`` starts the runner in a process
@@ -78,6 +79,28 @@ def bundle(out: Path, path: Path | None) -> None:
     tmp.replace(path)
 
 
+def whole(path: Path) -> bool | None:
+    """Whether the bench JSON at ``path`` finished every round it planned (``rounds_done`` against ``rounds``), so a
+    stage stopped by its cap after writing can be told from one stopped before; None where it records neither."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # a JSON that cannot be read is not whole
+    if not isinstance(data, dict) or "rounds" not in data or "rounds_done" not in data:
+        return None
+    return int(data["rounds_done"] or 0) >= int(data["rounds"] or 0)
+
+
+def wholeness(outcome: dict[str, Any]) -> str:
+    """What a stage's outcome line says of its JSON: ``its JSON whole``, ``JSON cut short: <files>``, or nothing
+    where no output records its rounds."""
+    marks = outcome.get("whole") or {}
+    if not marks:
+        return ""
+    short = [rel for rel, ok in marks.items() if not ok]
+    return f"; JSON cut short: {', '.join(short)}" if short else "; its JSON whole"
+
+
 def run_stage(stage: Stage, out: Path, timeout_s: float, *, smoke: bool) -> dict[str, Any]:
     """Run one stage as a child process (its own folder, its own log); returns its outcome."""
     folder = out / stage.name
@@ -101,6 +124,7 @@ def run_stage(stage: Stage, out: Path, timeout_s: float, *, smoke: bool) -> dict
             cut = False
         except subprocess.TimeoutExpired:
             rc, cut = 124, True
+    outputs = sorted(str(p.relative_to(out)) for p in folder.rglob("*.json"))
     return {
         "rc": rc,
         "cut_by_timeout": cut,
@@ -108,7 +132,8 @@ def run_stage(stage: Stage, out: Path, timeout_s: float, *, smoke: bool) -> dict
         "timeout_s": round(timeout_s),
         "command": " ".join(cmd),
         "smoke": smoke,
-        "outputs": sorted(str(p.relative_to(out)) for p in folder.rglob("*.json")),
+        "outputs": outputs,
+        "whole": {rel: ok for rel in outputs if (ok := whole(out / rel)) is not None},
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -198,7 +223,8 @@ def run(argv: list[str]) -> int:
         bundle(out, args.bundle)
         o = state[name]
         print(
-            f"=== {name}: rc={o['rc']}{' (cut by its timeout)' if o['cut_by_timeout'] else ''} in {o['seconds']} s",
+            f"=== {name}: rc={o['rc']}{' (cut by its timeout)' if o['cut_by_timeout'] else ''} in {o['seconds']} s"
+            f"{wholeness(o)}",
             flush=True,
         )
     save_state(out, state)

@@ -59,6 +59,41 @@ def test_stages_run_once_skip_what_cannot_run_and_resume_where_they_stopped(tmp_
     assert (out / "writes" / "out.json").exists()
 
 
+def _writes_rounds(rounds: int, done: int, rc: int) -> tuple[str, ...]:
+    """A stage's argv that writes a bench JSON with ``rounds_done`` of ``rounds`` and then exits ``rc``."""
+    record = json.dumps({"rounds": rounds, "rounds_done": done})
+    code = f"import json, sys; json.dump({record}, open(sys.argv[1] + '/out.json', 'w')); raise SystemExit({rc})"
+    return ("-c", code, "{out}")
+
+
+def test_the_stages_file_tells_a_json_written_whole_from_one_cut_short(tmp_path, monkeypatch, capsys):
+    """A stage stopped after its last write (rc 124 from its cap as it exits) is recorded with its JSON whole; one
+    whose JSON did not reach its last round is recorded cut short, whatever its rc; JSON that counts no rounds is
+    not judged."""
+    fake = (
+        gpu.Stage("whole-then-cut", "writes every round, then exits 124", _writes_rounds(2, 2, 124), 60, smoke=()),
+        gpu.Stage("cut-short", "writes one round of two, exits 0", _writes_rounds(2, 1, 0), 60, smoke=()),
+        gpu.Stage("no-rounds", "writes a JSON without rounds", WRITE_JSON, 60, smoke=()),
+    )
+    monkeypatch.setattr(gpu, "STAGES", fake)
+    monkeypatch.setattr(gpu, "BY_NAME", {s.name: s for s in fake})
+    monkeypatch.setattr(gpu, "PY", sys.executable)
+    monkeypatch.setattr(gpu, "gpu_count", lambda: 1)
+    out = tmp_path / "out"
+    gpu.run(["--out", str(out)])
+    state = json.loads((out / "stages.json").read_text())
+    assert state["whole-then-cut"]["rc"] == 124 and state["whole-then-cut"]["whole"] == {
+        "whole-then-cut/out.json": True
+    }
+    assert state["cut-short"]["rc"] == 0 and state["cut-short"]["whole"] == {"cut-short/out.json": False}
+    assert state["no-rounds"]["whole"] == {}
+    printed = capsys.readouterr().out
+    assert "=== whole-then-cut: rc=124 in" in printed and "; its JSON whole" in printed
+    assert "; JSON cut short: cut-short/out.json" in printed
+    (out / "cut-short" / "out.json").write_text("{not json")
+    assert gpu.whole(out / "cut-short" / "out.json") is False
+
+
 def test_a_stage_that_cannot_finish_in_what_is_left_is_not_started(tmp_path, stages, capsys):
     gpu.run(["--out", str(tmp_path), "--stages", "writes", "--budget-s", "10"])
     assert "writes: not started (10 s left" in capsys.readouterr().out
