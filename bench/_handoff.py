@@ -392,8 +392,8 @@ def ratio_refusal(name: str, row: dict[str, Any] | None) -> str | None:
             f"{name}'s race was to be forced collector-first, and {waits.count(None)} of its {len(waits)} measured "
             f"handoffs went on without the collector's admission (it did not finish within {ADMISSION_WAIT_S:.0f} s)"
         )
-    growth = buffer_growth(row)
-    if growth is not None and abs(growth) > MAX_BUFFER_GROWTH:
+    growth = unsteady_growth(row)
+    if growth is not None:
         return (
             f"{name} made {row['fresh_samples']} samples and trained {row['trained_samples']} in its window "
             f"({growth:+.0%}, more than {MAX_BUFFER_GROWTH:.0%}): its buffer was {buffer_trend(growth)}, not in "
@@ -406,6 +406,13 @@ def buffer_trend(growth: float) -> str:
     """What a window's :func:`buffer_growth` did to its buffer, in a word: filling (made more than it trained) or
     emptying (trained samples made before the window)."""
     return "filling" if growth > 0 else "emptying"
+
+
+def unsteady_growth(row: dict[str, Any]) -> float | None:
+    """The window's :func:`buffer_growth` where it passes :data:`MAX_BUFFER_GROWTH` either way (no steady state);
+    None where it does not, or where the row cannot say. The one place the bench and the report apply the limit."""
+    growth = buffer_growth(row)
+    return growth if growth is not None and abs(growth) > MAX_BUFFER_GROWTH else None
 
 
 def buffer_growth(row: dict[str, Any]) -> float | None:
@@ -602,4 +609,5 @@ __all__ = [
     "spread",
     "spread_text",
     "summarize",
+    "unsteady_growth",
 ]

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from bench._handoff import (  # the bench's own rules
-    MAX_BUFFER_GROWTH,
     MIN_STEPS,
-    buffer_growth,
     buffer_trend,
     ratio_refusal,
+    unsteady_growth,
 )
 
 MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key spells drain-hold drain_hold (ratio_name)
@@ -144,8 +143,8 @@ def unsteady(r: dict[str, Any]) -> str | None:
     """Why a mode's window was no steady state (None when it was, or when the row cannot say): it made more
     than :data:`~bench._handoff.MAX_BUFFER_GROWTH` more (or fewer) samples than it trained, so its buffer was
     filling (or emptying). Older JSON has no ``buffer_growth``; it is the same arithmetic on its own counts."""
-    growth = buffer_growth(r)
-    if growth is None or abs(growth) <= MAX_BUFFER_GROWTH:
+    growth = unsteady_growth(r)
+    if growth is None:
         return None
     made, trained = r["fresh_samples"], r["trained_samples"]
     return f"made {made:,} and trained {trained:,} in its window ({growth:+.0%}): its buffer was {buffer_trend(growth)}"

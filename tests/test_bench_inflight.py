@@ -49,7 +49,9 @@ def test_reasoning_smoke_writes_every_mode_and_the_ratios_on_one_engine(tmp_path
         assert row["samples_per_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["samples_per_cpu_s"] > 0
         assert not row["cut_by_budget"] and row["loadavg"] and 0 < row["cpu_share"]
         assert row["measured_steps"] == 3 and row["step_samples_per_s"]["n"] == 3
-        assert abs(row["buffer_growth"]) <= 0.2, row  # steady state: the window made about what it trained
+        assert row["buffer_growth"] == pytest.approx(
+            (row["fresh_samples"] - row["trained_samples"]) / row["trained_samples"]
+        )
     assert data["modes"]["sync"]["warmup_steps"] == 0
     for mode in ("park", "drain", "abort", "drain-hold"):  # each handoff's rollouts in flight, as it began
         held = data["modes"][mode]["groups_in_flight_at_handoff"]
@@ -60,9 +62,15 @@ def test_reasoning_smoke_writes_every_mode_and_the_ratios_on_one_engine(tmp_path
     abort = data["modes"]["abort"]
     assert abort["samples_per_s"] > 0 and abort["inflight_stats"]["ended"] >= 0
     for other in ("sync", "drain", "drain-hold"):
-        assert data[f"ratio_{ratio_name(other)}"] == pytest.approx(
-            data["modes"]["park"]["samples_per_s"] / data["modes"][other]["samples_per_s"]
-        )
+        # A ratio where both windows were steady (|made - trained| within a fifth of trained), else why not: which
+        # of the two a smoke run gets depends on the CPU's load (a busy machine's window can make a step more than
+        # it trains), never on the bench's rule, which holds either way.
+        park, row = data["modes"]["park"], data["modes"][other]
+        why = ratio_refusal("park", park) or ratio_refusal(other, row)
+        if why is None:
+            assert data[f"ratio_{ratio_name(other)}"] == pytest.approx(park["samples_per_s"] / row["samples_per_s"])
+        else:
+            assert f"ratio_{ratio_name(other)}" not in data and data["no_ratio"][ratio_name(other)] == why, why
     assert data["modes"]["drain-hold"]["warmup_steps"] == 1 and "starts a rollout only" in data["drain_hold_admission"]
     assert "drain-hold" not in inflight_handoff.DEFAULT_MODES
     assert inflight_handoff.policy_of("drain-hold") == "drain" and inflight_handoff.policy_of("park") == "park"
