@@ -92,8 +92,8 @@ def point_label(point: Point) -> str:
 
 def plot_map(runs: list[dict[str, Any]], path: Path, title: str = "") -> None:
     """The map as a picture: a row per point, a dot per one-process ratio (a colour per mode park was measured
-    against), the line at 1 (parking pays to its right) and, on the workload's own point, each target as a bar; a point with no
-    one-process ratio says so."""
+    against), the line at 1 (parking pays to its right) and, on the workload's own point, each target as a bar; a
+    point with no one-process ratio says so."""
     plt = _pyplot()
     rows = map_rows(runs)[::-1]  # the first point at the top
     others = [m for m in OTHERS if any(r.ratios.get(m) for r in rows)]
@@ -107,7 +107,7 @@ def plot_map(runs: list[dict[str, Any]], path: Path, title: str = "") -> None:
             target = TARGETS.get((cut, m)) if (model, age) == ("gpt200m", 2) else None
             if target is not None:
                 ax.plot([target], [y + dy], "|", color=COLORS[m], markersize=14, markeredgewidth=2.5)
-        if not any(row.ratios.values()):  # park ran here, but beside no mode that gives a ratio
+        if not any(row.ratios.values()):  # no process here measured park and another mode, both with a figure
             ax.text(1.01, y, "no one-process ratio yet (see the map's table)", fontsize=8, va="center", color="0.35")
     marks = [x for r in rows for xs in r.ratios.values() for x in xs] + list(TARGETS.values())
     ax.set_xlim(min(0.95, min(marks) - 0.05), max(marks) + 0.15)

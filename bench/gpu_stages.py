@@ -184,7 +184,8 @@ STAGES: tuple[Stage, ...] = (
     _detached(
         "reasoning-32k-coordinator",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park, drain and sync (the long tail on "
-        "the faster path; measured on the direct path only so far); ~15 min: --detach",
+        "the faster path; park ran whole at 6f6dd0a and c324f9c, both machines lost during drain); ~15-17 min: "
+        "--detach",
         _handoff(32768, "park,drain,sync", "--no-graph-baseline", engine="coordinator"),
         2400,
         smoke=SMOKE_COORDINATOR,

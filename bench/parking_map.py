@@ -50,7 +50,7 @@ class MapRow:
     def cell(self, other: str) -> str:
         """The ratios against ``other``, oldest run first (``(forced)`` after one whose drain ran with
         ``--drain-race collector-first``); ``no ratio`` where it gave a figure but never beside a park that gives
-        one; ``cut short`` where it ran but gave no figure (fewer than 3 measured steps, or no steady window);
+        one; ``no figure`` where it ran but never gave one a ratio could take (:func:`~bench._handoff.ratio_refusal`);
         ``-`` where it did not run."""
         if self.ratios.get(other):
             marks = self.forced.get(other, [])
@@ -59,7 +59,7 @@ class MapRow:
             )
         if other in self.standing:
             return "no ratio"
-        return "cut short" if other in self.measured else "-"
+        return "no figure" if other in self.measured else "-"
 
 
 def point_of(d: dict[str, Any]) -> Point:
@@ -115,10 +115,10 @@ INTRO = (
     "Park's samples/s over each other mode's, one figure per process that measured both, each mode at 3 or more "
     "measured steps in steady state. Above 1, parking paid at that point; `-`: the mode did not run there; "
     "`no ratio`: it gave figures only in processes without a park that gives one (its figures are in the point's "
-    "section below); `cut short`: it ran but gave no figure (fewer than 3 measured steps: its machine went back, "
-    "or no steady window); `(forced)`: a drain whose race with the trainer was forced collector-first (`--drain-race "
-    "collector-first`: every handoff waited for the groups admitted after the step before), where the others let "
-    "either thread go first."
+    "section below); `no figure`: it ran, but never with a figure a ratio could take (fewer than 3 measured steps, "
+    "no sample made or no steady window: the point's section below says which); `(forced)`: a drain whose race "
+    "with the trainer was forced collector-first (`--drain-race collector-first`: every handoff waited for the "
+    "groups admitted after the step before), where the others let either thread go first."
 )
 
 

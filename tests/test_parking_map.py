@@ -92,7 +92,7 @@ def test_a_median_takes_a_mode_by_the_rule_a_ratio_is_held_to():
 
 def test_the_map_has_a_row_per_point_and_every_runs_ratio_in_it():
     """One row per (cut, max_age, engine loop, model), in that order; a point's ratios oldest run first; a mode
-    whose figures stand only beside no park says ``no ratio``, one that ran without a figure ``cut short``, one
+    whose figures stand only beside no park says ``no ratio``, one that ran without a figure ``no figure``, one
     never run ``-``; a column only for a mode run somewhere; park's rate from every run whose park stands."""
     runs = [
         _run({"park": _mode(8.0), "drain": _mode(5.0)}, drain=1.6),
@@ -111,7 +111,7 @@ def test_the_map_has_a_row_per_point_and_every_runs_ratio_in_it():
         "| 8,192 | 2 | coordinator | gpt200m | no ratio | no ratio | 1.047 | 9.00 |",
         "| 8,192 | 2 | direct | gpt1b | - | no ratio | - | - |",
         "| 8,192 | 2 | direct | gpt200m | 1.600, 1.250 | 1.522 | - | 8.00, 7.00 |",
-        "| 32,768 | 2 | coordinator | gpt200m | cut short | - | - | 6.20 |",
+        "| 32,768 | 2 | coordinator | gpt200m | no figure | - | - | 6.20 |",
         "| 32,768 | 2 | direct | gpt200m | - | 1.571 | - | 5.50 |",
     ]
     section = parking_map.map_section(runs)
