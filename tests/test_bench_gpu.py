@@ -25,6 +25,15 @@ WRITE_JSON = (
 )
 
 
+def _use_stages(monkeypatch, fake: tuple) -> tuple:
+    """Run ``fake`` in place of the real stages, with this interpreter, on a machine of one GPU."""
+    monkeypatch.setattr(gpu, "STAGES", fake)
+    monkeypatch.setattr(gpu, "BY_NAME", {s.name: s for s in fake})
+    monkeypatch.setattr(gpu, "PY", sys.executable)
+    monkeypatch.setattr(gpu, "gpu_count", lambda: 1)
+    return fake
+
+
 @pytest.fixture
 def stages(monkeypatch):
     """Three quick stages in place of the real ones: one writes JSON, one needs two GPUs, one fails."""
@@ -33,11 +42,7 @@ def stages(monkeypatch):
         gpu.Stage("two-gpus", "needs two GPUs", ("-c", "pass"), 60, gpus=2),
         gpu.Stage("fails", "exits 3", ("-c", "raise SystemExit(3)"), 60, smoke=()),
     )
-    monkeypatch.setattr(gpu, "STAGES", fake)
-    monkeypatch.setattr(gpu, "BY_NAME", {s.name: s for s in fake})
-    monkeypatch.setattr(gpu, "PY", sys.executable)
-    monkeypatch.setattr(gpu, "gpu_count", lambda: 1)
-    return fake
+    return _use_stages(monkeypatch, fake)
 
 
 def test_stages_run_once_skip_what_cannot_run_and_resume_where_they_stopped(tmp_path, stages, capsys):
@@ -70,15 +75,14 @@ def test_the_stages_file_tells_a_json_written_whole_from_one_cut_short(tmp_path,
     """A stage stopped after its last write (rc 124 from its cap as it exits) is recorded with its JSON whole; one
     whose JSON did not reach its last round is recorded cut short, whatever its rc; JSON that counts no rounds is
     not judged."""
-    fake = (
-        gpu.Stage("whole-then-cut", "writes every round, then exits 124", _writes_rounds(2, 2, 124), 60, smoke=()),
-        gpu.Stage("cut-short", "writes one round of two, exits 0", _writes_rounds(2, 1, 0), 60, smoke=()),
-        gpu.Stage("no-rounds", "writes a JSON without rounds", WRITE_JSON, 60, smoke=()),
+    _use_stages(
+        monkeypatch,
+        (
+            gpu.Stage("whole-then-cut", "writes every round, then exits 124", _writes_rounds(2, 2, 124), 60, smoke=()),
+            gpu.Stage("cut-short", "writes one round of two, exits 0", _writes_rounds(2, 1, 0), 60, smoke=()),
+            gpu.Stage("no-rounds", "writes a JSON without rounds", WRITE_JSON, 60, smoke=()),
+        ),
     )
-    monkeypatch.setattr(gpu, "STAGES", fake)
-    monkeypatch.setattr(gpu, "BY_NAME", {s.name: s for s in fake})
-    monkeypatch.setattr(gpu, "PY", sys.executable)
-    monkeypatch.setattr(gpu, "gpu_count", lambda: 1)
     out = tmp_path / "out"
     gpu.run(["--out", str(out)])
     state = json.loads((out / "stages.json").read_text())
