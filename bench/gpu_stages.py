@@ -181,6 +181,16 @@ STAGES: tuple[Stage, ...] = (
         smoke=SMOKE_COORDINATOR,
         default=False,
     ),
+    Stage(
+        "reasoning-8k-coordinator-park-drain-hold",
+        "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and drain-hold in one process (drain "
+        "whose collector starts nothing while the next batch is ready; on the direct path park / drain-hold was "
+        "1.10-1.14x); ~9 min",
+        _handoff(8192, "park,drain-hold", "--no-graph-baseline", engine="coordinator"),
+        600,
+        smoke=SMOKE_COORDINATOR,
+        default=False,
+    ),
     _detached(
         "reasoning-32k-coordinator",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park, drain and sync (the long tail on "
