@@ -194,7 +194,8 @@ STAGES: tuple[Stage, ...] = (
     _detached(
         "reasoning-32k-coordinator",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park, drain and sync (the long tail on "
-        "the faster path; park ran whole at 6f6dd0a and c324f9c, both machines lost during drain); ~15-17 min: "
+        "the faster path; its runs at 6f6dd0a and 70c3315 each lost their machine during drain, park whole; the stage "
+        "below ran park and drain whole); ~15-17 min: "
         "--detach",
         _handoff(32768, "park,drain,sync", "--no-graph-baseline", engine="coordinator"),
         2400,
@@ -204,8 +205,17 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-coordinator-park-drain",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and drain only (the 2.0x drain "
         "target's pair; sync's figure is the long one), so it fits one session's device time after the wheels' "
-        "install; ~13 min (park's mode ran 296 s at 6f6dd0a, drain's ran 405-414 s on the direct path): --detach",
+        "install; ~11 min (609 s at 70c3315, whose drain had one handoff that drained nothing): --detach",
         _handoff(32768, "park,drain", "--no-graph-baseline", engine="coordinator"),
+        1200,
+        smoke=SMOKE_COORDINATOR,
+    ),
+    _detached(
+        "reasoning-32k-coordinator-park-drain-collector-first",
+        "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and drain with drain's race forced "
+        "(--drain-race collector-first), so every drain handoff waits for its tail, as every one did on the direct "
+        "path at this cut (at 70c3315 one of three drained nothing); ~11-12 min: --detach",
+        _handoff(32768, "park,drain", "--no-graph-baseline", "--drain-race", "collector-first", engine="coordinator"),
         1200,
         smoke=SMOKE_COORDINATOR,
     ),
