@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 VICTIM_SEED0 = 7_000_000  # victims' seeds: VICTIM_SEED0 + 10 * victim id + choice index
+HOLD_S = 300.0  # the longest training holds for the clients to stop (their joins and waits take at most 240 s)
 
 
 def post_bytes(path: str, body: dict[str, Any], *, close: bool, partial: int | None = None) -> bytes:
@@ -129,10 +130,30 @@ class Chaos:
                 chaos.gated = self
 
             def suspend(self) -> None:
+                chaos.hold_until_clients_done()
                 super().suspend()
                 chaos.on_suspended()
 
         server_pkg.GatedEngine = ChaosGated  # run_rank imports it from colo_fsm.server
+
+    @property
+    def stop_step(self) -> int:
+        """The training step from which the clients are told to stop, leaving steps whose handoffs check the engine."""
+        return int(self.args.steps - max(6, self.args.steps // 10))
+
+    def step(self) -> int:
+        """The demo's training step as the server's status reports it (0 before the first)."""
+        st = self.gated._status() if self.gated is not None and self.gated._status is not None else None
+        return int(getattr(st, "step", 0) or 0)
+
+    def hold_until_clients_done(self) -> None:
+        """On the lifecycle thread, before a handoff: from :attr:`stop_step` on, training waits here until the
+        clients have stopped and their requests have ended (the engine keeps serving meanwhile), so a handoff always
+        comes after them and checks the engine, however slow the machine (the run could otherwise end first)."""
+        if self.clients_done.is_set() or self.step() < self.stop_step:
+            return
+        if not self.clients_done.wait(HOLD_S):
+            self.bad.append(f"the clients had not stopped {HOLD_S:.0f} s after training reached step {self.step()}")
 
     def on_suspended(self) -> None:
         """On the lifecycle thread, the engine suspended with requests parked: abandon parked victims now."""
@@ -326,11 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         for t in threads:
             t.start()
 
-        def step() -> int:
-            st = chaos.gated._status() if chaos.gated._status is not None else None
-            return int(getattr(st, "step", 0) or 0)
-
-        while runner.is_alive() and step() < args.steps - max(6, args.steps // 10):  # steps left to check
+        while runner.is_alive() and chaos.step() < chaos.stop_step:  # training then holds until clients_done
             time.sleep(0.05)
         chaos.stop.set()
         for t in threads:
