@@ -83,6 +83,11 @@ def _detached(
     return Stage(name, what, argv, timeout_s, smoke=smoke, default=False, long=True)
 
 
+def _coordinator_pair(name: str, what: str, argv: tuple[str, ...]) -> Stage:
+    """A two-mode handoff stage on megatron-core's coordinator loop that fits one remote call: run only when named."""
+    return Stage(name, what, argv, 600, smoke=SMOKE_COORDINATOR, default=False)
+
+
 STAGES: tuple[Stage, ...] = (
     Stage(
         "tests",
@@ -160,36 +165,27 @@ STAGES: tuple[Stage, ...] = (
         1500,
         smoke=SMOKE_COORDINATOR,
     ),
-    Stage(
+    _coordinator_pair(
         "reasoning-8k-coordinator-park-drain",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and drain in one process, so park / "
         "drain on the faster path has a second one-process figure (the first, 1.316 at 4366d6d, had a handoff that "
         "drained nothing; this run's JSON says how many groups each handoff found); ~9 min (531 s at 76259d0)",
         _handoff(8192, "park,drain", "--no-graph-baseline", engine="coordinator"),
-        600,
-        smoke=SMOKE_COORDINATOR,
-        default=False,
     ),
-    Stage(
+    _coordinator_pair(
         "reasoning-8k-coordinator-park-drain-collector-first",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and drain in one process with drain's "
         "race forced (--drain-race collector-first: each drain handoff waits until the collector has admitted what "
         "it may), so every drain handoff waits for its tail, where both one-process park / drain runs on this path "
         "had one that drained nothing; ~9 min",
         _handoff(8192, "park,drain", "--no-graph-baseline", "--drain-race", "collector-first", engine="coordinator"),
-        600,
-        smoke=SMOKE_COORDINATOR,
-        default=False,
     ),
-    Stage(
+    _coordinator_pair(
         "reasoning-8k-coordinator-park-drain-hold",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and drain-hold in one process (drain "
         "whose collector starts nothing while the next batch is ready; on the direct path park / drain-hold was "
         "1.10-1.14x); ~9 min",
         _handoff(8192, "park,drain-hold", "--no-graph-baseline", engine="coordinator"),
-        600,
-        smoke=SMOKE_COORDINATOR,
-        default=False,
     ),
     _detached(
         "reasoning-32k-coordinator",
