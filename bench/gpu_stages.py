@@ -184,7 +184,7 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-8k-coordinator-park-drain-hold",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and drain-hold in one process (drain "
         "whose collector starts nothing while the next batch is ready; on the direct path park / drain-hold was "
-        "1.10-1.14x); ~9 min",
+        "1.10-1.14x); ~9 min (508 s at e07ddf5)",
         _handoff(8192, "park,drain-hold", "--no-graph-baseline", engine="coordinator"),
     ),
     _detached(
@@ -210,7 +210,7 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-coordinator-park-drain-collector-first",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and drain with drain's race forced "
         "(--drain-race collector-first), so every drain handoff waits for its tail, as every one did on the direct "
-        "path at this cut (at 70c3315 one of three drained nothing); ~11-12 min: --detach",
+        "path at this cut (at 70c3315 one of three drained nothing); ~14 min (827 s at e07ddf5): --detach",
         _handoff(32768, "park,drain", "--no-graph-baseline", "--drain-race", "collector-first", engine="coordinator"),
         1200,
         smoke=SMOKE_COORDINATOR,
