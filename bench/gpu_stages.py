@@ -215,6 +215,15 @@ STAGES: tuple[Stage, ...] = (
         1200,
         smoke=SMOKE_COORDINATOR,
     ),
+    _detached(
+        "reasoning-32k-coordinator-park-sync",
+        "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and sync only (the 2.5x sync "
+        "target's pair on the faster path, where the three-mode stage has lost its machine during drain each time); "
+        "~11 min (by the 32,768 coordinator park's ~5 min and the direct path's sync windows): --detach",
+        _handoff(32768, "park,sync", "--no-graph-baseline", engine="coordinator"),
+        1200,
+        smoke=SMOKE_COORDINATOR,
+    ),
     Stage(
         "reasoning-8k-drain-sync",
         "reasoning shape, cut 8,192: drain and sync again (a second run of each beside an earlier park, for their "

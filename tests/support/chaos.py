@@ -134,7 +134,7 @@ class Chaos:
                 super().suspend()
                 chaos.on_suspended()
 
-        server_pkg.GatedEngine = ChaosGated  # run_rank imports it from colo_fsm.server
+        server_pkg.GatedEngine = ChaosGated  # type: ignore[misc]  # run_rank imports it from colo_fsm.server
 
     @property
     def stop_step(self) -> int:
