@@ -155,9 +155,10 @@ class FaultyLifecycle(Lifecycle):
 
         def interrupted(*a: Any, **k: Any) -> None:
             run(*a, **k)
-            if self.interrupt_in is t.dest:
+            target = self.interrupt_in
+            if target is not None and target is t.dest:
                 self.interrupt_in = None
-                raise LoopInterrupt(f"the loop is interrupted in {t.dest.value}")
+                raise LoopInterrupt(f"the loop is interrupted in {target.value}")
 
         return interrupted
 

@@ -45,7 +45,7 @@ def lying_toy_engine() -> type[Any]:
     """The docs' ``ToyEngine`` with a ``suspend()`` that reports suspended and keeps serving."""
     toy = docs_toy_adapters()
 
-    class LyingToyEngine(toy.ToyEngine):  # type: ignore[name-defined,misc]
+    class LyingToyEngine(toy.ToyEngine):  # type: ignore[name-defined]
         """Reports its condition; ``suspend()`` says ``suspended`` and leaves decode running."""
 
         condition = "absent"

@@ -46,6 +46,7 @@ def main(rank: int, world: int, init_method: str, mode: str, out: str, feed: boo
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=20))  # fmt: skip
         program = dist.new_group(backend="gloo")  # the SPMD program's own barrier: not the lockstep's group
+        assert isinstance(program, dist.ProcessGroup), program  # every rank is a member
         cls = OwnPlanLockstep if mode == "own-plan" else TorchLockstep
         lock = cls(dist.group.WORLD, src=0, width=64)
         b = ContinuousBatcher(lambda: RecordingStepBackend(log), max_active_requests=3, lockstep=lock,

@@ -856,42 +856,42 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "fingerprint-omits-mode-digest",
-        f"{LifecycleRule.UNIFORM_MODEL_MODE.number}: {LifecycleRule.UNIFORM_MODEL_MODE.value}, the fingerprint has it",
+        R.UNIFORM_MODEL_MODE,  # the fingerprint has it
         "the handoff barrier's fingerprint leaves out the model-mode digest, so ranks in different modes pass it",
         lifecycle_class=DigestlessLifecycle,
         expected=frozenset({"ranks"}),
     ),
     Mutant(
         "mode-reset-on-one-rank",
-        f"{LifecycleRule.UNIFORM_MODEL_MODE.number}: {LifecycleRule.UNIFORM_MODEL_MODE.value}, reset on every rank",
+        R.UNIFORM_MODEL_MODE,  # reset on every rank
         "the engine's suspend resets the model mode on one rank only; the others keep their decode-time padding",
         engine_factory=one_rank_resets_mode,
         expected=frozenset({"ranks"}),
     ),
     Mutant(
         "nemo-wake-before-finalize",
-        f"{LifecycleRule.CHECKPOINT_SUSPENDS.number}: every checkpoint collective done before any wake",
+        R.CHECKPOINT_SUSPENDS,  # every checkpoint collective done before any wake
         "the NeMo-RL preset wakes after an async save without its finalize (the save still runs in the background)",
         spec=_nemo_wake_before_finalize(),
         expected=_ALL,
     ),
     Mutant(
         "nemo-validation-after-save",
-        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: the step order is the spec's (NeMo-RL validates before the save)",
+        R.STEP_ORDER_IS_DATA,  # the step order is the spec's (NeMo-RL validates before the save)
         "the NeMo-RL preset saves first and validates after, so the step's validation metric misses the checkpoint",
         spec=_nemo_validation_after_save(),
         expected=_NOT_VALIDATOR,
     ),
     Mutant(
         "nemo-early-stop-without-save",
-        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: an early stop upgrades its step to save-and-stop",
+        R.STEP_ORDER_IS_DATA,  # an early stop upgrades its step to save-and-stop
         "the NeMo-RL preset's early stop ends the run without saving",
         spec=_nemo_early_stop_without_save(),
         expected=frozenset({"validator", "checker", "hypothesis"}),
     ),
     Mutant(
         "nemo-val-at-end-resumes-collection",
-        f"{LifecycleRule.STEP_ORDER_IS_DATA.number}: the last step's validation wake never resumes collection",
+        R.STEP_ORDER_IS_DATA,  # the last step's validation wake never resumes collection
         "the NeMo-RL preset resumes the collector after validating on the last step",
         spec=_nemo_val_at_end_resumes_collection(),
         expected=frozenset({"checker", "hypothesis"}),

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import multiprocessing
-from multiprocessing.context import BaseContext
+from multiprocessing.context import ForkServerContext
 
 # what every rank process imports first: imported once in the fork server, not once in every rank
 PRELOAD = ["torch", "torch.distributed"]
 
 
-def rank_context() -> BaseContext:
+def rank_context() -> ForkServerContext:
     """A ``forkserver`` context whose server has imported torch.
 
     Each rank is forked from that server, a process that never ran a test (one server per test process, started at

@@ -478,7 +478,7 @@ def tp_schedules(batcher_class: Callable[..., Any] | None, *, seed: int, lockste
 
     def rank(r: int) -> None:
         try:
-            kw = {"lockstep": ThreadLockstep(shared, slot, r)} if lockstep else {}
+            kw: dict[str, Any] = {"lockstep": ThreadLockstep(shared, slot, r)} if lockstep else {}
             b = cls(lambda: RecordingStepBackend(logs[r]), max_active_requests=3, **kw)
             b.start()
             rng = random.Random(seed * 10 + r)  # each rank submits at its own pace

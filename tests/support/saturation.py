@@ -20,7 +20,7 @@ from colo_fsm.ray.actors import WorkerAdapters
 from colo_fsm.ray.fakes import HoldingGenerator, HoldingWorkerFactory
 
 
-@ray.remote(num_cpus=0, max_concurrency=10_000)
+@ray.remote(num_cpus=0, max_concurrency=10_000)  # type: ignore[call-overload]  # an actor option ray's stubs omit
 class Release:
     """A one-shot signal the test sends: held rollouts wait on it, so what runs before what does not depend on
     how fast the machine is (a rollout held for a fixed time may finish before a loaded test looks)."""
