@@ -619,12 +619,6 @@ class Mutant:
     adapters: Callable[..., Any] | None = None  # the hypothesis killer's adapter factory (default: the fakes)
     expected: frozenset[str] = frozenset()  # killers that must catch it (the proof asserts these)
 
-    def __post_init__(self) -> None:
-        if self.breaks in (None, "-"):  # an unmutated control breaks nothing
-            object.__setattr__(self, "breaks", None)
-        else:
-            object.__setattr__(self, "breaks", LifecycleRule.of(self.breaks))
-
     def checker_kwargs(self, scenario: str = "all-step-kinds") -> dict[str, Any]:
         """Keyword arguments for :func:`colo_fsm.testing.checker.check` that apply this mutant."""
         drain_class = self.drain_class
