@@ -184,7 +184,7 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-8k-coordinator-park-drain-hold",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and drain-hold in one process (drain "
         "whose collector starts nothing while the next batch is ready; on the direct path park / drain-hold was "
-        "1.10-1.14x); ~9 min (508 s at e07ddf5)",
+        "1.10-1.14x); ~8-9 min (508 s at e07ddf5, 432 s at cfe14fd)",
         _handoff(8192, "park,drain-hold", "--no-graph-baseline", engine="coordinator"),
     ),
     _detached(
@@ -219,7 +219,8 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-coordinator-park-sync",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and sync only (the 2.5x sync "
         "target's pair on the faster path, where the three-mode stage has lost its machine during drain each time); "
-        "~11 min (by the 32,768 coordinator park's ~5 min and the direct path's sync windows): --detach",
+        "~10 min (at cfe14fd the engine's build and park took 341 s and sync's first two steps 140 s, when its "
+        "machine was taken): --detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", engine="coordinator"),
         1200,
         smoke=SMOKE_COORDINATOR,
