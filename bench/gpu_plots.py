@@ -90,26 +90,27 @@ def point_label(point: Point) -> str:
     return f"cut {cut:,}, max_age {age}, {engine}, {model}"
 
 
-def plot_map(runs: list[dict[str, Any]], path: Path, title: str = "") -> None:
-    """The map as a picture: a row per point, a dot per one-process ratio (a colour per mode park was measured
+NO_RATIO_YET = "no one-process ratio yet (see the map's table)"
+
+
+def draw_map(ax: Any, runs: list[dict[str, Any]]) -> None:
+    """The map on ``ax``: a row per point, a dot per one-process ratio (a colour per mode park was measured
     against), the line at 1 (parking pays to its right) and, on the workload's own point, each target as a bar; a
-    point with no one-process ratio says so."""
-    plt = _pyplot()
+    point with no one-process ratio says so (:data:`NO_RATIO_YET`)."""
     rows = map_rows(runs)[::-1]  # the first point at the top
     others = [m for m in OTHERS if any(r.ratios.get(m) for r in rows)]
-    fig, ax = plt.subplots(figsize=(10.0, 1.4 + 0.55 * len(rows)))
     for y, row in enumerate(rows):
         cut, age, _, model = row.point
         for i, m in enumerate(others):
             dy = (i - (len(others) - 1) / 2) * 0.16
-            xs = row.ratios.get(m, [])
+            xs = row.values(m)
             ax.plot(xs, [y + dy] * len(xs), "o", color=COLORS[m], markersize=6, label=f"park / {m}")
             target = TARGETS.get((cut, m)) if (model, age) == ("gpt200m", 2) else None
             if target is not None:
                 ax.plot([target], [y + dy], "|", color=COLORS[m], markersize=14, markeredgewidth=2.5)
         if not any(row.ratios.values()):  # no process here measured park and another mode, both with a figure
-            ax.text(1.01, y, "no one-process ratio yet (see the map's table)", fontsize=8, va="center", color="0.35")
-    marks = [x for r in rows for xs in r.ratios.values() for x in xs] + list(TARGETS.values())
+            ax.text(1.01, y, NO_RATIO_YET, fontsize=8, va="center", color="0.35")
+    marks = [x for r in rows for m in r.ratios for x in r.values(m)] + list(TARGETS.values())
     ax.set_xlim(min(0.95, min(marks) - 0.05), max(marks) + 0.15)
     ax.axvline(1.0, color="black", linewidth=1)
     ax.text(1.01, len(rows) - 0.45, "parking pays to the right", fontsize=8, va="top")
@@ -120,10 +121,17 @@ def plot_map(runs: list[dict[str, Any]], path: Path, title: str = "") -> None:
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="x", alpha=0.3)
+
+
+def plot_map(runs: list[dict[str, Any]], path: Path, title: str = "") -> None:
+    """The map as a picture (:func:`draw_map`), written to ``path``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10.0, 1.4 + 0.55 * len(map_rows(runs))))
+    draw_map(ax, runs)
     ax.set_title(textwrap.fill(title or "Where parking pays: the map", 80), fontsize=10)  # the axes' width
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-__all__ = ["COLORS", "plot_bars", "plot_map", "point_label"]
+__all__ = ["COLORS", "NO_RATIO_YET", "draw_map", "plot_bars", "plot_map", "point_label"]

@@ -10,7 +10,7 @@ samples made): the map computes nothing across processes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench._handoff import mode_of_ratio, ratio_refusal
 
@@ -35,17 +35,31 @@ def standing_ratios(d: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+class MapRatio(NamedTuple):
+    """One process's park / other mode at a point, and whether that drain ran with its race forced
+    (``--drain-race collector-first``)."""
+
+    value: float
+    forced: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.value:.3f}{' (forced)' if self.forced else ''}"
+
+
 @dataclass
 class MapRow:
     """One measured point: every standing ratio of its runs, the modes run there (``measured``: with a rate, whole
     or not; ``standing``: with a figure a ratio could take), park's rate per run."""
 
     point: Point
-    ratios: dict[str, list[float]] = field(default_factory=dict)
+    ratios: dict[str, list[MapRatio]] = field(default_factory=dict)
     measured: set[str] = field(default_factory=set)
     standing: set[str] = field(default_factory=set)
     park: list[float] = field(default_factory=list)
-    forced: dict[str, list[bool]] = field(default_factory=dict)  # per ratio: drain's race forced collector-first
+
+    def values(self, other: str) -> list[float]:
+        """The ratios against ``other`` as numbers, oldest run first (empty where none stands)."""
+        return [r.value for r in self.ratios.get(other, [])]
 
     def cell(self, other: str) -> str:
         """The ratios against ``other``, oldest run first (``(forced)`` after one whose drain ran with
@@ -53,10 +67,7 @@ class MapRow:
         one; ``no figure`` where it ran but never gave one a ratio could take (:func:`~bench._handoff.ratio_refusal`);
         ``-`` where it did not run."""
         if self.ratios.get(other):
-            marks = self.forced.get(other, [])
-            return ", ".join(
-                f"{r:.3f}{' (forced)' if i < len(marks) and marks[i] else ''}" for i, r in enumerate(self.ratios[other])
-            )
+            return ", ".join(str(r) for r in self.ratios[other])
         if other in self.standing:
             return "no ratio"
         return "no figure" if other in self.measured else "-"
@@ -83,9 +94,9 @@ def map_rows(runs: list[dict[str, Any]]) -> list[MapRow]:
         ran = {m for m, r in modes.items() if "samples_per_s" in (r or {})}
         row.measured |= ran
         row.standing |= {m for m in ran if ratio_refusal(m, modes[m]) is None}
+        forced = d.get("drain_race") == "collector-first"
         for other, value in standing_ratios(d).items():
-            row.ratios.setdefault(other, []).append(value)
-            row.forced.setdefault(other, []).append(other == "drain" and d.get("drain_race") == "collector-first")
+            row.ratios.setdefault(other, []).append(MapRatio(value, forced and other == "drain"))
         park = modes.get("park")
         if ratio_refusal("park", park) is None:
             assert park is not None
@@ -142,6 +153,7 @@ TARGETS: dict[tuple[int, str], float] = {
 __all__ = [
     "INTRO",
     "TARGETS",
+    "MapRatio",
     "MapRow",
     "map_rows",
     "map_section",

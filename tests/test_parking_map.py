@@ -80,8 +80,34 @@ def test_a_drain_whose_race_was_forced_is_marked_on_the_map():
     free = _run({"park": _mode(8.0), "drain": _mode(5.0)}, drain=1.6)
     forced = {**_run({"park": _mode(8.0), "drain": _mode(4.0)}, drain=2.0), "drain_race": "collector-first"}
     [row] = parking_map.map_rows([free, forced])
-    assert row.cell("drain") == "1.600, 2.000 (forced)" and row.ratios["drain"] == [1.6, 2.0]
+    assert row.cell("drain") == "1.600, 2.000 (forced)" and row.values("drain") == [1.6, 2.0]
+    assert row.ratios["drain"] == [parking_map.MapRatio(1.6), parking_map.MapRatio(2.0, forced=True)]
     assert "(forced)" in parking_map.INTRO
+    both = _run({"park": _mode(8.0), "drain": _mode(4.0), "sync": _mode(4.0)}, drain=2.0, sync=2.0)
+    [row] = parking_map.map_rows([{**both, "drain_race": "collector-first"}])
+    assert row.cell("sync") == "2.000", "only drain's race is forced: the sync beside it is not marked"
+
+
+def test_the_maps_picture_marks_each_ratio_and_says_where_a_point_has_none():
+    """The picture draws one dot per one-process ratio at its value, and a point where no process measured park
+    beside another mode with a figure says so in words, rather than showing an empty row."""
+    from bench import gpu_plots
+
+    plt = gpu_plots._pyplot()
+    runs = [
+        _run({"park": _mode(8.0), "drain": _mode(5.0)}, drain=1.6),
+        _run({"park": _mode(6.2), "drain": _mode(3.1, steps=1)}, cut=32768, engine="coordinator"),
+    ]
+    fig, ax = plt.subplots()
+    try:
+        gpu_plots.draw_map(ax, runs)
+        dots = [x for line in ax.get_lines() if line.get_marker() == "o" for x in line.get_xdata()]
+        notes = [(text.get_text(), text.get_position()[1]) for text in ax.texts]
+    finally:
+        plt.close(fig)
+    assert dots == [1.6]
+    # the map's first row is drawn at the top: the 8,192 point at y=1, the 32,768 one (no ratio) at y=0
+    assert [y for text, y in notes if text == gpu_plots.NO_RATIO_YET] == [0]
 
 
 def test_a_median_takes_a_mode_by_the_rule_a_ratio_is_held_to():
