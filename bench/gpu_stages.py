@@ -184,7 +184,7 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-8k-coordinator-park-drain-hold",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and drain-hold in one process (drain "
         "whose collector starts nothing while the next batch is ready; on the direct path park / drain-hold was "
-        "1.10-1.14x); ~8-9 min (508 s at e07ddf5, 432 s at cfe14fd)",
+        "1.10-1.14x); ~7-9 min (508 s at e07ddf5, 432 s at cfe14fd)",
         _handoff(8192, "park,drain-hold", "--no-graph-baseline", engine="coordinator"),
     ),
     _detached(
