@@ -1,4 +1,5 @@
-"""A model of the handoff modes in virtual time: what park, drain and sync should make of a workload, on the CPU.
+"""A model of the handoff modes in virtual time: what park, drain, sync and abort should make of a workload, on the
+CPU.
 
     python bench/handoff_model.py                                  # the committed H200 runs' workload, cuts and ages
     python bench/handoff_model.py --cut 32768 --age 4 --steps 20   # one point of the map
@@ -16,8 +17,10 @@ modelled is time: an engine step decodes one token of every running request and 
 decode's time at that batch, from a committed run's ``graph_decode`` rows, taken linearly in the decode context
 between its two contexts (the workload's mean decode context at each cut), plus a fixed host cost per step; a
 training step takes a fixed cost per trained token. Both fixed costs are fitted to park's run at the 8,192 cut.
-Prefill, handoffs and threads cost nothing. Each step records what was in flight as its handoff began (groups,
-running requests, their tokens so far): what drain waits for, and what abort would end and re-prefill.
+Prefill, handoffs and threads cost nothing, but for abort's re-prefill: abort is park whose handoff ends every
+running request, and after the resume each is re-prefilled (prompt + output so far) at a fixed cost per token,
+fitted to the same run's abort. Each step records what was in flight as its handoff began (groups, running
+requests, their tokens so far): what drain waits for, and what abort ends and re-prefills.
 
 Each mode runs its warm-up steps, then its measured steps; samples/s is the samples of the groups finished
 inside the measured window over its length, as the bench counts them. It writes JSON (``--out``) and prints a
@@ -54,20 +57,27 @@ HOST_MS = 1.06
 """Host time per engine step outside megatron's step: park's, measured at the 8,192 cut (``reasoning-8k``)."""
 TRAIN_US_PER_TOKEN = 12.8
 """Training time per trained token (prompt + output): park's Training time at the 8,192 cut over its tokens."""
-MODES = ("park", "drain", "sync", "drain-hold")
+REPREFILL_US_PER_TOKEN = 3.6
+"""Abort's re-prefill per token: in ``reasoning-8k`` at ``6bd92a8``, abort's eager (prefill) engine steps took 1.47 s
+more than park's over the measured window, which re-prefilled what the warm-up's and the first two measured
+handoffs ended (407,815 tokens by this model; the run's 4 handoffs re-prefilled 451,383, the model's 452,235)."""
+MODES = ("park", "drain", "sync", "drain-hold", "abort")
 """``drain-hold`` is drain where the trainer's handoff wins the race with the collector whenever the next batch is
 already buffered: nothing is admitted between the resume and that handoff, so it drains nothing and the next
 generation admits two batches' worth. The bench's ``drain`` forces neither outcome by default (its threads race;
-``--drain-race collector-first`` forces the other one); its ``drain-hold`` forces this one."""
+``--drain-race collector-first`` forces the other one); its ``drain-hold`` forces this one. ``abort`` admits and
+decodes as park does and pays, after each resume, the re-prefill of what its handoff ended."""
 
 
 @dataclass
 class Timing:
-    """What a step costs in the model: an engine step from a table of (batch, ms), training per token."""
+    """What a step costs in the model: an engine step from a table of (batch, ms), training per token, abort's
+    re-prefill per token."""
 
     table: list[tuple[int, float]]
     host_ms: float = HOST_MS
     train_us_per_token: float = TRAIN_US_PER_TOKEN
+    reprefill_us_per_token: float = REPREFILL_US_PER_TOKEN
 
     def __post_init__(self) -> None:
         if not self.table or any(b <= 0 or ms <= 0 for b, ms in self.table):
@@ -80,6 +90,10 @@ class Timing:
             raise ConfigError("host_ms", self.host_ms, "a non-negative number of milliseconds")
         if self.train_us_per_token < 0:
             raise ConfigError("train_us_per_token", self.train_us_per_token, "a non-negative number of microseconds")
+        if self.reprefill_us_per_token < 0:
+            raise ConfigError(
+                "reprefill_us_per_token", self.reprefill_us_per_token, "a non-negative number of microseconds"
+            )
 
     def step_s(self, batch: int) -> float:
         """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
@@ -127,7 +141,8 @@ class _Group:
 @dataclass
 class StepRecord:
     """One training step of a mode: its seconds, samples made and trained, engine steps, running requests summed
-    over them, the seconds spent draining, and what was in flight as its handoff began (:class:`InFlight`)."""
+    over them, the seconds spent draining, what was in flight as its handoff began (:class:`InFlight`), and the
+    seconds abort spent re-prefilling what the handoff before this step ended."""
 
     seconds: float
     made: int
@@ -136,6 +151,7 @@ class StepRecord:
     decoding: int
     waiting_s: float
     at_handoff: InFlight | None = None  # None for sync, which has no handoff with work in flight
+    reprefill_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +177,7 @@ class ModeResult:
     mean_decoding: float  # running requests per engine step, averaged over steps
     waiting_share: float  # draining (drain); no mode idles otherwise in this model
     buffer_growth: float  # made / trained - 1: the bench's steady-state measure (MAX_BUFFER_GROWTH)
+    reprefill_share: float = 0.0  # abort's re-prefill
 
 
 def summarize(mode: str, steps: list[StepRecord]) -> ModeResult:
@@ -178,6 +195,7 @@ def summarize(mode: str, steps: list[StepRecord]) -> ModeResult:
         mean_decoding=sum(r.decoding for r in steps) / engine_steps if engine_steps else 0.0,
         waiting_share=sum(r.waiting_s for r in steps) / seconds if seconds else 0.0,
         buffer_growth=made / trained - 1.0 if trained else 0.0,
+        reprefill_share=sum(r.reprefill_s for r in steps) / seconds if seconds else 0.0,
     )
 
 
@@ -204,7 +222,8 @@ class _Sim:
         self.steps_run = 0
         self.decode_steps = 0
         self.decoding_sum = 0
-        self.time = {"generating": 0.0, "training": 0.0, "waiting": 0.0}
+        self.time = {"generating": 0.0, "training": 0.0, "waiting": 0.0, "reprefill": 0.0}
+        self.ended_tokens = 0  # what abort's last handoff ended: re-prefilled as the engine generates again
 
     # the collector
     def admit(self, limit: int | None = None) -> int:
@@ -273,6 +292,13 @@ class _Sim:
         tokens = sum(self.shape.prompt_len + g.lengths[j] - g.left[j] for g, j in run)
         return InFlight(len(self.groups), len(run), tokens)
 
+    def reprefill(self) -> None:
+        """Re-prefill what abort's last handoff ended (nothing in any other mode): the clock moves by its tokens."""
+        dt = self.ended_tokens * self.timing.reprefill_us_per_token / 1e6
+        self.t += dt
+        self.time["reprefill"] += dt
+        self.ended_tokens = 0
+
     # the modes: one training step each
     def step(self, mode: str) -> InFlight | None:
         """One training step of ``mode``; what was in flight as its handoff began (None for sync)."""
@@ -284,6 +310,7 @@ class _Sim:
         elif mode == "drain-hold" and self.ready():  # the handoff wins the race: nothing admitted, nothing to drain
             at_handoff = self.in_flight()
         else:  # the collector admits as soon as the engine generates again, before the trainer's next handoff
+            self.reprefill()
             self.admit()
             while not self.ready():
                 self.decode("generating")
@@ -292,6 +319,8 @@ class _Sim:
             if mode.startswith("drain"):  # nothing starts while draining; every request in flight finishes first
                 while self.groups:
                     self.decode("waiting")
+            elif mode == "abort":  # every running request ends here and is resubmitted with its output so far
+                self.ended_tokens = at_handoff.tokens
         self.train()
         self.steps_run += 1
         return at_handoff
@@ -309,7 +338,7 @@ def run_mode(mode: str, shape: Shape, timing: Timing, *, seed: int, warmup: int,
     out = []
     for _ in range(steps):
         t, made, trained = sim.t, sim.made, sim.trained
-        n, decoding, waiting = sim.decode_steps, sim.decoding_sum, sim.time["waiting"]
+        n, decoding, waiting, reprefill = sim.decode_steps, sim.decoding_sum, sim.time["waiting"], sim.time["reprefill"]
         at_handoff = sim.step(mode)
         out.append(
             StepRecord(
@@ -320,6 +349,7 @@ def run_mode(mode: str, shape: Shape, timing: Timing, *, seed: int, warmup: int,
                 decoding=sim.decoding_sum - decoding,
                 waiting_s=sim.time["waiting"] - waiting,
                 at_handoff=at_handoff,
+                reprefill_s=sim.time["reprefill"] - reprefill,
             )
         )
     return out
@@ -426,6 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-ms", type=float, default=HOST_MS, help=f"host ms per engine step (default {HOST_MS})")
     ap.add_argument("--train-us-per-token", type=float, default=TRAIN_US_PER_TOKEN, help="training us per token")
     ap.add_argument(
+        "--reprefill-us-per-token",
+        type=float,
+        default=REPREFILL_US_PER_TOKEN,
+        help=f"abort's re-prefill us per token (default {REPREFILL_US_PER_TOKEN})",
+    )
+    ap.add_argument(
         "--commits",
         default="6bd92a8,791d078,b1df85d,6f74238,0bdc5f1",
         help="GPU runs to print beside the model (docs/gpu-runs)",
@@ -458,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{shape.samples_per_group} per step, {shape.max_active_requests} active, lognormal median "
         f"{shape.median_tokens:g} sigma {shape.sigma:g}, seed {seed}); an engine step is the graph decode at its "
         f"batch, linear in the context through {baseline.context} and {baseline.context2} tokens, "
-        f"+ {args.host_ms} ms; training {args.train_us_per_token} us per token. 'bench window': {args.warmup} "
+        f"+ {args.host_ms} ms; training {args.train_us_per_token} us per token; abort's re-prefill "
+        f"{args.reprefill_us_per_token} us per token. 'bench window': {args.warmup} "
         f"warm-up step(s) (sync none), then {args.window} measured, as the bench runs; 'long run': {args.steps} "
         f"steps after the warm-up, and the range over its every {args.window} consecutive steps."
     )
@@ -469,7 +506,15 @@ def main(argv: list[str] | None = None) -> int:
     points: list[dict[str, Any]] = []
     for cut in cuts:
         context = workload_context(replace(shape, max_tokens=cut), seed)
-        timing = Timing(baseline.table_at(context), host_ms=args.host_ms, train_us_per_token=args.train_us_per_token)
+        try:
+            timing = Timing(
+                baseline.table_at(context),
+                host_ms=args.host_ms,
+                train_us_per_token=args.train_us_per_token,
+                reprefill_us_per_token=args.reprefill_us_per_token,
+            )
+        except ConfigError as exc:
+            ap.error(str(exc))
         for age in ages:
             for order in orders:
                 s = replace(shape, max_tokens=cut, max_trajectory_age_steps=age, buffer_order=order)
@@ -519,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": asdict(baseline),
         "host_ms": args.host_ms,
         "train_us_per_token": args.train_us_per_token,
+        "reprefill_us_per_token": args.reprefill_us_per_token,
         "window": args.window,
         "warmup": args.warmup,
         "steps": args.steps,

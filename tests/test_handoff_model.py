@@ -130,11 +130,12 @@ def test_the_step_time_is_the_table_between_its_rows_plus_the_host_cost():
         ({"table": [(0, 1.0)]}, "table"),
         ({"table": [(16, 3.0), (16, 4.0)]}, "table"),
         ({"host_ms": -1}, "host_ms"),
+        ({"reprefill_us_per_token": -0.5}, "reprefill_us_per_token"),
     ):
         with pytest.raises(ConfigError, match=name):
             hm.Timing(**{"table": [(16, 3.0)], **bad})
     with pytest.raises(ConfigError, match="mode"):
-        hm.run_mode("abort", None, t, seed=0, warmup=1, steps=3)  # type: ignore[arg-type]
+        hm.run_mode("recompute", None, t, seed=0, warmup=1, steps=3)  # type: ignore[arg-type]
 
 
 def test_the_command_runs_its_smoke_point_and_refuses_bad_options(tmp_path, capsys):
@@ -149,7 +150,8 @@ def test_the_command_runs_its_smoke_point_and_refuses_bad_options(tmp_path, caps
     bad_shape = tmp_path / "bad.json"
     bad_shape.write_text(json.dumps({"shape": {"colour": 1}, "graph_decode": {"rows": [{}], "context_tokens": 8}}))
     for argv, said in (
-        (["--modes", "park,abort"], "--modes"),
+        (["--modes", "park,recompute"], "--modes"),
+        (["--reprefill-us-per-token", "-1"], "reprefill_us_per_token"),
         (["--cut", "8k"], "--cut"),
         (["--age", "0"], "--age"),
         (["--order", "random"], "--order"),
@@ -308,6 +310,66 @@ def test_what_abort_ends_at_a_handoff_is_what_the_model_finds_in_flight_there(wo
         assert sum(h.tokens for h in in_flight[8192]) == pytest.approx(tokens, rel=0.005)
     measured = {cut: sum(h.tokens for h in hs[1:]) for cut, hs in in_flight.items()}
     assert measured[32768] < 0.5 * measured[8192], measured
+
+
+def test_abort_is_park_that_re_prefills_after_each_resume_what_its_handoff_ended(workload):
+    """Abort admits and decodes exactly as park (the same samples, requests and handoffs, step by step); each step
+    is longer by the re-prefill of what the handoff before it ended, the warm-up's handoff included, and by
+    nothing else."""
+    shape, baseline, seed = workload
+    timing = _timing(baseline, shape, seed)
+    park = hm.run_mode("park", shape, timing, seed=seed, warmup=1, steps=3)
+    abort = hm.run_mode("abort", shape, timing, seed=seed, warmup=1, steps=3)
+    warm = hm.run_mode("park", shape, timing, seed=seed, warmup=0, steps=1)[0].at_handoff
+    ended = [warm] + [r.at_handoff for r in abort[:-1]]  # what the handoff before each measured step ended
+    for p, a, before in zip(park, abort, ended):
+        assert (a.made, a.trained, a.engine_steps, a.decoding, a.at_handoff) == (
+            p.made, p.trained, p.engine_steps, p.decoding, p.at_handoff
+        )  # fmt: skip
+        assert a.reprefill_s == pytest.approx(before.tokens * hm.REPREFILL_US_PER_TOKEN / 1e6)
+        assert a.seconds == pytest.approx(p.seconds + a.reprefill_s) and p.reprefill_s == 0.0
+    for mode in ("drain", "sync"):
+        assert not any(r.reprefill_s for r in hm.run_mode(mode, shape, timing, seed=seed, warmup=1, steps=3)), mode
+
+
+def test_the_re_prefill_cost_is_the_gpu_runs_and_the_model_puts_park_and_abort_level_as_they_ran(workload):
+    """``REPREFILL_US_PER_TOKEN`` is the ``6bd92a8`` four-mode run's arithmetic: abort's eager steps less park's over
+    its measured window, per token the model re-prefills in that window. With it the model's park / abort in the
+    bench's window lies inside the four one-process figures on the 202M model (both engine paths), and is lower at
+    32,768, where fewer tokens are in flight at the handoffs."""
+    shape, baseline, seed = workload
+    d = json.loads((RUNS / DIRECT_ABORT_RUNS[0]).read_text())
+
+    def eager_s(mode: str) -> float:
+        [profile] = d["modes"][mode]["engine_step_profile_per_round"]
+        return profile["mixed_eager"]["steps"] * profile["mixed_eager"]["ms_per_step"] / 1000
+
+    handoffs = hm.run_mode("park", shape, _timing(baseline, shape, seed), seed=seed, warmup=0, steps=3)
+    window_tokens = sum(r.at_handoff.tokens for r in handoffs)  # the warm-up's and the first two measured ones
+    assert (eager_s("abort") - eager_s("park")) / window_tokens * 1e6 == pytest.approx(
+        hm.REPREFILL_US_PER_TOKEN, rel=0.01
+    )
+    ratios = {}
+    for cut in (8192, 32768):
+        s = replace(shape, max_tokens=cut)
+        rate = {
+            m: hm.summarize(
+                m, hm.run_mode(m, s, _timing(baseline, s, seed), seed=seed, warmup=1, steps=3)
+            ).samples_per_s
+            for m in ("park", "abort")
+        }
+        ratios[cut] = rate["park"] / rate["abort"]
+    runs, _ = gpu_runs.load(RUNS)
+    measured = [
+        run["ratio_park_over_abort"]
+        for group in runs.values()
+        for run in group
+        if run.get("commit") in ("6bd92a8", "4366d6d", "dec9bed") and run.get("model") == "gpt200m"
+        and "ratio_park_over_abort" in run
+    ]  # fmt: skip
+    assert len(measured) == 4
+    assert min(measured) <= ratios[8192] <= max(measured), (ratios, measured)
+    assert 1.0 < ratios[32768] < ratios[8192] < 1.05, ratios
 
 
 DRAIN_HOLD_RUNS = {  # commit -> park / drain-hold in the run's one process
