@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -69,6 +70,14 @@ generation admits two batches' worth. The bench's ``drain`` forces neither outco
 decodes as park does and pays, after each resume, the re-prefill of what its handoff ended."""
 
 
+COSTS = {"host_ms": "milliseconds", "train_us_per_token": "microseconds", "reprefill_us_per_token": "microseconds"}
+"""The fixed costs a :class:`Timing` takes, and their units."""
+
+
+def _cost(x: float) -> bool:
+    return math.isfinite(x) and x >= 0
+
+
 @dataclass
 class Timing:
     """What a step costs in the model: an engine step from a table of (batch, ms), training per token, abort's
@@ -86,14 +95,9 @@ class Timing:
         batches = [b for b, _ in self.table]
         if len(set(batches)) != len(batches):
             raise ConfigError("table", self.table, "one row per batch size")
-        if self.host_ms < 0:
-            raise ConfigError("host_ms", self.host_ms, "a non-negative number of milliseconds")
-        if self.train_us_per_token < 0:
-            raise ConfigError("train_us_per_token", self.train_us_per_token, "a non-negative number of microseconds")
-        if self.reprefill_us_per_token < 0:
-            raise ConfigError(
-                "reprefill_us_per_token", self.reprefill_us_per_token, "a non-negative number of microseconds"
-            )
+        for name, unit in COSTS.items():
+            if not _cost(getattr(self, name)):
+                raise ConfigError(name, getattr(self, name), f"a finite, non-negative number of {unit}")
 
     def step_s(self, batch: int) -> float:
         """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
@@ -294,6 +298,8 @@ class _Sim:
 
     def reprefill(self) -> None:
         """Re-prefill what abort's last handoff ended (nothing in any other mode): the clock moves by its tokens."""
+        if not self.ended_tokens:
+            return
         dt = self.ended_tokens * self.timing.reprefill_us_per_token / 1e6
         self.t += dt
         self.time["reprefill"] += dt
@@ -450,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--order", default="start", help="buffer orders, comma-separated: start, deadline")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--window", type=int, default=3, help="the bench's measured steps (default 3)")
-    ap.add_argument("--warmup", type=int, default=1, help="warm-up steps of park and drain (the bench's 1)")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up steps of every mode but sync (the bench's 1)")
     ap.add_argument("--steps", type=int, default=30, help="steps of the long run after the warm-up (default 30)")
     ap.add_argument("--seed", type=int, default=None, help="the output lengths' seed (default: the workload run's)")
     ap.add_argument("--host-ms", type=float, default=HOST_MS, help=f"host ms per engine step (default {HOST_MS})")
@@ -476,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     if not orders or any(o not in ("start", "deadline") for o in orders):
         ap.error(f"--order {args.order!r}: comma-separated, of start, deadline")
     cuts, ages = _ints(ap, "--cut", args.cut), _ints(ap, "--age", args.age)
+    for name in COSTS:
+        if not _cost(getattr(args, name)):
+            flag = "--" + name.replace("_", "-")
+            ap.error(f"{flag} {getattr(args, name)}: a finite, non-negative number of {COSTS[name]}")
     if args.window < 1 or args.steps < args.window or args.warmup < 0:
         ap.error(f"--window {args.window} (>= 1), --steps {args.steps} (>= --window), --warmup {args.warmup} (>= 0)")
     try:
@@ -506,15 +516,12 @@ def main(argv: list[str] | None = None) -> int:
     points: list[dict[str, Any]] = []
     for cut in cuts:
         context = workload_context(replace(shape, max_tokens=cut), seed)
-        try:
-            timing = Timing(
-                baseline.table_at(context),
-                host_ms=args.host_ms,
-                train_us_per_token=args.train_us_per_token,
-                reprefill_us_per_token=args.reprefill_us_per_token,
-            )
-        except ConfigError as exc:
-            ap.error(str(exc))
+        timing = Timing(
+            baseline.table_at(context),
+            host_ms=args.host_ms,
+            train_us_per_token=args.train_us_per_token,
+            reprefill_us_per_token=args.reprefill_us_per_token,
+        )
         for age in ages:
             for order in orders:
                 s = replace(shape, max_tokens=cut, max_trajectory_age_steps=age, buffer_order=order)
