@@ -58,7 +58,7 @@ test-deep: setup
 lint: setup
 	$(VENV)/bin/ruff check colo_fsm tests bench scripts examples
 	$(VENV)/bin/ruff format --check colo_fsm tests bench scripts examples
-	$(VENV)/bin/mypy --explicit-package-bases colo_fsm tests/support
+	$(VENV)/bin/mypy --explicit-package-bases colo_fsm tests/support bench
 
 format: setup
 	$(VENV)/bin/ruff check --fix colo_fsm tests bench scripts examples

@@ -8,7 +8,7 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ def mode_unavailable(mode: str) -> str | None:
     return None
 
 
-def pct(xs: list[float], q: float) -> float:
+def pct(xs: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (NaN for an empty list)."""
     if not xs:
         return float("nan")

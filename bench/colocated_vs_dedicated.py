@@ -28,9 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # the repository, for bench.* and colo_fsm
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import _gpu as g
+from bench import _gpu as g
 
 TRAIN_BATCH = 8
 TRAIN_COMPLETION = 480  # + 32 prompt tokens = 512 per sequence
@@ -332,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             "--max-requests",
             str(args.max_requests),
         ]
+        rc: int | str
         t = time.perf_counter()
         print(f"=== {role}: {' '.join(cmd)}", flush=True)
         try:
@@ -341,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         parts[role] = json.loads(part.read_text()) if part.exists() else {"missing": True}
         parts[role]["rc"] = rc
         parts[role]["wall_s"] = time.perf_counter() - t
-    result = {
+    result: dict[str, Any] = {
         "bench": "colocated_vs_dedicated",
         "command": " ".join(
             ["python", "bench/colocated_vs_dedicated.py", *(argv if argv is not None else sys.argv[1:])]

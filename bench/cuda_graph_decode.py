@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # the repository, for bench.* and colo_fsm
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import _gpu as g
+from bench import _gpu as g
 
 
 def compare_greedy(a: list[tuple[list[int], list[float]]], b: list[tuple[list[int], list[float]]]) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def train_steps(
 ) -> dict[str, Any]:
     """Time each train step; the first one under cProfile if asked; graph-runner counts after each."""
     times = []
-    counts = []
+    counts: list[dict[str, Any]] = []
     prof_txt = None
     for i, batch in enumerate(batches):
         prof = cProfile.Profile() if (profile_first and i == 0) else None
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             tr.offload_buffers()
         if gpu and pre + "G" in st:
             with res.section(pre + "after_training") as out:
-                G, E = st[pre + "G"], st.get(pre + "E")
+                G, eager = st[pre + "G"], st.get(pre + "E")  # eager: None where no eager engine was built
                 G.resume()
                 out["graph_counts_after_resume"] = g.graph_runner_counts(model)
                 out["greedy_graphs"] = G.generate(eq_prompts, args.gen_tokens)
@@ -252,10 +253,10 @@ def main(argv: list[str] | None = None) -> int:
                     out["graphs_output_changed_by_training"] = [t for t, _ in before] != [
                         t for t, _ in out["greedy_graphs"]
                     ]
-                if E is not None:
-                    E.resume()
-                    out["greedy_eager"] = E.generate(eq_prompts, args.gen_tokens)
-                    E.suspend()
+                if eager is not None:
+                    eager.resume()
+                    out["greedy_eager"] = eager.generate(eq_prompts, args.gen_tokens)
+                    eager.suspend()
                     out["greedy_graphs_vs_eager"] = compare_greedy(out["greedy_graphs"], out["greedy_eager"])
         if gpu and scope == "layer":
             with res.section("plain_model_eager") as out:

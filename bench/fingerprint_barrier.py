@@ -48,6 +48,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -70,7 +71,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: int, out, pin: bool = False) -> None:
+def _worker(
+    rank: int, world: int, port: int, backend: str, rounds: int, iters: int, out: Any, pin: bool = False
+) -> None:
     from datetime import timedelta
 
     import torch
@@ -86,7 +89,7 @@ def _worker(rank: int, world: int, port: int, backend: str, rounds: int, iters: 
     if pin and hasattr(os, "sched_setaffinity"):  # rank r on core r mod cores: no migration mid-handoff
         cores = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if backend == "nccl":
         torch.cuda.set_device(rank)
         kwargs["device_id"] = torch.device("cuda", rank)

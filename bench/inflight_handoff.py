@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
                     report.data["modes"][mode] = {"skipped": why}
                     report.write()
                     continue
-                r = run_mode(mode, rig, args, shape, on_step=lambda row, m=mode: publish(m, row))
+                r = run_mode(mode, rig, args, shape, on_step=lambda row, m=mode: publish(m, row))  # type: ignore[misc]
                 runs[mode].append(r)
                 print("\n".join(round_lines(k, rounds, mode, r)), flush=True)
                 report.data["rounds_done"] = k + (mode == modes[-1])

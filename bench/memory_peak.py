@@ -15,10 +15,11 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # the repository, for bench.* and colo_fsm
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import _gpu as g
-import colocated_vs_dedicated as cvd
+from bench import _gpu as g
+from bench import colocated_vs_dedicated as cvd
 
 
 def main(argv: list[str] | None = None) -> int:

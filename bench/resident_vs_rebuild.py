@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # the repository, for bench.* and colo_fsm
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import _gpu as g
+from bench import _gpu as g
 
 
 def main(argv: list[str] | None = None) -> int:

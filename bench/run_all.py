@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-from _spread import declared_headline, headline_rows, read_runs, summarize  # noqa: E402
+if str(BENCH.parent) not in sys.path:  # the repository, for bench.*
+    sys.path.insert(0, str(BENCH.parent))
+from bench._spread import declared_headline, headline_rows, read_runs, summarize  # noqa: E402
 
 RESULTS = BENCH / "results"
 

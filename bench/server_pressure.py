@@ -38,9 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # the repository, for bench.* and colo_fsm
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _demo import CONTEXT, ROOT, Demo, machine, median, pct, steps_in
+from bench._demo import CONTEXT, ROOT, Demo, machine, median, pct, steps_in
 
 RESULTS = ROOT / "bench" / "results" / "server_pressure.json"
 HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.set()
         rc = demo.stop()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for kind in ("baseline", "prefill", "decode", "n64", "hogs"):
         spans = [(a, b) for k, a, b in phases if k == kind]
         n_steps, dur = steps_in(steps, spans)

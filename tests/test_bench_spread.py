@@ -5,17 +5,10 @@ known in advance, so every number checked is exact; nothing is timed."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "bench") not in sys.path:
-    sys.path.insert(0, str(ROOT / "bench"))
-
-import _spread  # noqa: E402
-import run_all  # noqa: E402
+from bench import _spread, run_all
 
 FAKE_BENCH = """
 import json, sys
