@@ -37,15 +37,16 @@ def _timing(baseline: hm.Baseline, shape, seed: int) -> hm.Timing:
 @pytest.mark.parametrize("cut,age,name", MEASURED, ids=[name[16:-5] for _, _, name in MEASURED])
 def test_the_model_decodes_as_many_requests_as_the_gpu_did_in_each_mode(workload, cut, age, name):
     """Requests running per engine step within 1 of the H200 run's (over every engine step, those with a prefill
-    included, as the model counts them), samples/s within 10%, drain's waiting share within 0.05, in park, drain
-    and sync where the run measured them (not abort: the model's is 15% above the first run's, whose abort's decode
-    steps took 10% longer than its park's; the abort tests below say what holds it), over the run's own warm-up and measured steps: the admission the model runs is colo-fsm's
-    own, so a change to it moves these. The ``max_age`` 1 and 4 runs are out of sample: they ran after the model
-    was written and fitted (at ``max_age`` 2). Unchanged, it gives park 6.42 and drain 4.72 samples/s with 70 and
-    40 requests at ``max_age`` 1 (measured 6.11 and 4.68, 70 and 40), and park 9.28 and drain 4.78 with 186 and
-    38.5 at ``max_age`` 4 (measured 8.49 and 4.99 at ``0bdc5f1``, 9.15 and 4.77 at ``ad762e2``, 186 and 38.5 in
-    both): the admission holds there. The model's park is 9% above the first run, whose host spent 2.15 ms per
-    engine step where the model prices 1.06, and 1.5% above the second, whose host spent 1.50."""
+    included, as the model counts them), samples/s within 10%, drain's waiting share within 0.05, in park, drain and
+    sync where the run measured them (not abort: the model's is 15% above the first run's, whose abort's decode
+    steps took 10% longer than its park's; the abort tests below say what holds it), over the run's own warm-up and
+    measured steps: the admission the model runs is colo-fsm's own, so a change to it moves these. The ``max_age`` 1
+    and 4 runs are out of sample: they ran after the model was written and fitted (at ``max_age`` 2). Unchanged, it
+    gives park 6.42 and drain 4.72 samples/s with 70 and 40 requests at ``max_age`` 1 (measured 6.11 and 4.68, 70
+    and 40), and park 9.28 and drain 4.78 with 186 and 38.5 at ``max_age`` 4 (measured 8.49 and 4.99 at ``0bdc5f1``,
+    9.15 and 4.77 at ``ad762e2``, 186 and 38.5 in both): the admission holds there. The model's park is 9% above the
+    first run, whose host spent 2.15 ms per engine step where the model prices 1.06, and 1.5% above the second,
+    whose host spent 1.50."""
     shape, baseline, seed = workload
     data = json.loads((RUNS / name).read_text())
     s = replace(shape, max_tokens=cut, max_trajectory_age_steps=age)
