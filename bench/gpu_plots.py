@@ -12,7 +12,7 @@ from typing import Any
 
 from bench._handoff import MIN_STEPS
 from bench.gpu_runs import MODES, Key, in_median, measured, mode_figures
-from bench.parking_map import OTHERS, TARGETS, Point, map_rows, standing_ratios
+from bench.parking_map import OTHERS, TARGETS, MapRow, Point, map_rows, standing_ratios
 
 COLORS = {"park": "#2a7ab9", "drain": "#d9822b", "sync": "#8c8c8c", "abort": "#b93a3a", "drain-hold": "#e0b04a"}
 
@@ -93,11 +93,11 @@ def point_label(point: Point) -> str:
 NO_RATIO_YET = "no one-process ratio yet (see the map's table)"
 
 
-def draw_map(ax: Any, runs: list[dict[str, Any]]) -> None:
-    """The map on ``ax``: a row per point, a dot per one-process ratio (a colour per mode park was measured
-    against), the line at 1 (parking pays to its right) and, on the workload's own point, each target as a bar; a
-    point with no one-process ratio says so (:data:`NO_RATIO_YET`)."""
-    rows = map_rows(runs)[::-1]  # the first point at the top
+def draw_map(ax: Any, rows: list[MapRow]) -> None:
+    """The map's rows (:func:`~bench.parking_map.map_rows`) on ``ax``: a row per point, a dot per one-process ratio
+    (a colour per mode park was measured against), the line at 1 (parking pays to its right) and, on the workload's
+    own point, each target as a bar; a point with no one-process ratio says so (:data:`NO_RATIO_YET`)."""
+    rows = rows[::-1]  # the first point at the top
     others = [m for m in OTHERS if any(r.ratios.get(m) for r in rows)]
     for y, row in enumerate(rows):
         cut, age, _, model = row.point
@@ -126,8 +126,9 @@ def draw_map(ax: Any, runs: list[dict[str, Any]]) -> None:
 def plot_map(runs: list[dict[str, Any]], path: Path, title: str = "") -> None:
     """The map as a picture (:func:`draw_map`), written to ``path``."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(10.0, 1.4 + 0.55 * len(map_rows(runs))))
-    draw_map(ax, runs)
+    rows = map_rows(runs)
+    fig, ax = plt.subplots(figsize=(10.0, 1.4 + 0.55 * len(rows)))
+    draw_map(ax, rows)
     ax.set_title(textwrap.fill(title or "Where parking pays: the map", 80), fontsize=10)  # the axes' width
     fig.tight_layout()
     fig.savefig(path, dpi=110)

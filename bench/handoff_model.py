@@ -74,8 +74,9 @@ COSTS = {"host_ms": "milliseconds", "train_us_per_token": "microseconds", "repre
 """The fixed costs a :class:`Timing` takes, and their units."""
 
 
-def _cost(x: float) -> bool:
-    return math.isfinite(x) and x >= 0
+def cost_refusal(name: str, value: float) -> str | None:
+    """What a fixed cost (one of :data:`COSTS`) must be, where ``value`` is not that; None where it is."""
+    return None if math.isfinite(value) and value >= 0 else f"a finite, non-negative number of {COSTS[name]}"
 
 
 @dataclass
@@ -95,9 +96,9 @@ class Timing:
         batches = [b for b, _ in self.table]
         if len(set(batches)) != len(batches):
             raise ConfigError("table", self.table, "one row per batch size")
-        for name, unit in COSTS.items():
-            if not _cost(getattr(self, name)):
-                raise ConfigError(name, getattr(self, name), f"a finite, non-negative number of {unit}")
+        for name in COSTS:
+            if why := cost_refusal(name, getattr(self, name)):
+                raise ConfigError(name, getattr(self, name), why)
 
     def step_s(self, batch: int) -> float:
         """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
@@ -483,9 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--order {args.order!r}: comma-separated, of start, deadline")
     cuts, ages = _ints(ap, "--cut", args.cut), _ints(ap, "--age", args.age)
     for name in COSTS:
-        if not _cost(getattr(args, name)):
-            flag = "--" + name.replace("_", "-")
-            ap.error(f"{flag} {getattr(args, name)}: a finite, non-negative number of {COSTS[name]}")
+        if why := cost_refusal(name, getattr(args, name)):
+            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: {why}")
     if args.window < 1 or args.steps < args.window or args.warmup < 0:
         ap.error(f"--window {args.window} (>= 1), --steps {args.steps} (>= --window), --warmup {args.warmup} (>= 0)")
     try:

@@ -15,11 +15,12 @@ import argparse
 import sys
 from pathlib import Path
 
-if str(Path(__file__).resolve().parent.parent) not in sys.path:  # the repository, for bench.* and colo_fsm
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent  # the repository, for bench.* and colo_fsm
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from bench import _gpu as g
-from bench import colocated_vs_dedicated as cvd
+from bench import _gpu as g  # noqa: E402
+from bench import colocated_vs_dedicated as cvd  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

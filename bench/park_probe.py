@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-if str(Path(__file__).resolve().parent.parent) not in sys.path:  # the repository, for bench.* and colo_fsm
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent  # the repository, for bench.* and colo_fsm
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from bench import _gpu as g
+from bench import _gpu as g  # noqa: E402
 
 
 def build(args: argparse.Namespace, tok: Any, graphs: bool) -> Any:

@@ -46,12 +46,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-if str(Path(__file__).resolve().parent.parent) not in sys.path:  # the repository, for bench.* and colo_fsm
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent  # the repository, for bench.* and colo_fsm
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from bench._demo import ROOT, Demo, cpu_seconds, machine, median, pct, scrape, steps_in, total
-from colo_fsm.demo.config import DEMO_SERVER_SHARE
-from tests.support.chaos import http_request, read_all, status_of
+from bench._demo import Demo, cpu_seconds, machine, median, pct, scrape, steps_in, total  # noqa: E402
+from colo_fsm.demo.config import DEMO_SERVER_SHARE  # noqa: E402
+from tests.support.chaos import http_request, read_all, status_of  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "server_chaos.json"
 SERIES = ROOT / "bench" / "results" / "server_chaos_series.json"

@@ -38,10 +38,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-if str(Path(__file__).resolve().parent.parent) not in sys.path:  # the repository, for bench.* and colo_fsm
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent  # the repository, for bench.* and colo_fsm
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from bench._demo import CONTEXT, ROOT, Demo, machine, median, pct, steps_in
+from bench._demo import CONTEXT, Demo, machine, median, pct, steps_in  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "server_pressure.json"
 HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs

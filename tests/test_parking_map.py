@@ -100,7 +100,7 @@ def test_the_maps_picture_marks_each_ratio_and_says_where_a_point_has_none():
     ]
     fig, ax = plt.subplots()
     try:
-        gpu_plots.draw_map(ax, runs)
+        gpu_plots.draw_map(ax, parking_map.map_rows(runs))
         dots = [x for line in ax.get_lines() if line.get_marker() == "o" for x in line.get_xdata()]
         notes = [(text.get_text(), text.get_position()[1]) for text in ax.texts]
     finally:
