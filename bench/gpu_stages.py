@@ -210,7 +210,8 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-coordinator-park-drain-collector-first",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and drain with drain's race forced "
         "(--drain-race collector-first), so every drain handoff waits for its tail, as every one did on the direct "
-        "path at this cut (at 70c3315 one of three drained nothing); ~14 min (827 s at e07ddf5): --detach",
+        "path at this cut (at 70c3315 one of three drained nothing); ~13-14 min (827 s at e07ddf5, 747 s at 0441af7): "
+        "--detach",
         _handoff(32768, "park,drain", "--no-graph-baseline", "--drain-race", "collector-first", engine="coordinator"),
         1200,
         smoke=SMOKE_COORDINATOR,
@@ -219,8 +220,7 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-coordinator-park-sync",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and sync only (the 2.5x sync "
         "target's pair on the faster path, where the three-mode stage has lost its machine during drain each time); "
-        "~10 min (at cfe14fd the engine's build and park took 341 s and sync's first two steps 140 s, when its "
-        "machine was taken): --detach",
+        "~10 min (590 s at 0441af7; at cfe14fd its machine was taken during sync's third step): --detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", engine="coordinator"),
         1200,
         smoke=SMOKE_COORDINATOR,
