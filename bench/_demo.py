@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -16,19 +15,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 32  # the demo model's max_sequence_length
-
-
-def pct(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile (NaN for an empty list)."""
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[max(0, min(len(s) - 1, round(q / 100 * (len(s) - 1))))]
-
-
-def median(xs: list[float]) -> float:
-    """The median (NaN for an empty list)."""
-    return statistics.median(xs) if xs else float("nan")
 
 
 def rss_bytes(pid: int) -> int | None:

@@ -8,9 +8,11 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench._stats import pct
 
 # The reasoning-RL shape: long, heavy-tailed rollouts, hundreds in flight (see the bench's docstring).
 REASONING: dict[str, Any] = {
@@ -58,14 +60,6 @@ def mode_unavailable(mode: str) -> str | None:
     except ConfigError as exc:
         return f"inflight='abort' is not offered by this checkout's engine/collector ({exc})"
     return None
-
-
-def pct(xs: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (NaN for an empty list)."""
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[max(0, min(len(s) - 1, round(q / 100 * (len(s) - 1))))]
 
 
 class Meter:
@@ -601,7 +595,6 @@ __all__ = [
     "graph_decode_baseline",
     "mode_of_ratio",
     "mode_unavailable",
-    "pct",
     "print_table",
     "ratio_name",
     "ratio_refusal",

@@ -83,6 +83,11 @@ def _detached(
     return Stage(name, what, argv, timeout_s, smoke=smoke, default=False, long=True)
 
 
+def _coordinator_long(name: str, what: str, argv: tuple[str, ...], timeout_s: int = 1200) -> Stage:
+    """A handoff stage on megatron-core's coordinator loop longer than one remote call (--detach, then --wait)."""
+    return _detached(name, what, argv, timeout_s, smoke=SMOKE_COORDINATOR)
+
+
 def _coordinator_pair(name: str, what: str, argv: tuple[str, ...]) -> Stage:
     """A two-mode handoff stage on megatron-core's coordinator loop that fits one remote call: run only when named."""
     return Stage(name, what, argv, 600, smoke=SMOKE_COORDINATOR, default=False)
@@ -155,7 +160,7 @@ STAGES: tuple[Stage, ...] = (
         smoke=SMOKE_HANDOFF,
         default=False,
     ),
-    _detached(
+    _coordinator_long(
         "reasoning-8k-coordinator",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop (the faster path for park: 1.11x the direct "
         "one at aaf3a49): the pure graph decode, then park, drain, sync and abort on one engine, the headline's modes "
@@ -163,7 +168,6 @@ STAGES: tuple[Stage, ...] = (
         "took 759 s at 4366d6d): --detach",
         _handoff(8192, "park,drain,sync,abort", engine="coordinator"),
         1500,
-        smoke=SMOKE_COORDINATOR,
     ),
     _coordinator_pair(
         "reasoning-8k-coordinator-park-drain",
@@ -187,7 +191,7 @@ STAGES: tuple[Stage, ...] = (
         "1.10-1.14x); ~7-9 min (508 s at e07ddf5, 432 s at cfe14fd)",
         _handoff(8192, "park,drain-hold", "--no-graph-baseline", engine="coordinator"),
     ),
-    _detached(
+    _coordinator_long(
         "reasoning-32k-coordinator",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park, drain and sync (the long tail on "
         "the faster path; its runs at 6f6dd0a and 70c3315 each lost their machine during drain, park whole; the stage "
@@ -195,35 +199,28 @@ STAGES: tuple[Stage, ...] = (
         "--detach",
         _handoff(32768, "park,drain,sync", "--no-graph-baseline", engine="coordinator"),
         2400,
-        smoke=SMOKE_COORDINATOR,
     ),
-    _detached(
+    _coordinator_long(
         "reasoning-32k-coordinator-park-drain",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and drain only (the 2.0x drain "
         "target's pair; sync's figure is the long one), so it fits one session's device time after the wheels' "
         "install; ~11 min (609 s at 70c3315, whose drain had one handoff that drained nothing): --detach",
         _handoff(32768, "park,drain", "--no-graph-baseline", engine="coordinator"),
-        1200,
-        smoke=SMOKE_COORDINATOR,
     ),
-    _detached(
+    _coordinator_long(
         "reasoning-32k-coordinator-park-drain-collector-first",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and drain with drain's race forced "
         "(--drain-race collector-first), so every drain handoff waits for its tail, as every one did on the direct "
         "path at this cut (at 70c3315 one of three drained nothing); ~13-14 min (827 s at e07ddf5, 747 s at 0441af7): "
         "--detach",
         _handoff(32768, "park,drain", "--no-graph-baseline", "--drain-race", "collector-first", engine="coordinator"),
-        1200,
-        smoke=SMOKE_COORDINATOR,
     ),
-    _detached(
+    _coordinator_long(
         "reasoning-32k-coordinator-park-sync",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and sync only (the 2.5x sync "
         "target's pair on the faster path, where the three-mode stage has lost its machine during drain each time); "
         "~10 min (590 s at 0441af7; at cfe14fd its machine was taken during sync's third step): --detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", engine="coordinator"),
-        1200,
-        smoke=SMOKE_COORDINATOR,
     ),
     Stage(
         "reasoning-8k-drain-sync",

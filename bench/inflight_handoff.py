@@ -91,7 +91,6 @@ from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     git_commit,
     graph_decode_baseline,
     mode_unavailable,
-    pct,
     print_table,
     release_model_graphs,
     round_lines,
@@ -99,6 +98,7 @@ from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     wait_for_admission,
 )
 from bench._rig import Rig, build_rig  # noqa: E402
+from bench._stats import pct  # noqa: E402
 from bench._workload import MODELS, QUICK, Shape, output_length, warmup_steps  # noqa: E402
 from colo_fsm.adapters.megatron.trainer import Rollout  # noqa: E402
 from colo_fsm.collector.batch_order import ORDERS  # noqa: E402

@@ -50,7 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository, for bench.* and
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._demo import Demo, cpu_seconds, machine, median, pct, scrape, steps_in, total  # noqa: E402
+from bench._demo import Demo, cpu_seconds, machine, scrape, steps_in, total  # noqa: E402
+from bench._stats import median, pct  # noqa: E402
 from colo_fsm.demo.config import DEMO_SERVER_SHARE  # noqa: E402
 from tests.support.chaos import http_request, read_all, status_of  # noqa: E402
 

@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository, for bench.* and
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._demo import CONTEXT, Demo, machine, median, pct, steps_in  # noqa: E402
+from bench._demo import CONTEXT, Demo, machine, steps_in  # noqa: E402
+from bench._stats import median, pct  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "server_pressure.json"
 HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs

@@ -27,15 +27,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "server_suspend.json"
 
-
-def pct(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile (NaN for an empty list)."""
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[max(0, min(len(s) - 1, round(q / 100 * (len(s) - 1))))]
+from bench._stats import pct  # noqa: E402
 
 
 def run_one(suspend_ms: float, *, clients: int, gen_ms: float, timeout_s: float, awake_s: float) -> dict:

@@ -1,0 +1,19 @@
+"""The two summaries every bench quotes: a nearest-rank percentile and a median, each NaN for no data."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+
+def pct(xs: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0-100) of ``xs``; NaN for an empty sequence."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[max(0, min(len(s) - 1, round(q / 100 * (len(s) - 1))))]
+
+
+def median(xs: Sequence[float]) -> float:
+    """The median of ``xs``; NaN for an empty sequence."""
+    return statistics.median(xs) if xs else float("nan")
