@@ -139,7 +139,6 @@ class _Group:
     ticket: Any
     version: int
     left: list[int]  # tokens still to decode, one per sample (0: finished)
-    tokens: int  # prompt + output tokens of every sample: what training it costs
     lengths: tuple[int, ...]  # each sample's output length: what it has decoded is its length less ``left``
 
 
@@ -241,8 +240,7 @@ class _Sim:
             i = self.next_prompt
             self.next_prompt += 1
             lengths = [output_length(self.seed, i, j, self.shape) for j in range(self.shape.samples_per_group)]
-            tokens = sum(lengths) + self.shape.prompt_len * len(lengths)
-            self.groups.append(_Group(i, ticket, self.version, list(lengths), tokens, tuple(lengths)))
+            self.groups.append(_Group(i, ticket, self.version, list(lengths), tuple(lengths)))
             started += 1
         return started
 
@@ -268,9 +266,10 @@ class _Sim:
         for g in [g for g in self.groups if not any(g.left)]:
             self.groups.remove(g)
             done = Completion(text="", token_ids=(), weight_version=g.version)
+            tokens = sum(self.shape.prompt_len + n for n in g.lengths)  # what training the group costs
             group = TrajectoryGroup(
                 f"p{g.index}", "", (done,) * len(g.left), (0.0,) * len(g.left), g.version,
-                newest_weight_version=self.version, metadata={"tokens": g.tokens},
+                newest_weight_version=self.version, metadata={"tokens": tokens},
             )  # fmt: skip
             if not self.buffer.put(group, ticket=g.ticket):
                 raise RuntimeError(f"group p{g.index} went stale in the model: the admission rule did not hold")
