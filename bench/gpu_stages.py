@@ -211,7 +211,7 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-coordinator-park-drain-collector-first",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and drain with drain's race forced "
         "(--drain-race collector-first), so every drain handoff waits for its tail, as every one did on the direct "
-        "path at this cut (at 70c3315 one of three drained nothing); ~13-14 min (827 s at e07ddf5, 747 s at 0441af7): "
+        "path at this cut (at 70c3315 one of three drained nothing); ~12-14 min (827 s at e07ddf5, 747 s at 0441af7): "
         "--detach",
         _handoff(32768, "park,drain", "--no-graph-baseline", "--drain-race", "collector-first", engine="coordinator"),
     ),
