@@ -219,7 +219,8 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-coordinator-park-sync",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and sync only (the 2.5x sync "
         "target's pair on the faster path, where the three-mode stage has lost its machine during drain each time); "
-        "~10 min (590 s at 0441af7; at cfe14fd its machine was taken during sync's third step): --detach",
+        "~9-10 min (590 s at 0441af7, 509 s at 0c47749; at cfe14fd its machine was taken during sync's third step): "
+        "--detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", engine="coordinator"),
     ),
     Stage(
@@ -281,9 +282,10 @@ STAGES: tuple[Stage, ...] = (
     ),
     _detached(
         "reasoning-32k-age4",
-        "park and sync at cut 32,768 with --max-age 4: a wider admission window, so more of it decodes at long "
-        "tails; 4 warm-up steps, 6 measured (bench/handoff_model.py: steady for 3 of 4 seeds, the bench's among "
-        "them); ~15 min: --detach",
+        "park and sync at cut 32,768 with --max-age 4: a wider admission window (at 0c47749 it lowered park / sync "
+        "to 1.382: park's window holds the workload's one 32,768-token draw); 4 warm-up steps, 6 measured "
+        "(bench/handoff_model.py: steady for 3 of 4 seeds, the bench's among them); ~18 min (1,080 s at 0c47749): "
+        "--detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", "--warmup", "4", age=4, steps=6),
         1500,
     ),
