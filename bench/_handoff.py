@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench._stats import pct
+from bench._stats import minmax, pct
 
 # The reasoning-RL shape: long, heavy-tailed rollouts, hundreds in flight (see the bench's docstring).
 REASONING: dict[str, Any] = {
@@ -136,6 +136,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_running_requests": sum(r["active_sum"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
         "engine_idle_share": sum(r["idle_samples"] for r in runs) / max(1, sum(r["occupancy_samples"] for r in runs)),
         "spanning_groups_trained": sum(r["spanning_groups_trained"] for r in runs),
+        # the prompts the measured steps trained, first and last stream index (each round trains the same ones)
+        "trained_prompts": minmax([x for r in runs for x in (r.get("trained_prompts") or [])]),
         "measured_steps": sum(r["measured_steps"] for r in runs),
         "measured_steps_per_round": [r["measured_steps"] for r in runs],
         "measured_s": measured_s,

@@ -1,4 +1,4 @@
-"""The two summaries every bench quotes: a nearest-rank percentile and a median, each NaN for no data."""
+"""The summaries every bench quotes: a nearest-rank percentile and a median, each NaN for no data, and a range."""
 
 from __future__ import annotations
 
@@ -17,3 +17,8 @@ def pct(xs: Sequence[float], q: float) -> float:
 def median(xs: Sequence[float]) -> float:
     """The median of ``xs``; NaN for an empty sequence."""
     return statistics.median(xs) if xs else float("nan")
+
+
+def minmax(xs: Sequence[int]) -> list[int] | None:
+    """``[min, max]`` of ``xs`` (a list, for JSON); None for an empty sequence."""
+    return [min(xs), max(xs)] if xs else None

@@ -95,6 +95,15 @@ def warmup_steps(mode: str, shape: Shape) -> int:
     return 0 if mode == "sync" else shape.warmup
 
 
+def first_prompt(mode: str, shape: Shape) -> int:
+    """The index of the first prompt a mode draws from the seeded stream. The modes with a collector train the
+    prompts in the order they started (the buffer's ``start`` order), so their measured steps train the prompts
+    after the ``shape.warmup`` steps' worth their warm-up trained; sync, which runs no warm-up, starts its stream
+    there, so that every mode's measured steps train the same prompts. At a long cut a rare long draw decides a
+    step, and a sync that drew the stream's first prompts read another part of the tail than park did."""
+    return shape.warmup * shape.num_prompts_per_step if mode == "sync" else 0
+
+
 def model_config(shape: Shape, vocab_size: int, *, device: str, seed: int, cuda_graphs: bool) -> ModelConfig:
     """The GPT of this shape, long enough for a prompt and its longest output."""
     return ModelConfig(

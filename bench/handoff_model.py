@@ -22,10 +22,11 @@ running request, and after the resume each is re-prefilled (prompt + output so f
 fitted to the same run's abort. Each step records what was in flight as its handoff began (groups, running
 requests, their tokens so far): what drain waits for, and what abort ends and re-prefills.
 
-Each mode runs its warm-up steps, then its measured steps; samples/s is the samples of the groups finished
-inside the measured window over its length, as the bench counts them. It writes JSON (``--out``) and prints a
-table. A model is not evidence (the docs' rule): its figures are quoted as predictions, beside the measured
-ones where they exist.
+Each mode runs its warm-up steps, then its measured steps; sync runs none and draws its prompts from the one after
+those the others' warm-up trains, so every mode's measured steps train the same prompts, as the bench draws them
+(``_workload.first_prompt``); samples/s is the samples of the groups finished inside the measured window over its
+length, as the bench counts them. It writes JSON (``--out``) and prints a table. A model is not evidence (the docs'
+rule): its figures are quoted as predictions, beside the measured ones where they exist.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ if str(ROOT) not in sys.path:
 
 from bench import gpu_runs  # noqa: E402  (after the sys.path line above)
 from bench._handoff import MAX_BUFFER_GROWTH, decode_weighted_context  # noqa: E402
-from bench._workload import Shape, output_length  # noqa: E402
+from bench._workload import Shape, first_prompt, output_length  # noqa: E402
 from colo_fsm.adapters.protocols import Completion  # noqa: E402
 from colo_fsm.collector import ReplayBuffer, TrajectoryGroup  # noqa: E402
 from colo_fsm.errors import ConfigError  # noqa: E402
@@ -211,7 +212,7 @@ def window_rates(steps: list[StepRecord], width: int) -> list[float]:
 class _Sim:
     """One mode's run: a virtual clock, the collector's admission, the engine's running requests, the trainer."""
 
-    def __init__(self, shape: Shape, timing: Timing, seed: int) -> None:
+    def __init__(self, shape: Shape, timing: Timing, seed: int, first: int = 0) -> None:
         self.shape, self.timing, self.seed = shape, timing, seed
         self.buffer = ReplayBuffer(shape.num_prompts_per_step, shape.max_trajectory_age_steps, order=shape.buffer_order)
         self.cap = InFlightCap(
@@ -219,7 +220,7 @@ class _Sim:
         ).value
         self.t = 0.0
         self.version = 0
-        self.next_prompt = 0
+        self.next_prompt = first  # the first prompt the mode draws
         self.groups: list[_Group] = []  # in flight, in start order
         self.made = 0  # samples of finished groups
         self.trained = 0
@@ -332,13 +333,21 @@ class _Sim:
         return at_handoff
 
 
-def run_mode(mode: str, shape: Shape, timing: Timing, *, seed: int, warmup: int, steps: int) -> list[StepRecord]:
-    """One mode: ``warmup`` steps (sync: none), then ``steps`` measured ones, each recorded."""
+def run_mode(
+    mode: str, shape: Shape, timing: Timing, *, seed: int, warmup: int, steps: int, first: int | None = None
+) -> list[StepRecord]:
+    """One mode: ``warmup`` steps (sync: none), then ``steps`` measured ones, each recorded. ``first`` is the first
+    prompt the mode draws; None: the bench's rule (``_workload.first_prompt``: sync starts after the prompts the
+    others' ``warmup`` steps train), an index for a run that drew otherwise (the runs before that rule: 0)."""
     if mode not in MODES:
         raise ConfigError("mode", mode, f"one of {', '.join(MODES)}")
     if steps < 1:
         raise ConfigError("steps", steps, "at least 1 measured step")
-    sim = _Sim(shape, timing, seed)
+    if first is None:
+        first = first_prompt(mode, replace(shape, warmup=warmup))
+    elif isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise ConfigError("first", first, "a prompt index (0 or more), or None for the bench's rule")
+    sim = _Sim(shape, timing, seed, first)
     for _ in range(0 if mode == "sync" else warmup):
         sim.step(mode)
     out = []
@@ -424,6 +433,8 @@ def measured(
                     continue
                 if ran is not None and ran != (0 if mode == "sync" else warmup):
                     continue
+                if (d.get("first_prompt") or {}).get(mode, 0) != first_prompt(mode, replace(shape, warmup=warmup)):
+                    continue  # it drew other prompts than the model's mode (a sync run before the bench aligned it)
                 key = (
                     int(sh["max_tokens"]),
                     int(sh["max_trajectory_age_steps"]),

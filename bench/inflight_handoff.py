@@ -24,12 +24,14 @@ are built and warmed once (``bench/_rig.py``) and every mode runs its own
 
 What counts (a figure a user can reproduce): each mode runs ``--steps`` measured steps after its warm-up (park,
 drain and abort: ``--warmup`` steps, which fill their pipeline and their buffer; sync starts every step empty, so
-it needs none once the rig is warm). ``samples_per_s`` counts the trained samples *made* inside the measured
-window (a group that completed before it, e.g. waiting in the buffer, does not count) per wall-clock second; its
-spread is given over rounds (``--rounds``, interleaved: two runs of the same seed) and over single steps. A ratio
-is printed, and written, only between modes that each ran 3 or more measured steps in steady state: a window
-that made more than a fifth more (or less) than it trained was filling (or emptying) its buffer, so its rate
-is not the mode's (``buffer_growth``). Otherwise the table and the JSON (``no_ratio``) say why there is none.
+it needs none once the rig is warm, and draws its prompts from the one after those the others' warm-up trains, so
+that every mode's measured steps train the same prompts: ``first_prompt`` in the JSON). ``samples_per_s`` counts
+the trained samples *made* inside the measured window (a group that completed before it, e.g. waiting in the
+buffer, does not count) per wall-clock second; its spread is given over rounds (``--rounds``, interleaved: two runs
+of the same seed) and over single steps. A ratio is printed, and written, only between modes that each ran 3 or
+more measured steps in steady state: a window that made more than a fifth more (or less) than it trained was
+filling (or emptying) its buffer, so its rate is not the mode's (``buffer_growth``). Otherwise the table and the
+JSON (``no_ratio``) say why there is none.
 
 ``--workload reasoning`` is the shape of RL for reasoning models (see ``bench/_handoff.py``: 32 x 8 per step,
 lengths lognormal median 768 cut at ``--max-len``, 256 active, 40 GiB KV, CUDA graphs, a pure graph-decode
@@ -98,8 +100,8 @@ from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     wait_for_admission,
 )
 from bench._rig import Rig, build_rig  # noqa: E402
-from bench._stats import pct  # noqa: E402
-from bench._workload import MODELS, QUICK, Shape, output_length, warmup_steps  # noqa: E402
+from bench._stats import minmax, pct  # noqa: E402
+from bench._workload import MODELS, QUICK, Shape, first_prompt, output_length, warmup_steps  # noqa: E402
 from colo_fsm.adapters.megatron.trainer import Rollout  # noqa: E402
 from colo_fsm.collector.batch_order import ORDERS  # noqa: E402
 
@@ -161,12 +163,14 @@ def run_mode(
     w = warmup_steps(mode, shape)
     holder: dict[str, Lifecycle] = {}
 
-    def prompt_stream() -> Iterator[Prompt]:
+    def prompt_stream(first: int) -> Iterator[Prompt]:
+        """The seeded prompts from index ``first`` on (the same text at each index in every mode)."""
         rng = random.Random(args.seed)
         i = 0
         while True:
             text = "".join(rng.choice(tok.alphabet) for _ in range(shape.prompt_len))
-            yield Prompt(f"p{i}", text, {"index": i})
+            if i >= first:
+                yield Prompt(f"p{i}", text, {"index": i})
             i += 1
 
     def submit(prompt: Prompt, j: int) -> Any:
@@ -193,7 +197,7 @@ def run_mode(
             tuple(samples),
             tuple(rewards),
             weight_version=min(s.weight_version for s in samples),
-            metadata={"prompt_ids": tok.tokenize(prompt.text)},
+            metadata={"prompt_ids": tok.tokenize(prompt.text), "index": prompt.metadata["index"]},
         )
 
     async def rollout(prompt: Prompt) -> TrajectoryGroup:
@@ -232,7 +236,7 @@ def run_mode(
         buffer = ReplayBuffer(shape.num_prompts_per_step, shape.max_trajectory_age_steps, order=shape.buffer_order)
         collector = HandoffCountingCollector(
             rollout,
-            prompt_stream(),
+            prompt_stream(first_prompt(mode, shape)),
             buffer,
             weight_version=rig.weight_version,
             cap=InFlightCap(
@@ -266,12 +270,13 @@ def run_mode(
             occupancy.append((time.monotonic(), c.running, c.queued))
 
     sampler = threading.Thread(target=sample_occupancy, name="occupancy", daemon=True)
-    stream = prompt_stream()
+    stream = prompt_stream(first_prompt(mode, shape))
     step_ends: list[float] = []
     step_cpu: list[float] = []
     decode_steps: list[int] = []
     consumed: list[int] = []
     spans: list[int] = []
+    trained_prompts: list[int] = []  # the stream index of every group trained, step after step
     times: list[dict[str, float]] = []  # seconds per state, per finished step
     stats0 = engine.inflight_stats() if hasattr(engine.real, "inflight_stats") else None
     profile_of = getattr(engine.real, "step_profile", lambda: None)  # megatron's dynamic engine: kinds of step
@@ -318,6 +323,8 @@ def run_mode(
             "decode_tokens": sum(r[1] for r in rows),
             "decode_steps": (decode_steps[-1] - (decode_steps[w - 1] if w else steps0)) if n > 0 else 0,
             "spanning_groups_trained": sum(1 for x in spans[w * shape.num_prompts_per_step :] if x > 0),
+            # the first and last stream index the measured steps trained: every mode's, by first_prompt, the same
+            "trained_prompts": minmax(trained_prompts[w * shape.num_prompts_per_step :]),
             "measured_steps": max(0, n),
             "engine_backend": engine.backend_name,
             "run_s": time.monotonic() - t_start,
@@ -375,6 +382,7 @@ def run_mode(
             profiles.append(profile_of())
             consumed.append(result.consumed_samples)
             spans += [g.version_span for g in groups]
+            trained_prompts += [int(g.metadata["index"]) for g in groups]
             if args.verbose:
                 counts = engine.request_counts()
                 print(
@@ -570,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
             "num_cuda_graphs": args.cuda_graphs,
             "shape": asdict(shape),
             "warmup_steps": {m: warmup_steps(m, shape) for m in modes},
+            # the first prompt each mode draws: sync skips what the others' warm-up trains (_workload.first_prompt)
+            "first_prompt": {m: first_prompt(m, shape) for m in modes},
             "output_lengths": {
                 "p50": pct(lengths, 50),
                 "p90": pct(lengths, 90),

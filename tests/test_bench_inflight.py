@@ -53,6 +53,12 @@ def test_reasoning_smoke_writes_every_mode_and_the_ratios_on_one_engine(tmp_path
             (row["fresh_samples"] - row["trained_samples"]) / row["trained_samples"]
         )
     assert data["modes"]["sync"]["warmup_steps"] == 0
+    # every mode's measured steps train the same prompts: sync draws from where the others' warm-up ends
+    per_step, warmup = data["shape"]["num_prompts_per_step"], data["shape"]["warmup"]
+    first, window = warmup * per_step, [warmup * per_step, (warmup + 3) * per_step - 1]
+    assert data["first_prompt"] == {m: (first if m == "sync" else 0) for m in data["modes"]} and first > 0
+    for mode in data["modes"]:
+        assert data["modes"][mode]["trained_prompts"] == window, mode
     for mode in ("park", "drain", "abort", "drain-hold"):  # each handoff's rollouts in flight, as it began
         held = data["modes"][mode]["groups_in_flight_at_handoff"]
         assert len(held) == 3 and all(isinstance(n, int) and n >= 0 for n in held), (mode, held)

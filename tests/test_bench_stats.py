@@ -1,4 +1,4 @@
-"""bench/_stats.py: the percentile and median every bench quotes."""
+"""bench/_stats.py: the percentile, median and range every bench quotes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._stats import median, pct  # noqa: E402
+from bench._stats import median, minmax, pct  # noqa: E402
 
 
 def test_pct_is_the_nearest_rank_of_the_sorted_values():
@@ -25,3 +25,7 @@ def test_pct_is_the_nearest_rank_of_the_sorted_values():
 def test_no_data_gives_nan_not_an_error():
     assert math.isnan(pct([], 50)) and math.isnan(median([]))
     assert median([3.0, 1.0, 2.0, 10.0]) == 2.5
+
+
+def test_minmax_is_a_json_range_or_none():
+    assert minmax([40, 32, 63]) == [32, 63] and minmax(range(3)) == [0, 2] and minmax([]) is None

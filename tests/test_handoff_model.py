@@ -56,7 +56,9 @@ def test_the_model_decodes_as_many_requests_as_the_gpu_did_in_each_mode(workload
         gpu_running = gpu_runs.requests_per_engine_step(row)
         assert gpu_running is not None, (name, mode, "no engine step profile")
         warmup = (data.get("warmup_steps") or {}).get(mode, 1)  # run_mode gives sync none, as the bench does
-        r = hm.summarize(mode, hm.run_mode(mode, s, timing, seed=seed, warmup=warmup, steps=row["measured_steps"]))
+        first = (data.get("first_prompt") or {}).get(mode, 0)  # the runs before the bench aligned sync drew from 0
+        run = hm.run_mode(mode, s, timing, seed=seed, warmup=warmup, steps=row["measured_steps"], first=first)
+        r = hm.summarize(mode, run)
         assert r.mean_decoding == pytest.approx(gpu_running, abs=1), (mode, r.mean_decoding, gpu_running)
         assert r.samples_per_s == pytest.approx(row["samples_per_s"], rel=0.10), (mode, r.samples_per_s)
         assert r.waiting_share == pytest.approx(row["draining_share"], abs=0.05), mode
@@ -243,13 +245,13 @@ def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload)
     shape, baseline, seed = workload
     runs, _ = gpu_runs.load(RUNS)
     checked, files = 0, set()
-    decoding: dict[tuple[int, int, str, int, int], float] = {}  # the model's figure per point: runs share them
+    decoding: dict[tuple[int, int, str, int, int, int], float] = {}  # the model's figure per point: runs share them
 
-    def model_decoding(cut: int, age: int, mode: str, warmup: int, steps: int) -> float:
-        key = (cut, age, mode, warmup, steps)
+    def model_decoding(cut: int, age: int, mode: str, warmup: int, steps: int, first: int) -> float:
+        key = (cut, age, mode, warmup, steps, first)
         if key not in decoding:
             s = replace(shape, max_tokens=cut, max_trajectory_age_steps=age)
-            run = hm.run_mode(mode, s, _timing(baseline, s, seed), seed=seed, warmup=warmup, steps=steps)
+            run = hm.run_mode(mode, s, _timing(baseline, s, seed), seed=seed, warmup=warmup, steps=steps, first=first)
             decoding[key] = hm.summarize(mode, run).mean_decoding
         return decoding[key]
 
@@ -265,7 +267,8 @@ def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload)
                 continue
             assert d["seed"] == seed, d["_file"]
             warmup = (d.get("warmup_steps") or {}).get(mode, 1)
-            model = model_decoding(cut, age, mode, warmup, row["measured_steps"])
+            first = (d.get("first_prompt") or {}).get(mode, 0)
+            model = model_decoding(cut, age, mode, warmup, row["measured_steps"], first)
             assert model == pytest.approx(gpu_running, abs=0.5), (d["_file"], mode, model)
             checked, files = checked + 1, files | {d["_file"]}
     assert (checked, len(files)) == (37, 20)
@@ -414,7 +417,7 @@ def test_the_draws_and_the_sync_prompt_bias_the_docs_state_at_32768(workload):
     3-step window at ``max_age`` 2 trains prompts 32-127 and the age-4 window 128-319; only the latter holds the
     workload's longest draw (prompt 285, cut at 32,768). Sync's window trains the stream's first prompts: by the
     model, sync over the prompts park's window trains makes about 6% fewer samples/s at 32,768 (and about as many at
-    8,192), so the bench reads park / sync at 32,768 about 6% low."""
+    8,192), so the runs before the bench aligned sync's prompts read park / sync at 32,768 about 6% low."""
     shape, baseline, seed = workload
     s32 = replace(shape, max_tokens=32768)
     k = s32.samples_per_group
@@ -436,3 +439,23 @@ def test_the_draws_and_the_sync_prompt_bias_the_docs_state_at_32768(workload):
     assert (round(sync_rate(32768, 0, 3), 2), round(sync_rate(32768, 1, 3), 2)) == (3.43, 3.22)
     assert (round(sync_rate(32768, 0, 6), 2), round(sync_rate(32768, 4, 6), 2)) == (3.19, 3.00)
     assert (round(sync_rate(8192, 0, 3), 2), round(sync_rate(8192, 1, 3), 2)) == (4.69, 4.72)
+
+
+def test_the_models_sync_draws_where_the_bench_draws_it(workload):
+    """As the bench (``_workload.first_prompt``), the model's sync starts after the prompts the other modes'
+    warm-up trains, so its measured steps are those an unaligned sync ran after as many steps; a run drawn
+    otherwise is modelled with ``first`` (the committed syncs before the bench aligned them: 0), and a bad one is
+    refused."""
+    shape, baseline, seed = workload
+    s = replace(shape, max_tokens=32768)
+    timing = _timing(baseline, s, seed)
+
+    def steps(**kw) -> list[tuple[float, int, int, int]]:  # each step's time to the microsecond (a clock's sums)
+        return [(round(r.seconds, 6), r.made, r.engine_steps, r.decoding) for r in hm.run_mode("sync", s, timing, **kw)]
+
+    aligned = steps(seed=seed, warmup=1, steps=3)
+    assert aligned == steps(seed=seed, warmup=0, steps=4)[1:]
+    assert aligned == steps(seed=seed, warmup=0, steps=3, first=s.num_prompts_per_step)
+    assert steps(seed=seed, warmup=1, steps=3, first=0) != aligned
+    with pytest.raises(ConfigError, match="first"):
+        hm.run_mode("sync", s, timing, seed=seed, warmup=1, steps=3, first=-1)
