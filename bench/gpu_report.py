@@ -41,7 +41,7 @@ from bench.gpu_runs import (
     split_history,
     unsteady,
 )
-from bench.parking_map import map_section
+from bench.parking_map import map_section, sync_aligned
 
 
 def _fmt(x: Any, spec: str = "{:.2f}") -> str:
@@ -172,6 +172,7 @@ def run_list(runs: list[dict[str, Any]]) -> list[str]:
         f"* `{d['_file']}`: {_commit(d)}, {d.get('date', '?')}, "
         f"{d.get('machine', {}).get('device', '?')}, `{d.get('command', '?')}`"
         + (" (drain's race forced collector-first)" if d.get("drain_race") == "collector-first" else "")
+        + (" (sync's prompts aligned with the other modes' measured steps)" if sync_aligned(d) else "")
         for d in runs
     ]
 

@@ -284,8 +284,8 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-age4",
         "park and sync at cut 32,768 with --max-age 4: a wider admission window (at 0c47749 it lowered park / sync "
         "to 1.382: park's window holds the workload's one 32,768-token draw); 4 warm-up steps, 6 measured "
-        "(bench/handoff_model.py: steady for 3 of 4 seeds, the bench's among them); ~18 min (1,080 s at 0c47749): "
-        "--detach",
+        "(bench/handoff_model.py: steady for 3 of 4 seeds, the bench's among them); ~18-19 min (1,080 s at 0c47749, "
+        "whose sync drew from the first prompt; drawn as now, its window holds the 32,768-token draw too): --detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", "--warmup", "4", age=4, steps=6),
         1500,
     ),

@@ -36,14 +36,16 @@ def standing_ratios(d: dict[str, Any]) -> dict[str, float]:
 
 
 class MapRatio(NamedTuple):
-    """One process's park / other mode at a point, and whether that drain ran with its race forced
-    (``--drain-race collector-first``)."""
+    """One process's park / other mode at a point, whether that drain ran with its race forced
+    (``--drain-race collector-first``), and whether that sync drew its prompts from where park's measured steps
+    start (``first_prompt``; the runs before that rule drew sync from the stream's first prompt)."""
 
     value: float
     forced: bool = False
+    aligned: bool = False
 
     def __str__(self) -> str:
-        return f"{self.value:.3f}{' (forced)' if self.forced else ''}"
+        return f"{self.value:.3f}{' (forced)' if self.forced else ''}{' (aligned)' if self.aligned else ''}"
 
 
 @dataclass
@@ -73,6 +75,12 @@ class MapRow:
         return "no figure" if other in self.measured else "-"
 
 
+def sync_aligned(d: dict[str, Any]) -> bool:
+    """Whether the run's sync drew its prompts from where the other modes' measured steps start (the bench's
+    ``first_prompt``); False for the runs that record none, which drew sync from the stream's first prompt."""
+    return int((d.get("first_prompt") or {}).get("sync", 0)) > 0
+
+
 def point_of(d: dict[str, Any]) -> Point:
     """Where one run sits on the map."""
     shape = d["shape"]
@@ -95,8 +103,11 @@ def map_rows(runs: list[dict[str, Any]]) -> list[MapRow]:
         row.measured |= ran
         row.standing |= {m for m in ran if ratio_refusal(m, modes[m]) is None}
         forced = d.get("drain_race") == "collector-first"
+        aligned = sync_aligned(d)
         for other, value in standing_ratios(d).items():
-            row.ratios.setdefault(other, []).append(MapRatio(value, forced and other == "drain"))
+            row.ratios.setdefault(other, []).append(
+                MapRatio(value, forced and other == "drain", aligned and other == "sync")
+            )
         park = modes.get("park")
         if ratio_refusal("park", park) is None:
             assert park is not None
@@ -129,7 +140,9 @@ INTRO = (
     "section below); `no figure`: it ran, but never with a figure a ratio could take (fewer than 3 measured steps, "
     "no sample made or no steady window: the point's section below says which); `(forced)`: a drain whose race "
     "with the trainer was forced collector-first (`--drain-race collector-first`: every handoff waited for the "
-    "groups admitted after the step before), where the others let either thread go first."
+    "groups admitted after the step before), where the others let either thread go first; `(aligned)`: a sync that "
+    "drew its prompts from where park's measured steps start, so both trained the same prompts, where the others "
+    "drew sync from the stream's first prompt."
 )
 
 

@@ -90,6 +90,21 @@ def test_a_drain_whose_race_was_forced_is_marked_on_the_map():
     assert row.cell("sync") == "2.000", "only drain's race is forced: the sync beside it is not marked"
 
 
+def test_a_sync_drawn_from_parks_prompts_is_marked_on_the_map_and_in_the_run_list():
+    """A run whose sync drew its prompts from where park's measured steps start (the bench's ``first_prompt``)
+    enters the map beside the runs that drew sync from the stream's first prompt, never pooled unlabelled."""
+    pair = {"park": _mode(8.0), "sync": _mode(4.0), "drain": _mode(5.0)}
+    before = _run(pair, sync=2.0, drain=1.6)
+    aligned = {**_run(pair, sync=2.0, drain=1.6), "first_prompt": {"park": 0, "sync": 32, "drain": 0}}
+    [row] = parking_map.map_rows([before, aligned])
+    assert row.cell("sync") == "2.000, 2.000 (aligned)" and row.values("sync") == [2.0, 2.0]
+    assert row.cell("drain") == "1.600, 1.600", "only sync draws elsewhere: the drain beside it is not marked"
+    assert "(aligned)" in parking_map.INTRO
+    assert not parking_map.sync_aligned({**before, "first_prompt": {"park": 0, "sync": 0}})
+    listed = gpu_report.run_list([{**aligned, "_file": "a.json", "commit": "abc1234"}])
+    assert "sync's prompts aligned" in listed[0]
+
+
 def test_the_maps_picture_marks_each_ratio_and_says_where_a_point_has_none():
     """The picture draws one dot per one-process ratio at its value, and a point where no process measured park
     beside another mode with a figure says so in words, rather than showing an empty row."""
