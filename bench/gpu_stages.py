@@ -281,6 +281,20 @@ STAGES: tuple[Stage, ...] = (
         1500,
     ),
     _detached(
+        "reasoning-8k-age1-park-sync",
+        "park and sync at --max-age 1 (the map's point with park / drain only; bench/handoff_model.py: park / sync "
+        "1.36); ~8 min, not run yet (its park / drain twin: 488 s at 6f74238): --detach",
+        _handoff(8192, "park,sync", "--no-graph-baseline", age=1),
+        900,
+    ),
+    _detached(
+        "reasoning-8k-age4-park-sync",
+        "park and sync at --max-age 4, 4 warm-up steps and 6 measured as reasoning-8k-age4 (bench/handoff_model.py: "
+        "park / sync 1.89 in that window, sync drawn from park's prompts); ~16 min, not run yet: --detach",
+        _handoff(8192, "park,sync", "--no-graph-baseline", "--warmup", "4", age=4, steps=6),
+        1500,
+    ),
+    _detached(
         "reasoning-32k-age4",
         "park and sync at cut 32,768 with --max-age 4: a wider admission window (at 0c47749 it lowered park / sync "
         "to 1.382: park's window holds the workload's one 32,768-token draw); 4 warm-up steps, 6 measured "
