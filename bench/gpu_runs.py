@@ -119,6 +119,12 @@ def requests_per_step(profile: dict[str, Any]) -> float | None:
     return sum(v["steps"] * v["mean_active"] for v in kinds) / steps if steps else None
 
 
+def drawn_from(d: dict[str, Any], mode: str) -> int:
+    """The first prompt a run's ``mode`` drew from the seeded stream (the JSON's ``first_prompt``); 0 for the runs
+    that record none, which drew every mode from the stream's start."""
+    return int((d.get("first_prompt") or {}).get(mode, 0))
+
+
 def requests_per_engine_step(row: dict[str, Any]) -> float | None:
     """A mode's :func:`requests_per_step` in its first round; None where the row has no step profile."""
     return requests_per_step(_first_profile(row))

@@ -433,7 +433,7 @@ def measured(
                     continue
                 if ran is not None and ran != (0 if mode == "sync" else warmup):
                     continue
-                if (d.get("first_prompt") or {}).get(mode, 0) != first_prompt(mode, replace(shape, warmup=warmup)):
+                if gpu_runs.drawn_from(d, mode) != first_prompt(mode, replace(shape, warmup=warmup)):
                     continue  # it drew other prompts than the model's mode (a sync run before the bench aligned it)
                 key = (
                     int(sh["max_tokens"]),

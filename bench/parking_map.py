@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from bench._handoff import mode_of_ratio, ratio_refusal
+from bench.gpu_runs import drawn_from
 
 OTHERS = ("drain", "sync", "abort", "drain-hold")  # the modes park is measured against, in the map's column order
 
@@ -78,7 +79,7 @@ class MapRow:
 def sync_aligned(d: dict[str, Any]) -> bool:
     """Whether the run's sync drew its prompts from where the other modes' measured steps start (the bench's
     ``first_prompt``); False for the runs that record none, which drew sync from the stream's first prompt."""
-    return int((d.get("first_prompt") or {}).get("sync", 0)) > 0
+    return drawn_from(d, "sync") > 0
 
 
 def point_of(d: dict[str, Any]) -> Point:

@@ -56,7 +56,7 @@ def test_the_model_decodes_as_many_requests_as_the_gpu_did_in_each_mode(workload
         gpu_running = gpu_runs.requests_per_engine_step(row)
         assert gpu_running is not None, (name, mode, "no engine step profile")
         warmup = (data.get("warmup_steps") or {}).get(mode, 1)  # run_mode gives sync none, as the bench does
-        first = (data.get("first_prompt") or {}).get(mode, 0)  # the runs before the bench aligned sync drew from 0
+        first = gpu_runs.drawn_from(data, mode)  # the runs before the bench aligned sync drew from 0
         run = hm.run_mode(mode, s, timing, seed=seed, warmup=warmup, steps=row["measured_steps"], first=first)
         r = hm.summarize(mode, run)
         assert r.mean_decoding == pytest.approx(gpu_running, abs=1), (mode, r.mean_decoding, gpu_running)
@@ -267,7 +267,7 @@ def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload)
                 continue
             assert d["seed"] == seed, d["_file"]
             warmup = (d.get("warmup_steps") or {}).get(mode, 1)
-            first = (d.get("first_prompt") or {}).get(mode, 0)
+            first = gpu_runs.drawn_from(d, mode)
             model = model_decoding(cut, age, mode, warmup, row["measured_steps"], first)
             assert model == pytest.approx(gpu_running, abs=0.5), (d["_file"], mode, model)
             checked, files = checked + 1, files | {d["_file"]}
