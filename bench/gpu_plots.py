@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._handoff import MIN_STEPS
-from bench.gpu_runs import MODES, Key, in_median, measured, mode_figures
+from bench.gpu_runs import Key, by_label, in_median, mode_figures
 from bench.parking_map import OTHERS, TARGETS, MapRow, Point, map_rows, standing_ratios
 
 COLORS = {"park": "#2a7ab9", "drain": "#d9822b", "sync": "#8c8c8c", "abort": "#b93a3a", "drain-hold": "#e0b04a"}
@@ -37,17 +37,22 @@ def plot_bars(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = ""
     for ax, key in zip(axes[0], keys):
         xs: list[int] = []
         labels: list[str] = []
-        for m in MODES:
-            rows = [(d, r) for d in runs[key] if (r := measured(d, m)) is not None]
-            if not rows:
-                continue
+        for label, rows in by_label(runs[key]).items():
             x = len(xs)
             f = mode_figures(rows)
             if f.median is not None:
                 med = f.median
                 lo = med if f.low is None else min(med, f.low)
                 hi = med if f.high is None else max(med, f.high)
-                ax.bar(x, med, 0.6, color=COLORS[m], alpha=0.85, yerr=[[med - lo], [hi - med]], capsize=5)
+                ax.bar(
+                    x,
+                    med,
+                    0.6,
+                    color=COLORS[label.split(" (")[0]],
+                    alpha=0.85,
+                    yerr=[[med - lo], [hi - med]],
+                    capsize=5,
+                )
                 ax.text(x, hi, f"{med:.2f}\n{f.runs} run(s), {f.steps} steps", ha="center", va="bottom", fontsize=8)
             for d, r in rows:
                 full = in_median(d, r)
@@ -62,7 +67,7 @@ def plot_bars(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = ""
                 if r.get("trained_samples_per_s") is not None:
                     ax.plot(x - 0.18, r["trained_samples_per_s"], "x", color="black", markersize=5)
             xs.append(x)
-            labels.append(m)
+            labels.append(label)
         ax.set_xticks(xs, labels)
         model, cut, age = key
         ratios = [f"park/{m} {v:.3f}" for d in runs[key] for m, v in standing_ratios(d).items()]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import sys
 import xml.etree.ElementTree as ET
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,14 @@ from bench.gpu_runs import (
     MODES,
     Key,
     between_steps_ms,
+    by_label,
     in_median,
     load,
     measured,
     min_steps,
     mode_figures,
+    mode_label,
+    mode_variant,
     read_json,
     requests_per_step,
     split_history,
@@ -171,7 +173,7 @@ def run_list(runs: list[dict[str, Any]]) -> list[str]:
     return [
         f"* `{d['_file']}`: {_commit(d)}, {d.get('date', '?')}, "
         f"{d.get('machine', {}).get('device', '?')}, `{d.get('command', '?')}`"
-        + (" (drain's race forced collector-first)" if d.get("drain_race") == "collector-first" else "")
+        + (" (drain's race forced collector-first)" if mode_variant(d, "drain") == "forced" else "")
         + (" (sync's prompts aligned with the other modes' measured steps)" if sync_aligned(d) else "")
         for d in runs
     ]
@@ -253,14 +255,9 @@ def workload_section(key: Key, runs: list[dict[str, Any]]) -> list[str]:
         "single steps (min-max) |",
         "|---|---|---|---|---|",
     ]
-    by_mode: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
-    for d in runs:
-        for m in MODES:
-            if (r := measured(d, m)) is not None:
-                by_mode[m].append((d, r))
-    lines += [mode_row(m, by_mode[m]) for m in MODES if m in by_mode]
+    lines += [mode_row(label, rows) for label, rows in by_label(runs).items()]
     lines += ["", "Each run's rows:", "", *RUN_HEADER]
-    lines += [run_row(d, m, r) for d in runs for m in MODES if (r := measured(d, m)) is not None]
+    lines += [run_row(d, mode_label(d, m), r) for d in runs for m in MODES if (r := measured(d, m)) is not None]
     lines += ["", "Ratios, as each JSON gives them:", "", *[ratio_lines(d) for d in runs], ""]
     return lines + decode_lines(runs)
 

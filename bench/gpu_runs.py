@@ -125,6 +125,35 @@ def drawn_from(d: dict[str, Any], mode: str) -> int:
     return int((d.get("first_prompt") or {}).get(mode, 0))
 
 
+def mode_variant(d: dict[str, Any], mode: str) -> str:
+    """How a run's ``mode`` differs from the other runs of that mode, as the pages label it: ``forced`` for a drain
+    whose race with the trainer was forced collector-first (``--drain-race collector-first``), ``aligned`` for a
+    sync drawn from where park's measured steps start (:func:`drawn_from` above 0), else ``""``."""
+    if mode == "drain" and d.get("drain_race") == "collector-first":
+        return "forced"
+    if mode == "sync" and drawn_from(d, "sync") > 0:
+        return "aligned"
+    return ""
+
+
+def mode_label(d: dict[str, Any], mode: str) -> str:
+    """``mode``, with its :func:`mode_variant` in brackets where it has one: ``drain (forced)``, ``sync (aligned)``."""
+    variant = mode_variant(d, mode)
+    return f"{mode} ({variant})" if variant else mode
+
+
+def by_label(runs: list[dict[str, Any]]) -> dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """Each measured mode of ``runs`` as ``(run, row)`` pairs, keyed by :func:`mode_label`, in :data:`MODES`' order
+    (a mode's plain runs before its variant's): a median or a bar never pools a forced drain or an aligned sync
+    with the others."""
+    out: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for m in MODES:
+        pairs = [(d, r) for d in runs if (r := measured(d, m)) is not None]
+        for d, r in sorted(pairs, key=lambda pair: mode_variant(pair[0], m) != ""):
+            out.setdefault(mode_label(d, m), []).append((d, r))
+    return out
+
+
 def requests_per_engine_step(row: dict[str, Any]) -> float | None:
     """A mode's :func:`requests_per_step` in its first round; None where the row has no step profile."""
     return requests_per_step(_first_profile(row))
@@ -193,12 +222,15 @@ __all__ = [
     "MODES",
     "Key",
     "ModeFigures",
+    "by_label",
     "in_median",
     "is_handoff",
     "load",
     "measured",
     "min_steps",
     "mode_figures",
+    "mode_label",
+    "mode_variant",
     "read_json",
     "split_history",
     "unsteady",

@@ -219,7 +219,7 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-coordinator-park-sync",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and sync only (the 2.5x sync "
         "target's pair on the faster path, where the three-mode stage has lost its machine during drain each time); "
-        "~9-10 min (590 s at 0441af7, 509 s at 0c47749; at cfe14fd its machine was taken during sync's third step): "
+        "~9-10 min (590 s at 0441af7, 509 s at 0c47749, 608 s at 2990879, whose sync drew from park's prompts; at cfe14fd its machine was taken during sync's third step): "
         "--detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", engine="coordinator"),
     ),
@@ -290,7 +290,8 @@ STAGES: tuple[Stage, ...] = (
     _detached(
         "reasoning-8k-age4-park-sync",
         "park and sync at --max-age 4, 4 warm-up steps and 6 measured as reasoning-8k-age4 (bench/handoff_model.py: "
-        "park / sync 1.89 in that window, sync drawn from park's prompts); ~16 min, not run yet: --detach",
+        "park / sync 1.89 in that window, sync drawn from park's prompts; 1.641 at 2990879); ~12 min (723 s at "
+        "2990879): --detach",
         _handoff(8192, "park,sync", "--no-graph-baseline", "--warmup", "4", age=4, steps=6),
         1500,
     ),

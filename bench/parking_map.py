@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from bench._handoff import mode_of_ratio, ratio_refusal
-from bench.gpu_runs import drawn_from
+from bench.gpu_runs import mode_variant
 
 OTHERS = ("drain", "sync", "abort", "drain-hold")  # the modes park is measured against, in the map's column order
 
@@ -79,7 +79,7 @@ class MapRow:
 def sync_aligned(d: dict[str, Any]) -> bool:
     """Whether the run's sync drew its prompts from where the other modes' measured steps start (the bench's
     ``first_prompt``); False for the runs that record none, which drew sync from the stream's first prompt."""
-    return drawn_from(d, "sync") > 0
+    return mode_variant(d, "sync") == "aligned"
 
 
 def point_of(d: dict[str, Any]) -> Point:
@@ -103,12 +103,9 @@ def map_rows(runs: list[dict[str, Any]]) -> list[MapRow]:
         ran = {m for m, r in modes.items() if "samples_per_s" in (r or {})}
         row.measured |= ran
         row.standing |= {m for m in ran if ratio_refusal(m, modes[m]) is None}
-        forced = d.get("drain_race") == "collector-first"
-        aligned = sync_aligned(d)
         for other, value in standing_ratios(d).items():
-            row.ratios.setdefault(other, []).append(
-                MapRatio(value, forced and other == "drain", aligned and other == "sync")
-            )
+            variant = mode_variant(d, other)
+            row.ratios.setdefault(other, []).append(MapRatio(value, variant == "forced", variant == "aligned"))
         park = modes.get("park")
         if ratio_refusal("park", park) is None:
             assert park is not None

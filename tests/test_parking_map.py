@@ -36,6 +36,7 @@ HEADLINE = (
     "cfe14fd",
     "0441af7",
     "0c47749",
+    "2990879",
 )
 
 
@@ -103,6 +104,22 @@ def test_a_sync_drawn_from_parks_prompts_is_marked_on_the_map_and_in_the_run_lis
     assert not parking_map.sync_aligned({**before, "first_prompt": {"park": 0, "sync": 0}})
     listed = gpu_report.run_list([{**aligned, "_file": "a.json", "commit": "abc1234"}])
     assert "sync's prompts aligned" in listed[0]
+
+
+def test_a_points_medians_keep_a_forced_drain_and_an_aligned_sync_apart():
+    """The page's per-point summary gives a forced drain and an aligned sync rows of their own, so a median never
+    pools them with the drains left free or the syncs drawn from the first prompt (the bars read the same rows)."""
+    free = _run({"park": _mode(8.0), "drain": _mode(6.0), "sync": _mode(4.0)}, drain=1.333, sync=2.0)
+    forced = {**_run({"park": _mode(8.0), "drain": _mode(4.0)}, drain=2.0), "drain_race": "collector-first"}
+    aligned = {**_run({"park": _mode(8.0), "sync": _mode(3.0)}, sync=2.667), "first_prompt": {"park": 0, "sync": 32}}
+    runs = [{**d, "_file": f"{i}.json", "commit": "abc1234"} for i, d in enumerate([free, forced, aligned])]
+    labels = gpu_runs.by_label(runs)
+    assert list(labels) == ["park", "drain", "drain (forced)", "sync", "sync (aligned)"]
+    assert [r["samples_per_s"] for _, r in labels["sync (aligned)"]] == [3.0]
+    page = "\n".join(gpu_report.workload_section(("gpt200m", 8192, 2), runs))
+    assert "| drain | 6.00 | 6.00 (3) | 3 |" in page and "| drain (forced) | 4.00 | 4.00 (3) | 3 |" in page
+    assert "| sync | 4.00 | 4.00 (3) | 3 |" in page and "| sync (aligned) | 3.00 | 3.00 (3) | 3 |" in page
+    assert "| `2.json` | sync (aligned) | 3.00 |" in page  # each run's row says so too
 
 
 def test_the_maps_picture_marks_each_ratio_and_says_where_a_point_has_none():
@@ -224,7 +241,7 @@ def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_i
     every mode with a collector."""
     _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
     runs = [d for rs in head.values() for d in rs]
-    assert len(runs) == 39
+    assert len(runs) == 41
     for d in runs:
         name, cut = d["_file"], d["shape"]["max_tokens"]
         assert "reasoning" in name and f"cut{cut}" in name and d["commit"] in name, name
