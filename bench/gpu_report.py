@@ -31,6 +31,7 @@ from bench.gpu_runs import (
     Key,
     between_steps_ms,
     by_label,
+    commits_arg,
     in_median,
     load,
     measured,
@@ -416,11 +417,12 @@ def main(argv: list[str] | None = None) -> int:
         "--commits",
         default=None,
         help="comma-separated commits whose runs are the headline (they run the same measured code; the notes say "
-        "why); default: the newest run's commit",
+        "why), or 'headline' for the committed page's (bench/gpu_runs.py: HEADLINE_COMMITS); default: the newest "
+        "run's commit",
     )
     args = ap.parse_args(argv)
     runs, paths = load(args.folder, include_cpu=args.include_cpu)
-    commits = tuple(c.strip() for c in args.commits.split(",") if c.strip()) if args.commits else ()
+    commits = commits_arg(args.commits)
     commit, head, hist = split_history(runs, commits)
     command = " ".join(["python -m bench.gpu report", *(argv if argv is not None else sys.argv[2:])])
     lines = [HEADER.format(command=command)]

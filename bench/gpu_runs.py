@@ -27,6 +27,41 @@ MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key spells d
 
 Key = tuple[str, int, int]  # a workload: (model as its heading names it, output-length cut, max_age)
 
+HEADLINE_COMMITS = (
+    "6bd92a8",
+    "791d078",
+    "b1df85d",
+    "4366d6d",
+    "6f74238",
+    "0bdc5f1",
+    "8ba94f0",
+    "76259d0",
+    "9de9ebc",
+    "ad762e2",
+    "dec9bed",
+    "4406c2f",
+    "4a18c96",
+    "7d7d980",
+    "6f6dd0a",
+    "c324f9c",
+    "70c3315",
+    "e07ddf5",
+    "cfe14fd",
+    "0441af7",
+    "0c47749",
+    "2990879",
+)
+"""The commits whose runs in ``docs/gpu-runs/`` are the performance page's headline (``--commits headline``): each
+measures the same code, or the page's notes say what differs. A GPU session that commits runs adds its commit here."""
+
+
+def commits_arg(text: str | None) -> tuple[str, ...]:
+    """A ``--commits`` value: ``headline`` for :data:`HEADLINE_COMMITS`, else the comma-separated commits (none for
+    an empty or absent value)."""
+    if text is not None and text.strip() == "headline":
+        return HEADLINE_COMMITS
+    return tuple(c.strip() for c in (text or "").split(",") if c.strip())
+
 
 def read_json(path: Path) -> Any:
     """The file's JSON, or None where it cannot be read or parsed (a folder may hold anything)."""
@@ -219,10 +254,12 @@ def mode_figures(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> ModeFigur
 
 
 __all__ = [
+    "HEADLINE_COMMITS",
     "MODES",
     "Key",
     "ModeFigures",
     "by_label",
+    "commits_arg",
     "in_median",
     "is_handoff",
     "load",

@@ -480,8 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--commits",
-        default="6bd92a8,791d078,b1df85d,6f74238,0bdc5f1",
-        help="GPU runs to print beside the model (docs/gpu-runs)",
+        default="headline",
+        help="the commits whose GPU runs (docs/gpu-runs) are printed beside the model, comma-separated; default: "
+        "the performance page's headline (bench/gpu_runs.py: HEADLINE_COMMITS)",
     )
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "handoff_model.json")
     ap.add_argument("--smoke", action="store_true", help="one small point, for the code path (CPU, a second)")
@@ -506,9 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         shape = replace(shape, num_prompts_per_step=4, max_active_requests=32)
         cuts, ages, orders = [min(cuts[0], 2048)], [ages[0]], orders[:1]
-    seen = measured(
-        RUNS, {c.strip() for c in args.commits.split(",") if c.strip()}, shape, warmup=args.warmup, window=args.window
-    )
+    seen = measured(RUNS, set(gpu_runs.commits_arg(args.commits)), shape, warmup=args.warmup, window=args.window)
     print(
         f"handoff_model (a model, not a measurement): workload {args.workload.name} ({shape.num_prompts_per_step}x"
         f"{shape.samples_per_group} per step, {shape.max_active_requests} active, lognormal median "

@@ -459,3 +459,17 @@ def test_the_models_sync_draws_where_the_bench_draws_it(workload):
     assert steps(seed=seed, warmup=1, steps=3, first=0) != aligned
     with pytest.raises(ConfigError, match="first"):
         hm.run_mode("sync", s, timing, seed=seed, warmup=1, steps=3, first=-1)
+
+
+def test_the_models_measured_column_reads_the_headline_runs_and_pairs_an_aligned_sync(workload):
+    """``--commits`` defaults to the performance page's headline (``gpu_runs.HEADLINE_COMMITS``, one list for the page,
+    its tests and the model), so the model is printed beside every headline run drawn as it draws: the aligned sync at
+    8,192 with ``max_age`` 4 (``2990879``) beside its sync, the syncs drawn from the first prompt beside none."""
+    assert gpu_runs.commits_arg("headline") == gpu_runs.HEADLINE_COMMITS
+    assert gpu_runs.commits_arg(" a1, b2 ,") == ("a1", "b2") and gpu_runs.commits_arg(None) == ()
+    shape, _, _ = workload
+    age4 = hm.measured(RUNS, set(gpu_runs.commits_arg("headline")), shape, warmup=4, window=6)
+    assert age4[(8192, 4, "start", "sync")] == [pytest.approx((5.26, 40.0), abs=0.01)]
+    assert sorted(round(rate, 2) for rate, _ in age4[(8192, 4, "start", "park")]) == [8.49, 8.63, 9.15]
+    age2 = hm.measured(RUNS, set(gpu_runs.commits_arg("headline")), shape, warmup=1, window=3)
+    assert (32768, 2, "start", "sync") not in age2  # every direct sync at 32,768 drew from the first prompt

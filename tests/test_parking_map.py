@@ -13,31 +13,7 @@ if str(ROOT) not in sys.path:
 from bench import gpu_report, gpu_runs, parking_map  # noqa: E402
 from bench._handoff import ratio_name, ratio_refusal  # noqa: E402
 
-# the commits PERFORMANCE.md is generated from
-HEADLINE = (
-    "6bd92a8",
-    "791d078",
-    "b1df85d",
-    "4366d6d",
-    "6f74238",
-    "0bdc5f1",
-    "8ba94f0",
-    "76259d0",
-    "9de9ebc",
-    "ad762e2",
-    "dec9bed",
-    "4406c2f",
-    "4a18c96",
-    "7d7d980",
-    "6f6dd0a",
-    "c324f9c",
-    "70c3315",
-    "e07ddf5",
-    "cfe14fd",
-    "0441af7",
-    "0c47749",
-    "2990879",
-)
+HEADLINE = gpu_runs.HEADLINE_COMMITS  # the commits PERFORMANCE.md is generated from
 
 
 def _mode(rate: float, steps: int = 3, made: int = 768) -> dict:
@@ -219,7 +195,7 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_files(t
     runs = ROOT / "docs" / "gpu-runs"
     page = tmp_path / "PERFORMANCE.md"
     notes = runs / "PERFORMANCE.notes.md"
-    argv = [str(runs), "--out", str(page), "--commits", ",".join(HEADLINE), "--notes", str(notes)]
+    argv = [str(runs), "--out", str(page), "--commits", "headline", "--notes", str(notes)]
     monkeypatch.setattr(gpu_report, "plot_bars", lambda *a, **k: None)  # the pictures' files are not the page
     monkeypatch.setattr(gpu_report, "plot_map", lambda *a, **k: None)
     assert gpu_report.main([*argv, "--plot", str(tmp_path / "where-parking-pays.png")]) == 0
