@@ -15,8 +15,9 @@ decoding its running requests first in, first out, with no KV limit) is re-writt
 decided, so the requests decoding per step follow from the admission rule and the lengths alone. What is
 modelled is time: an engine step decodes one token of every running request and takes the pure CUDA-graph
 decode's time at that batch, from a committed run's ``graph_decode`` rows, taken linearly in the decode context
-between its two contexts (the workload's mean decode context at each cut), plus a fixed host cost per step; a
-training step takes a fixed cost per trained token. Both fixed costs are fitted to park's run at the 8,192 cut.
+between its two contexts (the workload's mean decode context at each cut), plus a host cost per step (fixed by
+default, or growing with the requests running: ``--host-us-per-request``); a training step takes a fixed cost per
+trained token. Both fixed costs are fitted to park's run at the 8,192 cut.
 Prefill, handoffs and threads cost nothing, but for abort's re-prefill: abort is park whose handoff ends every
 running request, and after the resume each is re-prefilled (prompt + output so far) at a fixed cost per token,
 fitted to the same run's abort. Each step records what was in flight as its handoff began (groups, running
@@ -57,6 +58,11 @@ WORKLOAD = RUNS / "2026-12-02-h200-reasoning-cut8192-drain-sync-791d078.json"
 """The committed run whose workload shape and graph baseline (from the workload's mean context) the model uses."""
 HOST_MS = 1.06
 """Host time per engine step outside megatron's step: park's, measured at the 8,192 cut (``reasoning-8k``)."""
+HOST_LINE = (0.10, 9.7)
+"""The host time per engine step as a line in the requests running, ``(ms, us per request)``: the 16 park, drain and
+sync runs of the 202M GPT on the direct path before the first ``max_age`` 4 run (22 to 115 requests per engine
+step, each within 0.3 ms of it; ``tests/test_handoff_model.py`` fits it again from those files). The model's
+default is the fixed :data:`HOST_MS`; ``--host-ms 0.10 --host-us-per-request 9.7`` prices the host by this line."""
 TRAIN_US_PER_TOKEN = 12.8
 """Training time per trained token (prompt + output): park's Training time at the 8,192 cut over its tokens."""
 REPREFILL_US_PER_TOKEN = 3.6
@@ -71,7 +77,12 @@ generation admits two batches' worth. The bench's ``drain`` forces neither outco
 decodes as park does and pays, after each resume, the re-prefill of what its handoff ended."""
 
 
-COSTS = {"host_ms": "milliseconds", "train_us_per_token": "microseconds", "reprefill_us_per_token": "microseconds"}
+COSTS = {
+    "host_ms": "milliseconds",
+    "host_us_per_request": "microseconds",
+    "train_us_per_token": "microseconds",
+    "reprefill_us_per_token": "microseconds",
+}
 """The fixed costs a :class:`Timing` takes, and their units."""
 
 
@@ -87,6 +98,7 @@ class Timing:
 
     table: list[tuple[int, float]]
     host_ms: float = HOST_MS
+    host_us_per_request: float = 0.0  # host time that grows with the requests running (0: the fixed HOST_MS alone)
     train_us_per_token: float = TRAIN_US_PER_TOKEN
     reprefill_us_per_token: float = REPREFILL_US_PER_TOKEN
 
@@ -103,7 +115,8 @@ class Timing:
 
     def step_s(self, batch: int) -> float:
         """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
-        two rows past its ends, never below half its smallest row; plus the host cost."""
+        two rows past its ends, never below half its smallest row; plus the host cost (``host_ms``, and
+        ``host_us_per_request`` for each request running)."""
         xs = [b for b, _ in self.table]
         ys = [ms for _, ms in self.table]
         if len(xs) == 1:
@@ -112,7 +125,7 @@ class Timing:
             k = min(max(bisect.bisect_left(xs, batch), 1), len(xs) - 1)
             (x0, y0), (x1, y1) = self.table[k - 1], self.table[k]
             ms = y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
-        return (max(ms, ys[0] * 0.5) + self.host_ms) / 1000.0
+        return (max(ms, ys[0] * 0.5) + self.host_ms + self.host_us_per_request * batch / 1000.0) / 1000.0
 
 
 @dataclass(frozen=True)
@@ -471,6 +484,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="steps of the long run after the warm-up (default 30)")
     ap.add_argument("--seed", type=int, default=None, help="the output lengths' seed (default: the workload run's)")
     ap.add_argument("--host-ms", type=float, default=HOST_MS, help=f"host ms per engine step (default {HOST_MS})")
+    ap.add_argument(
+        "--host-us-per-request",
+        type=float,
+        default=0.0,
+        help="host us per engine step for each request running, on top of --host-ms (default 0: a fixed host cost); "
+        f"--host-ms {HOST_LINE[0]} --host-us-per-request {HOST_LINE[1]} is the line the direct runs before the "
+        "first max_age 4 run give",
+    )
     ap.add_argument("--train-us-per-token", type=float, default=TRAIN_US_PER_TOKEN, help="training us per token")
     ap.add_argument(
         "--reprefill-us-per-token",
@@ -513,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{shape.samples_per_group} per step, {shape.max_active_requests} active, lognormal median "
         f"{shape.median_tokens:g} sigma {shape.sigma:g}, seed {seed}); an engine step is the graph decode at its "
         f"batch, linear in the context through {baseline.context} and {baseline.context2} tokens, "
-        f"+ {args.host_ms} ms; training {args.train_us_per_token} us per token; abort's re-prefill "
+        f"+ {args.host_ms} ms + {args.host_us_per_request} us per request running; training {args.train_us_per_token} us per token; abort's re-prefill "
         f"{args.reprefill_us_per_token} us per token. 'bench window': {args.warmup} "
         f"warm-up step(s) (sync none), then {args.window} measured, as the bench runs; 'long run': {args.steps} "
         f"steps after the warm-up, and the range over its every {args.window} consecutive steps."
@@ -528,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         timing = Timing(
             baseline.table_at(context),
             host_ms=args.host_ms,
+            host_us_per_request=args.host_us_per_request,
             train_us_per_token=args.train_us_per_token,
             reprefill_us_per_token=args.reprefill_us_per_token,
         )
@@ -579,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": args.workload.name,
         "baseline": asdict(baseline),
         "host_ms": args.host_ms,
+        "host_us_per_request": args.host_us_per_request,
         "train_us_per_token": args.train_us_per_token,
         "reprefill_us_per_token": args.reprefill_us_per_token,
         "window": args.window,

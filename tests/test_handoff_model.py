@@ -129,11 +129,14 @@ def test_the_step_time_is_the_table_between_its_rows_plus_the_host_cost():
     assert t.step_s(40) == pytest.approx((3.0 + 3.0 * 24 / 48 + 1.0) / 1000)
     assert t.step_s(128) == pytest.approx((6.0 + 3.0 * 64 / 48 + 1.0) / 1000)  # the last rows' line, extended
     assert hm.Timing([(16, 3.0), (64, 12.0)], host_ms=1.0).step_s(1) == pytest.approx(0.0025)  # >= half the 16 row
+    line = hm.Timing([(64, 6.0), (16, 3.0)], host_ms=0.1, host_us_per_request=10.0)  # the host grows per request
+    assert line.step_s(16) == pytest.approx((3.0 + 0.1 + 0.16) / 1000) and line.step_s(64) == pytest.approx(0.00674)
     for bad, name in (
         ({"table": []}, "table"),
         ({"table": [(0, 1.0)]}, "table"),
         ({"table": [(16, 3.0), (16, 4.0)]}, "table"),
         ({"host_ms": -1}, "host_ms"),
+        ({"host_us_per_request": -2.0}, "host_us_per_request"),
         ({"reprefill_us_per_token": -0.5}, "reprefill_us_per_token"),
         ({"reprefill_us_per_token": float("inf")}, "reprefill_us_per_token"),
         ({"train_us_per_token": float("nan")}, "train_us_per_token"),
@@ -160,6 +163,7 @@ def test_the_command_runs_its_smoke_point_and_refuses_bad_options(tmp_path, caps
         (["--reprefill-us-per-token", "-1"], "--reprefill-us-per-token"),
         (["--reprefill-us-per-token", "inf"], "--reprefill-us-per-token"),
         (["--host-ms", "nan"], "--host-ms"),
+        (["--host-us-per-request", "-1"], "--host-us-per-request"),
         (["--cut", "8k"], "--cut"),
         (["--age", "0"], "--age"),
         (["--order", "random"], "--order"),
@@ -473,3 +477,25 @@ def test_the_models_measured_column_reads_the_headline_runs_and_pairs_an_aligned
     assert sorted(round(rate, 2) for rate, _ in age4[(8192, 4, "start", "park")]) == [8.49, 8.63, 9.15]
     age2 = hm.measured(RUNS, set(gpu_runs.commits_arg("headline")), shape, warmup=1, window=3)
     assert (32768, 2, "start", "sync") not in age2  # every direct sync at 32,768 drew from the first prompt
+
+
+def test_a_host_cost_that_grows_with_the_requests_fits_the_age_4_park_and_sync_but_not_the_age_2_drain_and_sync(
+    workload,
+):
+    """What the notes say of pricing the host by its line (``HOST_LINE``, fitted on the direct runs before the first
+    ``max_age`` 4 run) in place of the fixed 1.06 ms: at 8,192 with ``max_age`` 4 it gives park / sync 1.64, the
+    ``2990879`` run's 1.641 (the fixed cost: 1.89), yet at ``max_age`` 2 it puts drain and sync more than 10% above
+    every run of them (4.60-4.66), which the fixed cost fits: the table's small-batch steps are shorter than the
+    runs' by about what the fixed cost adds. Neither host rule fits every point."""
+    shape, baseline, seed = workload
+
+    def rate(mode: str, age: int, warmup: int, steps: int, first: int | None = None, **host: float) -> float:
+        s = replace(shape, max_tokens=8192, max_trajectory_age_steps=age)
+        timing = hm.Timing(baseline.table_at(hm.workload_context(s, seed)), **host)
+        run = hm.run_mode(mode, s, timing, seed=seed, warmup=warmup, steps=steps, first=first)
+        return hm.summarize(mode, run).samples_per_s
+
+    line = {"host_ms": hm.HOST_LINE[0], "host_us_per_request": hm.HOST_LINE[1]}
+    assert round(rate("park", 4, 4, 6, **line) / rate("sync", 4, 4, 6, **line), 2) == 1.64
+    assert round(rate("park", 4, 4, 6) / rate("sync", 4, 4, 6), 2) == 1.89
+    assert min(rate("drain", 2, 1, 3, **line), rate("sync", 2, 1, 3, first=0, **line)) > 1.1 * 4.66
