@@ -219,8 +219,8 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-coordinator-park-sync",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and sync only (the 2.5x sync "
         "target's pair on the faster path, where the three-mode stage has lost its machine during drain each time); "
-        "~9-10 min (590 s at 0441af7, 509 s at 0c47749, 608 s at 2990879, whose sync drew from park's prompts; at cfe14fd its machine was taken during sync's third step): "
-        "--detach",
+        "~9-10 min (590 s at 0441af7, 509 s at 0c47749, 608 s at 2990879, whose sync drew from park's prompts; at "
+        "cfe14fd its machine was taken during sync's third step): --detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", engine="coordinator"),
     ),
     Stage(
