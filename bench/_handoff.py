@@ -1,6 +1,6 @@
 """Pieces of ``bench/inflight_handoff.py`` (not a benchmark itself: ``run_all`` skips files starting with ``_``):
 the reasoning workload, the engine factory (one function per way of building the engine, so another can plug
-in), the pure graph-decode baseline, the JSON report written after every mode, the side-by-side table and its ratios."""
+in), the JSON report written after every mode, the side-by-side table and its ratios."""
 
 from __future__ import annotations
 
@@ -244,88 +244,6 @@ def coordinator_engine(*args: Any, **kwargs: Any) -> Any:
 
 ENGINES: dict[str, EngineFactory] = {"direct": direct_engine, "coordinator": coordinator_engine}
 """``--engine`` choices: name -> factory ``(mode, args, shape, model, tokenizer, weight_version, max_len)``."""
-
-
-def decode_weighted_context(prompt_len: int, lengths: list[int]) -> int:
-    """The context a decode step attends over, averaged over every token the workload decodes: a request of output
-    length ``L`` decodes from contexts ``prompt_len + 0 .. prompt_len + L - 1``, so long requests weigh by ``L``."""
-    tokens = sum(lengths)
-    return prompt_len + round(sum(n * (n - 1) / 2 for n in lengths) / tokens) if tokens else prompt_len
-
-
-def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[int] | None = None) -> dict[str, Any]:
-    """Decode tokens/s of megatron-core's dynamic engine alone (CUDA graphs, no lifecycle, no bookkeeping of
-    colo-fsm) on a fresh model of the same shape, KV buffer and graph count, at batch sizes up to the run's
-    concurrency, each request decoding from a context of prompt + median output length (``rows``, the first
-    baseline). With the workload's drawn output ``lengths`` the same batches run again from the context a decode
-    step of the workload attends over on average (:func:`decode_weighted_context`; ``rows_matched_context``): a
-    long rollout's decode reads more KV than a median one's, so that row tells attention cost from loop cost.
-    ``graph_decode_tokens_per_s`` is the rate at ``max_active_requests``; the ratios against park use the batch
-    nearest park's mean running requests (:func:`add_ratios`)."""
-    import torch
-    from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
-
-    from bench._gpu import BenchEngine, EngineOptions
-    from bench._workload import alphabet_of, model_config
-    from colo_fsm.adapters.megatron.model import build_model
-    from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
-
-    tok = CharTokenizer(alphabet_of(shape))
-    seq_len = shape.sequence_length
-    model = build_model(model_config(shape, tok.vocab_size, device="cuda", seed=args.seed, cuda_graphs=True))
-    batches = sorted(
-        {b for b in (16, 32, 64, 128, 256, 512) if b < shape.max_active_requests} | {shape.max_active_requests}
-    )
-    t0 = time.perf_counter()
-    eng = BenchEngine(
-        model,
-        tok,
-        EngineOptions(
-            buffer_gb=args.buffer_gb,
-            max_requests=shape.max_active_requests,
-            max_sequence_length=seq_len,
-            num_cuda_graphs=args.cuda_graphs,
-        ),
-    )
-    rows: list[dict[str, Any]] = []
-    matched_rows: list[dict[str, Any]] = []
-    # contexts about as long as a rollout's midpoint: attention over the context is part of a decode step's cost
-    context = min(seq_len - 80, shape.prompt_len + int(shape.median_tokens))
-    matched = min(seq_len - 80, decode_weighted_context(shape.prompt_len, lengths)) if lengths else None
-    try:
-        for b in batches:
-            rows.append(eng.decode_rate(b, prompt_len=context, steps=64))
-        if matched is not None and matched != context:
-            for b in batches:
-                matched_rows.append(eng.decode_rate(b, prompt_len=matched, steps=64))
-    finally:
-        eng.shutdown(graphs=True)
-        delete_cuda_graphs()
-        del model
-        torch.cuda.empty_cache()
-    top = rows[-1]
-    return {
-        "graph_decode": {
-            "model": model_name,
-            "rows": rows,
-            "build_s": eng.build["total_s"],
-            "run_s": time.perf_counter() - t0,
-            "context_tokens": context,
-            "note": "every request decodes from a context of prompt + median output length, the batch stays full",
-            **(
-                {
-                    "rows_matched_context": matched_rows,
-                    "matched_context_tokens": matched,
-                    "matched_note": "the same batches from the context a decode step of the workload attends over "
-                    "on average (prompt + the token-weighted mean output position)",
-                }
-                if matched_rows
-                else {}
-            ),
-        },
-        "graph_decode_tokens_per_s": top["decode_tokens_per_s"],
-        "graph_decode_batch": top["batch"],
-    }
 
 
 MIN_STEPS = 3
@@ -591,10 +509,8 @@ __all__ = [
     "Meter",
     "add_ratios",
     "buffer_growth",
-    "decode_weighted_context",
     "direct_engine",
     "git_commit",
-    "graph_decode_baseline",
     "mode_of_ratio",
     "mode_unavailable",
     "print_table",

@@ -190,7 +190,8 @@ RUN_HEADER = (
 
 def decode_lines(runs: list[dict[str, Any]]) -> list[str]:
     """What a decode step costs, in each run: the pure CUDA-graph decode it measured (megatron-core's engine alone,
-    at the baseline's context and, where it ran, at the workload's mean decode context), and each mode's
+    at the baseline's context and, where it ran, at the workload's mean decode context and at each of its
+    ``--graph-contexts``, a ``-`` where a batch did not fit the KV buffer there), and each mode's
     decode-only graph steps from its step profile. A comparison across two runs is the reader's to make: the
     page gives a ratio only inside one run."""
     lines: list[str] = []
@@ -208,6 +209,7 @@ def decode_lines(runs: list[dict[str, Any]]) -> list[str]:
             for rows, context in (
                 (g["rows"], g.get("context_tokens")),
                 (g.get("rows_matched_context") or [], g.get("matched_context_tokens")),
+                *((c["rows"], c["context_tokens"]) for c in g.get("rows_by_context") or []),
             ):
                 if not rows:
                     continue
@@ -217,6 +219,9 @@ def decode_lines(runs: list[dict[str, Any]]) -> list[str]:
                 ]
                 lines.append(f"| `{d['_file']}` | {_fmt(context, '{:,}')} | {' | '.join(cells)} |")
         lines.append("")
+        failed = [(d, c) for d in base for c in d["graph_decode"].get("rows_by_context") or [] if c.get("error")]
+        lines += [f"* `{d['_file']}`: from {c['context_tokens']:,} tokens it failed: {c['error']}" for d, c in failed]
+        lines += [""] if failed else []
     steps = [
         (d, m, prof)
         for d in runs

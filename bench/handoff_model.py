@@ -46,7 +46,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import gpu_runs  # noqa: E402  (after the sys.path line above)
-from bench._handoff import MAX_BUFFER_GROWTH, decode_weighted_context  # noqa: E402
+from bench._graph_baseline import decode_weighted_context  # noqa: E402
+from bench._handoff import MAX_BUFFER_GROWTH  # noqa: E402
 from bench._workload import Shape, first_prompt, output_length  # noqa: E402
 from colo_fsm.adapters.protocols import Completion  # noqa: E402
 from colo_fsm.collector import ReplayBuffer, TrajectoryGroup  # noqa: E402

@@ -35,7 +35,8 @@ JSON (``no_ratio``) say why there is none.
 
 ``--workload reasoning`` is the shape of RL for reasoning models (see ``bench/_handoff.py``: 32 x 8 per step,
 lengths lognormal median 768 cut at ``--max-len``, 256 active, 40 GiB KV, CUDA graphs, a pure graph-decode
-baseline first); ``--smoke`` runs its code path on the CPU in seconds. ``--mode-budget-s`` bounds each mode; the
+baseline first, from more contexts with ``--graph-contexts``: ``bench/_graph_baseline.py``); ``--smoke`` runs its
+code path on the CPU in seconds. ``--mode-budget-s`` bounds each mode; the
 JSON is rewritten after every measured step.
 
 Output lengths are lognormal (``--median-tokens``, ``--sigma``), cut at ``--max-tokens``; each request stops
@@ -81,6 +82,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "inflight_handoff.json"
 
+from bench._graph_baseline import graph_context_errors, graph_contexts, graph_decode_baseline  # noqa: E402
 from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     DRAIN_RACES,
     ENGINES,
@@ -91,7 +93,6 @@ from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     Meter,
     add_ratios,
     git_commit,
-    graph_decode_baseline,
     mode_unavailable,
     print_table,
     release_model_graphs,
@@ -454,6 +455,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
     ap.add_argument("--buffer-gb", type=float, default=None, help="KV buffer of the dynamic engine (GiB; default 1)")
     ap.add_argument("--no-graph-baseline", action="store_true", help="skip the pure graph-decode baseline")
     ap.add_argument(
+        "--graph-contexts",
+        default=None,
+        help="comma-separated contexts (tokens) the graph-decode baseline also runs from, each at the batches that "
+        "fit the KV buffer (GPU with CUDA graphs, the baseline on)",
+    )
+    ap.add_argument(
         "--drain-race",
         choices=DRAIN_RACES,
         default="free",
@@ -509,6 +516,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         ap.error(f"--steps {shape.steps} (>= 1) and --warmup {shape.warmup} (>= 0): measured and warm-up steps")
     if args.mode_budget_s is not None and not args.mode_budget_s > 0:
         ap.error(f"--mode-budget-s {args.mode_budget_s}: a positive number of seconds")
+    args.graph_contexts = graph_contexts(ap, args, shape)
     if args.drain_race != "free" and "drain" not in modes:
         ap.error(f"--drain-race {args.drain_race} forces drain's handoffs, and --modes {','.join(modes)} has no drain")
     if args.out is None:
@@ -635,6 +643,9 @@ def main(argv: list[str] | None = None) -> int:
             shutdown_distributed()
     print_table(report.data)
     print(f"total {report.data.get('total_s', 0.0):.0f} s; wrote {args.out}")
+    if failed := graph_context_errors(report.data):
+        print(f"graph decode from these --graph-contexts failed: {'; '.join(failed)}", flush=True)
+        return 1
     return 0
 
 

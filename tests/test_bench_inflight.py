@@ -295,12 +295,53 @@ def test_ratios_compare_park_with_the_graph_decode_at_its_concurrency():
 def test_the_matched_context_weighs_each_decoded_token_by_where_it_sits():
     """A request of length L decodes from contexts prompt .. prompt + L - 1: one of 1 and one of 3 tokens decode 4
     tokens at positions 0, 0, 1, 2 (mean 0.75, rounded to 1); long requests pull the mean up, as they pull attention."""
-    from bench._handoff import decode_weighted_context
+    from bench._graph_baseline import decode_weighted_context
 
     assert decode_weighted_context(64, [1, 3]) == 65
     assert decode_weighted_context(64, [1000]) == 64 + 500  # 999 / 2 rounded
     assert decode_weighted_context(64, [100] * 9 + [10_000]) > 64 + 4_000  # one long request dominates
     assert decode_weighted_context(64, []) == 64
+
+
+def test_the_baseline_at_a_long_context_runs_only_the_batches_that_fit_the_kv_buffer():
+    """The 202M GPT keeps 64 KiB of keys and values per token (16 layers, hidden 1,024, bf16): a 40 GiB buffer holds
+    about 590,000 tokens at 90%, so from 16,384 tokens a batch of 32 fits and 64 does not; from 1,417 every batch
+    up to 256 does."""
+    from bench._graph_baseline import batches_that_fit
+    from bench._workload import MODELS
+
+    shape = MODELS["gpt200m"]
+    batches = [16, 32, 64, 128, 256]
+    assert batches_that_fit(batches, 16384, shape, 40.0) == [16, 32]
+    assert batches_that_fit(batches, 1417, shape, 40.0) == batches
+    assert batches_that_fit(batches, 16384, shape, 1.0) == []
+
+
+def test_the_graph_contexts_option_is_refused_where_the_baseline_does_not_run_or_out_of_range(capsys):
+    """``--graph-contexts`` is never ignored: on the CPU (no baseline), beside ``--no-graph-baseline``, or with a
+    context the sequence cannot hold or that is not a number, the bench stops and names the option and the value."""
+    for argv, said in (
+        (["--workload", "reasoning", "--smoke", "--graph-contexts", "512"], "runs with the graph-decode baseline"),
+        (["--workload", "reasoning", "--no-graph-baseline", "--graph-contexts", "4096"], "without --no-graph-baseline"),
+        (["--workload", "reasoning", "--graph-contexts", "4096,99999"], "1 to 8,176"),
+        (["--workload", "reasoning", "--graph-contexts", "4k"], "whole numbers of tokens"),
+    ):
+        with pytest.raises(SystemExit):
+            inflight_handoff.parse_args(argv)
+        err = capsys.readouterr().err
+        assert "--graph-contexts" in err and said in err, (argv, err)
+    args, *_ = inflight_handoff.parse_args(
+        ["--workload", "reasoning", "--max-len", "32768", "--graph-contexts", "4096,16384"]
+    )
+    assert args.graph_contexts == [4096, 16384]
+    args, *_ = inflight_handoff.parse_args(["--workload", "reasoning"])
+    assert args.graph_contexts == []
+    from bench._graph_baseline import graph_context_errors
+
+    lost = {"graph_decode": {"rows_by_context": [{"context_tokens": 4096, "rows": [{}]}, {"context_tokens": 16000,
+                                                 "rows": [], "error": "TokenOverflowError: too long"}]}}  # fmt: skip
+    assert graph_context_errors(lost) == ["16000: TokenOverflowError: too long"]
+    assert graph_context_errors({"graph_decode": {"rows": []}}) == [] and graph_context_errors({}) == []
 
 
 def test_release_model_graphs_drops_megatrons_cache_entry_and_runners(monkeypatch):

@@ -1,0 +1,159 @@
+"""The pure graph-decode baseline of ``bench/inflight_handoff.py``: megatron-core's dynamic engine alone, with CUDA
+graphs, on a fresh model of the run's shape, so a mode's engine decode can be set beside what the engine gives
+without colo-fsm's loop; and the context a decode step of the workload attends over, which the handoff model
+reads too (not a benchmark itself: ``run_all`` skips files starting with ``_``)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from bench._workload import Shape
+
+
+def decode_weighted_context(prompt_len: int, lengths: list[int]) -> int:
+    """The context a decode step attends over, averaged over every token the workload decodes: a request of output
+    length ``L`` decodes from contexts ``prompt_len + 0 .. prompt_len + L - 1``, so long requests weigh by ``L``."""
+    tokens = sum(lengths)
+    return prompt_len + round(sum(n * (n - 1) / 2 for n in lengths) / tokens) if tokens else prompt_len
+
+
+KV_FILL = 0.9  # the share of the KV buffer a graph-decode row at a long context may fill (the rest: block rounding)
+
+
+def batches_that_fit(batches: list[int], context: int, shape: Any, buffer_gb: float, steps: int = 64) -> list[int]:
+    """The ``batches`` whose requests fit the KV buffer together at ``context`` tokens plus the timed window (bf16
+    keys and values of every layer, ``KV_FILL`` of ``buffer_gb``): at a long context a full batch of 256 does not."""
+    per_token = 2 * shape.num_layers * shape.hidden_size * 2
+    room = KV_FILL * buffer_gb * 2**30 // per_token
+    return [b for b in batches if b * (context + steps + 8) <= room]
+
+
+def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[int] | None = None) -> dict[str, Any]:
+    """Decode tokens/s of megatron-core's dynamic engine alone (CUDA graphs, no lifecycle, no bookkeeping of
+    colo-fsm) on a fresh model of the same shape, KV buffer and graph count, at batch sizes up to the run's
+    concurrency, each request decoding from a context of prompt + median output length (``rows``, the first
+    baseline). With the workload's drawn output ``lengths`` the same batches run again from the context a decode
+    step of the workload attends over on average (:func:`decode_weighted_context`; ``rows_matched_context``): a
+    long rollout's decode reads more KV than a median one's, so that row tells attention cost from loop cost.
+    ``graph_decode_tokens_per_s`` is the rate at ``max_active_requests``; the ratios against park use the batch
+    nearest park's mean running requests (:func:`add_ratios`). Each of ``args.graph_contexts`` (``--graph-contexts``)
+    runs the batches that fit the KV buffer at it (:func:`batches_that_fit`) from that context
+    (``rows_by_context``): what a decode step costs as its requests' contexts grow, where a long rollout decodes."""
+    import torch
+    from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
+
+    from bench._gpu import BenchEngine, EngineOptions
+    from bench._workload import alphabet_of, model_config
+    from colo_fsm.adapters.megatron.model import build_model
+    from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+
+    tok = CharTokenizer(alphabet_of(shape))
+    seq_len = shape.sequence_length
+    model = build_model(model_config(shape, tok.vocab_size, device="cuda", seed=args.seed, cuda_graphs=True))
+    batches = sorted(
+        {b for b in (16, 32, 64, 128, 256, 512) if b < shape.max_active_requests} | {shape.max_active_requests}
+    )
+    t0 = time.perf_counter()
+    eng = BenchEngine(
+        model,
+        tok,
+        EngineOptions(
+            buffer_gb=args.buffer_gb,
+            max_requests=shape.max_active_requests,
+            max_sequence_length=seq_len,
+            num_cuda_graphs=args.cuda_graphs,
+        ),
+    )
+    rows: list[dict[str, Any]] = []
+    matched_rows: list[dict[str, Any]] = []
+    # contexts about as long as a rollout's midpoint: attention over the context is part of a decode step's cost
+    context = min(seq_len - 80, shape.prompt_len + int(shape.median_tokens))
+    matched = min(seq_len - 80, decode_weighted_context(shape.prompt_len, lengths)) if lengths else None
+    by_context: list[dict[str, Any]] = []
+    try:
+        for b in batches:
+            rows.append(eng.decode_rate(b, prompt_len=context, steps=64))
+        if matched is not None and matched != context:
+            for b in batches:
+                matched_rows.append(eng.decode_rate(b, prompt_len=matched, steps=64))
+        for c in getattr(args, "graph_contexts", None) or []:
+            fit = batches_that_fit(batches, c, shape, args.buffer_gb)
+            entry: dict[str, Any] = {"context_tokens": c, "rows": []}
+            by_context.append(entry)
+            try:
+                for b in fit:
+                    entry["rows"].append(eng.decode_rate(b, prompt_len=c, steps=64))
+            except Exception as exc:  # recorded and said, and the bench's exit status says so (graph_context_errors)
+                entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                print(f"  graph decode from {c:,} tokens FAILED at batch {b}: {entry['error']}", flush=True)
+                break  # the engine may hold that context's requests: no later context is measured on it
+            print(f"  graph decode from {c:,} tokens: batches {fit}", flush=True)
+    finally:
+        eng.shutdown(graphs=True)
+        delete_cuda_graphs()
+        del model
+        torch.cuda.empty_cache()
+    top = rows[-1]
+    return {
+        "graph_decode": {
+            "model": model_name,
+            "rows": rows,
+            "build_s": eng.build["total_s"],
+            "run_s": time.perf_counter() - t0,
+            "context_tokens": context,
+            "note": "every request decodes from a context of prompt + median output length, the batch stays full",
+            **(
+                {
+                    "rows_matched_context": matched_rows,
+                    "matched_context_tokens": matched,
+                    "matched_note": "the same batches from the context a decode step of the workload attends over "
+                    "on average (prompt + the token-weighted mean output position)",
+                }
+                if matched_rows
+                else {}
+            ),
+            **({"rows_by_context": by_context} if by_context else {}),
+        },
+        "graph_decode_tokens_per_s": top["decode_tokens_per_s"],
+        "graph_decode_batch": top["batch"],
+    }
+
+
+def graph_context_errors(report: dict[str, Any]) -> list[str]:
+    """Each ``--graph-contexts`` row of a bench JSON that failed (``context: error``): the bench exits 1 when any
+    did, after writing what it measured, so a stage that lost a row fails loudly."""
+    rows = (report.get("graph_decode") or {}).get("rows_by_context") or []
+    return [f"{r['context_tokens']}: {r['error']}" for r in rows if r.get("error")]
+
+
+def graph_contexts(ap: argparse.ArgumentParser, args: argparse.Namespace, shape: Shape) -> list[int]:
+    """``--graph-contexts`` read: each a whole number of tokens from 1 to the sequence length less the timed
+    window's 80, and only where the graph-decode baseline runs (a GPU, CUDA graphs, no ``--no-graph-baseline``),
+    never ignored; an empty value asks for none (a GPU stage's CPU twin says so)."""
+    if args.graph_contexts is None or not args.graph_contexts.strip():
+        return []
+    if args.device != "cuda" or args.cuda_graphs is None or args.no_graph_baseline:
+        ap.error(
+            f"--graph-contexts {args.graph_contexts!r} runs with the graph-decode baseline, which runs on a GPU with "
+            "CUDA graphs and without --no-graph-baseline"
+        )
+    top = shape.sequence_length - 80
+    try:
+        contexts = [int(c) for c in args.graph_contexts.split(",") if c.strip()]
+    except ValueError:
+        contexts = []
+    if not contexts or any(not 0 < c <= top for c in contexts):
+        ap.error(f"--graph-contexts {args.graph_contexts!r}: comma-separated whole numbers of tokens, 1 to {top:,}")
+    return contexts
+
+
+__all__ = [
+    "KV_FILL",
+    "batches_that_fit",
+    "decode_weighted_context",
+    "graph_context_errors",
+    "graph_contexts",
+    "graph_decode_baseline",
+]
