@@ -294,6 +294,28 @@ class EngineOptions:
     decode_only_graphs: bool = False  # use_cuda_graphs_for_non_decode_steps=False
 
 
+PREFILL_TOKENS_PER_STEP = 16384
+"""megatron-core 0.19.2's dynamic context's default ``max_tokens``: the tokens one engine step takes. Without
+chunked prefill (the benches do not turn it on) a longer prompt is not prefilled: megatron marks the request failed
+and steps on without it."""
+DECODE_WINDOW = 64  # decode steps a decode_rate row times
+WARM_STEPS = 3  # engine steps before the timed window (the first prefills every prompt that fits one step)
+
+
+def decode_window_tokens(
+    batch: int,
+    prompt_len: int,
+    steps: int = DECODE_WINDOW,
+    warm_steps: int = WARM_STEPS,
+    per_step: int = PREFILL_TOKENS_PER_STEP,
+) -> int:
+    """The new tokens each of ``batch`` requests asks for in :meth:`BenchEngine.decode_rate`: the warm-up, the steps
+    that prefill every prompt (``per_step`` tokens each), the timed window and 4 to spare, so the batch stays full
+    while timed."""
+    prefill_steps = -(-batch * prompt_len // per_step)  # ceil: every prompt prefilled before the window
+    return warm_steps + prefill_steps + steps + 4
+
+
 class BenchEngine:
     """megatron-core's dynamic engine over ``model``, built piece by piece with timings (GPU only)."""
 
@@ -385,7 +407,9 @@ class BenchEngine:
             out.append(([int(t) for t in toks], [float(x) for x in lps]))
         return out
 
-    def decode_rate(self, batch: int, *, prompt_len: int = 64, steps: int = 64, warm_steps: int = 3) -> dict:
+    def decode_rate(
+        self, batch: int, *, prompt_len: int = 64, steps: int = DECODE_WINDOW, warm_steps: int = WARM_STEPS
+    ) -> dict:
         """Pure decode speed: ``batch`` requests prefilled, then ``steps`` decode steps timed.
 
         Every request asks for more tokens than the timed window, so the batch stays full while timed.
@@ -393,9 +417,8 @@ class BenchEngine:
         import torch
 
         eng = self.engine
-        per_step = int(getattr(self.context, "max_tokens", 0) or 16384)
-        prefill_steps = -(-batch * prompt_len // per_step)  # ceil: every prompt prefilled before the window
-        sp = self.sampling(warm_steps + prefill_steps + steps + 4, logprobs=False)
+        per_step = int(getattr(self.context, "max_tokens", 0) or PREFILL_TOKENS_PER_STEP)
+        sp = self.sampling(decode_window_tokens(batch, prompt_len, steps, warm_steps, per_step), logprobs=False)
         for p in prompts(batch, prompt_len, seed=batch):
             eng.add_request(int(next(eng.request_counter)), p, sp)
         for _ in range(warm_steps):  # the first step prefills every prompt (when they fit one step's tokens)
@@ -522,13 +545,17 @@ def mem_snapshot(tag: str) -> dict[str, Any]:
 
 
 __all__ = [
+    "DECODE_WINDOW",
+    "PREFILL_TOKENS_PER_STEP",
     "SMALL",
+    "WARM_STEPS",
     "BenchEngine",
     "EngineOptions",
     "GPTShape",
     "Results",
     "asdict",
     "build_gpt",
+    "decode_window_tokens",
     "graph_runner_counts",
     "heavy_tail_lengths",
     "machine_info",

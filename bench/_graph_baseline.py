@@ -9,6 +9,7 @@ import argparse
 import time
 from typing import Any
 
+from bench._gpu import PREFILL_TOKENS_PER_STEP, decode_window_tokens
 from bench._workload import Shape
 
 
@@ -22,12 +23,67 @@ def decode_weighted_context(prompt_len: int, lengths: list[int]) -> int:
 KV_FILL = 0.9  # the share of the KV buffer a graph-decode row at a long context may fill (the rest: block rounding)
 
 
-def batches_that_fit(batches: list[int], context: int, shape: Any, buffer_gb: float, steps: int = 64) -> list[int]:
-    """The ``batches`` whose requests fit the KV buffer together at ``context`` tokens plus the timed window (bf16
-    keys and values of every layer, ``KV_FILL`` of ``buffer_gb``): at a long context a full batch of 256 does not."""
+def baseline_batches(shape: Shape) -> list[int]:
+    """The batch sizes the baseline runs: powers of two from 16 below the run's concurrency, and the concurrency."""
+    cap = shape.max_active_requests
+    return sorted({b for b in (16, 32, 64, 128, 256, 512) if b < cap} | {cap})
+
+
+def baseline_runs(args: Any) -> bool:
+    """Whether the handoff bench runs the graph-decode baseline: on a GPU, with CUDA graphs, unless
+    ``--no-graph-baseline``."""
+    return args.device == "cuda" and args.cuda_graphs is not None and not args.no_graph_baseline
+
+
+def batches_that_fit(batches: list[int], context: int, shape: Shape, buffer_gb: float) -> list[int]:
+    """The ``batches`` a row from ``context`` tokens can time full: each request's context plus what
+    :meth:`~bench._gpu.BenchEngine.decode_rate` asks it for (:func:`~bench._gpu.decode_window_tokens`) within the
+    sequence length, and the batch's keys and values together (bf16, every layer) within ``KV_FILL`` of
+    ``buffer_gb``: at a long context a full batch of 256 does not fit."""
     per_token = 2 * shape.num_layers * shape.hidden_size * 2
     room = KV_FILL * buffer_gb * 2**30 // per_token
-    return [b for b in batches if b * (context + steps + 8) <= room]
+    fit = []
+    for b in batches:
+        need = context + decode_window_tokens(b, context)
+        if need <= shape.sequence_length and b * need <= room:
+            fit.append(b)
+    return fit
+
+
+def rows_by_context(
+    eng: Any, contexts: list[int], batches: list[int], shape: Shape, buffer_gb: float
+) -> list[dict[str, Any]]:
+    """``eng.decode_rate`` from each of ``contexts``, at the batches that fit there (:func:`batches_that_fit`), as
+    ``{"context_tokens", "rows"}`` entries. A row whose window did not hold its whole batch (megatron fails a prompt
+    it cannot prefill and steps on without it) is an error, not a figure. The first error ends the measuring (the
+    engine may still hold that context's requests): its entry records it, and every context after it is recorded as
+    not run. :func:`graph_context_errors` reads both."""
+    out: list[dict[str, Any]] = []
+    failed = None
+    for c in contexts:
+        entry: dict[str, Any] = {"context_tokens": c, "rows": []}
+        out.append(entry)
+        if failed is not None:
+            entry["error"] = f"not run: the context {failed:,} failed before it"
+            continue
+        fit = batches_that_fit(batches, c, shape, buffer_gb)
+        try:
+            for b in fit:
+                row = eng.decode_rate(b, prompt_len=c)
+                held = (
+                    (row.get("window_start") or {}).get("decode_requests"),
+                    row.get("decode_requests_at_window_end"),
+                )
+                if held != (b, b):
+                    raise RuntimeError(
+                        f"batch {b}: {held[0]} requests decoding at the window's start, {held[1]} at its end"
+                    )
+                entry["rows"].append(row)
+        except Exception as exc:  # recorded and said; the bench's exit status says so (graph_context_errors)
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            failed = c
+        print(f"  graph decode from {c:,} tokens: {entry.get('error') or f'batches {fit}'}", flush=True)
+    return out
 
 
 def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[int] | None = None) -> dict[str, Any]:
@@ -38,9 +94,9 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
     step of the workload attends over on average (:func:`decode_weighted_context`; ``rows_matched_context``): a
     long rollout's decode reads more KV than a median one's, so that row tells attention cost from loop cost.
     ``graph_decode_tokens_per_s`` is the rate at ``max_active_requests``; the ratios against park use the batch
-    nearest park's mean running requests (:func:`add_ratios`). Each of ``args.graph_contexts`` (``--graph-contexts``)
-    runs the batches that fit the KV buffer at it (:func:`batches_that_fit`) from that context
-    (``rows_by_context``): what a decode step costs as its requests' contexts grow, where a long rollout decodes."""
+    nearest park's mean running requests (``bench._handoff.add_ratios``). Each of ``args.graph_contexts``
+    (``--graph-contexts``) runs the batches that fit there (:func:`rows_by_context`): what a decode step costs as
+    its requests' contexts grow, where a long rollout decodes."""
     import torch
     from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
 
@@ -52,9 +108,7 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
     tok = CharTokenizer(alphabet_of(shape))
     seq_len = shape.sequence_length
     model = build_model(model_config(shape, tok.vocab_size, device="cuda", seed=args.seed, cuda_graphs=True))
-    batches = sorted(
-        {b for b in (16, 32, 64, 128, 256, 512) if b < shape.max_active_requests} | {shape.max_active_requests}
-    )
+    batches = baseline_batches(shape)
     t0 = time.perf_counter()
     eng = BenchEngine(
         model,
@@ -74,22 +128,11 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
     by_context: list[dict[str, Any]] = []
     try:
         for b in batches:
-            rows.append(eng.decode_rate(b, prompt_len=context, steps=64))
+            rows.append(eng.decode_rate(b, prompt_len=context))
         if matched is not None and matched != context:
             for b in batches:
-                matched_rows.append(eng.decode_rate(b, prompt_len=matched, steps=64))
-        for c in getattr(args, "graph_contexts", None) or []:
-            fit = batches_that_fit(batches, c, shape, args.buffer_gb)
-            entry: dict[str, Any] = {"context_tokens": c, "rows": []}
-            by_context.append(entry)
-            try:
-                for b in fit:
-                    entry["rows"].append(eng.decode_rate(b, prompt_len=c, steps=64))
-            except Exception as exc:  # recorded and said, and the bench's exit status says so (graph_context_errors)
-                entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                print(f"  graph decode from {c:,} tokens FAILED at batch {b}: {entry['error']}", flush=True)
-                break  # the engine may hold that context's requests: no later context is measured on it
-            print(f"  graph decode from {c:,} tokens: batches {fit}", flush=True)
+                matched_rows.append(eng.decode_rate(b, prompt_len=matched))
+        by_context = rows_by_context(eng, getattr(args, "graph_contexts", None) or [], batches, shape, args.buffer_gb)
     finally:
         eng.shutdown(graphs=True)
         delete_cuda_graphs()
@@ -134,26 +177,38 @@ def graph_contexts(ap: argparse.ArgumentParser, args: argparse.Namespace, shape:
     never ignored; an empty value asks for none (a GPU stage's CPU twin says so)."""
     if args.graph_contexts is None or not args.graph_contexts.strip():
         return []
-    if args.device != "cuda" or args.cuda_graphs is None or args.no_graph_baseline:
+    if not baseline_runs(args):
         ap.error(
             f"--graph-contexts {args.graph_contexts!r} runs with the graph-decode baseline, which runs on a GPU with "
             "CUDA graphs and without --no-graph-baseline"
         )
-    top = shape.sequence_length - 80
+    top = PREFILL_TOKENS_PER_STEP
     try:
         contexts = [int(c) for c in args.graph_contexts.split(",") if c.strip()]
     except ValueError:
         contexts = []
     if not contexts or any(not 0 < c <= top for c in contexts):
-        ap.error(f"--graph-contexts {args.graph_contexts!r}: comma-separated whole numbers of tokens, 1 to {top:,}")
+        ap.error(
+            f"--graph-contexts {args.graph_contexts!r}: comma-separated whole numbers of tokens, 1 to {top:,} "
+            "(megatron prefills a prompt in one step of at most that many tokens)"
+        )
+    batches = baseline_batches(shape)
+    if none := [c for c in contexts if not batches_that_fit(batches, c, shape, args.buffer_gb)]:
+        ap.error(
+            f"--graph-contexts {args.graph_contexts!r}: no batch of {batches} fits from {none[0]:,} tokens "
+            f"({args.buffer_gb:g} GiB of KV buffer, sequences of {shape.sequence_length:,} tokens)"
+        )
     return contexts
 
 
 __all__ = [
     "KV_FILL",
+    "baseline_batches",
+    "baseline_runs",
     "batches_that_fit",
     "decode_weighted_context",
     "graph_context_errors",
     "graph_contexts",
     "graph_decode_baseline",
+    "rows_by_context",
 ]

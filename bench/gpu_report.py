@@ -44,7 +44,7 @@ from bench.gpu_runs import (
     split_history,
     unsteady,
 )
-from bench.parking_map import map_section, sync_aligned
+from bench.parking_map import map_section
 
 
 def _fmt(x: Any, spec: str = "{:.2f}") -> str:
@@ -175,7 +175,11 @@ def run_list(runs: list[dict[str, Any]]) -> list[str]:
         f"* `{d['_file']}`: {_commit(d)}, {d.get('date', '?')}, "
         f"{d.get('machine', {}).get('device', '?')}, `{d.get('command', '?')}`"
         + (" (drain's race forced collector-first)" if mode_variant(d, "drain") == "forced" else "")
-        + (" (sync's prompts aligned with the other modes' measured steps)" if sync_aligned(d) else "")
+        + (
+            " (sync's prompts aligned with the other modes' measured steps)"
+            if mode_variant(d, "sync") == "aligned"
+            else ""
+        )
         for d in runs
     ]
 

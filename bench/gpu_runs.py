@@ -56,11 +56,14 @@ measures the same code, or the page's notes say what differs. A GPU session that
 
 
 def commits_arg(text: str | None) -> tuple[str, ...]:
-    """A ``--commits`` value: ``headline`` for :data:`HEADLINE_COMMITS`, else the comma-separated commits (none for
-    an empty or absent value)."""
-    if text is not None and text.strip() == "headline":
-        return HEADLINE_COMMITS
-    return tuple(c.strip() for c in (text or "").split(",") if c.strip())
+    """A ``--commits`` value: the comma-separated commits, ``headline`` among them standing for
+    :data:`HEADLINE_COMMITS` (none for an empty or absent value), each once, in order."""
+    out: list[str] = []
+    for c in (c.strip() for c in (text or "").split(",")):
+        for commit in HEADLINE_COMMITS if c == "headline" else (c,) if c else ():
+            if commit not in out:
+                out.append(commit)
+    return tuple(out)
 
 
 def read_json(path: Path) -> Any:

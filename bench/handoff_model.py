@@ -84,7 +84,7 @@ COSTS = {
     "train_us_per_token": "microseconds",
     "reprefill_us_per_token": "microseconds",
 }
-"""The fixed costs a :class:`Timing` takes, and their units."""
+"""The costs a :class:`Timing` takes (fixed, or per request running for ``host_us_per_request``), and their units."""
 
 
 def cost_refusal(name: str, value: float) -> str | None:
@@ -535,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{shape.samples_per_group} per step, {shape.max_active_requests} active, lognormal median "
         f"{shape.median_tokens:g} sigma {shape.sigma:g}, seed {seed}); an engine step is the graph decode at its "
         f"batch, linear in the context through {baseline.context} and {baseline.context2} tokens, "
-        f"+ {args.host_ms} ms + {args.host_us_per_request} us per request running; training {args.train_us_per_token} us per token; abort's re-prefill "
+        f"+ {args.host_ms} ms + {args.host_us_per_request} us per request running; training "
+        f"{args.train_us_per_token} us per token; abort's re-prefill "
         f"{args.reprefill_us_per_token} us per token. 'bench window': {args.warmup} "
         f"warm-up step(s) (sync none), then {args.window} measured, as the bench runs; 'long run': {args.steps} "
         f"steps after the warm-up, and the range over its every {args.window} consecutive steps."

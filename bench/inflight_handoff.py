@@ -82,7 +82,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "inflight_handoff.json"
 
-from bench._graph_baseline import graph_context_errors, graph_contexts, graph_decode_baseline  # noqa: E402
+from bench._graph_baseline import (  # noqa: E402
+    baseline_runs,
+    graph_context_errors,
+    graph_contexts,
+    graph_decode_baseline,
+)
 from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     DRAIN_RACES,
     ENGINES,
@@ -612,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         report.write()  # what is measured so far, in case the run is cut short (a time-limited GPU call)
 
     try:
-        if args.device == "cuda" and args.cuda_graphs is not None and not args.no_graph_baseline:
+        if baseline_runs(args):
             report.update(graph_decode_baseline(args, shape, model_name, lengths))
             print(f"  graph-decode baseline: {report.data['graph_decode']}", flush=True)
         rig = build_rig(args, shape)

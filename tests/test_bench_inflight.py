@@ -303,18 +303,49 @@ def test_the_matched_context_weighs_each_decoded_token_by_where_it_sits():
     assert decode_weighted_context(64, []) == 64
 
 
-def test_the_baseline_at_a_long_context_runs_only_the_batches_that_fit_the_kv_buffer():
+def test_the_baseline_at_a_long_context_runs_only_the_batches_that_fit_the_kv_buffer_and_the_sequence():
     """The 202M GPT keeps 64 KiB of keys and values per token (16 layers, hidden 1,024, bf16): a 40 GiB buffer holds
     about 590,000 tokens at 90%, so from 16,384 tokens a batch of 32 fits and 64 does not; from 1,417 every batch
-    up to 256 does."""
+    up to 256 does. A request also needs its context and what ``decode_rate`` asks it for within the sequence: at
+    the 8,192 cut (8,256 tokens) from 8,176 a batch of 16 prefills in 8 steps and fits, one of 32 takes 16 and
+    does not."""
+    from dataclasses import replace
+
+    from bench._gpu import decode_window_tokens
     from bench._graph_baseline import batches_that_fit
     from bench._workload import MODELS
 
-    shape = MODELS["gpt200m"]
+    shape = replace(MODELS["gpt200m"], prompt_len=64, max_tokens=32768)  # the reasoning shape's prompts
     batches = [16, 32, 64, 128, 256]
     assert batches_that_fit(batches, 16384, shape, 40.0) == [16, 32]
     assert batches_that_fit(batches, 1417, shape, 40.0) == batches
     assert batches_that_fit(batches, 16384, shape, 1.0) == []
+    assert decode_window_tokens(16, 8176) == 3 + 8 + 64 + 4 and decode_window_tokens(32, 8176) == 3 + 16 + 64 + 4
+    assert batches_that_fit(batches, 8176, replace(shape, max_tokens=8192), 40.0) == [16]
+
+
+def test_a_long_context_row_that_lost_requests_is_an_error_and_the_contexts_after_it_are_not_run():
+    """``rows_by_context`` on a scripted engine: a row whose window held its whole batch is kept; one that lost
+    requests (megatron fails a prompt it cannot prefill and steps on) is recorded as the context's error, the
+    contexts after it are recorded as not run, and ``graph_context_errors`` names every one of them."""
+    from dataclasses import replace
+
+    from bench._graph_baseline import graph_context_errors, rows_by_context
+    from bench._workload import MODELS
+
+    class Scripted:
+        def decode_rate(self, batch: int, *, prompt_len: int) -> dict:
+            held = batch if prompt_len < 8000 else 0  # from 8,000 tokens every prompt "fails"
+            return {"batch": batch, "window_start": {"decode_requests": held}, "decode_requests_at_window_end": held}
+
+    shape = replace(MODELS["gpt200m"], max_tokens=32768)
+    out = rows_by_context(Scripted(), [4096, 8192, 2048], [16, 32], shape, 40.0)
+    assert [len(e["rows"]) for e in out] == [2, 0, 0]
+    assert "batch 16: 0 requests decoding" in out[1]["error"] and "not run" in out[2]["error"]
+    assert [e.split(":")[0] for e in graph_context_errors({"graph_decode": {"rows_by_context": out}})] == [
+        "8192",
+        "2048",
+    ]
 
 
 def test_the_graph_contexts_option_is_refused_where_the_baseline_does_not_run_or_out_of_range(capsys):
@@ -323,7 +354,9 @@ def test_the_graph_contexts_option_is_refused_where_the_baseline_does_not_run_or
     for argv, said in (
         (["--workload", "reasoning", "--smoke", "--graph-contexts", "512"], "runs with the graph-decode baseline"),
         (["--workload", "reasoning", "--no-graph-baseline", "--graph-contexts", "4096"], "without --no-graph-baseline"),
-        (["--workload", "reasoning", "--graph-contexts", "4096,99999"], "1 to 8,176"),
+        (["--workload", "reasoning", "--graph-contexts", "4096,99999"], "1 to 16,384"),
+        (["--workload", "reasoning", "--graph-contexts", "16000"], "no batch of [16, 32, 64, 128, 256] fits"),
+        (["--workload", "reasoning", "--max-len", "32768", "--buffer-gb", "1", "--graph-contexts", "16000"], "1 GiB"),
         (["--workload", "reasoning", "--graph-contexts", "4k"], "whole numbers of tokens"),
     ):
         with pytest.raises(SystemExit):

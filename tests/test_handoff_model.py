@@ -472,6 +472,7 @@ def test_the_models_measured_column_reads_the_headline_runs_and_pairs_an_aligned
     8,192 with ``max_age`` 4 (``2990879``) beside its sync, the syncs drawn from the first prompt beside none."""
     assert gpu_runs.commits_arg("headline") == gpu_runs.HEADLINE_COMMITS
     assert gpu_runs.commits_arg(" a1, b2 ,") == ("a1", "b2") and gpu_runs.commits_arg(None) == ()
+    assert gpu_runs.commits_arg("a1,headline") == ("a1", *gpu_runs.HEADLINE_COMMITS)  # never a commit "headline"
     shape, _, _ = workload
     age4 = hm.measured(RUNS, set(gpu_runs.commits_arg("headline")), shape, warmup=4, window=6)
     assert age4[(8192, 4, "start", "sync")] == [pytest.approx((5.26, 40.0), abs=0.01)]

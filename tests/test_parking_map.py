@@ -88,14 +88,14 @@ def test_a_points_medians_keep_a_forced_drain_and_an_aligned_sync_apart():
     free = _run({"park": _mode(8.0), "drain": _mode(6.0), "sync": _mode(4.0)}, drain=1.333, sync=2.0)
     forced = {**_run({"park": _mode(8.0), "drain": _mode(4.0)}, drain=2.0), "drain_race": "collector-first"}
     aligned = {**_run({"park": _mode(8.0), "sync": _mode(3.0)}, sync=2.667), "first_prompt": {"park": 0, "sync": 32}}
-    runs = [{**d, "_file": f"{i}.json", "commit": "abc1234"} for i, d in enumerate([free, forced, aligned])]
+    runs = [{**d, "_file": f"{i}.json", "commit": "abc1234"} for i, d in enumerate([aligned, forced, free])]
     labels = gpu_runs.by_label(runs)
     assert list(labels) == ["park", "drain", "drain (forced)", "sync", "sync (aligned)"]
     assert [r["samples_per_s"] for _, r in labels["sync (aligned)"]] == [3.0]
     page = "\n".join(gpu_report.workload_section(("gpt200m", 8192, 2), runs))
     assert "| drain | 6.00 | 6.00 (3) | 3 |" in page and "| drain (forced) | 4.00 | 4.00 (3) | 3 |" in page
     assert "| sync | 4.00 | 4.00 (3) | 3 |" in page and "| sync (aligned) | 3.00 | 3.00 (3) | 3 |" in page
-    assert "| `2.json` | sync (aligned) | 3.00 |" in page  # each run's row says so too
+    assert "| `0.json` | sync (aligned) | 3.00 |" in page  # each run's row says so too
 
 
 def test_the_maps_picture_marks_each_ratio_and_says_where_a_point_has_none():
