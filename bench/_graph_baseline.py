@@ -172,9 +172,10 @@ def graph_context_errors(report: dict[str, Any]) -> list[str]:
 
 
 def graph_contexts(ap: argparse.ArgumentParser, args: argparse.Namespace, shape: Shape) -> list[int]:
-    """``--graph-contexts`` read: each a whole number of tokens from 1 to the sequence length less the timed
-    window's 80, and only where the graph-decode baseline runs (a GPU, CUDA graphs, no ``--no-graph-baseline``),
-    never ignored; an empty value asks for none (a GPU stage's CPU twin says so)."""
+    """``--graph-contexts`` read: each a whole number of tokens from 1 to what megatron prefills in one step
+    (:data:`~bench._gpu.PREFILL_TOKENS_PER_STEP`) from which some baseline batch fits (:func:`batches_that_fit`),
+    and only where the graph-decode baseline runs (:func:`baseline_runs`), never ignored; an empty value asks for
+    none (a GPU stage's CPU twin says so)."""
     if args.graph_contexts is None or not args.graph_contexts.strip():
         return []
     if not baseline_runs(args):

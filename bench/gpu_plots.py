@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._handoff import MIN_STEPS
-from bench.gpu_runs import Key, by_label, in_median, mode_figures
+from bench.gpu_runs import Key, by_variant, in_median, label, mode_figures
 from bench.parking_map import OTHERS, TARGETS, MapRow, Point, map_rows, standing_ratios
 
 COLORS = {"park": "#2a7ab9", "drain": "#d9822b", "sync": "#8c8c8c", "abort": "#b93a3a", "drain-hold": "#e0b04a"}
@@ -37,7 +37,7 @@ def plot_bars(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = ""
     for ax, key in zip(axes[0], keys):
         xs: list[int] = []
         labels: list[str] = []
-        for label, rows in by_label(runs[key]).items():
+        for (mode, variant), rows in by_variant(runs[key]).items():
             x = len(xs)
             f = mode_figures(rows)
             if f.median is not None:
@@ -48,7 +48,7 @@ def plot_bars(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = ""
                     x,
                     med,
                     0.6,
-                    color=COLORS[label.split(" (")[0]],
+                    color=COLORS[mode],
                     alpha=0.85,
                     yerr=[[med - lo], [hi - med]],
                     capsize=5,
@@ -67,7 +67,7 @@ def plot_bars(runs: dict[Key, list[dict[str, Any]]], path: Path, title: str = ""
                 if r.get("trained_samples_per_s") is not None:
                     ax.plot(x - 0.18, r["trained_samples_per_s"], "x", color="black", markersize=5)
             xs.append(x)
-            labels.append(label)
+            labels.append(label(mode, variant))
         ax.set_xticks(xs, labels)
         model, cut, age = key
         ratios = [f"park/{m} {v:.3f}" for d in runs[key] for m, v in standing_ratios(d).items()]

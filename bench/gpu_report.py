@@ -30,9 +30,10 @@ from bench.gpu_runs import (
     MODES,
     Key,
     between_steps_ms,
-    by_label,
+    by_variant,
     commits_arg,
     in_median,
+    label,
     load,
     measured,
     min_steps,
@@ -265,7 +266,7 @@ def workload_section(key: Key, runs: list[dict[str, Any]]) -> list[str]:
         "single steps (min-max) |",
         "|---|---|---|---|---|",
     ]
-    lines += [mode_row(label, rows) for label, rows in by_label(runs).items()]
+    lines += [mode_row(label(*key), rows) for key, rows in by_variant(runs).items()]
     lines += ["", "Each run's rows:", "", *RUN_HEADER]
     lines += [run_row(d, mode_label(d, m), r) for d in runs for m in MODES if (r := measured(d, m)) is not None]
     lines += ["", "Ratios, as each JSON gives them:", "", *[ratio_lines(d) for d in runs], ""]

@@ -174,21 +174,26 @@ def mode_variant(d: dict[str, Any], mode: str) -> str:
     return ""
 
 
+def label(text: str, variant: str) -> str:
+    """``text`` (a mode, a ratio) with its :func:`mode_variant` in brackets where it has one, as every page writes
+    it: ``drain (forced)``, ``sync (aligned)``, ``2.087 (forced)``."""
+    return f"{text} ({variant})" if variant else text
+
+
 def mode_label(d: dict[str, Any], mode: str) -> str:
-    """``mode``, with its :func:`mode_variant` in brackets where it has one: ``drain (forced)``, ``sync (aligned)``."""
-    variant = mode_variant(d, mode)
-    return f"{mode} ({variant})" if variant else mode
+    """A run's ``mode`` as the pages name it (:func:`label`)."""
+    return label(mode, mode_variant(d, mode))
 
 
-def by_label(runs: list[dict[str, Any]]) -> dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]:
-    """Each measured mode of ``runs`` as ``(run, row)`` pairs, keyed by :func:`mode_label`, in :data:`MODES`' order
-    (a mode's plain runs before its variant's): a median or a bar never pools a forced drain or an aligned sync
-    with the others."""
-    out: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+def by_variant(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """Each measured mode of ``runs`` as ``(run, row)`` pairs, keyed by ``(mode, variant)`` (:func:`mode_variant`),
+    in :data:`MODES`' order (a mode's plain runs before its variant's): a median or a bar never pools a forced drain
+    or an aligned sync with the others."""
+    out: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for m in MODES:
         pairs = [(d, r) for d in runs if (r := measured(d, m)) is not None]
         for d, r in sorted(pairs, key=lambda pair: mode_variant(pair[0], m) != ""):
-            out.setdefault(mode_label(d, m), []).append((d, r))
+            out.setdefault((m, mode_variant(d, m)), []).append((d, r))
     return out
 
 
@@ -261,10 +266,11 @@ __all__ = [
     "MODES",
     "Key",
     "ModeFigures",
-    "by_label",
+    "by_variant",
     "commits_arg",
     "in_median",
     "is_handoff",
+    "label",
     "load",
     "measured",
     "min_steps",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from bench._handoff import mode_of_ratio, ratio_refusal
-from bench.gpu_runs import mode_variant
+from bench.gpu_runs import label, mode_variant
 
 OTHERS = ("drain", "sync", "abort", "drain-hold")  # the modes park is measured against, in the map's column order
 
@@ -37,16 +37,16 @@ def standing_ratios(d: dict[str, Any]) -> dict[str, float]:
 
 
 class MapRatio(NamedTuple):
-    """One process's park / other mode at a point, whether that drain ran with its race forced
-    (``--drain-race collector-first``), and whether that sync drew its prompts from where park's measured steps
-    start (``first_prompt``; the runs before that rule drew sync from the stream's first prompt)."""
+    """One process's park / other mode at a point, and how that run's other mode differs from its other runs
+    (:func:`bench.gpu_runs.mode_variant`): ``forced`` for a drain whose race was forced collector-first, ``aligned``
+    for a sync drawn from where park's measured steps start (the runs before that rule drew sync from the stream's
+    first prompt), else ``""``."""
 
     value: float
-    forced: bool = False
-    aligned: bool = False
+    variant: str = ""
 
     def __str__(self) -> str:
-        return f"{self.value:.3f}{' (forced)' if self.forced else ''}{' (aligned)' if self.aligned else ''}"
+        return label(f"{self.value:.3f}", self.variant)
 
 
 @dataclass
@@ -76,12 +76,6 @@ class MapRow:
         return "no figure" if other in self.measured else "-"
 
 
-def sync_aligned(d: dict[str, Any]) -> bool:
-    """Whether the run's sync drew its prompts from where the other modes' measured steps start (the bench's
-    ``first_prompt``); False for the runs that record none, which drew sync from the stream's first prompt."""
-    return mode_variant(d, "sync") == "aligned"
-
-
 def point_of(d: dict[str, Any]) -> Point:
     """Where one run sits on the map."""
     shape = d["shape"]
@@ -104,8 +98,7 @@ def map_rows(runs: list[dict[str, Any]]) -> list[MapRow]:
         row.measured |= ran
         row.standing |= {m for m in ran if ratio_refusal(m, modes[m]) is None}
         for other, value in standing_ratios(d).items():
-            variant = mode_variant(d, other)
-            row.ratios.setdefault(other, []).append(MapRatio(value, variant == "forced", variant == "aligned"))
+            row.ratios.setdefault(other, []).append(MapRatio(value, mode_variant(d, other)))
         park = modes.get("park")
         if ratio_refusal("park", park) is None:
             assert park is not None

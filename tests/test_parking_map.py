@@ -60,7 +60,7 @@ def test_a_drain_whose_race_was_forced_is_marked_on_the_map():
     forced = {**_run({"park": _mode(8.0), "drain": _mode(4.0)}, drain=2.0), "drain_race": "collector-first"}
     [row] = parking_map.map_rows([free, forced])
     assert row.cell("drain") == "1.600, 2.000 (forced)" and row.values("drain") == [1.6, 2.0]
-    assert row.ratios["drain"] == [parking_map.MapRatio(1.6), parking_map.MapRatio(2.0, forced=True)]
+    assert row.ratios["drain"] == [parking_map.MapRatio(1.6), parking_map.MapRatio(2.0, "forced")]
     assert "(forced)" in parking_map.INTRO
     both = _run({"park": _mode(8.0), "drain": _mode(4.0), "sync": _mode(4.0)}, drain=2.0, sync=2.0)
     [row] = parking_map.map_rows([{**both, "drain_race": "collector-first"}])
@@ -77,7 +77,7 @@ def test_a_sync_drawn_from_parks_prompts_is_marked_on_the_map_and_in_the_run_lis
     assert row.cell("sync") == "2.000, 2.000 (aligned)" and row.values("sync") == [2.0, 2.0]
     assert row.cell("drain") == "1.600, 1.600", "only sync draws elsewhere: the drain beside it is not marked"
     assert "(aligned)" in parking_map.INTRO
-    assert not parking_map.sync_aligned({**before, "first_prompt": {"park": 0, "sync": 0}})
+    assert gpu_runs.mode_variant({**before, "first_prompt": {"park": 0, "sync": 0}}, "sync") == ""
     listed = gpu_report.run_list([{**aligned, "_file": "a.json", "commit": "abc1234"}])
     assert "sync's prompts aligned" in listed[0]
 
@@ -89,9 +89,9 @@ def test_a_points_medians_keep_a_forced_drain_and_an_aligned_sync_apart():
     forced = {**_run({"park": _mode(8.0), "drain": _mode(4.0)}, drain=2.0), "drain_race": "collector-first"}
     aligned = {**_run({"park": _mode(8.0), "sync": _mode(3.0)}, sync=2.667), "first_prompt": {"park": 0, "sync": 32}}
     runs = [{**d, "_file": f"{i}.json", "commit": "abc1234"} for i, d in enumerate([aligned, forced, free])]
-    labels = gpu_runs.by_label(runs)
-    assert list(labels) == ["park", "drain", "drain (forced)", "sync", "sync (aligned)"]
-    assert [r["samples_per_s"] for _, r in labels["sync (aligned)"]] == [3.0]
+    groups = gpu_runs.by_variant(runs)
+    assert [gpu_runs.label(*key) for key in groups] == ["park", "drain", "drain (forced)", "sync", "sync (aligned)"]
+    assert [r["samples_per_s"] for _, r in groups[("sync", "aligned")]] == [3.0]
     page = "\n".join(gpu_report.workload_section(("gpt200m", 8192, 2), runs))
     assert "| drain | 6.00 | 6.00 (3) | 3 |" in page and "| drain (forced) | 4.00 | 4.00 (3) | 3 |" in page
     assert "| sync | 4.00 | 4.00 (3) | 3 |" in page and "| sync (aligned) | 3.00 | 3.00 (3) | 3 |" in page
