@@ -306,12 +306,13 @@ STAGES: tuple[Stage, ...] = (
     ),
     _detached(
         "reasoning-32k-graph-contexts",
-        "reasoning shape, cut 32,768: park, and megatron's pure graph decode from 4,096, 8,192 and 16,000 tokens of "
-        "context at the batches that fit the KV buffer, beside the baseline's 832 and the workload's mean 1,715: "
-        "what a decode step costs where a long rollout decodes, which bench/handoff_model.py prices at the mean "
-        "context (22% short per engine step at 32,768 with max_age 4); a context that fails is recorded and the "
-        "bench exits 1; ~10 min, not run yet: --detach",
-        _handoff(32768, "park", "--graph-contexts", "4096,8192,16000"),
+        "reasoning shape, cut 32,768: park and sync (sync on park's prompts, the direct path's first such pair), "
+        "then megatron's pure graph decode from 4,096, 8,192 and 16,000 tokens of context at the batches that fit "
+        "the KV buffer, beside the baseline's 832 and the workload's mean 1,715: what a decode step costs where a "
+        "long rollout decodes, which bench/handoff_model.py prices at the mean context (22% short per engine step "
+        "at 32,768 with max_age 4); a context that fails is recorded and the bench exits 1; ~12 min, not run yet: "
+        "--detach",
+        _handoff(32768, "park,sync", "--graph-contexts", "4096,8192,16000"),
         1200,
         smoke=(*SMOKE_HANDOFF, "--graph-contexts", ""),
     ),
