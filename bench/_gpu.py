@@ -302,18 +302,33 @@ DECODE_WINDOW = 64  # decode steps a decode_rate row times
 WARM_STEPS = 3  # engine steps before the timed window (the first prefills every prompt that fits one step)
 
 
+def prefill_steps(batch: int, prompt_len: int, per_step: int = PREFILL_TOKENS_PER_STEP) -> int | None:
+    """The engine steps megatron-core 0.19.2 takes to prefill ``batch`` prompts of ``prompt_len`` tokens submitted
+    together, or None when some never fits. Without chunked prefill a step takes whole prompts only, and every
+    request already admitted decodes one token out of the same ``per_step``: after the first step, from 4,096
+    tokens, 3 prompts fit where 4 did, so a batch of 128 takes 43 steps, not the 32 its tokens fill."""
+    admitted = steps = 0
+    while admitted < batch:
+        fit = min(batch - admitted, (per_step - admitted) // prompt_len)
+        if fit <= 0:
+            return None
+        admitted += fit
+        steps += 1
+    return steps
+
+
 def decode_window_tokens(
     batch: int,
     prompt_len: int,
     steps: int = DECODE_WINDOW,
     warm_steps: int = WARM_STEPS,
     per_step: int = PREFILL_TOKENS_PER_STEP,
-) -> int:
+) -> int | None:
     """The new tokens each of ``batch`` requests asks for in :meth:`BenchEngine.decode_rate`: the warm-up, the steps
-    that prefill every prompt (``per_step`` tokens each), the timed window and 4 to spare, so the batch stays full
-    while timed."""
-    prefill_steps = -(-batch * prompt_len // per_step)  # ceil: every prompt prefilled before the window
-    return warm_steps + prefill_steps + steps + 4
+    that prefill every prompt (:func:`prefill_steps`: the first request admitted decodes through all of them), the
+    timed window and 4 to spare, so the batch stays full while timed; None when the batch cannot all be prefilled."""
+    prefill = prefill_steps(batch, prompt_len, per_step)
+    return None if prefill is None else warm_steps + prefill + steps + 4
 
 
 class BenchEngine:
@@ -418,7 +433,13 @@ class BenchEngine:
 
         eng = self.engine
         per_step = int(getattr(self.context, "max_tokens", 0) or PREFILL_TOKENS_PER_STEP)
-        sp = self.sampling(decode_window_tokens(batch, prompt_len, steps, warm_steps, per_step), logprobs=False)
+        budget = decode_window_tokens(batch, prompt_len, steps, warm_steps, per_step)
+        if budget is None:
+            raise ValueError(
+                f"decode_rate(batch={batch}, prompt_len={prompt_len}): megatron cannot prefill every prompt, "
+                f"{per_step:,} tokens a step with one per admitted request decoding"
+            )
+        sp = self.sampling(budget, logprobs=False)
         for p in prompts(batch, prompt_len, seed=batch):
             eng.add_request(int(next(eng.request_counter)), p, sp)
         for _ in range(warm_steps):  # the first step prefills every prompt (when they fit one step's tokens)
@@ -556,6 +577,7 @@ __all__ = [
     "asdict",
     "build_gpt",
     "decode_window_tokens",
+    "prefill_steps",
     "graph_runner_counts",
     "heavy_tail_lengths",
     "machine_info",

@@ -38,14 +38,15 @@ def baseline_runs(args: Any) -> bool:
 def batches_that_fit(batches: list[int], context: int, shape: Shape, buffer_gb: float) -> list[int]:
     """The ``batches`` a row from ``context`` tokens can time full: each request's context plus what
     :meth:`~bench._gpu.BenchEngine.decode_rate` asks it for (:func:`~bench._gpu.decode_window_tokens`) within the
-    sequence length, and the batch's keys and values together (bf16, every layer) within ``KV_FILL`` of
-    ``buffer_gb``: at a long context a full batch of 256 does not fit."""
+    sequence length, every prompt prefilled (:func:`~bench._gpu.prefill_steps`: from 16,384 tokens only one), and
+    the batch's keys and values together (bf16, every layer) within ``KV_FILL`` of ``buffer_gb``: at a long context
+    a full batch of 256 does not fit."""
     per_token = 2 * shape.num_layers * shape.hidden_size * 2
     room = KV_FILL * buffer_gb * 2**30 // per_token
     fit = []
     for b in batches:
-        need = context + decode_window_tokens(b, context)
-        if need <= shape.sequence_length and b * need <= room:
+        window = decode_window_tokens(b, context)
+        if window is not None and context + window <= shape.sequence_length and b * (context + window) <= room:
             fit.append(b)
     return fit
 

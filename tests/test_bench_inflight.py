@@ -305,7 +305,8 @@ def test_the_matched_context_weighs_each_decoded_token_by_where_it_sits():
 
 def test_the_baseline_at_a_long_context_runs_only_the_batches_that_fit_the_kv_buffer_and_the_sequence():
     """The 202M GPT keeps 64 KiB of keys and values per token (16 layers, hidden 1,024, bf16): a 40 GiB buffer holds
-    about 590,000 tokens at 90%, so from 16,384 tokens a batch of 32 fits and 64 does not; from 1,417 every batch
+    about 590,000 tokens at 90%, so from 16,000 tokens a batch of 32 fits and 64 does not (from 16,384 none: the
+    second prompt never prefills beside the first one's decode token); from 1,417 every batch
     up to 256 does. A request also needs its context and what ``decode_rate`` asks it for within the sequence: at
     the 8,192 cut (8,256 tokens) from 8,176 a batch of 16 prefills in 8 steps and fits, one of 32 takes 16 and
     does not."""
@@ -317,11 +318,52 @@ def test_the_baseline_at_a_long_context_runs_only_the_batches_that_fit_the_kv_bu
 
     shape = replace(MODELS["gpt200m"], prompt_len=64, max_tokens=32768)  # the reasoning shape's prompts
     batches = [16, 32, 64, 128, 256]
-    assert batches_that_fit(batches, 16384, shape, 40.0) == [16, 32]
+    assert batches_that_fit(batches, 16000, shape, 40.0) == [16, 32]
+    assert batches_that_fit(batches, 16384, shape, 40.0) == []  # one prompt fills a step: the second never prefills
     assert batches_that_fit(batches, 1417, shape, 40.0) == batches
-    assert batches_that_fit(batches, 16384, shape, 1.0) == []
+    assert batches_that_fit(batches, 16000, shape, 1.0) == []
     assert decode_window_tokens(16, 8176) == 3 + 8 + 64 + 4 and decode_window_tokens(32, 8176) == 3 + 16 + 64 + 4
     assert batches_that_fit(batches, 8176, replace(shape, max_tokens=8192), 40.0) == [16]
+
+
+def admitted_at(batch: int, prompt_len: int, per_step: int = 16384) -> list[int]:
+    """The engine step (1-based) each of ``batch`` prompts is prefilled at, as megatron-core 0.19.2 schedules them
+    without chunked prefill: whole prompts while the step's tokens (one per admitted request decoding, plus the
+    prompts) stay within ``per_step``. Written here apart from bench._gpu.prefill_steps, which it checks."""
+    steps: list[int] = []
+    step = 0
+    while len(steps) < batch:
+        step += 1
+        tokens = len(steps)  # every request admitted so far decodes one token this step
+        before = len(steps)
+        while len(steps) < batch and tokens + prompt_len <= per_step:
+            steps.append(step)
+            tokens += prompt_len
+        assert len(steps) > before, "a prompt that never fits"
+    return steps
+
+
+@pytest.mark.parametrize(
+    "batch,prompt_len", [(16, 832), (256, 832), (256, 1715), (64, 4096), (128, 4096), (32, 8176), (32, 16000)]
+)
+def test_every_request_of_a_decode_rate_row_still_decodes_when_its_window_ends(batch: int, prompt_len: int):
+    """decode_rate asks each request for decode_window_tokens and times the steps after every prompt is prefilled:
+    a request admitted at step s makes one token a step from s on (its prefill step's first), so it ends at step
+    s + budget - 1, which must come after the window's last step. On the H200 at ca6c37b, the budget from the tokens alone (32 prefill steps from 4,096 tokens
+    for 128 prompts) lost exactly the 16 requests admitted in the first 5 of the 43 steps megatron took: 112 of 128
+    decoding at the window's end. The count below reproduces that 16 from the old budget."""
+    from bench._gpu import DECODE_WINDOW, WARM_STEPS, decode_window_tokens, prefill_steps
+
+    admitted = admitted_at(batch, prompt_len)
+    assert prefill_steps(batch, prompt_len) == admitted[-1]
+    window_end = max(WARM_STEPS, admitted[-1]) + DECODE_WINDOW
+    budget = decode_window_tokens(batch, prompt_len)
+    assert budget is not None
+    assert all(s + budget - 1 > window_end for s in admitted)
+    if (batch, prompt_len) == (128, 4096):
+        old = WARM_STEPS + -(-batch * prompt_len // 16384) + DECODE_WINDOW + 4
+        assert (prefill_steps(batch, prompt_len), sum(s + old - 1 <= window_end for s in admitted)) == (43, 16)
+    assert prefill_steps(2, 16384) is None and decode_window_tokens(2, 16384) is None
 
 
 def test_a_long_context_row_that_lost_requests_is_an_error_and_the_contexts_after_it_are_not_run():
@@ -364,9 +406,9 @@ def test_the_graph_contexts_option_is_refused_where_the_baseline_does_not_run_or
         err = capsys.readouterr().err
         assert "--graph-contexts" in err and said in err, (argv, err)
     args, *_ = inflight_handoff.parse_args(
-        ["--workload", "reasoning", "--max-len", "32768", "--graph-contexts", "4096,16384"]
+        ["--workload", "reasoning", "--max-len", "32768", "--graph-contexts", "4096,16000"]
     )
-    assert args.graph_contexts == [4096, 16384]
+    assert args.graph_contexts == [4096, 16000]
     args, *_ = inflight_handoff.parse_args(["--workload", "reasoning"])
     assert args.graph_contexts == []
     from bench._graph_baseline import graph_context_errors
