@@ -225,7 +225,11 @@ def decode_lines(runs: list[dict[str, Any]]) -> list[str]:
                 lines.append(f"| `{d['_file']}` | {_fmt(context, '{:,}')} | {' | '.join(cells)} |")
         lines.append("")
         failed = [(d, c) for d in base for c in d["graph_decode"].get("rows_by_context") or [] if c.get("error")]
-        lines += [f"* `{d['_file']}`: from {c['context_tokens']:,} tokens it failed: {c['error']}" for d, c in failed]
+        lines += [
+            f"* `{d['_file']}`: from {c['context_tokens']:,} tokens: "
+            + (c["error"] if c["error"].startswith("not run") else f"failed, {c['error']}")
+            for d, c in failed
+        ]
         lines += [""] if failed else []
     steps = [
         (d, m, prof)

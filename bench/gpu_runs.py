@@ -50,6 +50,7 @@ HEADLINE_COMMITS = (
     "0441af7",
     "0c47749",
     "2990879",
+    "ca6c37b",
 )
 """The commits whose runs in ``docs/gpu-runs/`` are the performance page's headline (``--commits headline``): each
 measures the same code, or the page's notes say what differs. A GPU session that commits runs adds its commit here."""

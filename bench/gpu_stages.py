@@ -235,7 +235,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "reasoning-8k-park-sync",
         "reasoning shape, cut 8,192: park and sync side by side (generate the whole batch, tail included, then "
-        "train); ~7 min (440 s at 7d7d980)",
+        "train); ~7-8 min (440 s at 7d7d980, 469 s at ca6c37b)",
         _handoff(8192, "park,sync", "--no-graph-baseline"),
         600,
         smoke=SMOKE_HANDOFF,
@@ -282,8 +282,8 @@ STAGES: tuple[Stage, ...] = (
     ),
     _detached(
         "reasoning-8k-age1-park-sync",
-        "park and sync at --max-age 1 (the map's point with park / drain only; bench/handoff_model.py: park / sync "
-        "1.36); ~8 min, not run yet (its park / drain twin: 488 s at 6f74238): --detach",
+        "park and sync at --max-age 1 (bench/handoff_model.py: park / sync 1.36; 1.283 at ca6c37b); ~8 min (484 s at "
+        "ca6c37b): --detach",
         _handoff(8192, "park,sync", "--no-graph-baseline", age=1),
         900,
     ),
@@ -306,12 +306,12 @@ STAGES: tuple[Stage, ...] = (
     ),
     _detached(
         "reasoning-32k-graph-contexts",
-        "reasoning shape, cut 32,768: park and sync (sync on park's prompts, the direct path's first such pair), "
-        "then megatron's pure graph decode from 4,096, 8,192 and 16,000 tokens of context at the batches that fit "
-        "the KV buffer, beside the baseline's 832 and the workload's mean 1,715: what a decode step costs where a "
-        "long rollout decodes, which bench/handoff_model.py prices at the mean context (22% short per engine step "
-        "at 32,768 with max_age 4); a context that fails is recorded and the bench exits 1; ~12 min, not run yet: "
-        "--detach",
+        "reasoning shape, cut 32,768: megatron's pure graph decode from 4,096, 8,192 and 16,000 tokens of context "
+        "at the batches that fit the KV buffer, beside the baseline's 832 and the workload's mean 1,715, then park "
+        "and sync (sync on park's prompts): what a decode step costs where a long rollout decodes, which bench/handoff_model.py prices at the mean context (22% short per engine step "
+        "at 32,768 with max_age 4); a context that fails is recorded and the bench exits 1; ~10 min (603 s at "
+        "ca6c37b, park / sync 1.662, whose graph decode stopped at 4,096 tokens, batch 128, on a request budget "
+        "fixed since): --detach",
         _handoff(32768, "park,sync", "--graph-contexts", "4096,8192,16000"),
         1200,
         smoke=(*SMOKE_HANDOFF, "--graph-contexts", ""),

@@ -316,14 +316,17 @@ def test_the_report_shows_each_runs_graph_baseline_and_each_modes_decode_steps()
                          "matched_context_tokens": 1417,
                          "rows_by_context": [{"context_tokens": 16384, "rows": [{"batch": 64, "step_ms": 12.5,
                                                                                  "decode_tokens_per_s": 5120.0}]},
-                                             {"context_tokens": 30000, "rows": [], "error": "TokenOverflowError"}]},
+                                             {"context_tokens": 30000, "rows": [], "error": "TokenOverflowError"},
+                                             {"context_tokens": 40000, "rows": [],
+                                              "error": "not run: the context 30,000 failed before it"}]},
     }  # fmt: skip
     text = "\n".join(gpu_report.decode_lines([with_base, {"_file": "b.json", "modes": {}}]))
     assert "| run | context (tokens) | batch 64 | batch 128 |" in text
     assert "| `a.json` | 832 | 4.10 (15,599) | 6.60 (19,389) |" in text
     assert "| `a.json` | 1,417 | - | 9.78 (13,086) |" in text
     assert "| `a.json` | 16,384 | 12.50 (5,120) | - |" in text  # a --graph-contexts row; batch 128 did not fit
-    assert "* `a.json`: from 30,000 tokens it failed: TokenOverflowError" in text  # never dropped unsaid
+    assert "* `a.json`: from 30,000 tokens: failed, TokenOverflowError" in text  # never dropped unsaid
+    assert "* `a.json`: from 40,000 tokens: not run: the context 30,000 failed before it" in text
     assert "| `a.json` | park | 8,062 | 0.984 | 9.54 | 113 |" in text
     assert "drain" not in text and "b.json" not in text
     assert gpu_report.decode_lines([{"_file": "b.json", "modes": {}}]) == []

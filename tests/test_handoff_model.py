@@ -243,7 +243,7 @@ def _decodes_without_the_race(mode: str, row: dict) -> bool:
 def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload):
     """Admission does not depend on the machine or the model size, so the model's requests decoding per engine
     step match every committed run on the direct path that has an engine step profile, either GPT, every cut and
-    age, within 0.5 (they are within 0.2): 39 modes of 21 runs, the ~1B GPT's park at ``4406c2f``, ``4a18c96``
+    age, within 0.5 (they are within 0.2): 45 modes of 24 runs, the ~1B GPT's park at ``4406c2f``, ``4a18c96``
     and ``7d7d980`` among them. Drain is left out where its race with the trainer went the other way at a handoff
     (the ``b1df85d`` drain). Time is another matter: the same runs' rates spread by machine (park 6.96-8.04
     samples/s at the same point), which the samples/s bounds elsewhere state."""
@@ -276,7 +276,7 @@ def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload)
             model = model_decoding(cut, age, mode, warmup, row["measured_steps"], first)
             assert model == pytest.approx(gpu_running, abs=0.5), (d["_file"], mode, model)
             checked, files = checked + 1, files | {d["_file"]}
-    assert (checked, len(files)) == (39, 21)
+    assert (checked, len(files)) == (45, 24)
 
 
 DIRECT_ABORT_RUNS = (  # the headline's abort runs on the direct path (older ones ran with megatron holding 128)
@@ -468,8 +468,9 @@ def test_the_models_sync_draws_where_the_bench_draws_it(workload):
 
 def test_the_models_measured_column_reads_the_headline_runs_and_pairs_an_aligned_sync(workload):
     """``--commits`` defaults to the performance page's headline (``gpu_runs.HEADLINE_COMMITS``, one list for the page,
-    its tests and the model), so the model is printed beside every headline run drawn as it draws: the aligned sync at
-    8,192 with ``max_age`` 4 (``2990879``) beside its sync, the syncs drawn from the first prompt beside none."""
+    its tests and the model), so the model is printed beside every headline run drawn as it draws: the aligned syncs
+    (8,192 with ``max_age`` 4 at ``2990879``; 8,192 and 32,768 with ``max_age`` 2 at ``ca6c37b``) beside its sync,
+    the syncs drawn from the first prompt beside none."""
     assert gpu_runs.commits_arg("headline") == gpu_runs.HEADLINE_COMMITS
     assert gpu_runs.commits_arg(" a1, b2 ,") == ("a1", "b2") and gpu_runs.commits_arg(None) == ()
     assert gpu_runs.commits_arg("a1,headline") == ("a1", *gpu_runs.HEADLINE_COMMITS)  # never a commit "headline"
@@ -478,7 +479,10 @@ def test_the_models_measured_column_reads_the_headline_runs_and_pairs_an_aligned
     assert age4[(8192, 4, "start", "sync")] == [pytest.approx((5.26, 40.0), abs=0.01)]
     assert sorted(round(rate, 2) for rate, _ in age4[(8192, 4, "start", "park")]) == [8.49, 8.63, 9.15]
     age2 = hm.measured(RUNS, set(gpu_runs.commits_arg("headline")), shape, warmup=1, window=3)
-    assert (32768, 2, "start", "sync") not in age2  # every direct sync at 32,768 drew from the first prompt
+    # the direct path's aligned syncs at ca6c37b, each beside its own sync; park's runs beside every park
+    assert age2[(32768, 2, "start", "sync")] == [pytest.approx((2.96, 25.23), abs=0.01)]
+    assert age2[(8192, 2, "start", "sync")] == [pytest.approx((4.54, 39.57), abs=0.01)]
+    assert len(age2[(32768, 2, "start", "park")]) == 3 and len(age2[(8192, 2, "start", "park")]) == 8
 
 
 def test_a_host_cost_that_grows_with_the_requests_fits_the_age_4_park_and_sync_but_not_the_age_2_drain_and_sync(
