@@ -16,8 +16,10 @@ decided, so the requests decoding per step follow from the admission rule and th
 modelled is time: an engine step decodes one token of every running request and takes the pure CUDA-graph
 decode's time at that batch, from a committed run's ``graph_decode`` rows, taken linearly in the decode context
 between its two contexts (the workload's mean decode context at each cut), plus a host cost per step (fixed by
-default, or growing with the requests running: ``--host-us-per-request``); a training step takes a fixed cost per
-trained token. Both fixed costs are fitted to park's run at the 8,192 cut.
+default, or growing with the requests running: ``--host-us-per-request``), and, with ``--kv-ns-per-token``, a price
+for each context token a running request holds above that mean (``bench/_model_costs.py``, where every price lives
+and says where it comes from); a training step takes a fixed cost per trained token. Both fixed costs are fitted to
+park's run at the 8,192 cut.
 Prefill, handoffs and threads cost nothing, but for abort's re-prefill: abort is park whose handoff ends every
 running request, and after the resume each is re-prefilled (prompt + output so far) at a fixed cost per token,
 fitted to the same run's abort. Each step records what was in flight as its handoff began (groups, running
@@ -33,9 +35,7 @@ rule): its figures are quoted as predictions, beside the measured ones where the
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
-import math
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -48,6 +48,17 @@ if str(ROOT) not in sys.path:
 from bench import gpu_runs  # noqa: E402  (after the sys.path line above)
 from bench._graph_baseline import decode_weighted_context  # noqa: E402
 from bench._handoff import MAX_BUFFER_GROWTH  # noqa: E402
+from bench._model_costs import (  # noqa: E402  (the prices; re-exported for the model's users)
+    COSTS,
+    HOST_LINE,
+    HOST_MS,
+    KV_NS_PER_TOKEN,
+    REPREFILL_US_PER_TOKEN,
+    TRAIN_US_PER_TOKEN,
+    Baseline,
+    Timing,
+    cost_refusal,
+)
 from bench._workload import Shape, first_prompt, output_length  # noqa: E402
 from colo_fsm.adapters.protocols import Completion  # noqa: E402
 from colo_fsm.collector import ReplayBuffer, TrajectoryGroup  # noqa: E402
@@ -57,95 +68,12 @@ from colo_fsm.guards.capacity import InFlightCap  # noqa: E402
 RUNS = ROOT / "docs" / "gpu-runs"
 WORKLOAD = RUNS / "2026-12-02-h200-reasoning-cut8192-drain-sync-791d078.json"
 """The committed run whose workload shape and graph baseline (from the workload's mean context) the model uses."""
-HOST_MS = 1.06
-"""Host time per engine step outside megatron's step: park's, measured at the 8,192 cut (``reasoning-8k``)."""
-HOST_LINE = (0.10, 9.7)
-"""The host time per engine step as a line in the requests running, ``(ms, us per request)``: the 16 park, drain and
-sync runs of the 202M GPT on the direct path before the first ``max_age`` 4 run (22 to 115 requests per engine
-step, each within 0.3 ms of it; ``tests/test_handoff_model.py`` fits it again from those files). The model's
-default is the fixed :data:`HOST_MS`; ``--host-ms 0.10 --host-us-per-request 9.7`` prices the host by this line."""
-TRAIN_US_PER_TOKEN = 12.8
-"""Training time per trained token (prompt + output): park's Training time at the 8,192 cut over its tokens."""
-REPREFILL_US_PER_TOKEN = 3.6
-"""Abort's re-prefill per token: in ``reasoning-8k`` at ``6bd92a8``, abort's eager (prefill) engine steps took 1.47 s
-more than park's over the measured window, which re-prefilled what the warm-up's and the first two measured
-handoffs ended (407,815 tokens by this model; the run's 4 handoffs re-prefilled 451,383, the model's 452,235)."""
 MODES = ("park", "drain", "sync", "drain-hold", "abort")
 """``drain-hold`` is drain where the trainer's handoff wins the race with the collector whenever the next batch is
 already buffered: nothing is admitted between the resume and that handoff, so it drains nothing and the next
 generation admits two batches' worth. The bench's ``drain`` forces neither outcome by default (its threads race;
 ``--drain-race collector-first`` forces the other one); its ``drain-hold`` forces this one. ``abort`` admits and
 decodes as park does and pays, after each resume, the re-prefill of what its handoff ended."""
-
-
-COSTS = {
-    "host_ms": "milliseconds",
-    "host_us_per_request": "microseconds",
-    "train_us_per_token": "microseconds",
-    "reprefill_us_per_token": "microseconds",
-}
-"""The costs a :class:`Timing` takes (fixed, or per request running for ``host_us_per_request``), and their units."""
-
-
-def cost_refusal(name: str, value: float) -> str | None:
-    """What a fixed cost (one of :data:`COSTS`) must be, where ``value`` is not that; None where it is."""
-    return None if math.isfinite(value) and value >= 0 else f"a finite, non-negative number of {COSTS[name]}"
-
-
-@dataclass
-class Timing:
-    """What a step costs in the model: an engine step from a table of (batch, ms), training per token, abort's
-    re-prefill per token."""
-
-    table: list[tuple[int, float]]
-    host_ms: float = HOST_MS
-    host_us_per_request: float = 0.0  # host time that grows with the requests running (0: the fixed HOST_MS alone)
-    train_us_per_token: float = TRAIN_US_PER_TOKEN
-    reprefill_us_per_token: float = REPREFILL_US_PER_TOKEN
-
-    def __post_init__(self) -> None:
-        if not self.table or any(b <= 0 or ms <= 0 for b, ms in self.table):
-            raise ConfigError("table", self.table, "one or more (batch > 0, ms > 0) rows")
-        self.table = sorted(self.table)
-        batches = [b for b, _ in self.table]
-        if len(set(batches)) != len(batches):
-            raise ConfigError("table", self.table, "one row per batch size")
-        for name in COSTS:
-            if why := cost_refusal(name, getattr(self, name)):
-                raise ConfigError(name, getattr(self, name), why)
-
-    def step_s(self, batch: int) -> float:
-        """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
-        two rows past its ends, never below half its smallest row; plus the host cost (``host_ms``, and
-        ``host_us_per_request`` for each request running)."""
-        xs = [b for b, _ in self.table]
-        ys = [ms for _, ms in self.table]
-        if len(xs) == 1:
-            ms = ys[0]
-        else:
-            k = min(max(bisect.bisect_left(xs, batch), 1), len(xs) - 1)
-            (x0, y0), (x1, y1) = self.table[k - 1], self.table[k]
-            ms = y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
-        return (max(ms, ys[0] * 0.5) + self.host_ms + self.host_us_per_request * batch / 1000.0) / 1000.0
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """A GPU run's graph decode: ms per step by batch from one decode context, and, where it ran, from a second."""
-
-    context: int
-    rows: tuple[tuple[int, float], ...]
-    context2: int | None = None
-    rows2: tuple[tuple[int, float], ...] = ()
-
-    def table_at(self, context: int) -> list[tuple[int, float]]:
-        """The rows at ``context`` tokens: linear in the context through the two contexts, per batch both ran
-        (a decode step's attention reads the whole context); the one context's rows where only one ran."""
-        if self.context2 is None or not self.rows2 or self.context2 == self.context:
-            return list(self.rows)
-        other = dict(self.rows2)
-        f = (context - self.context) / (self.context2 - self.context)
-        return [(b, ms + (other[b] - ms) * f) for b, ms in self.rows if b in other]
 
 
 @dataclass
@@ -271,9 +199,10 @@ class _Sim:
         if not run:
             raise RuntimeError("the model's engine has nothing to decode: no request in flight")
         k = min(g.left[j] for g, j in run)
+        contexts = [self.shape.prompt_len + g.lengths[j] - g.left[j] for g, j in run]
         for g, j in run:
             g.left[j] -= k
-        dt = k * self.timing.step_s(len(run))
+        dt = k * self.timing.step_s(len(run)) + self.timing.kv_s(contexts, k)
         self.t += dt
         self.time[bucket] += dt
         self.decode_steps += k
@@ -493,6 +422,14 @@ def main(argv: list[str] | None = None) -> int:
         f"--host-ms {HOST_LINE[0]} --host-us-per-request {HOST_LINE[1]} is the line the direct runs before the "
         "first max_age 4 run give",
     )
+    ap.add_argument(
+        "--kv-ns-per-token",
+        type=float,
+        default=0.0,
+        help="ns per decode step for each context token a running request holds above the workload's mean decode "
+        f"context, where the step table is taken (default 0: the table alone); {KV_NS_PER_TOKEN:g} is megatron's "
+        "graph decode from 4,096 tokens against 1,715 at ca6c37b",
+    )
     ap.add_argument("--train-us-per-token", type=float, default=TRAIN_US_PER_TOKEN, help="training us per token")
     ap.add_argument(
         "--reprefill-us-per-token",
@@ -535,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{shape.samples_per_group} per step, {shape.max_active_requests} active, lognormal median "
         f"{shape.median_tokens:g} sigma {shape.sigma:g}, seed {seed}); an engine step is the graph decode at its "
         f"batch, linear in the context through {baseline.context} and {baseline.context2} tokens, "
-        f"+ {args.host_ms} ms + {args.host_us_per_request} us per request running; training "
+        f"+ {args.host_ms} ms + {args.host_us_per_request} us per request running + {args.kv_ns_per_token} ns per "
+        "context token above the workload's mean decode context; training "
         f"{args.train_us_per_token} us per token; abort's re-prefill "
         f"{args.reprefill_us_per_token} us per token. 'bench window': {args.warmup} "
         f"warm-up step(s) (sync none), then {args.window} measured, as the bench runs; 'long run': {args.steps} "
@@ -554,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
             host_us_per_request=args.host_us_per_request,
             train_us_per_token=args.train_us_per_token,
             reprefill_us_per_token=args.reprefill_us_per_token,
+            kv_ns_per_token=args.kv_ns_per_token,
+            kv_from=context,
         )
         for age in ages:
             for order in orders:
@@ -606,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_us_per_request": args.host_us_per_request,
         "train_us_per_token": args.train_us_per_token,
         "reprefill_us_per_token": args.reprefill_us_per_token,
+        "kv_ns_per_token": args.kv_ns_per_token,
         "window": args.window,
         "warmup": args.warmup,
         "steps": args.steps,

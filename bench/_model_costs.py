@@ -1,0 +1,123 @@
+"""What a step costs in ``bench/handoff_model.py``'s virtual time (one job: the prices, not the simulation): an
+engine step from a GPU run's graph-decode table, the host's time around it, the time a long context adds, training
+and abort's re-prefill per token, each fitted to committed H200 runs and named for where it comes from."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+from colo_fsm.errors import ConfigError
+
+HOST_MS = 1.06
+"""Host time per engine step outside megatron's step: park's, measured at the 8,192 cut (``reasoning-8k``)."""
+HOST_LINE = (0.10, 9.7)
+"""The host time per engine step as a line in the requests running, ``(ms, us per request)``: the 16 park, drain and
+sync runs of the 202M GPT on the direct path before the first ``max_age`` 4 run (22 to 115 requests per engine
+step, each within 0.3 ms of it; ``tests/test_handoff_model.py`` fits it again from those files). The model's
+default is the fixed :data:`HOST_MS`; ``--host-ms 0.10 --host-us-per-request 9.7`` prices the host by this line."""
+TRAIN_US_PER_TOKEN = 12.8
+"""Training time per trained token (prompt + output): park's Training time at the 8,192 cut over its tokens."""
+REPREFILL_US_PER_TOKEN = 3.6
+"""Abort's re-prefill per token: in ``reasoning-8k`` at ``6bd92a8``, abort's eager (prefill) engine steps took 1.47 s
+more than park's over the measured window, which re-prefilled what the warm-up's and the first two measured
+handoffs ended (407,815 tokens by this model; the run's 4 handoffs re-prefilled 451,383, the model's 452,235)."""
+KV_NS_PER_TOKEN = 30.0
+"""What a decode step costs for each context token a running request holds above the step table's context: megatron's
+graph decode at ``ca6c37b`` (``reasoning-32k-graph-contexts``) took 1.21, 2.30 and 4.45 ms more per step from 4,096
+tokens than from 1,715 at batches 16, 32 and 64, 31.8, 30.2 and 29.2 ns per request-token (the 202M GPT's keys and
+values are 64 KiB a token: about 2.2 TB/s read). From 832 to 1,715 tokens the same rows moved little at those
+batches, so the model charges nothing below the table's context (the cost is convex in the context). The default
+is 0, the table alone; ``--kv-ns-per-token 30`` prices the long contexts."""
+
+
+COSTS = {
+    "host_ms": "milliseconds",
+    "host_us_per_request": "microseconds",
+    "train_us_per_token": "microseconds",
+    "reprefill_us_per_token": "microseconds",
+    "kv_ns_per_token": "nanoseconds",
+}
+"""The costs a :class:`Timing` takes (fixed, per request running for ``host_us_per_request``, per context token above
+the table's for ``kv_ns_per_token``), and their units."""
+
+
+def cost_refusal(name: str, value: float) -> str | None:
+    """What a fixed cost (one of :data:`COSTS`) must be, where ``value`` is not that; None where it is."""
+    return None if math.isfinite(value) and value >= 0 else f"a finite, non-negative number of {COSTS[name]}"
+
+
+@dataclass
+class Timing:
+    """What a step costs in the model: an engine step from a table of (batch, ms) at ``kv_from`` tokens of context
+    (plus ``kv_ns_per_token`` for each context token a running request holds above it), training per token, abort's
+    re-prefill per token."""
+
+    table: list[tuple[int, float]]
+    host_ms: float = HOST_MS
+    host_us_per_request: float = 0.0  # host time that grows with the requests running (0: the fixed HOST_MS alone)
+    train_us_per_token: float = TRAIN_US_PER_TOKEN
+    reprefill_us_per_token: float = REPREFILL_US_PER_TOKEN
+    kv_ns_per_token: float = 0.0  # a long context's extra read per token above kv_from (0: the table alone)
+    kv_from: int = 0  # the context the table was taken at (the workload's mean decode context)
+
+    def __post_init__(self) -> None:
+        if not self.table or any(b <= 0 or ms <= 0 for b, ms in self.table):
+            raise ConfigError("table", self.table, "one or more (batch > 0, ms > 0) rows")
+        self.table = sorted(self.table)
+        batches = [b for b, _ in self.table]
+        if len(set(batches)) != len(batches):
+            raise ConfigError("table", self.table, "one row per batch size")
+        for name in COSTS:
+            if why := cost_refusal(name, getattr(self, name)):
+                raise ConfigError(name, getattr(self, name), why)
+        if isinstance(self.kv_from, bool) or not isinstance(self.kv_from, int) or self.kv_from < 0:
+            raise ConfigError("kv_from", self.kv_from, "a context in tokens, 0 or more")
+
+    def step_s(self, batch: int) -> float:
+        """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
+        two rows past its ends, never below half its smallest row; plus the host cost (``host_ms``, and
+        ``host_us_per_request`` for each request running)."""
+        xs = [b for b, _ in self.table]
+        ys = [ms for _, ms in self.table]
+        if len(xs) == 1:
+            ms = ys[0]
+        else:
+            k = min(max(bisect.bisect_left(xs, batch), 1), len(xs) - 1)
+            (x0, y0), (x1, y1) = self.table[k - 1], self.table[k]
+            ms = y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
+        return (max(ms, ys[0] * 0.5) + self.host_ms + self.host_us_per_request * batch / 1000.0) / 1000.0
+
+    def kv_s(self, contexts: list[int], steps: int) -> float:
+        """What ``steps`` decode steps add for long contexts: each request starts at its context in ``contexts`` and
+        gains a token a step, and every step charges ``kv_ns_per_token`` for each token it holds above
+        ``kv_from`` (the tokens from ``a`` to ``b`` above it sum, as an arithmetic series, to their count times
+        their mean)."""
+        if not self.kv_ns_per_token or steps <= 0:
+            return 0.0
+        over = 0.0
+        for c in contexts:
+            a, b = max(c, self.kv_from), c + steps - 1  # the contexts at or above kv_from these steps read
+            if b >= a:
+                over += (b - a + 1) * ((a - self.kv_from) + (b - self.kv_from)) / 2
+        return over * self.kv_ns_per_token / 1e9
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A GPU run's graph decode: ms per step by batch from one decode context, and, where it ran, from a second."""
+
+    context: int
+    rows: tuple[tuple[int, float], ...]
+    context2: int | None = None
+    rows2: tuple[tuple[int, float], ...] = ()
+
+    def table_at(self, context: int) -> list[tuple[int, float]]:
+        """The rows at ``context`` tokens: linear in the context through the two contexts, per batch both ran
+        (a decode step's attention reads the whole context); the one context's rows where only one ran."""
+        if self.context2 is None or not self.rows2 or self.context2 == self.context:
+            return list(self.rows)
+        other = dict(self.rows2)
+        f = (context - self.context) / (self.context2 - self.context)
+        return [(b, ms + (other[b] - ms) * f) for b, ms in self.rows if b in other]
