@@ -25,11 +25,13 @@ more than park's over the measured window, which re-prefilled what the warm-up's
 handoffs ended (407,815 tokens by this model; the run's 4 handoffs re-prefilled 451,383, the model's 452,235)."""
 KV_NS_PER_TOKEN = 30.0
 """What a decode step costs for each context token a running request holds above the step table's context: megatron's
-graph decode at ``ca6c37b`` (``reasoning-32k-graph-contexts``) took 1.21, 2.30 and 4.45 ms more per step from 4,096
-tokens than from 1,715 at batches 16, 32 and 64, 31.8, 30.2 and 29.2 ns per request-token (the 202M GPT's keys and
-values are 64 KiB a token: about 2.2 TB/s read). From 832 to 1,715 tokens the same rows moved little at those
-batches, so the model charges nothing below the table's context (the cost is convex in the context). The default
-is 0, the table alone; ``--kv-ns-per-token 30`` prices the long contexts."""
+graph decode at ``ca6c37b`` (``reasoning-32k-graph-contexts``) took 1.21, 2.31 and 4.45 ms more per step from 4,096
+tokens than from 1,715 at batches 16, 32 and 64, 31.7, 30.3 and 29.2 ns per request-token (the 202M GPT's keys and
+values are 64 KiB a token: about 2.2 TB/s read). Charging nothing below the table's context is an assumption, not a
+finding: from 832 to 1,715 tokens the same run's batches 32 and 64 moved under 5 ns per request-token and batch 16
+fell, but batches 128 and 256 rose 17 and 21 ns, and a price that also credited the tokens below would return the
+model to the table's figures. The default is 0, the table alone; ``--kv-ns-per-token 30`` prices the long contexts
+so."""
 
 
 COSTS = {
@@ -74,6 +76,8 @@ class Timing:
                 raise ConfigError(name, getattr(self, name), why)
         if isinstance(self.kv_from, bool) or not isinstance(self.kv_from, int) or self.kv_from < 0:
             raise ConfigError("kv_from", self.kv_from, "a context in tokens, 0 or more")
+        if self.kv_ns_per_token and not self.kv_from:
+            raise ConfigError("kv_from", self.kv_from, "the table's context in tokens, where kv_ns_per_token is set")
 
     def step_s(self, batch: int) -> float:
         """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
