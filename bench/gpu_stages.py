@@ -308,8 +308,9 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-graph-contexts",
         "reasoning shape, cut 32,768: megatron's pure graph decode from 4,096, 8,192 and 16,000 tokens of context "
         "at the batches that fit the KV buffer, beside the baseline's 832 and the workload's mean 1,715, then park "
-        "and sync (sync on park's prompts): what a decode step costs where a long rollout decodes, which bench/handoff_model.py prices at the mean context (22% short per engine step "
-        "at 32,768 with max_age 4); a context that fails is recorded and the bench exits 1; ~10 min (603 s at "
+        "and sync (sync on park's prompts): what a decode step costs where a long rollout decodes, which "
+        "bench/handoff_model.py prices at the mean context (22% short per engine step at 32,768 with max_age 4); "
+        "a context that fails is recorded and the bench exits 1; ~10 min (603 s at "
         "ca6c37b, park / sync 1.662, whose graph decode stopped at 4,096 tokens, batch 128, on a request budget "
         "fixed since): --detach",
         _handoff(32768, "park,sync", "--graph-contexts", "4096,8192,16000"),

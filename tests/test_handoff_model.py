@@ -30,8 +30,11 @@ def workload():
     return hm.load_workload(hm.WORKLOAD)
 
 
-def _timing(baseline: hm.Baseline, shape, seed: int) -> hm.Timing:
-    return hm.Timing(baseline.table_at(hm.workload_context(shape, seed)))
+def _timing(baseline: hm.Baseline, shape, seed: int, **costs: float) -> hm.Timing:
+    """The model's prices at ``shape``'s cut, as the command builds them: the table at the workload's mean decode
+    context (where a long-context price starts), and any other ``costs``."""
+    context = hm.workload_context(shape, seed)
+    return hm.Timing(baseline.table_at(context), kv_from=context, **costs)
 
 
 @pytest.mark.parametrize("cut,age,name", MEASURED, ids=[name[16:-5] for _, _, name in MEASURED])
@@ -497,7 +500,7 @@ def test_a_host_cost_that_grows_with_the_requests_fits_the_age_4_park_and_sync_b
 
     def rate(mode: str, age: int, warmup: int, steps: int, first: int | None = None, **host: float) -> float:
         s = replace(shape, max_tokens=8192, max_trajectory_age_steps=age)
-        timing = hm.Timing(baseline.table_at(hm.workload_context(s, seed)), **host)
+        timing = _timing(baseline, s, seed, **host)
         run = hm.run_mode(mode, s, timing, seed=seed, warmup=warmup, steps=steps, first=first)
         return hm.summarize(mode, run).samples_per_s
 
@@ -561,8 +564,7 @@ def test_priced_for_long_contexts_the_model_comes_nearer_each_run_with_sync_on_p
 
     def rates(cut: int, age: int, warmup: int, steps: int, kv: float, window: int) -> tuple[float, float]:
         s = replace(shape, max_tokens=cut, max_trajectory_age_steps=age)
-        ctx = hm.workload_context(s, seed)
-        timing = hm.Timing(baseline.table_at(ctx), kv_ns_per_token=kv, kv_from=ctx)
+        timing = _timing(baseline, s, seed, kv_ns_per_token=kv)
         park, sync = (
             hm.summarize(m, hm.run_mode(m, s, timing, seed=seed, warmup=warmup, steps=steps)[:window])
             for m in ("park", "sync")
@@ -601,9 +603,8 @@ def test_even_at_max_age_8_the_model_keeps_park_over_sync_under_the_targets(work
     shape, baseline, seed = workload
     for cut, decoding, growth, alone, priced in ((8192, 256, -0.04, 1.91, 1.76), (32768, 134, -0.15, 2.17, 1.96)):
         s = replace(shape, max_tokens=cut, max_trajectory_age_steps=8)
-        ctx = hm.workload_context(s, seed)
         for kv, want in ((0.0, alone), (hm.KV_NS_PER_TOKEN, priced)):
-            timing = hm.Timing(baseline.table_at(ctx), kv_ns_per_token=kv, kv_from=ctx)
+            timing = _timing(baseline, s, seed, kv_ns_per_token=kv)
             park, sync = (
                 hm.summarize(m, hm.run_mode(m, s, timing, seed=seed, warmup=4, steps=30)) for m in ("park", "sync")
             )
