@@ -31,7 +31,9 @@ values are 64 KiB a token: about 2.2 TB/s read). Charging nothing below the tabl
 finding: from 832 to 1,715 tokens the same run's batches 32 and 64 moved under 5 ns per request-token and batch 16
 fell, but batches 128 and 256 rose 17 and 21 ns, and a price that also credited the tokens below would return the
 model to the table's figures. The default is 0, the table alone; ``--kv-ns-per-token 30`` prices the long contexts
-so."""
+so. ``fb85515``'s rows (``reasoning-32k-graph-contexts`` on another machine) do not bear the assumption out: from 832
+to 1,715 tokens its batches 16-256 rose 24-43 ns per request-token, as from 1,715 to 16,000 (21-28 ns), a step
+linear in its context; ``--kv-credit-below`` prices the model so (:attr:`Timing.kv_credit_below`)."""
 
 
 COSTS = {
@@ -63,6 +65,7 @@ class Timing:
     reprefill_us_per_token: float = REPREFILL_US_PER_TOKEN
     kv_ns_per_token: float = 0.0  # a long context's extra read per token above kv_from (0: the table alone)
     kv_from: int = 0  # the context the table was taken at (the workload's mean decode context)
+    kv_credit_below: bool = False  # credit each token below kv_from at kv_ns_per_token too (a step linear in context)
 
     def __post_init__(self) -> None:
         if not self.table or any(b <= 0 or ms <= 0 for b, ms in self.table):
@@ -78,6 +81,8 @@ class Timing:
             raise ConfigError("kv_from", self.kv_from, "a context in tokens, 0 or more")
         if self.kv_ns_per_token and not self.kv_from:
             raise ConfigError("kv_from", self.kv_from, "the table's context in tokens, where kv_ns_per_token is set")
+        if self.kv_credit_below is not False and (self.kv_credit_below is not True or not self.kv_ns_per_token):
+            raise ConfigError("kv_credit_below", self.kv_credit_below, "True with a kv_ns_per_token above 0, or False")
 
     def step_s(self, batch: int) -> float:
         """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
@@ -96,8 +101,8 @@ class Timing:
     def kv_s(self, contexts: list[int], steps: int) -> float:
         """What ``steps`` decode steps add for long contexts: each request starts at its context in ``contexts`` and
         gains a token a step, and every step charges ``kv_ns_per_token`` for each token it holds above
-        ``kv_from`` (the tokens from ``a`` to ``b`` above it sum, as an arithmetic series, to their count times
-        their mean)."""
+        ``kv_from`` and, with ``kv_credit_below``, credits as much for each token it holds below (the tokens from
+        ``a`` to ``b`` on one side sum, as an arithmetic series, to their count times their mean distance)."""
         if not self.kv_ns_per_token or steps <= 0:
             return 0.0
         over = 0.0
@@ -105,6 +110,9 @@ class Timing:
             a, b = max(c, self.kv_from), c + steps - 1  # the contexts at or above kv_from these steps read
             if b >= a:
                 over += (b - a + 1) * ((a - self.kv_from) + (b - self.kv_from)) / 2
+            a, b = c, min(c + steps - 1, self.kv_from - 1)  # those below it
+            if self.kv_credit_below and b >= a:
+                over -= (b - a + 1) * ((self.kv_from - a) + (self.kv_from - b)) / 2
         return over * self.kv_ns_per_token / 1e9
 
 

@@ -51,6 +51,7 @@ HEADLINE_COMMITS = (
     "0c47749",
     "2990879",
     "ca6c37b",
+    "fb85515",
 )
 """The commits whose runs in ``docs/gpu-runs/`` are the performance page's headline (``--commits headline``): each
 measures the same code, or the page's notes say what differs. A GPU session that commits runs adds its commit here."""

@@ -219,8 +219,8 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-coordinator-park-sync",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and sync only (the 2.5x sync "
         "target's pair on the faster path, where the three-mode stage has lost its machine during drain each time); "
-        "~9-10 min (590 s at 0441af7, 509 s at 0c47749, 608 s at 2990879, whose sync drew from park's prompts; at "
-        "cfe14fd its machine was taken during sync's third step): --detach",
+        "~9-10 min (590 s at 0441af7, 509 s at 0c47749, 608 s at 2990879 and 604 s at fb85515, whose syncs drew "
+        "from park's prompts; at cfe14fd its machine was taken during sync's third step): --detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", engine="coordinator"),
     ),
     Stage(
@@ -310,9 +310,9 @@ STAGES: tuple[Stage, ...] = (
         "at the batches that fit the KV buffer, beside the baseline's 832 and the workload's mean 1,715, then park "
         "and sync (sync on park's prompts): what a decode step costs where a long rollout decodes, which "
         "bench/handoff_model.py prices at the mean context (22% short per engine step at 32,768 with max_age 4); "
-        "a context that fails is recorded and the bench exits 1; ~10 min (603 s at "
-        "ca6c37b, park / sync 1.662, whose graph decode stopped at 4,096 tokens, batch 128, on a request budget "
-        "fixed since): --detach",
+        "a context that fails is recorded and the bench exits 1; ~10 min (599 s at fb85515, park / sync 1.625, "
+        "every context run; 603 s at ca6c37b, whose graph decode stopped at 4,096 tokens, batch 128, on a request "
+        "budget fixed since): --detach",
         _handoff(32768, "park,sync", "--graph-contexts", "4096,8192,16000"),
         1200,
         smoke=(*SMOKE_HANDOFF, "--graph-contexts", ""),

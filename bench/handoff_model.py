@@ -434,6 +434,13 @@ def main(argv: list[str] | None = None) -> int:
         f"context, where the step table is taken (default 0: the table alone); {KV_NS_PER_TOKEN:g} is megatron's "
         "graph decode from 4,096 tokens against 1,715 at ca6c37b",
     )
+    ap.add_argument(
+        "--kv-credit-below",
+        action="store_true",
+        help="credit each context token a running request holds below the mean at --kv-ns-per-token too, a step "
+        "linear in its context (fb85515's graph decode: 24-43 ns per request-token from 832 to 1,715 tokens, "
+        "21-28 above); needs --kv-ns-per-token",
+    )
     ap.add_argument("--train-us-per-token", type=float, default=TRAIN_US_PER_TOKEN, help="training us per token")
     ap.add_argument(
         "--reprefill-us-per-token",
@@ -460,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in COSTS:
         if why := cost_refusal(name, getattr(args, name)):
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: {why}")
+    if args.kv_credit_below and not args.kv_ns_per_token:
+        ap.error(f"--kv-credit-below: a price to credit at, --kv-ns-per-token above 0 (got {args.kv_ns_per_token})")
     if args.window < 1 or args.steps < args.window or args.warmup < 0:
         ap.error(f"--window {args.window} (>= 1), --steps {args.steps} (>= --window), --warmup {args.warmup} (>= 0)")
     try:
@@ -477,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{shape.median_tokens:g} sigma {shape.sigma:g}, seed {seed}); an engine step is the graph decode at its "
         f"batch, linear in the context through {baseline.context} and {baseline.context2} tokens, "
         f"+ {args.host_ms} ms + {args.host_us_per_request} us per request running + {args.kv_ns_per_token} ns per "
-        "context token above the workload's mean decode context; training "
+        f"context token {'either side of' if args.kv_credit_below else 'above'} the workload's mean decode context; "
+        "training "
         f"{args.train_us_per_token} us per token; abort's re-prefill "
         f"{args.reprefill_us_per_token} us per token. 'bench window': {args.warmup} "
         f"warm-up step(s) (sync none), then {args.window} measured, as the bench runs; 'long run': {args.steps} "
@@ -498,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
             reprefill_us_per_token=args.reprefill_us_per_token,
             kv_ns_per_token=args.kv_ns_per_token,
             kv_from=context,
+            kv_credit_below=args.kv_credit_below,
         )
         for age in ages:
             for order in orders:
@@ -551,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_us_per_token": args.train_us_per_token,
         "reprefill_us_per_token": args.reprefill_us_per_token,
         "kv_ns_per_token": args.kv_ns_per_token,
+        "kv_credit_below": args.kv_credit_below,
         "window": args.window,
         "warmup": args.warmup,
         "steps": args.steps,

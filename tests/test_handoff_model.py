@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from dataclasses import replace
@@ -30,7 +31,7 @@ def workload():
     return hm.load_workload(hm.WORKLOAD)
 
 
-def _timing(baseline: hm.Baseline, shape, seed: int, **costs: float) -> hm.Timing:
+def _timing(baseline: hm.Baseline, shape, seed: int, **costs: float | bool) -> hm.Timing:
     """The model's prices at ``shape``'s cut, as the command builds them: the table at the workload's mean decode
     context (where a long-context price starts), and any other ``costs``."""
     context = hm.workload_context(shape, seed)
@@ -159,6 +160,9 @@ def test_the_command_runs_its_smoke_point_and_refuses_bad_options(tmp_path, caps
     assert set(point["modes"]) == set(hm.MODES) and "model_park_over_sync" in point
     assert point["shape"]["max_tokens"] == 2048 and "seed" in point and len(point["modes"]["park"]["steps"]) == 4
     assert "a model, not a measurement" in capsys.readouterr().out
+    assert hm.main(["--smoke", "--steps", "4", "--kv-ns-per-token", "30", "--kv-credit-below", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["kv_credit_below"] is True
+    assert "either side of the workload's mean decode context" in capsys.readouterr().out
     bad_shape = tmp_path / "bad.json"
     bad_shape.write_text(json.dumps({"shape": {"colour": 1}, "graph_decode": {"rows": [{}], "context_tokens": 8}}))
     for argv, said in (
@@ -167,6 +171,7 @@ def test_the_command_runs_its_smoke_point_and_refuses_bad_options(tmp_path, caps
         (["--reprefill-us-per-token", "inf"], "--reprefill-us-per-token"),
         (["--host-ms", "nan"], "--host-ms"),
         (["--host-us-per-request", "-1"], "--host-us-per-request"),
+        (["--kv-credit-below"], "--kv-credit-below"),  # a credit with no price to credit at
         (["--cut", "8k"], "--cut"),
         (["--age", "0"], "--age"),
         (["--order", "random"], "--order"),
@@ -246,7 +251,7 @@ def _decodes_without_the_race(mode: str, row: dict) -> bool:
 def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload):
     """Admission does not depend on the machine or the model size, so the model's requests decoding per engine
     step match every committed run on the direct path that has an engine step profile, either GPT, every cut and
-    age, within 0.5 (they are within 0.2): 45 modes of 24 runs, the ~1B GPT's park at ``4406c2f``, ``4a18c96``
+    age, within 0.5 (they are within 0.2): 47 modes of 25 runs, the ~1B GPT's park at ``4406c2f``, ``4a18c96``
     and ``7d7d980`` among them. Drain is left out where its race with the trainer went the other way at a handoff
     (the ``b1df85d`` drain). Time is another matter: the same runs' rates spread by machine (park 6.96-8.04
     samples/s at the same point), which the samples/s bounds elsewhere state."""
@@ -279,7 +284,7 @@ def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload)
             model = model_decoding(cut, age, mode, warmup, row["measured_steps"], first)
             assert model == pytest.approx(gpu_running, abs=0.5), (d["_file"], mode, model)
             checked, files = checked + 1, files | {d["_file"]}
-    assert (checked, len(files)) == (45, 24)
+    assert (checked, len(files)) == (47, 25)
 
 
 DIRECT_ABORT_RUNS = (  # the headline's abort runs on the direct path (older ones ran with megatron holding 128)
@@ -472,8 +477,8 @@ def test_the_models_sync_draws_where_the_bench_draws_it(workload):
 def test_the_models_measured_column_reads_the_headline_runs_and_pairs_an_aligned_sync(workload):
     """``--commits`` defaults to the performance page's headline (``gpu_runs.HEADLINE_COMMITS``, one list for the page,
     its tests and the model), so the model is printed beside every headline run drawn as it draws: the aligned syncs
-    (8,192 with ``max_age`` 4 at ``2990879``; 8,192 and 32,768 with ``max_age`` 2 at ``ca6c37b``) beside its sync,
-    the syncs drawn from the first prompt beside none."""
+    (8,192 with ``max_age`` 4 at ``2990879``; 8,192 and 32,768 with ``max_age`` 2 at ``ca6c37b``, 32,768 again at
+    ``fb85515``) beside its sync, the syncs drawn from the first prompt beside none."""
     assert gpu_runs.commits_arg("headline") == gpu_runs.HEADLINE_COMMITS
     assert gpu_runs.commits_arg(" a1, b2 ,") == ("a1", "b2") and gpu_runs.commits_arg(None) == ()
     assert gpu_runs.commits_arg("a1,headline") == ("a1", *gpu_runs.HEADLINE_COMMITS)  # never a commit "headline"
@@ -482,10 +487,13 @@ def test_the_models_measured_column_reads_the_headline_runs_and_pairs_an_aligned
     assert age4[(8192, 4, "start", "sync")] == [pytest.approx((5.26, 40.0), abs=0.01)]
     assert sorted(round(rate, 2) for rate, _ in age4[(8192, 4, "start", "park")]) == [8.49, 8.63, 9.15]
     age2 = hm.measured(RUNS, set(gpu_runs.commits_arg("headline")), shape, warmup=1, window=3)
-    # the direct path's aligned syncs at ca6c37b, each beside its own sync; park's runs beside every park
-    assert age2[(32768, 2, "start", "sync")] == [pytest.approx((2.96, 25.23), abs=0.01)]
+    # the direct path's aligned syncs at ca6c37b and fb85515, each beside its own sync; park's runs beside every park
+    assert age2[(32768, 2, "start", "sync")] == [
+        pytest.approx((2.96, 25.23), abs=0.01),
+        pytest.approx((3.22, 25.23), abs=0.01),
+    ]
     assert age2[(8192, 2, "start", "sync")] == [pytest.approx((4.54, 39.57), abs=0.01)]
-    assert len(age2[(32768, 2, "start", "park")]) == 3 and len(age2[(8192, 2, "start", "park")]) == 8
+    assert len(age2[(32768, 2, "start", "park")]) == 4 and len(age2[(8192, 2, "start", "park")]) == 8
 
 
 def test_a_host_cost_that_grows_with_the_requests_fits_the_age_4_park_and_sync_but_not_the_age_2_drain_and_sync(
@@ -510,11 +518,12 @@ def test_a_host_cost_that_grows_with_the_requests_fits_the_age_4_park_and_sync_b
     assert min(rate("drain", 2, 1, 3, **line), rate("sync", 2, 1, 3, first=0, **line)) > 1.1 * 4.66
 
 
-def test_a_long_context_costs_its_tokens_above_the_tables_context_and_nothing_below():
+def test_a_long_context_costs_its_tokens_above_the_tables_context_and_below_it_nothing_or_a_credit():
     """``Timing.kv_s``: over ``steps`` decode steps each request gains a token a step, and every step charges
-    ``kv_ns_per_token`` for each token it holds above ``kv_from``; the closed form is the sum step by step. Off (0)
-    by default, so the table alone prices a step; a negative price or context is refused, and so is a price without
-    the table's context."""
+    ``kv_ns_per_token`` for each token it holds above ``kv_from`` and, with ``kv_credit_below``, credits as much for
+    each token below; each closed form is the sum step by step. Off (0) by default, so the table alone prices a
+    step; a negative price or context is refused, and so are a price without the table's context and a credit
+    without a price."""
     t = hm.Timing([(16, 3.0)], kv_ns_per_token=30.0, kv_from=1000)
 
     def by_step(contexts: list[int], steps: int) -> float:
@@ -525,10 +534,21 @@ def test_a_long_context_costs_its_tokens_above_the_tables_context_and_nothing_be
     assert t.kv_s([4096] * 64, 1) == pytest.approx(64 * 3096 * 30e-9)  # 5.9 ms: a batch of 64 from 4,096 tokens
     assert t.kv_s([500], 100) == 0.0  # below the table's context: nothing, not a saving
     assert hm.Timing([(16, 3.0)], kv_from=1000).kv_s([20_000], 10) == 0.0  # the default prices no context
+    linear = hm.Timing([(16, 3.0)], kv_ns_per_token=30.0, kv_from=1000, kv_credit_below=True)
+
+    def both_sides(contexts: list[int], steps: int) -> float:
+        return sum(c + i - 1000 for c in contexts for i in range(steps)) * 30.0 / 1e9
+
+    for contexts, steps in (([1000], 1), ([999], 1), ([998], 5), ([500, 4096], 64), ([1200, 800, 20_000], 7)):
+        assert linear.kv_s(contexts, steps) == pytest.approx(both_sides(contexts, steps)), (contexts, steps)
+    assert linear.kv_s([500], 100) == pytest.approx(-100 * 450.5 * 30e-9)  # credited: 451 tokens short on average
+    assert linear.kv_s([900, 1100], 1) == pytest.approx(0.0)  # a batch at the table's context on average: the table
     for bad, name in (
         ({"kv_ns_per_token": -1.0}, "kv_ns_per_token"),
         ({"kv_from": -5}, "kv_from"),
         ({"kv_ns_per_token": 30.0}, "kv_from"),  # a price with no context to charge it from: never the whole context
+        ({"kv_from": 1000, "kv_credit_below": True}, "kv_credit_below"),  # a credit at no price: never ignored
+        ({"kv_ns_per_token": 30.0, "kv_from": 1000, "kv_credit_below": 1}, "kv_credit_below"),
     ):
         with pytest.raises(ConfigError, match=name):
             hm.Timing(**{"table": [(16, 3.0)], **bad})
@@ -591,6 +611,84 @@ def test_priced_for_long_contexts_the_model_comes_nearer_each_run_with_sync_on_p
     for cut, want in ((8192, 1.53), (32768, 1.59)):
         park, sync = rates(cut, 2, 1, 30, hm.KV_NS_PER_TOKEN, 30)
         assert round(park / sync, 2) == want, (cut, park / sync)
+
+
+def _graph_tables(name: str) -> dict[int, dict[int, float]]:
+    """A committed run's graph decode, ms per step by batch, at every context it ran."""
+    g = json.loads((RUNS / name).read_text())["graph_decode"]
+    tables = {g["context_tokens"]: g["rows"], g["matched_context_tokens"]: g["rows_matched_context"]}
+    tables |= {c["context_tokens"]: c["rows"] for c in g["rows_by_context"]}
+    return {c: {r["batch"]: r["step_ms"] for r in rows} for c, rows in tables.items()}
+
+
+def test_at_fb85515_the_graph_decode_is_linear_in_its_context_below_the_workloads_mean_as_above():
+    """What refutes charging nothing below the mean: ``fb85515``'s graph decode ran every context, 832 to 16,000
+    tokens, and from 832 to 1,715 (the mean) its batches 16-256 rose 24-43 ns per request-token, as every longer
+    step rose 21-28; a line through each batch's contexts gives 25.7-26.1 ns."""
+    tables = _graph_tables("2026-12-04-h200-reasoning-cut32768-park-sync-graph-contexts-fb85515.json")
+    assert {c: sorted(t) for c, t in tables.items()} == {
+        832: [16, 32, 64, 128, 256], 1715: [16, 32, 64, 128, 256], 4096: [16, 32, 64, 128], 8192: [16, 32, 64],
+        16000: [16, 32],
+    }  # fmt: skip
+    contexts = sorted(tables)
+
+    def per_token(a: int, b: int) -> dict[int, float]:
+        return {k: (tables[b][k] - ms) * 1e6 / (k * (b - a)) for k, ms in tables[a].items() if k in tables[b]}
+
+    below = per_token(832, 1715)
+    above = [ns for a, b in itertools.pairwise(contexts[1:]) for ns in per_token(a, b).values()]
+    assert [round(below[k]) for k in (16, 32, 64, 128, 256)] == [31, 43, 32, 24, 28]
+    assert (round(min(above)), round(max(above))) == (21, 28)
+    assert min(below.values()) > min(above)  # below the mean a token costs what it costs above: no free side
+    for batch in (16, 32, 64, 128):
+        xs = [c for c in contexts if batch in tables[c]]
+        slope = statistics.linear_regression(xs, [tables[c][batch] for c in xs]).slope
+        assert 25.5 < slope * 1e6 / batch < 26.5, (batch, slope)
+
+
+def test_priced_on_both_sides_of_the_mean_the_model_gives_the_tables_figures_and_a_runs_own_table_its_ratio(
+    workload,
+):
+    """What the notes make of ``fb85515``'s rows. Priced linear in the context (``--kv-credit-below``), the model's
+    park / sync over 30 steps is the table's within 0.01 (1.62 at 8,192, 1.67 against 1.68 at 32,768): the one-sided
+    price's nearer figures came from its free side. What a run's figure does follow is its machine's table: with the
+    graph decode of the run's own process as the step table, park / sync in the bench's window is 1.62 for
+    ``fb85515``'s run of 1.625 and 1.63 for ``ca6c37b``'s 1.662 at 32,768, and 1.32 for its 1.283 at ``max_age`` 1
+    (the default table: 1.78 and 1.36); at 8,192 with ``max_age`` 2 it stays high, 1.64 against 1.489."""
+    shape, baseline, seed = workload
+
+    def ratio(base: hm.Baseline, cut: int, age: int, steps: int, **costs: float | bool) -> float:
+        s = replace(shape, max_tokens=cut, max_trajectory_age_steps=age)
+        timing = _timing(base, s, seed, **costs)
+        park, sync = (
+            hm.summarize(m, hm.run_mode(m, s, timing, seed=seed, warmup=1, steps=steps)) for m in ("park", "sync")
+        )
+        return park.samples_per_s / sync.samples_per_s
+
+    linear = {"kv_ns_per_token": hm.KV_NS_PER_TOKEN, "kv_credit_below": True}
+    for cut, alone, priced in ((8192, 1.62, 1.62), (32768, 1.68, 1.67)):
+        got = ratio(baseline, cut, 2, 30), ratio(baseline, cut, 2, 30, **linear)
+        assert tuple(round(x, 2) for x in got) == (alone, priced), (cut, got)
+    for run, table, cut, age, own, default in (
+        ("2026-12-04-h200-reasoning-cut32768-park-sync-graph-contexts-fb85515.json", None, 32768, 2, 1.62, 1.78),
+        ("2026-12-04-h200-reasoning-cut32768-park-sync-graph-contexts-ca6c37b.json", None, 32768, 2, 1.63, 1.78),
+        (
+            "2026-12-04-h200-reasoning-cut8192-age1-park-sync-ca6c37b.json",
+            "2026-12-04-h200-reasoning-cut32768-park-sync-graph-contexts-ca6c37b.json",
+            8192, 1, 1.32, 1.36,
+        ),
+        (
+            "2026-12-04-h200-reasoning-cut8192-park-sync-ca6c37b.json",
+            "2026-12-04-h200-reasoning-cut32768-park-sync-graph-contexts-ca6c37b.json",
+            8192, 2, 1.64, 1.74,
+        ),
+    ):  # fmt: skip
+        measured = json.loads((RUNS / run).read_text())
+        own_shape, own_base, own_seed = hm.load_workload(RUNS / (table or run))
+        assert (own_shape.num_prompts_per_step, own_seed) == (shape.num_prompts_per_step, seed)  # the same workload
+        got = ratio(own_base, cut, age, 3), ratio(baseline, cut, age, 3)
+        assert tuple(round(x, 2) for x in got) == (own, default), (run, got)
+        assert abs(got[0] - measured["ratio_park_over_sync"]) < abs(got[1] - measured["ratio_park_over_sync"]), run
 
 
 def test_even_at_max_age_8_the_model_keeps_park_over_sync_under_the_targets(workload):
