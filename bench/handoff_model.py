@@ -17,8 +17,9 @@ modelled is time: an engine step decodes one token of every running request and 
 decode's time at that batch, from a committed run's ``graph_decode`` rows, taken linearly in the decode context
 between its two contexts (the workload's mean decode context at each cut), plus a host cost per step (fixed by
 default, or growing with the requests running: ``--host-us-per-request``), and, with ``--kv-ns-per-token``, a price
-for each context token a running request holds above that mean (``bench/_model_costs.py``, where every price lives
-and says where it comes from); a training step takes a fixed cost per trained token. Both fixed costs are fitted to
+for each context token a running request holds above that mean, and with ``--kv-credit-below`` a credit as large
+for each below it (``bench/_model_costs.py``, where every price lives and says where it comes from; ``--workload``
+names the run whose graph decode is the table); a training step takes a fixed cost per trained token. Both fixed costs are fitted to
 park's run at the 8,192 cut.
 Prefill, handoffs and threads cost nothing, but for abort's re-prefill: abort is park whose handoff ends every
 running request, and after the resume each is re-prefilled (prompt + output so far) at a fixed cost per token,
