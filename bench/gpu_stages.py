@@ -317,6 +317,28 @@ STAGES: tuple[Stage, ...] = (
         1200,
         smoke=(*SMOKE_HANDOFF, "--graph-contexts", ""),
     ),
+    Stage(
+        "reasoning-graph-contexts",
+        "reasoning shape, cut 32,768: megatron's pure graph decode alone, no mode, from 832 tokens (the baseline's), "
+        "1,715 (the workload's mean), 4,096, 8,192 and 16,000 at the batches that fit the KV buffer: a machine's "
+        "rows for bench/handoff_model.py's long-context price (at fb85515 the step was linear in its context from "
+        "832 tokens up, at ca6c37b not below the mean); ~2 min",
+        (
+            *HANDOFF,
+            "--model",
+            "gpt200m",
+            "--max-len",
+            "32768",
+            "--graph-only",
+            "--graph-contexts",
+            "4096,8192,16000",
+            "--out",
+            "{out}/graph_decode_reasoning_gpt200m_cut32768.json",
+        ),
+        300,
+        smoke=(*SMOKE_HANDOFF, "--graph-contexts", ""),
+        default=False,
+    ),
     _detached(
         "reasoning-8k-gpt1b",
         "the ~1B GPT: park and sync at cut 8,192; ~9 min (533 s at 6f74238), too close to one remote call with the "

@@ -407,6 +407,19 @@ def run_mode(
     return row()
 
 
+MODE_ONLY_FLAGS: dict[str, Any] = {
+    "--modes": lambda a: a.modes is not None,
+    "--steps": lambda a: a.steps is not None,
+    "--warmup": lambda a: a.warmup is not None,
+    "--rounds": lambda a: a.rounds is not None,
+    "--mode-budget-s": lambda a: a.mode_budget_s is not None,
+    "--engine": lambda a: a.engine != "direct",
+    "--drain-race": lambda a: a.drain_race != "free",
+    "--buffer-order": lambda a: a.buffer_order is not None,
+}
+"""The options only the modes read, each with whether it was given: ``--graph-only`` refuses them, never ignores."""
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, list[str]]:
     """The command line: arguments, model name, the run's shape (model + workload + overrides), modes."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -466,6 +479,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         "fit the KV buffer (GPU with CUDA graphs, the baseline on)",
     )
     ap.add_argument(
+        "--graph-only",
+        action="store_true",
+        help="the graph-decode baseline alone (and its --graph-contexts), no mode: a JSON of benchmark graph_decode, "
+        "which the performance page does not count as a handoff run (on the CPU it writes that none ran)",
+    )
+    ap.add_argument(
         "--drain-race",
         choices=DRAIN_RACES,
         default="free",
@@ -480,6 +499,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         "what is finished (deadline: no head-of-line blocking)",
     )
     args = ap.parse_args(argv)
+    if args.graph_only:
+        for flag, given in MODE_ONLY_FLAGS.items():
+            if given(args):
+                ap.error(f"--graph-only runs no mode, and {flag} only shapes the modes")
+        if args.no_graph_baseline:
+            ap.error("--graph-only runs the graph-decode baseline alone, and --no-graph-baseline skips it")
     reasoning = args.workload == "reasoning"
     if args.smoke and not reasoning:
         ap.error("--smoke goes with --workload reasoning")
@@ -513,9 +538,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         "buffer_order": args.buffer_order,
     }
     shape = replace(shape, **{k: v for k, v in overrides.items() if v is not None})
-    modes = [m.strip() for m in (args.modes or ",".join(DEFAULT_MODES)).split(",") if m.strip()]
+    modes = (
+        [] if args.graph_only else [m.strip() for m in (args.modes or ",".join(DEFAULT_MODES)).split(",") if m.strip()]
+    )
     bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
+    if bad or not (modes or args.graph_only):
         ap.error(f"--modes: {bad or modes} not in {MODES}")
     if shape.steps < 1 or shape.warmup < 0:
         ap.error(f"--steps {shape.steps} (>= 1) and --warmup {shape.warmup} (>= 0): measured and warm-up steps")
@@ -603,6 +630,18 @@ def main(argv: list[str] | None = None) -> int:
             "modes": {},
         },
     )
+    if args.graph_only:  # no mode runs: not a handoff run, and the page does not count it as one
+        report.data["benchmark"] = "graph_decode"
+        for key in (
+            "modes",
+            "warmup_steps",
+            "first_prompt",
+            "rounds",
+            "min_steps_for_a_ratio",
+            "mode_budget_s",
+            "engine",
+        ):
+            del report.data[key]
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     t_all = time.monotonic()
     rig: Rig | None = None
@@ -620,6 +659,13 @@ def main(argv: list[str] | None = None) -> int:
         if baseline_runs(args):
             report.update(graph_decode_baseline(args, shape, model_name, lengths))
             print(f"  graph-decode baseline: {report.data['graph_decode']}", flush=True)
+        if args.graph_only:
+            if not baseline_runs(args):
+                report.data["graph_decode_not_run"] = "the graph-decode baseline runs on a GPU with CUDA graphs"
+            report.data["total_s"] = time.monotonic() - t_all
+            report.write()
+            print(f"total {report.data['total_s']:.0f} s; wrote {args.out}")
+            return 1 if graph_context_errors(report.data) else 0
         rig = build_rig(args, shape)
         report.update({"rig": {"build_s": rig.build_s, "warm_s": rig.warm_s}})
         print(f"  engine built in {rig.build_s:.1f} s, warmed in {rig.warm_s:.1f} s (shared by every mode)", flush=True)

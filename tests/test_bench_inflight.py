@@ -171,6 +171,33 @@ def test_the_drain_race_option_needs_a_drain_to_force(capsys):
     )
 
 
+def test_graph_only_runs_no_mode_refuses_every_option_of_one_and_is_no_handoff_run(tmp_path, capsys):
+    """``--graph-only``: the graph-decode baseline alone. Each option only the modes read is refused, as is
+    ``--no-graph-baseline``, naming it; on the CPU (no CUDA graphs) the JSON says the baseline did not run. Its
+    benchmark is ``graph_decode`` with no ``modes``, so the performance page never counts it as a handoff run."""
+    base = ["--workload", "reasoning", "--smoke", "--graph-only"]
+    for extra, named in (
+        (["--modes", "park"], "--modes"),
+        (["--steps", "3"], "--steps"),
+        (["--warmup", "1"], "--warmup"),
+        (["--rounds", "1"], "--rounds"),
+        (["--mode-budget-s", "60"], "--mode-budget-s"),
+        (["--engine", "coordinator"], "--engine"),
+        (["--drain-race", "collector-first"], "--drain-race"),
+        (["--buffer-order", "start"], "--buffer-order"),
+        (["--no-graph-baseline"], "--no-graph-baseline"),
+    ):
+        with pytest.raises(SystemExit):
+            inflight_handoff.main([*base, *extra])
+        assert f"and {named}" in capsys.readouterr().err, extra
+    out = tmp_path / "graph.json"
+    assert inflight_handoff.main([*base, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["benchmark"] == "graph_decode" and "modes" not in data and "graph_decode" not in data
+    assert data["graph_decode_not_run"].startswith("the graph-decode baseline runs on a GPU")
+    assert not gpu_runs.is_handoff(out, data)
+
+
 def test_a_drain_measured_while_its_buffer_fills_gets_no_ratio(tmp_path, capsys):
     """Without a warm-up, drain's first handoff finishes up to ``max_age`` steps of rollouts into an empty buffer:
     its window makes far more than it trains, which is no steady state, so no ratio is given (the GPU run at
