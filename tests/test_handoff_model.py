@@ -651,7 +651,7 @@ def test_priced_on_both_sides_of_the_mean_the_model_gives_the_tables_figures_and
 ):
     """What the notes make of ``fb85515``'s rows. Priced linear in the context (``--kv-credit-below``), the model's
     park / sync over 30 steps is the table's within 0.01 (1.62 at 8,192, 1.67 against 1.68 at 32,768): the one-sided
-    price's nearer figures came from its free side. What a run's figure does follow is its machine's table: with the
+    price's nearer figures came from its free side. What comes nearer is the run's machine's table: with the
     graph decode of the run's own process as the step table, park / sync in the bench's window is 1.62 for
     ``fb85515``'s run of 1.625 and 1.63 for ``ca6c37b``'s 1.662 at 32,768, and 1.32 for its 1.283 at ``max_age`` 1
     (the default table: 1.78 and 1.36); at 8,192 with ``max_age`` 2 it stays high, 1.64 against 1.489."""
