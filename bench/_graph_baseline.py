@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench._gpu import PREFILL_TOKENS_PER_STEP, decode_window_tokens
@@ -172,6 +173,40 @@ def graph_context_errors(report: dict[str, Any]) -> list[str]:
     return [f"{r['context_tokens']}: {r['error']}" for r in rows if r.get("error")]
 
 
+MODE_ONLY_FLAGS: dict[str, Callable[[Any], bool]] = {
+    "--modes": lambda a: a.modes is not None,
+    "--steps": lambda a: a.steps is not None,
+    "--warmup": lambda a: a.warmup is not None,
+    "--quick": lambda a: a.quick,  # fewer steps and warm-up steps, nothing else
+    "--rounds": lambda a: a.rounds is not None,
+    "--mode-budget-s": lambda a: a.mode_budget_s is not None,
+    "--engine": lambda a: a.engine != "direct",
+    "--drain-race": lambda a: a.drain_race != "free",
+    "--buffer-order": lambda a: a.buffer_order is not None,
+    "--max-age": lambda a: a.max_age is not None,  # the buffer's and the collector's
+    "--num-prompts-per-step": lambda a: a.num_prompts_per_step is not None,  # a training step's prompts
+    "--temperature": lambda a: a.temperature is not None,  # the modes' requests (the baseline samples at 1.0)
+    "--micro-batch-tokens": lambda a: a.micro_batch_tokens is not None,  # the trainer's
+    "--sample-timeout": lambda a: a.sample_timeout is not None,  # the trainer's wait on the buffer
+    "--verbose": lambda a: a.verbose,  # a line per training step
+}
+"""The options of ``bench/inflight_handoff.py`` only the modes read, each with whether it was given: ``--graph-only``
+refuses them, never ignores.
+The graph-decode baseline reads the model, ``--max-len``, ``--median-tokens``, ``--sigma``, ``--samples-per-group``
+and ``--seed`` (the contexts), ``--max-active`` (the batches), ``--buffer-gb`` and ``--cuda-graphs``."""
+
+
+def graph_only_refusal(args: Any) -> str | None:
+    """Why ``--graph-only`` refuses the handoff bench's ``args``: an option only the modes read
+    (:data:`MODE_ONLY_FLAGS`), or ``--no-graph-baseline``, named; None where nothing stands in its way."""
+    for flag, given in MODE_ONLY_FLAGS.items():
+        if given(args):
+            return f"--graph-only runs no mode, and {flag} only shapes the modes"
+    if args.no_graph_baseline:
+        return "--graph-only runs the graph-decode baseline alone, and --no-graph-baseline skips it"
+    return None
+
+
 def graph_contexts(ap: argparse.ArgumentParser, args: argparse.Namespace, shape: Shape) -> list[int]:
     """``--graph-contexts`` read: each a whole number of tokens from 1 to what megatron prefills in one step
     (:data:`~bench._gpu.PREFILL_TOKENS_PER_STEP`) from which some baseline batch fits (:func:`batches_that_fit`),
@@ -205,6 +240,7 @@ def graph_contexts(ap: argparse.ArgumentParser, args: argparse.Namespace, shape:
 
 __all__ = [
     "KV_FILL",
+    "MODE_ONLY_FLAGS",
     "baseline_batches",
     "baseline_runs",
     "batches_that_fit",
@@ -212,5 +248,6 @@ __all__ = [
     "graph_context_errors",
     "graph_contexts",
     "graph_decode_baseline",
+    "graph_only_refusal",
     "rows_by_context",
 ]

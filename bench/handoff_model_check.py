@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:
 
 from bench import gpu_runs  # noqa: E402  (after the sys.path line above)
 from bench import handoff_model as hm  # noqa: E402
+from bench._handoff import mode_of_ratio  # noqa: E402
 
 RACE = "drain lost its race at a handoff (found nothing in flight): the model's drain always waits"
 COORDINATOR = "megatron's coordinator loop: the model's host costs are the direct loop's"
@@ -44,17 +45,22 @@ def drain_lost_its_race(row: dict[str, Any]) -> bool:
 
 
 def model_ratio(d: dict[str, Any], other: str, baseline: hm.Baseline, shape: hm.Shape, seed: int) -> float:
-    """Park's samples/s over ``other``'s by the model on ``baseline``'s table, at run ``d``'s point: its cut and
-    ``max_age``, each mode's warm-up and measured steps, and the first prompt each mode drew."""
+    """Park's samples/s over ``other``'s by the model on ``baseline``'s table, at run ``d``'s point: its cut,
+    ``max_age`` and buffer order, each mode's warm-up (the JSON's ``warmup_steps``; where a run records none, its
+    shape's warm-up, sync none) and measured steps, and the first prompt each mode drew."""
+    sh = d["shape"]
     s = replace(
-        shape, max_tokens=d["shape"]["max_tokens"], max_trajectory_age_steps=d["shape"]["max_trajectory_age_steps"]
+        shape,
+        max_tokens=sh["max_tokens"],
+        max_trajectory_age_steps=sh["max_trajectory_age_steps"],
+        buffer_order=sh.get("buffer_order") or "start",
     )
     context = hm.workload_context(s, seed)
     timing = hm.Timing(baseline.table_at(context), kv_from=context)
     rate = {}
     for mode in ("park", other):
         row = d["modes"][mode]
-        warmup = (d.get("warmup_steps") or {}).get(mode, 0 if mode == "sync" else 1)
+        warmup = (d.get("warmup_steps") or {}).get(mode, 0 if mode == "sync" else int(sh["warmup"]))
         steps = hm.run_mode(
             mode, s, timing, seed=seed, warmup=warmup, steps=row["measured_steps"], first=gpu_runs.drawn_from(d, mode)
         )
@@ -81,9 +87,11 @@ def check(
             continue  # another workload than the model's
         _, own, _ = hm.load_workload(folder / d["_file"])
         for key, figure in sorted(d.items()):
-            other = key.removeprefix("ratio_park_over_")
-            if other == key or other not in hm.MODES or not isinstance(figure, float):
+            if not key.startswith("ratio_park_over_") or not isinstance(figure, float):
                 continue
+            other = mode_of_ratio(key)  # drain_hold in the key: drain-hold
+            if other not in hm.MODES:
+                continue  # a CPU-time or per-round ratio
             notes = [COORDINATOR] if d.get("engine", "direct") != "direct" else []
             if other == "drain" and drain_lost_its_race(d["modes"]["drain"]):
                 notes.append(RACE)
@@ -92,6 +100,7 @@ def check(
             rows.append(
                 {
                     "file": d["_file"],
+                    "commit": d["commit"],
                     "engine": d.get("engine", "direct"),
                     "cut": d["shape"]["max_tokens"],
                     "max_age": d["shape"]["max_trajectory_age_steps"],
@@ -127,13 +136,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     if not rows:
         ap.error(f"no run of --commits {args.commits} in {args.runs} holds its own graph decode and a park ratio")
+    # a commit named one by one and giving no row is refused; 'headline' names commits that may have none
+    named = {c.strip() for c in args.commits.split(",")} - {"", "headline"}
+    if (none := sorted(named - {r["commit"] for r in rows})) and not args.smoke:
+        ap.error(f"--commits {args.commits}: no run of {', '.join(none)} in {args.runs} holds its own graph decode "
+                 "and a park ratio")  # fmt: skip
     print(f"handoff_model_check (a model, not a measurement): park's ratios, the run's, the model's on the run's own "
           f"graph-decode table and on {args.workload.name}'s")  # fmt: skip
-    print(f"{'run':<72} {'pair':<11} {'run':>6} {'own':>5} {'default':>7}  nearer")
+    width = max(len(r["file"]) - 5 for r in rows)
+    print(f"{'run':<{width}} {'pair':<11} {'run':>6} {'own':>5} {'default':>7}  nearer")
     for r in rows:
         nearer = "own" if r["own_nearer"] else "default"
         print(
-            f"{r['file'][:-5]:<72} {r['pair']:<11} {r['run']:>6.3f} {r['own_table']:>5.2f} {r['default_table']:>7.2f}  "
+            f"{r['file'][:-5]:<{width}} {r['pair']:<11} {r['run']:>6.3f} {r['own_table']:>5.2f} "
+            f"{r['default_table']:>7.2f}  "
             f"{nearer if r['apart'] else 'level'}{''.join(f' ({x})' for x in (r['note'], r['remark']) if x)}"
         )
     counted = [r for r in rows if not r["note"]]

@@ -87,6 +87,7 @@ from bench._graph_baseline import (  # noqa: E402
     graph_context_errors,
     graph_contexts,
     graph_decode_baseline,
+    graph_only_refusal,
 )
 from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     DRAIN_RACES,
@@ -407,19 +408,6 @@ def run_mode(
     return row()
 
 
-MODE_ONLY_FLAGS: dict[str, Any] = {
-    "--modes": lambda a: a.modes is not None,
-    "--steps": lambda a: a.steps is not None,
-    "--warmup": lambda a: a.warmup is not None,
-    "--rounds": lambda a: a.rounds is not None,
-    "--mode-budget-s": lambda a: a.mode_budget_s is not None,
-    "--engine": lambda a: a.engine != "direct",
-    "--drain-race": lambda a: a.drain_race != "free",
-    "--buffer-order": lambda a: a.buffer_order is not None,
-}
-"""The options only the modes read, each with whether it was given: ``--graph-only`` refuses them, never ignores."""
-
-
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, list[str]]:
     """The command line: arguments, model name, the run's shape (model + workload + overrides), modes."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -458,7 +446,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (default 1)")
-    ap.add_argument("--sample-timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--sample-timeout", type=float, default=None, help="seconds the trainer waits on the buffer (default 600)"
+    )
     ap.add_argument(
         "--out", default=None, help="JSON path (default bench/results/inflight_handoff[_reasoning...].json)"
     )
@@ -499,12 +489,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         "what is finished (deadline: no head-of-line blocking)",
     )
     args = ap.parse_args(argv)
-    if args.graph_only:
-        for flag, given in MODE_ONLY_FLAGS.items():
-            if given(args):
-                ap.error(f"--graph-only runs no mode, and {flag} only shapes the modes")
-        if args.no_graph_baseline:
-            ap.error("--graph-only runs the graph-decode baseline alone, and --no-graph-baseline skips it")
+    if args.graph_only and (why := graph_only_refusal(args)):
+        ap.error(why)
+    if args.sample_timeout is None:
+        args.sample_timeout = 600.0
     reasoning = args.workload == "reasoning"
     if args.smoke and not reasoning:
         ap.error("--smoke goes with --workload reasoning")
@@ -521,6 +509,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         args.rounds = args.rounds or 1
     if args.buffer_gb is None:
         args.buffer_gb = 1.0
+    if args.graph_only and args.device == "cuda" and args.cuda_graphs is None:
+        ap.error("--graph-only on the GPU times the CUDA-graph decode: give --cuda-graphs N (reasoning: 16 by default)")
     if args.quick:
         shape = replace(shape, **QUICK[model_name])
     overrides = {
@@ -552,9 +542,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
     if args.drain_race != "free" and "drain" not in modes:
         ap.error(f"--drain-race {args.drain_race} forces drain's handoffs, and --modes {','.join(modes)} has no drain")
     if args.out is None:
-        name = "inflight_handoff"
+        name = "graph_decode" if args.graph_only else "inflight_handoff"  # never a handoff run's file
         if reasoning:
-            name += f"_reasoning_{model_name}_cut{shape.max_tokens}_age{shape.max_trajectory_age_steps}"
+            name += f"_reasoning_{model_name}_cut{shape.max_tokens}"
+            name += "" if args.graph_only else f"_age{shape.max_trajectory_age_steps}"
             name += "_smoke" if args.smoke else ""
         args.out = str(RESULTS.with_name(name + ".json"))
     return args, model_name, shape, modes
@@ -662,10 +653,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.graph_only:
             if not baseline_runs(args):
                 report.data["graph_decode_not_run"] = "the graph-decode baseline runs on a GPU with CUDA graphs"
+                print(f"  graph-decode baseline: not run ({report.data['graph_decode_not_run']})", flush=True)
             report.data["total_s"] = time.monotonic() - t_all
             report.write()
             print(f"total {report.data['total_s']:.0f} s; wrote {args.out}")
-            return 1 if graph_context_errors(report.data) else 0
+            if failed := graph_context_errors(report.data):
+                print(f"graph decode from these --graph-contexts failed: {'; '.join(failed)}", flush=True)
+                return 1
+            return 0
         rig = build_rig(args, shape)
         report.update({"rig": {"build_s": rig.build_s, "warm_s": rig.warm_s}})
         print(f"  engine built in {rig.build_s:.1f} s, warmed in {rig.warm_s:.1f} s (shared by every mode)", flush=True)

@@ -173,8 +173,9 @@ def test_the_drain_race_option_needs_a_drain_to_force(capsys):
 
 def test_graph_only_runs_no_mode_refuses_every_option_of_one_and_is_no_handoff_run(tmp_path, capsys):
     """``--graph-only``: the graph-decode baseline alone. Each option only the modes read is refused, as is
-    ``--no-graph-baseline``, naming it; on the CPU (no CUDA graphs) the JSON says the baseline did not run. Its
-    benchmark is ``graph_decode`` with no ``modes``, so the performance page never counts it as a handoff run."""
+    ``--no-graph-baseline``, naming it, and on the GPU so is a run without CUDA graphs; on the CPU (no CUDA graphs)
+    it says, and its JSON says, that the baseline did not run. Its benchmark is ``graph_decode`` with no ``modes``,
+    so the performance page never counts it as a handoff run, and its default file is never a handoff run's."""
     base = ["--workload", "reasoning", "--smoke", "--graph-only"]
     for extra, named in (
         (["--modes", "park"], "--modes"),
@@ -185,16 +186,29 @@ def test_graph_only_runs_no_mode_refuses_every_option_of_one_and_is_no_handoff_r
         (["--engine", "coordinator"], "--engine"),
         (["--drain-race", "collector-first"], "--drain-race"),
         (["--buffer-order", "start"], "--buffer-order"),
+        (["--quick"], "--quick"),
+        (["--max-age", "2"], "--max-age"),
+        (["--num-prompts-per-step", "32"], "--num-prompts-per-step"),
+        (["--temperature", "1.0"], "--temperature"),
+        (["--micro-batch-tokens", "16384"], "--micro-batch-tokens"),
+        (["--sample-timeout", "600"], "--sample-timeout"),
+        (["--verbose"], "--verbose"),
         (["--no-graph-baseline"], "--no-graph-baseline"),
     ):
         with pytest.raises(SystemExit):
             inflight_handoff.main([*base, *extra])
         assert f"and {named}" in capsys.readouterr().err, extra
+    # on the GPU it times the CUDA-graph decode: without graphs it would time nothing, so it is refused
+    with pytest.raises(SystemExit):
+        inflight_handoff.main(["--graph-only", "--device", "cuda"])
+    assert "--graph-only on the GPU times the CUDA-graph decode: give --cuda-graphs" in capsys.readouterr().err
+    assert Path(inflight_handoff.parse_args(base)[0].out).name == "graph_decode_reasoning_small_cut48_smoke.json"
     out = tmp_path / "graph.json"
     assert inflight_handoff.main([*base, "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["benchmark"] == "graph_decode" and "modes" not in data and "graph_decode" not in data
     assert data["graph_decode_not_run"].startswith("the graph-decode baseline runs on a GPU")
+    assert "graph-decode baseline: not run" in capsys.readouterr().out  # said, not only written
     assert not gpu_runs.is_handoff(out, data)
 
 

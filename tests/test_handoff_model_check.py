@@ -67,3 +67,43 @@ def test_the_command_prints_and_writes_its_rows_and_refuses_what_gives_none(tmp_
         with pytest.raises(SystemExit):
             check.main([*argv, "--out", str(out)])
         assert said in capsys.readouterr().err, argv
+
+
+def test_the_model_runs_at_the_runs_own_warm_up_and_buffer_order_where_its_json_records_them_or_not(monkeypatch):
+    """A run at ``max_age`` 4 with 4 warm-up steps that records no ``warmup_steps`` (as the oldest JSON do) is
+    modelled after its shape's 4 warm-up steps, as one that records them, not after 1; the run's buffer order is the
+    model's too (the model's start and deadline orders agree at the committed points, so the order is read where the
+    model takes it)."""
+    shape, baseline, seed = hm.load_workload(hm.WORKLOAD)
+    d = json.loads((hm.RUNS / "2026-12-04-h200-reasoning-cut32768-park-sync-graph-contexts-fb85515.json").read_text())
+    d["shape"] |= {"max_trajectory_age_steps": 4, "warmup": 4}
+    recorded = check.model_ratio({**d, "warmup_steps": {"park": 4, "sync": 0}}, "sync", baseline, shape, seed)
+    after_one = check.model_ratio({**d, "warmup_steps": {"park": 1, "sync": 0}}, "sync", baseline, shape, seed)
+    unrecorded = {k: v for k, v in d.items() if k != "warmup_steps"}
+    assert check.model_ratio(unrecorded, "sync", baseline, shape, seed) == recorded != pytest.approx(after_one)
+    orders = []
+    run_mode = hm.run_mode
+    monkeypatch.setattr(
+        hm, "run_mode", lambda mode, s, *a, **kw: orders.append(s.buffer_order) or run_mode(mode, s, *a, **kw)
+    )
+    d["shape"]["buffer_order"] = "deadline"
+    check.model_ratio(d, "sync", baseline, shape, seed)
+    assert orders == ["deadline", "deadline"]
+
+
+def test_a_commit_named_that_gives_no_row_is_refused_not_skipped(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        check.main(["--commits", "fb85515,0000000", "--out", str(tmp_path / "check.json")])
+    assert "--commits fb85515,0000000: no run of 0000000" in capsys.readouterr().err
+
+
+def test_a_park_over_drain_hold_ratio_is_read_as_its_mode_not_skipped_for_its_key(tmp_path):
+    """The JSON spells park / ``drain-hold`` ``ratio_park_over_drain_hold``: the check models ``drain-hold`` for it
+    (and skips the CPU-time and per-round ratios beside it)."""
+    name = "2026-12-04-h200-reasoning-cut32768-park-sync-graph-contexts-fb85515.json"
+    d = json.loads((hm.RUNS / name).read_text())
+    d["modes"]["drain-hold"] = d["modes"]["sync"]
+    d |= {"ratio_park_over_drain_hold": 1.5, "ratio_park_over_drain_hold_cpu": 1.4}
+    (tmp_path / name).write_text(json.dumps(d))
+    got = check.check(tmp_path, {"fb85515"})
+    assert [(r["pair"], r["run"]) for r in got] == [("park/drain-hold", 1.5), ("park/sync", d["ratio_park_over_sync"])]
