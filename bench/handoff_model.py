@@ -319,20 +319,26 @@ def run_mode(
 
 
 def load_workload(path: Path) -> tuple[Shape, Baseline, int]:
-    """A committed run's shape, its graph baseline (one or two contexts) and its seed."""
+    """A committed run's shape, its graph baseline (one or two contexts) and its seed, read from ``path``."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError("--workload", str(path), f"a readable bench/inflight_handoff.py JSON ({exc})") from exc
+    return workload_of(data, str(path))
+
+
+def workload_of(data: Any, source: str) -> tuple[Shape, Baseline, int]:
+    """A run's shape, graph baseline and seed from its JSON ``data`` (as read from ``source``, which a refusal
+    names)."""
     if not isinstance(data, dict) or "shape" not in data:
-        raise ConfigError("--workload", str(path), "a bench/inflight_handoff.py JSON (it has no 'shape')")
+        raise ConfigError("--workload", source, "a bench/inflight_handoff.py JSON (it has no 'shape')")
     g = data.get("graph_decode") or {}
     if not g.get("rows") or not g.get("context_tokens"):
-        raise ConfigError("--workload", str(path), "a run with a graph baseline ('graph_decode' rows and context)")
+        raise ConfigError("--workload", source, "a run with a graph baseline ('graph_decode' rows and context)")
     try:
         shape = Shape(**data["shape"])
     except TypeError as exc:
-        raise ConfigError("--workload", str(path), f"a shape this bench knows ({exc})") from exc
+        raise ConfigError("--workload", source, f"a shape this bench knows ({exc})") from exc
 
     def rows(key: str) -> tuple[tuple[int, float], ...]:
         return tuple((int(r["batch"]), float(r["step_ms"])) for r in g.get(key) or ())

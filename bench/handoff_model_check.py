@@ -44,8 +44,10 @@ def drain_lost_its_race(row: dict[str, Any]) -> bool:
     return not all(found) if found is not None else row["step_samples_per_s"]["min"] == 0
 
 
-def model_ratio(d: dict[str, Any], other: str, baseline: hm.Baseline, shape: hm.Shape, seed: int) -> float:
-    """Park's samples/s over ``other``'s by the model on ``baseline``'s table, at run ``d``'s point: its cut,
+def model_rates(
+    d: dict[str, Any], modes: list[str], baseline: hm.Baseline, shape: hm.Shape, seed: int
+) -> dict[str, float]:
+    """Each of ``modes``' samples/s in run ``d`` by the model on ``baseline``'s table, at the run's point: its cut,
     ``max_age`` and buffer order, each mode's warm-up (the JSON's ``warmup_steps``; where a run records none, its
     shape's warm-up, sync none) and measured steps, and the first prompt each mode drew."""
     sh = d["shape"]
@@ -58,14 +60,14 @@ def model_ratio(d: dict[str, Any], other: str, baseline: hm.Baseline, shape: hm.
     context = hm.workload_context(s, seed)
     timing = hm.Timing(baseline.table_at(context), kv_from=context)
     rate = {}
-    for mode in ("park", other):
+    for mode in modes:
         row = d["modes"][mode]
         warmup = (d.get("warmup_steps") or {}).get(mode, 0 if mode == "sync" else int(sh["warmup"]))
         steps = hm.run_mode(
             mode, s, timing, seed=seed, warmup=warmup, steps=row["measured_steps"], first=gpu_runs.drawn_from(d, mode)
         )
         rate[mode] = hm.summarize(mode, steps).samples_per_s
-    return rate["park"] / rate[other]
+    return rate
 
 
 def check(
@@ -85,18 +87,25 @@ def check(
             continue
         if d.get("seed", 0) != seed or any(d["shape"].get(k) != getattr(shape, k) for k in hm.SAME_SHAPE):
             continue  # another workload than the model's
-        _, own, _ = hm.load_workload(folder / d["_file"])
-        for key, figure in sorted(d.items()):
-            if not key.startswith("ratio_park_over_") or not isinstance(figure, float):
-                continue
-            other = mode_of_ratio(key)  # drain_hold in the key: drain-hold
-            if other not in hm.MODES:
-                continue  # a CPU-time or per-round ratio
+        _, own, _ = hm.workload_of(d, d["_file"])
+        ratios = {  # the run's park ratios by the other mode (drain_hold in a key: drain-hold), none per CPU-second
+            other: figure
+            for key, figure in sorted(d.items())
+            if key.startswith("ratio_park_over_")
+            and isinstance(figure, float)
+            and (other := mode_of_ratio(key)) in hm.MODES
+        }
+        if not ratios:
+            continue
+        modes = ["park", *ratios]  # each mode modelled once per table, park shared by every pair
+        mine_by_mode, theirs_by_mode = (model_rates(d, modes, b, shape, seed) for b in (own, default_baseline))
+        for other, figure in ratios.items():
             notes = [COORDINATOR] if d.get("engine", "direct") != "direct" else []
             if other == "drain" and drain_lost_its_race(d["modes"]["drain"]):
                 notes.append(RACE)
             remark = ONE_CONTEXT if own.context2 is None else ""
-            mine, theirs = model_ratio(d, other, own, shape, seed), model_ratio(d, other, default_baseline, shape, seed)
+            mine = mine_by_mode["park"] / mine_by_mode[other]
+            theirs = theirs_by_mode["park"] / theirs_by_mode[other]
             rows.append(
                 {
                     "file": d["_file"],

@@ -428,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     report = JsonReport(
         args.out,
         {
-            "benchmark": "inflight_handoff",
+            # no mode runs with --graph-only: not a handoff run, and the page does not count it as one
+            "benchmark": "graph_decode" if args.graph_only else "inflight_handoff",
             "workload": args.workload,
             "command": " ".join([Path(sys.executable).name, "bench/inflight_handoff.py", *(argv or sys.argv[1:])]),
             "commit": git_commit(),
@@ -445,17 +446,10 @@ def main(argv: list[str] | None = None) -> int:
                 "torch_threads": torch.get_num_threads(),
             },
             "model": model_name,
-            "engine": args.engine,
             "seed": args.seed,
-            "rounds": rounds,
-            "min_steps_for_a_ratio": MIN_STEPS,
-            "mode_budget_s": args.mode_budget_s,
             "kv_buffer_gb": args.buffer_gb,
             "num_cuda_graphs": args.cuda_graphs,
             "shape": asdict(shape),
-            "warmup_steps": {m: warmup_steps(m, shape) for m in modes},
-            # the first prompt each mode draws: sync skips what the others' warm-up trains (_workload.first_prompt)
-            "first_prompt": {m: first_prompt(m, shape) for m in modes},
             "output_lengths": {
                 "p50": pct(lengths, 50),
                 "p90": pct(lengths, 90),
@@ -463,21 +457,23 @@ def main(argv: list[str] | None = None) -> int:
                 "max": max(lengths),
                 "mean": statistics.fmean(lengths),
             },
-            "modes": {},
+            **(
+                {}
+                if args.graph_only
+                else {
+                    "engine": args.engine,
+                    "rounds": rounds,
+                    "min_steps_for_a_ratio": MIN_STEPS,
+                    "mode_budget_s": args.mode_budget_s,
+                    "warmup_steps": {m: warmup_steps(m, shape) for m in modes},
+                    # the first prompt each mode draws: sync skips what the others' warm-up trains
+                    # (_workload.first_prompt)
+                    "first_prompt": {m: first_prompt(m, shape) for m in modes},
+                    "modes": {},
+                }
+            ),
         },
     )
-    if args.graph_only:  # no mode runs: not a handoff run, and the page does not count it as one
-        report.data["benchmark"] = "graph_decode"
-        for key in (
-            "modes",
-            "warmup_steps",
-            "first_prompt",
-            "rounds",
-            "min_steps_for_a_ratio",
-            "mode_budget_s",
-            "engine",
-        ):
-            del report.data[key]
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     t_all = time.monotonic()
     rig: Rig | None = None

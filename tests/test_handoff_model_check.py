@@ -77,17 +77,22 @@ def test_the_model_runs_at_the_runs_own_warm_up_and_buffer_order_where_its_json_
     shape, baseline, seed = hm.load_workload(hm.WORKLOAD)
     d = json.loads((hm.RUNS / "2026-12-04-h200-reasoning-cut32768-park-sync-graph-contexts-fb85515.json").read_text())
     d["shape"] |= {"max_trajectory_age_steps": 4, "warmup": 4}
-    recorded = check.model_ratio({**d, "warmup_steps": {"park": 4, "sync": 0}}, "sync", baseline, shape, seed)
-    after_one = check.model_ratio({**d, "warmup_steps": {"park": 1, "sync": 0}}, "sync", baseline, shape, seed)
+
+    def ratio(run: dict) -> float:
+        rate = check.model_rates(run, ["park", "sync"], baseline, shape, seed)
+        return rate["park"] / rate["sync"]
+
+    recorded = ratio({**d, "warmup_steps": {"park": 4, "sync": 0}})
+    after_one = ratio({**d, "warmup_steps": {"park": 1, "sync": 0}})
     unrecorded = {k: v for k, v in d.items() if k != "warmup_steps"}
-    assert check.model_ratio(unrecorded, "sync", baseline, shape, seed) == recorded != pytest.approx(after_one)
+    assert ratio(unrecorded) == recorded != pytest.approx(after_one)
     orders = []
     run_mode = hm.run_mode
     monkeypatch.setattr(
         hm, "run_mode", lambda mode, s, *a, **kw: orders.append(s.buffer_order) or run_mode(mode, s, *a, **kw)
     )
     d["shape"]["buffer_order"] = "deadline"
-    check.model_ratio(d, "sync", baseline, shape, seed)
+    ratio(d)
     assert orders == ["deadline", "deadline"]
 
 
