@@ -192,6 +192,15 @@ STAGES: tuple[Stage, ...] = (
         _handoff(8192, "park,drain-hold", "--no-graph-baseline", engine="coordinator"),
     ),
     _coordinator_long(
+        "reasoning-8k-coordinator-park-sync",
+        "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and sync with sync on park's prompts "
+        "(the 2.0x sync target's pair on the faster path; its two figures, 1.626 at 4366d6d and 1.691 at dec9bed, "
+        "drew sync from the stream's first prompt, and on the direct path aligning sync moved the ratio from "
+        "1.59-1.73 to 1.49); ~8-9 min: --detach",
+        _handoff(8192, "park,sync", "--no-graph-baseline", engine="coordinator"),
+        900,
+    ),
+    _coordinator_long(
         "reasoning-32k-coordinator",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park, drain and sync (the long tail on "
         "the faster path; its runs at 6f6dd0a and 70c3315 each lost their machine during drain, park whole; the stage "
