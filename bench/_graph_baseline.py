@@ -180,8 +180,8 @@ MODE_ONLY_FLAGS: dict[str, Callable[[Any], bool]] = {
     "--quick": lambda a: a.quick,  # fewer steps and warm-up steps, nothing else
     "--rounds": lambda a: a.rounds is not None,
     "--mode-budget-s": lambda a: a.mode_budget_s is not None,
-    "--engine": lambda a: a.engine != "direct",
-    "--drain-race": lambda a: a.drain_race != "free",
+    "--engine": lambda a: a.engine is not None,  # even "direct", the default, when given
+    "--drain-race": lambda a: a.drain_race is not None,
     "--buffer-order": lambda a: a.buffer_order is not None,
     "--max-age": lambda a: a.max_age is not None,  # the buffer's and the collector's
     "--num-prompts-per-step": lambda a: a.num_prompts_per_step is not None,  # a training step's prompts

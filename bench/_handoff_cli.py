@@ -36,7 +36,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         help="reasoning: lognormal(768, 1.0) cut at --max-len, 32x8 per step, 256 active, 40 GiB KV, graphs",
     )
     ap.add_argument("--smoke", action="store_true", help="with --workload reasoning: tiny model on the CPU, seconds")
-    ap.add_argument("--engine", choices=sorted(ENGINES), default="direct", help="how the engine is built")
+    ap.add_argument(
+        "--engine", choices=sorted(ENGINES), default=None, help="how the engine is built (default: direct)"
+    )  # None until read, so --graph-only refuses it even when given as the default
     ap.add_argument("--quick", action="store_true", help="fewer steps (under 3 min on 2 CPU cores)")
     ap.add_argument("--modes", default=None, help=f"comma-separated subset of {','.join(MODES)} (default: all)")
     ap.add_argument(
@@ -93,9 +95,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
     ap.add_argument(
         "--drain-race",
         choices=DRAIN_RACES,
-        default="free",
-        help="drain's race after each resume: free (either thread may go first) or collector-first (each handoff "
-        "waits until the collector has started every rollout it may)",
+        default=None,  # "free" once read (as --engine's default)
+        help="drain's race after each resume: free (default: either thread may go first) or collector-first (each "
+        "handoff waits until the collector has started every rollout it may)",
     )
     ap.add_argument(
         "--buffer-order",
@@ -107,6 +109,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
     args = ap.parse_args(argv)
     if args.graph_only and (why := graph_only_refusal(args)):
         ap.error(why)
+    args.engine = args.engine or "direct"
+    args.drain_race = args.drain_race or "free"
     if args.sample_timeout is None:
         args.sample_timeout = 600.0
     reasoning = args.workload == "reasoning"

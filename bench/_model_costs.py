@@ -115,6 +115,17 @@ class Timing:
                 over -= (b - a + 1) * ((self.kv_from - a) + (self.kv_from - b)) / 2
         return over * self.kv_ns_per_token / 1e9
 
+    def decode_s(self, contexts: list[int], steps: int) -> float:
+        """``steps`` decode steps of the requests whose contexts are ``contexts``: the table's step at that batch
+        (:meth:`step_s`) plus the long contexts' read (:meth:`kv_s`), never below the floor :meth:`step_s` keeps
+        (half the table's smallest row, plus the host cost), however much ``kv_credit_below`` credits."""
+        batch = len(contexts)
+        table = steps * self.step_s(batch)
+        if not self.kv_ns_per_token:
+            return table
+        floor = self.table[0][1] * 0.5 + self.host_ms + self.host_us_per_request * batch / 1000.0
+        return max(table + self.kv_s(contexts, steps), steps * floor / 1000.0)
+
 
 @dataclass(frozen=True)
 class Baseline:

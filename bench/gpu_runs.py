@@ -52,6 +52,7 @@ HEADLINE_COMMITS = (
     "2990879",
     "ca6c37b",
     "fb85515",
+    "b1d9af0",
 )
 """The commits whose runs in ``docs/gpu-runs/`` are the performance page's headline (``--commits headline``): each
 measures the same code, or the page's notes say what differs. A GPU session that commits runs adds its commit here."""

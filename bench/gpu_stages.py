@@ -194,9 +194,9 @@ STAGES: tuple[Stage, ...] = (
     _coordinator_long(
         "reasoning-8k-coordinator-park-sync",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and sync with sync on park's prompts "
-        "(the 2.0x sync target's pair on the faster path; its two figures, 1.626 at 4366d6d and 1.691 at dec9bed, "
-        "drew sync from the stream's first prompt, and on the direct path aligning sync moved the ratio from "
-        "1.59-1.73 to 1.49); ~8-9 min: --detach",
+        "(the 2.0x sync target's pair on the faster path; 1.626 at 4366d6d and 1.691 at dec9bed drew sync from the "
+        "stream's first prompt); ~7-8 min (441 s and 395 s at b1d9af0 on two machines: 1.588 and 1.453, each the "
+        "ratio of the two modes' engine decode rates within 0.013): --detach",
         _handoff(8192, "park,sync", "--no-graph-baseline", engine="coordinator"),
         900,
     ),
@@ -330,8 +330,8 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-graph-contexts",
         "reasoning shape, cut 32,768: megatron's pure graph decode alone, no mode, from 832 tokens (the baseline's), "
         "1,715 (the workload's mean), 4,096, 8,192 and 16,000 at the batches that fit the KV buffer: a machine's "
-        "rows for bench/handoff_model.py's long-context price (at fb85515 the step was linear in its context from "
-        "832 tokens up, at ca6c37b not below the mean); ~2 min",
+        "rows for bench/handoff_model.py's long-context price (at fb85515 and b1d9af0 the step was linear in its "
+        "context from 832 tokens up, at ca6c37b not below the mean); ~2 min (91 s at b1d9af0)",
         (
             *HANDOFF,
             "--model",

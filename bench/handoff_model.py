@@ -200,14 +200,9 @@ class _Sim:
         if not run:
             raise RuntimeError("the model's engine has nothing to decode: no request in flight")
         k = min(g.left[j] for g, j in run)
-        long_contexts = (  # each request's context before these steps, read only where a long context is priced
-            self.timing.kv_s([self.shape.prompt_len + g.lengths[j] - g.left[j] for g, j in run], k)
-            if self.timing.kv_ns_per_token
-            else 0.0
-        )
+        dt = self.timing.decode_s([self.shape.prompt_len + g.lengths[j] - g.left[j] for g, j in run], k)
         for g, j in run:
             g.left[j] -= k
-        dt = k * self.timing.step_s(len(run)) + long_contexts
         self.t += dt
         self.time[bucket] += dt
         self.decode_steps += k

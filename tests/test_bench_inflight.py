@@ -173,7 +173,7 @@ def test_the_drain_race_option_needs_a_drain_to_force(capsys):
 
 def test_graph_only_runs_no_mode_refuses_every_option_of_one_and_is_no_handoff_run(tmp_path, capsys):
     """``--graph-only``: the graph-decode baseline alone. Each option only the modes read is refused, as is
-    ``--no-graph-baseline``, naming it, and on the GPU so is a run without CUDA graphs; on the CPU (no CUDA graphs)
+    ``--no-graph-baseline``, naming it (an option given as its default too), and on the GPU so is a run without CUDA graphs; on the CPU (no CUDA graphs)
     it says, and its JSON says, that the baseline did not run. Its benchmark is ``graph_decode`` with no ``modes``,
     so the performance page never counts it as a handoff run, and its default file is never a handoff run's."""
     base = ["--workload", "reasoning", "--smoke", "--graph-only"]
@@ -184,7 +184,9 @@ def test_graph_only_runs_no_mode_refuses_every_option_of_one_and_is_no_handoff_r
         (["--rounds", "1"], "--rounds"),
         (["--mode-budget-s", "60"], "--mode-budget-s"),
         (["--engine", "coordinator"], "--engine"),
+        (["--engine", "direct"], "--engine"),  # given, even as its default
         (["--drain-race", "collector-first"], "--drain-race"),
+        (["--drain-race", "free"], "--drain-race"),
         (["--buffer-order", "start"], "--buffer-order"),
         (["--quick"], "--quick"),
         (["--max-age", "2"], "--max-age"),
@@ -203,6 +205,8 @@ def test_graph_only_runs_no_mode_refuses_every_option_of_one_and_is_no_handoff_r
         inflight_handoff.main(["--graph-only", "--device", "cuda"])
     assert "--graph-only on the GPU times the CUDA-graph decode: give --cuda-graphs" in capsys.readouterr().err
     assert Path(inflight_handoff.parse_args(base)[0].out).name == "graph_decode_reasoning_small_cut48_smoke.json"
+    plain = inflight_handoff.parse_args(["--workload", "reasoning", "--smoke"])[0]
+    assert (plain.engine, plain.drain_race) == ("direct", "free")  # the defaults, once read
     out = tmp_path / "graph.json"
     assert inflight_handoff.main([*base, "--out", str(out)]) == 0
     data = json.loads(out.read_text())
