@@ -33,7 +33,8 @@ fell, but batches 128 and 256 rose 17 and 21 ns, and a price that also credited 
 model to the table's figures. The default is 0, the table alone; ``--kv-ns-per-token 30`` prices the long contexts
 so. ``fb85515``'s rows (``reasoning-32k-graph-contexts`` on another machine) do not bear the assumption out: from 832
 to 1,715 tokens its batches 16-256 rose 24-43 ns per request-token, as from 1,715 to 16,000 (21-28 ns), a step
-linear in its context; ``--kv-credit-below`` prices the model so (:attr:`Timing.kv_credit_below`)."""
+linear in its context, and so do a third machine's (``b1d9af0``, ``reasoning-graph-contexts``: 26-30 below the mean,
+21-30 above); ``--kv-credit-below`` prices the model so (:attr:`Timing.kv_credit_below`)."""
 
 
 COSTS = {

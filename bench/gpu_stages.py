@@ -195,7 +195,7 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-8k-coordinator-park-sync",
         "reasoning shape, cut 8,192, on megatron-core's coordinator loop: park and sync with sync on park's prompts "
         "(the 2.0x sync target's pair on the faster path; 1.626 at 4366d6d and 1.691 at dec9bed drew sync from the "
-        "stream's first prompt); ~7-8 min (441 s and 395 s at b1d9af0 on two machines: 1.588 and 1.453, each the "
+        "stream's first prompt); ~6-8 min (441 s and 395 s at b1d9af0 on two machines: 1.588 and 1.453, each the "
         "ratio of the two modes' engine decode rates within 0.013): --detach",
         _handoff(8192, "park,sync", "--no-graph-baseline", engine="coordinator"),
         900,

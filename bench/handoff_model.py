@@ -440,8 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         "--kv-credit-below",
         action="store_true",
         help="credit each context token a running request holds below the mean at --kv-ns-per-token too, a step "
-        "linear in its context (fb85515's graph decode: 24-43 ns per request-token from 832 to 1,715 tokens, "
-        "21-28 above); needs --kv-ns-per-token",
+        "linear in its context (the graph decode at fb85515 and b1d9af0: 24-43 and 26-30 ns per request-token "
+        "from 832 to 1,715 tokens, 21-28 and 21-30 above); needs --kv-ns-per-token",
     )
     ap.add_argument("--train-us-per-token", type=float, default=TRAIN_US_PER_TOKEN, help="training us per token")
     ap.add_argument(

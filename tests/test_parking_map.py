@@ -243,7 +243,7 @@ def test_on_the_coordinator_loop_at_8192_park_over_sync_is_the_ratio_of_the_two_
     """What the notes make of the coordinator path's four park / sync processes at 8,192 (``4366d6d`` and
     ``dec9bed`` with sync from the stream's first prompt, ``b1d9af0`` on two machines with sync on park's prompts):
     the admission is the same in all four (park's 119.5 tokens per decode step; sync's 39.6-40.2, the same engine
-    steps whichever prompts it drew), so each ratio is, within 0.015, the ratio of the two modes' engine decode
+    steps whichever prompts it drew), so each ratio is, within 0.013, the ratio of the two modes' engine decode
     rates in its process: the machine's speed at sync's ~40-request steps against park's ~120 sets it, and drawing
     sync from park's prompts did not raise it here (1.453-1.691)."""
     _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
@@ -260,6 +260,6 @@ def test_on_the_coordinator_loop_at_8192_park_over_sync_is_the_ratio_of_the_two_
         assert round(park["tokens_per_decode_step"], 1) == 119.5 and 39.5 < sync["tokens_per_decode_step"] < 40.3
         assert sync["measured_s"] * sync["decode_steps_per_s"] == pytest.approx(24_580, rel=0.002), d["_file"]
         engine = park["engine_decode_tokens_per_s"] / sync["engine_decode_tokens_per_s"]
-        assert abs(d["ratio_park_over_sync"] - engine) < 0.015, (d["_file"], engine)
+        assert abs(d["ratio_park_over_sync"] - engine) < 0.013, (d["_file"], engine)
         got[d["_file"]] = (round(d["ratio_park_over_sync"], 3), gpu_runs.mode_variant(d, "sync"))
     assert sorted(got.values()) == [(1.453, "aligned"), (1.588, "aligned"), (1.626, ""), (1.691, "")]
