@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from colo_fsm.errors import ConfigError
@@ -53,6 +54,14 @@ def cost_refusal(name: str, value: float) -> str | None:
     return None if math.isfinite(value) and value >= 0 else f"a finite, non-negative number of {COSTS[name]}"
 
 
+def credit_refusal(kv_ns_per_token: float, kv_credit_below: object) -> str | None:
+    """What ``kv_credit_below`` must be beside ``kv_ns_per_token``, where it is not that; None where it is: a
+    credit needs a price to credit at, never ignored."""
+    if kv_credit_below is False or (kv_credit_below is True and kv_ns_per_token):
+        return None
+    return "True with a kv_ns_per_token above 0 (a price to credit at), or False"
+
+
 @dataclass
 class Timing:
     """What a step costs in the model: an engine step from a table of (batch, ms) at ``kv_from`` tokens of context
@@ -82,8 +91,8 @@ class Timing:
             raise ConfigError("kv_from", self.kv_from, "a context in tokens, 0 or more")
         if self.kv_ns_per_token and not self.kv_from:
             raise ConfigError("kv_from", self.kv_from, "the table's context in tokens, where kv_ns_per_token is set")
-        if self.kv_credit_below is not False and (self.kv_credit_below is not True or not self.kv_ns_per_token):
-            raise ConfigError("kv_credit_below", self.kv_credit_below, "True with a kv_ns_per_token above 0, or False")
+        if why := credit_refusal(self.kv_ns_per_token, self.kv_credit_below):
+            raise ConfigError("kv_credit_below", self.kv_credit_below, why)
 
     def step_s(self, batch: int) -> float:
         """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
@@ -97,7 +106,15 @@ class Timing:
             k = min(max(bisect.bisect_left(xs, batch), 1), len(xs) - 1)
             (x0, y0), (x1, y1) = self.table[k - 1], self.table[k]
             ms = y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
-        return (max(ms, ys[0] * 0.5) + self.host_ms + self.host_us_per_request * batch / 1000.0) / 1000.0
+        return (max(ms, self._floor_ms()) + self._host_ms(batch)) / 1000.0
+
+    def _floor_ms(self) -> float:
+        """The least a step takes in the table: half its smallest row."""
+        return self.table[0][1] * 0.5
+
+    def _host_ms(self, batch: int) -> float:
+        """The host's time per step at ``batch`` running requests: ``host_ms`` and ``host_us_per_request`` each."""
+        return self.host_ms + self.host_us_per_request * batch / 1000.0
 
     def kv_s(self, contexts: list[int], steps: int) -> float:
         """What ``steps`` decode steps add for long contexts: each request starts at its context in ``contexts`` and
@@ -116,16 +133,16 @@ class Timing:
                 over -= (b - a + 1) * ((self.kv_from - a) + (self.kv_from - b)) / 2
         return over * self.kv_ns_per_token / 1e9
 
-    def decode_s(self, contexts: list[int], steps: int) -> float:
-        """``steps`` decode steps of the requests whose contexts are ``contexts``: the table's step at that batch
-        (:meth:`step_s`) plus the long contexts' read (:meth:`kv_s`), never below the floor :meth:`step_s` keeps
-        (half the table's smallest row, plus the host cost), however much ``kv_credit_below`` credits."""
-        batch = len(contexts)
+    def decode_s(self, batch: int, steps: int, contexts: Callable[[], list[int]]) -> float:
+        """``steps`` decode steps of ``batch`` running requests: the table's step (:meth:`step_s`) plus, where a
+        long context is priced, the read of the ``contexts()`` the requests hold (:meth:`kv_s`; asked for only
+        then), never below the floor :meth:`step_s` keeps (half the table's smallest row, plus the host's time),
+        however much ``kv_credit_below`` credits."""
         table = steps * self.step_s(batch)
         if not self.kv_ns_per_token:
             return table
-        floor = self.table[0][1] * 0.5 + self.host_ms + self.host_us_per_request * batch / 1000.0
-        return max(table + self.kv_s(contexts, steps), steps * floor / 1000.0)
+        floor = steps * (self._floor_ms() + self._host_ms(batch)) / 1000.0
+        return max(table + self.kv_s(contexts(), steps), floor)
 
 
 @dataclass(frozen=True)

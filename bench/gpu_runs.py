@@ -166,6 +166,13 @@ def drawn_from(d: dict[str, Any], mode: str) -> int:
     return int((d.get("first_prompt") or {}).get(mode, 0))
 
 
+def drain_lost_its_race(row: dict[str, Any]) -> bool:
+    """Whether one of a drain's measured handoffs found nothing in flight, the trainer having gone first (older runs
+    without that record: whether a measured step made nothing)."""
+    found = row.get("groups_in_flight_at_handoff")
+    return not all(found) if found is not None else row["step_samples_per_s"]["min"] == 0
+
+
 def mode_variant(d: dict[str, Any], mode: str) -> str:
     """How a run's ``mode`` differs from the other runs of that mode, as the pages label it: ``forced`` for a drain
     whose race with the trainer was forced collector-first (``--drain-race collector-first``), ``aligned`` for a
@@ -271,6 +278,7 @@ __all__ = [
     "ModeFigures",
     "by_variant",
     "commits_arg",
+    "drain_lost_its_race",
     "in_median",
     "is_handoff",
     "label",

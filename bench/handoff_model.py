@@ -59,6 +59,7 @@ from bench._model_costs import (  # noqa: E402  (the prices; re-exported for the
     Baseline,
     Timing,
     cost_refusal,
+    credit_refusal,
 )
 from bench._workload import Shape, first_prompt, output_length  # noqa: E402
 from colo_fsm.adapters.protocols import Completion  # noqa: E402
@@ -200,7 +201,9 @@ class _Sim:
         if not run:
             raise RuntimeError("the model's engine has nothing to decode: no request in flight")
         k = min(g.left[j] for g, j in run)
-        dt = self.timing.decode_s([self.shape.prompt_len + g.lengths[j] - g.left[j] for g, j in run], k)
+        dt = self.timing.decode_s(  # each request's context before these steps, read where a long context is priced
+            len(run), k, lambda: [self.shape.prompt_len + g.lengths[j] - g.left[j] for g, j in run]
+        )
         for g, j in run:
             g.left[j] -= k
         self.t += dt
@@ -469,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in COSTS:
         if why := cost_refusal(name, getattr(args, name)):
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: {why}")
-    if args.kv_credit_below and not args.kv_ns_per_token:
-        ap.error(f"--kv-credit-below: a price to credit at, --kv-ns-per-token above 0 (got {args.kv_ns_per_token})")
+    if why := credit_refusal(args.kv_ns_per_token, args.kv_credit_below):
+        ap.error(f"--kv-credit-below with --kv-ns-per-token {args.kv_ns_per_token}: {why}")
     if args.window < 1 or args.steps < args.window or args.warmup < 0:
         ap.error(f"--window {args.window} (>= 1), --steps {args.steps} (>= --window), --warmup {args.warmup} (>= 0)")
     try:

@@ -37,13 +37,6 @@ APART = 0.05
 """Tables whose model ratios differ by more than this tell apart; closer ones are read as agreeing."""
 
 
-def drain_lost_its_race(row: dict[str, Any]) -> bool:
-    """Whether one of a drain's measured handoffs found nothing in flight (older runs without that record: whether
-    a measured step made nothing)."""
-    found = row.get("groups_in_flight_at_handoff")
-    return not all(found) if found is not None else row["step_samples_per_s"]["min"] == 0
-
-
 def model_rates(
     d: dict[str, Any], modes: list[str], baseline: hm.Baseline, shape: hm.Shape, seed: int
 ) -> dict[str, float]:
@@ -101,7 +94,7 @@ def check(
         mine_by_mode, theirs_by_mode = (model_rates(d, modes, b, shape, seed) for b in (own, default_baseline))
         for other, figure in ratios.items():
             notes = [COORDINATOR] if d.get("engine", "direct") != "direct" else []
-            if other == "drain" and drain_lost_its_race(d["modes"]["drain"]):
+            if other == "drain" and gpu_runs.drain_lost_its_race(d["modes"]["drain"]):
                 notes.append(RACE)
             remark = ONE_CONTEXT if own.context2 is None else ""
             mine = mine_by_mode["park"] / mine_by_mode[other]

@@ -208,13 +208,10 @@ READING_COMMITS = ("76259d0", "9de9ebc", "ad762e2")  # the direct runs with the 
 
 
 def _decodes_without_the_race(mode: str, row: dict) -> bool:
-    """Whether a mode's requests per step are the admission's alone: every mode but drain, and a drain none of
-    whose handoffs found nothing in flight (the runs before that record: none of whose measured steps made
-    nothing). A trainer-first handoff makes the next generation admit two batches' worth."""
-    if mode != "drain":
-        return True
-    found = row.get("groups_in_flight_at_handoff")
-    return all(found) if found is not None else row["step_samples_per_s"]["min"] > 0
+    """Whether a mode's requests per step are the admission's alone: every mode but drain, and a drain that never
+    lost its race (:func:`bench.gpu_runs.drain_lost_its_race`). A trainer-first handoff makes the next generation
+    admit two batches' worth."""
+    return mode != "drain" or not gpu_runs.drain_lost_its_race(row)
 
 
 def test_the_model_admits_as_many_requests_as_every_direct_run_decoded(workload):

@@ -47,10 +47,10 @@ def test_the_model_on_each_runs_own_table_is_nearer_the_run_wherever_the_tables_
 
 
 def test_a_drain_lost_its_race_where_a_handoff_found_nothing_or_an_older_runs_step_made_nothing():
-    assert check.drain_lost_its_race({"groups_in_flight_at_handoff": [32, 0, 32]})
-    assert not check.drain_lost_its_race({"groups_in_flight_at_handoff": [32, 32, 32]})
-    assert check.drain_lost_its_race({"step_samples_per_s": {"min": 0.0}})
-    assert not check.drain_lost_its_race({"step_samples_per_s": {"min": 4.2}})
+    assert gpu_runs.drain_lost_its_race({"groups_in_flight_at_handoff": [32, 0, 32]})
+    assert not gpu_runs.drain_lost_its_race({"groups_in_flight_at_handoff": [32, 32, 32]})
+    assert gpu_runs.drain_lost_its_race({"step_samples_per_s": {"min": 0.0}})
+    assert not gpu_runs.drain_lost_its_race({"step_samples_per_s": {"min": 4.2}})
 
 
 def test_the_command_prints_and_writes_its_rows_and_refuses_what_gives_none(tmp_path, capsys):

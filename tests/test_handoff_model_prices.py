@@ -104,20 +104,23 @@ def test_a_long_context_costs_its_tokens_above_the_tables_context_and_below_it_n
 
 
 def test_decode_steps_cost_the_table_plus_the_long_contexts_and_never_less_than_the_step_floor():
-    """``Timing.decode_s``: ``steps`` steps at the batch of ``contexts`` cost the table's step times that many, plus
-    :meth:`kv_s`; however much ``kv_credit_below`` credits, never less than the floor ``step_s`` keeps (half the
+    """``Timing.decode_s``: ``steps`` steps at a batch cost the table's step times that many, plus, where a long
+    context is priced, :meth:`kv_s` of the contexts (read only then); however much ``kv_credit_below`` credits, never less than the floor ``step_s`` keeps (half the
     table's smallest row, plus the host's time): a price too high for the table makes a step the floor, never a
     step of no time or of negative time."""
     plain = hm.Timing([(16, 3.0), (64, 6.0)], host_ms=1.0)
-    assert plain.decode_s([100] * 16, 10) == pytest.approx(10 * plain.step_s(16))  # no price: the table alone
+    assert plain.decode_s(16, 10, lambda: pytest.fail("no price: no context read")) == pytest.approx(
+        10 * plain.step_s(16)
+    )  # the table alone
     linear = hm.Timing([(16, 3.0), (64, 6.0)], host_ms=1.0, kv_ns_per_token=30.0, kv_from=1000, kv_credit_below=True)
     near = [900] * 16  # 100 tokens short: 16 x 100 x 30 ns = 48 us credited a step
-    assert linear.decode_s(near, 1) == pytest.approx(linear.step_s(16) - 48e-6)
+    assert linear.decode_s(16, 1, lambda: near) == pytest.approx(linear.step_s(16) - 48e-6)
     steep = replace(linear, kv_ns_per_token=300.0)  # 64 requests 936 tokens short: 18 ms credited a step
     far = [64] * 64
     assert steep.step_s(64) + steep.kv_s(far, 1) < 0  # the credit alone would make the step take negative time
-    assert steep.decode_s(far, 5) == pytest.approx(5 * (3.0 * 0.5 + 1.0) / 1000)  # the floor, five times
-    assert linear.decode_s([4096] * 16, 2) == pytest.approx(2 * linear.step_s(16) + linear.kv_s([4096] * 16, 2))
+    assert steep.decode_s(64, 5, lambda: far) == pytest.approx(5 * (3.0 * 0.5 + 1.0) / 1000)  # the floor, five times
+    longer = [4096] * 16
+    assert linear.decode_s(16, 2, lambda: longer) == pytest.approx(2 * linear.step_s(16) + linear.kv_s(longer, 2))
 
 
 def test_the_long_context_price_is_megatrons_graph_decode_from_4096_tokens_against_the_workloads_mean():
