@@ -94,7 +94,7 @@ class Timing:
         if why := credit_refusal(self.kv_ns_per_token, self.kv_credit_below):
             raise ConfigError("kv_credit_below", self.kv_credit_below, why)
 
-    def step_s(self, batch: int) -> float:
+    def step_s(self, batch: float) -> float:
         """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
         two rows past its ends, never below half its smallest row; plus the host cost (``host_ms``, and
         ``host_us_per_request`` for each request running)."""
@@ -112,7 +112,7 @@ class Timing:
         """The least a step takes in the table: half its smallest row."""
         return self.table[0][1] * 0.5
 
-    def _host_ms(self, batch: int) -> float:
+    def _host_ms(self, batch: float) -> float:
         """The host's time per step at ``batch`` running requests: ``host_ms`` and ``host_us_per_request`` each."""
         return self.host_ms + self.host_us_per_request * batch / 1000.0
 

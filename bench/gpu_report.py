@@ -45,6 +45,7 @@ from bench.gpu_runs import (
     split_history,
     unsteady,
 )
+from bench.park_ceiling import section as ceiling_section
 from bench.parking_map import map_section
 
 
@@ -469,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += map_section(every, picture.name if picture else None)
     for key in sorted(head):
         lines += workload_section(key, head[key])
+    if head:
+        lines += ceiling_section(args.folder, set(commits) if commits else {str(commit)})
     lines += engine_paths_section(paths)
     lines += engine_loop_section(args.folder)
     lines += tests_section(args.folder)

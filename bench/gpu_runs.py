@@ -147,7 +147,8 @@ def _engine_steps(profile: dict[str, Any]) -> list[dict[str, Any]]:
     return [v for v in profile.values() if isinstance(v, dict) and "mean_active" in v and v.get("steps")]
 
 
-def _first_profile(row: dict[str, Any]) -> dict[str, Any]:
+def first_profile(row: dict[str, Any]) -> dict[str, Any]:
+    """A mode's first round's engine step profile (empty where it has none)."""
     return (row.get("engine_step_profile_per_round") or [{}])[0]
 
 
@@ -209,7 +210,7 @@ def by_variant(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[tuple[d
 
 def requests_per_engine_step(row: dict[str, Any]) -> float | None:
     """A mode's :func:`requests_per_step` in its first round; None where the row has no step profile."""
-    return requests_per_step(_first_profile(row))
+    return requests_per_step(first_profile(row))
 
 
 def between_steps_ms(row: dict[str, Any]) -> float | None:
@@ -217,7 +218,7 @@ def between_steps_ms(row: dict[str, Any]) -> float | None:
     and Draining (the engine has the GPU) less the time inside its profiled steps, over their count. That is the
     direct loop's own host work per step (token intake, finish checks, the other threads' turns) and any wait
     with nothing to run. None where the row has no step profile or no state shares, or ran more than one round."""
-    kinds = _engine_steps(_first_profile(row))
+    kinds = _engine_steps(first_profile(row))
     steps = sum(int(v["steps"]) for v in kinds)
     shares = row.get("state_share") or {}
     if not steps or not shares or "measured_s" not in row or len(row["engine_step_profile_per_round"]) != 1:
