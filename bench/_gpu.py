@@ -32,6 +32,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench._decode_window import (  # noqa: E402  (after the sys.path line; re-exported for the baseline and tests)
+    DECODE_WINDOW,
+    PREFILL_TOKENS_PER_STEP,
+    WARM_STEPS,
+    decode_window_tokens,
+    prefill_steps,
+    prefill_steps_of,
+)
+
 
 @dataclass(frozen=True)
 class GPTShape:
@@ -294,43 +303,6 @@ class EngineOptions:
     decode_only_graphs: bool = False  # use_cuda_graphs_for_non_decode_steps=False
 
 
-PREFILL_TOKENS_PER_STEP = 16384
-"""megatron-core 0.19.2's dynamic context's default ``max_tokens``: the tokens one engine step takes. Without
-chunked prefill (the benches do not turn it on) a longer prompt is not prefilled: megatron marks the request failed
-and steps on without it."""
-DECODE_WINDOW = 64  # decode steps a decode_rate row times
-WARM_STEPS = 3  # engine steps before the timed window (the first prefills every prompt that fits one step)
-
-
-def prefill_steps(batch: int, prompt_len: int, per_step: int = PREFILL_TOKENS_PER_STEP) -> int | None:
-    """The engine steps megatron-core 0.19.2 takes to prefill ``batch`` prompts of ``prompt_len`` tokens submitted
-    together, or None when some never fits. Without chunked prefill a step takes whole prompts only, and every
-    request already admitted decodes one token out of the same ``per_step``: after the first step, from 4,096
-    tokens, 3 prompts fit where 4 did, so a batch of 128 takes 43 steps, not the 32 its tokens fill."""
-    admitted = steps = 0
-    while admitted < batch:
-        fit = min(batch - admitted, (per_step - admitted) // prompt_len)
-        if fit <= 0:
-            return None
-        admitted += fit
-        steps += 1
-    return steps
-
-
-def decode_window_tokens(
-    batch: int,
-    prompt_len: int,
-    steps: int = DECODE_WINDOW,
-    warm_steps: int = WARM_STEPS,
-    per_step: int = PREFILL_TOKENS_PER_STEP,
-) -> int | None:
-    """The new tokens each of ``batch`` requests asks for in :meth:`BenchEngine.decode_rate`: the warm-up, the steps
-    that prefill every prompt (:func:`prefill_steps`: the first request admitted decodes through all of them), the
-    timed window and 4 to spare, so the batch stays full while timed; None when the batch cannot all be prefilled."""
-    prefill = prefill_steps(batch, prompt_len, per_step)
-    return None if prefill is None else warm_steps + prefill + steps + 4
-
-
 class BenchEngine:
     """megatron-core's dynamic engine over ``model``, built piece by piece with timings (GPU only)."""
 
@@ -423,24 +395,44 @@ class BenchEngine:
         return out
 
     def decode_rate(
-        self, batch: int, *, prompt_len: int = 64, steps: int = DECODE_WINDOW, warm_steps: int = WARM_STEPS
+        self,
+        batch: int,
+        *,
+        prompt_len: int = 64,
+        steps: int = DECODE_WINDOW,
+        warm_steps: int = WARM_STEPS,
+        logprobs: bool = False,
+        contexts: Sequence[int] | None = None,
     ) -> dict:
         """Pure decode speed: ``batch`` requests prefilled, then ``steps`` decode steps timed.
 
-        Every request asks for more tokens than the timed window, so the batch stays full while timed.
+        Every request asks for more tokens than the timed window, so the batch stays full while timed. Each request
+        decodes from ``prompt_len`` tokens, or from its own of ``contexts`` (one per request); with ``logprobs``
+        every step returns its tokens' log-probs, as a rollout's do.
         """
         import torch
 
         eng = self.engine
         per_step = int(getattr(self.context, "max_tokens", 0) or PREFILL_TOKENS_PER_STEP)
-        budget = decode_window_tokens(batch, prompt_len, steps, warm_steps, per_step)
-        if budget is None:
+        if contexts is not None and len(contexts) != batch:
+            raise ValueError(f"decode_rate(batch={batch}): {len(contexts)} contexts, expected one per request")
+        lengths = list(contexts) if contexts is not None else [prompt_len] * batch
+        prefill = prefill_steps_of(lengths, per_step)
+        if prefill is None:
             raise ValueError(
-                f"decode_rate(batch={batch}, prompt_len={prompt_len}): megatron cannot prefill every prompt, "
+                f"decode_rate(batch={batch}, prompt_len={max(lengths)}): megatron cannot prefill every prompt, "
                 f"{per_step:,} tokens a step with one per admitted request decoding"
             )
-        sp = self.sampling(budget, logprobs=False)
-        for p in prompts(batch, prompt_len, seed=batch):
+        # as decode_window_tokens; prompts of many lengths get their prefill estimate again to spare (the order
+        # megatron admits them in may take more steps than the estimate's)
+        spare = 4 + (prefill if contexts is not None else 0)
+        sp = self.sampling(warm_steps + prefill + steps + spare, logprobs=logprobs)
+        ids = (
+            prompts(batch, prompt_len, seed=batch)
+            if contexts is None
+            else [prompts(1, n, seed=batch * 7919 + i)[0] for i, n in enumerate(lengths)]
+        )
+        for p in ids:
             eng.add_request(int(next(eng.request_counter)), p, sp)
         for _ in range(warm_steps):  # the first step prefills every prompt (when they fit one step's tokens)
             eng.step_modern()
@@ -475,6 +467,8 @@ class BenchEngine:
             "window_start": before,
             "decode_requests_at_window_end": after_decode,
             "last_step_used_cuda_graph": used_graph,
+            **({"logprobs": True} if logprobs else {}),
+            **({"contexts_mean": sum(lengths) / batch, "contexts_max": max(lengths)} if contexts is not None else {}),
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -584,6 +578,7 @@ __all__ = [
     "mem_snapshot",
     "n_params",
     "prefill_steps",
+    "prefill_steps_of",
     "prompts",
     "quiet_logs",
     "release_cuda_graphs",

@@ -88,6 +88,96 @@ def rows_by_context(
     return out
 
 
+LOOP_BATCHES = (25, 40, 65, 120)
+"""The batches a stage's loop-cost rows time between the captured graphs' sizes (``--graph-loop-costs``): the
+requests a decode step held in the runs (sync 25 at 32,768 and 40 at 8,192, park 65 and 113-120). A step runs the
+smallest captured graph that holds it; with megatron-core 0.19.2's default sizing, 16 graphs at 256 requests are
+the powers of two."""
+LOOP_VARIANTS = ("between graphs", "log-probs", "mixed contexts", "as the loop")
+"""How the loop-cost rows make the graph alone like a loop's decode steps, one way at a time, then all at once:
+batches between the graphs' sizes (``--graph-loop-costs``, :data:`LOOP_BATCHES` in the stage); every step returning its tokens' log-probs (the
+baseline's own batches); each request at its own context, drawn as the workload's decoded tokens are
+(:func:`token_weighted_contexts`; the baseline's own batches up to 128); and the three together at the batches
+between graphs. Each beside the uniform rows at the workload's mean context tells what that difference costs."""
+
+
+def token_weighted_contexts(prompt_len: int, lengths: list[int], n: int, seed: int) -> list[int]:
+    """``n`` contexts as a decode step of the workload meets them: a request of output length ``L`` (one of
+    ``lengths``) holds one of its ``L`` decoded tokens' contexts, ``prompt_len`` to ``prompt_len + L - 1``, so a
+    long request is met ``L`` times as often as a one-token one (their mean tends to :func:`decode_weighted_context`)."""
+    import random
+
+    rng = random.Random(seed)
+    weights = [max(0, x) for x in lengths]
+    if not any(weights):
+        return [prompt_len] * n
+    return [prompt_len + rng.randrange(x) for x in rng.choices(lengths, weights=weights, k=n)]
+
+
+def loop_cost_plan(
+    shape: Shape, lengths: list[int], context: int, buffer_gb: float, seed: int, between: list[int]
+) -> list[dict[str, Any]]:
+    """The loop-cost rows to time (:data:`LOOP_VARIANTS`): ``{"variant", "batch", "logprobs", "contexts"}`` (None:
+    every request from ``context``), and ``"skipped"`` (why) on a row whose batch does not fit one prefill step
+    per request, the sequence length or the KV buffer (as :func:`batches_that_fit`, from its longest context)."""
+    per_token = 2 * shape.num_layers * shape.hidden_size * 2
+    room = KV_FILL * buffer_gb * 2**30 // per_token
+    plan: list[dict[str, Any]] = []
+
+    def add(variant: str, batch: int, logprobs: bool, mixed: bool) -> None:
+        contexts = token_weighted_contexts(shape.prompt_len, lengths, batch, seed + batch) if mixed else None
+        longest = max(contexts) if contexts else context
+        window = decode_window_tokens(batch, longest)
+        total = sum(contexts) if contexts else batch * context
+        row = {"variant": variant, "batch": batch, "logprobs": logprobs, "contexts": contexts}
+        if window is None or longest > PREFILL_TOKENS_PER_STEP:
+            row["skipped"] = f"a context of {longest:,} tokens is not prefilled in one step"
+        elif longest + window > shape.sequence_length:
+            row["skipped"] = f"a context of {longest:,} tokens and its window pass the sequence length"
+        elif total + batch * window > room:
+            row["skipped"] = f"the batch's keys and values pass {KV_FILL:.0%} of the KV buffer"
+        plan.append(row)
+
+    uniform = [b for b in baseline_batches(shape) if b <= 128]
+    for b in between:
+        add("between graphs", b, False, False)
+    for b in uniform:
+        add("log-probs", b, True, False)
+    for b in uniform:
+        add("mixed contexts", b, False, True)
+    for b in between:
+        add("as the loop", b, True, True)
+    return plan
+
+
+def loop_cost_rows(eng: Any, plan: list[dict[str, Any]], context: int) -> list[dict[str, Any]]:
+    """``eng.decode_rate`` for each row of ``plan`` (:func:`loop_cost_plan`), the row's variant with it. A row whose
+    window did not hold its whole batch, or that failed, is an error, not a figure; the first ends the measuring
+    (the engine may still hold its requests) and every row after it is recorded as not run."""
+    out: list[dict[str, Any]] = []
+    failed: str | None = None
+    for p in plan:
+        row: dict[str, Any] = {"variant": p["variant"], "batch": p["batch"]}
+        out.append(row)
+        if p.get("skipped"):
+            row["skipped"] = p["skipped"]
+            continue
+        if failed is not None:
+            row["error"] = f"not run: {failed} failed before it"
+            continue
+        try:
+            got = eng.decode_rate(p["batch"], prompt_len=context, logprobs=p["logprobs"], contexts=p["contexts"])
+            held = ((got.get("window_start") or {}).get("decode_requests"), got.get("decode_requests_at_window_end"))
+            if held != (p["batch"], p["batch"]):
+                raise RuntimeError(f"{held[0]} requests decoding at the window's start, {held[1]} at its end")
+            row.update(got)
+        except Exception as exc:  # recorded and said; the bench's exit status says so (graph_context_errors)
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            failed = f"{p['variant']} at batch {p['batch']}"
+        print(f"  graph decode, {p['variant']}, batch {p['batch']}: {row.get('error') or f'{row["step_ms"]:.2f} ms'}")
+    return out
+
+
 def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[int] | None = None) -> dict[str, Any]:
     """Decode tokens/s of megatron-core's dynamic engine alone (CUDA graphs, no lifecycle, no bookkeeping of
     colo-fsm) on a fresh model of the same shape, KV buffer and graph count, at batch sizes up to the run's
@@ -98,7 +188,9 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
     ``graph_decode_tokens_per_s`` is the rate at ``max_active_requests``; the ratios against park use the batch
     nearest park's mean running requests (``bench._handoff.add_ratios``). Each of ``args.graph_contexts``
     (``--graph-contexts``) runs the batches that fit there (:func:`rows_by_context`): what a decode step costs as
-    its requests' contexts grow, where a long rollout decodes."""
+    its requests' contexts grow, where a long rollout decodes. With ``args.graph_loop_costs`` (``--graph-loop-costs``)
+    the graph alone is then made like a loop's decode steps (:data:`LOOP_VARIANTS`) from the workload's mean context
+    (``rows_loop_costs``), its batches between graphs those the option names."""
     import torch
     from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
 
@@ -128,6 +220,7 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
     context = min(seq_len - 80, shape.prompt_len + int(shape.median_tokens))
     matched = min(seq_len - 80, decode_weighted_context(shape.prompt_len, lengths)) if lengths else None
     by_context: list[dict[str, Any]] = []
+    loop_costs: list[dict[str, Any]] = []
     try:
         for b in batches:
             rows.append(eng.decode_rate(b, prompt_len=context))
@@ -135,6 +228,9 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
             for b in batches:
                 matched_rows.append(eng.decode_rate(b, prompt_len=matched))
         by_context = rows_by_context(eng, getattr(args, "graph_contexts", None) or [], batches, shape, args.buffer_gb)
+        if getattr(args, "graph_loop_costs", None) and lengths and matched is not None:
+            plan = loop_cost_plan(shape, lengths, matched, args.buffer_gb, args.seed, args.graph_loop_costs)
+            loop_costs = loop_cost_rows(eng, plan, matched)
     finally:
         eng.shutdown(graphs=True)
         delete_cuda_graphs()
@@ -160,6 +256,7 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
                 else {}
             ),
             **({"rows_by_context": by_context} if by_context else {}),
+            **({"rows_loop_costs": loop_costs, "loop_costs_context_tokens": matched} if loop_costs else {}),
         },
         "graph_decode_tokens_per_s": top["decode_tokens_per_s"],
         "graph_decode_batch": top["batch"],
@@ -167,10 +264,15 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
 
 
 def graph_context_errors(report: dict[str, Any]) -> list[str]:
-    """Each ``--graph-contexts`` row of a bench JSON that failed (``context: error``): the bench exits 1 when any
-    did, after writing what it measured, so a stage that lost a row fails loudly."""
-    rows = (report.get("graph_decode") or {}).get("rows_by_context") or []
-    return [f"{r['context_tokens']}: {r['error']}" for r in rows if r.get("error")]
+    """Each ``--graph-contexts`` and ``--graph-loop-costs`` row of a bench JSON that failed (``context: error``,
+    ``variant, batch: error``; a row skipped for want of room is not one): the bench exits 1 when any did, after
+    writing what it measured, so a stage that lost a row fails loudly."""
+    g = report.get("graph_decode") or {}
+    rows = g.get("rows_by_context") or []
+    loop = g.get("rows_loop_costs") or []
+    return [f"{r['context_tokens']}: {r['error']}" for r in rows if r.get("error")] + [
+        f"{r['variant']}, batch {r['batch']}: {r['error']}" for r in loop if r.get("error")
+    ]
 
 
 MODE_ONLY_FLAGS: dict[str, Callable[[Any], bool]] = {
@@ -238,6 +340,30 @@ def graph_contexts(ap: argparse.ArgumentParser, args: argparse.Namespace, shape:
     return contexts
 
 
+def graph_loop_batches(ap: argparse.ArgumentParser, args: argparse.Namespace, shape: Shape) -> list[int]:
+    """``--graph-loop-costs`` read: whole batches from 1 to the run's concurrency, only where the graph-decode
+    baseline runs (:func:`baseline_runs`), never ignored; an empty value asks for none (a GPU stage's CPU twin
+    says so)."""
+    if args.graph_loop_costs is None or not args.graph_loop_costs.strip():
+        return []
+    if not baseline_runs(args):
+        ap.error(
+            f"--graph-loop-costs {args.graph_loop_costs!r} runs with the graph-decode baseline, which runs on a GPU "
+            "with CUDA graphs and without --no-graph-baseline"
+        )
+    try:
+        batches = [int(b) for b in args.graph_loop_costs.split(",") if b.strip()]
+    except ValueError:
+        batches = []
+    top = shape.max_active_requests
+    if not batches or any(not 0 < b <= top for b in batches):
+        ap.error(
+            f"--graph-loop-costs {args.graph_loop_costs!r}: comma-separated whole numbers of requests, 1 to {top} "
+            "(--max-active)"
+        )
+    return batches
+
+
 __all__ = [
     "KV_FILL",
     "MODE_ONLY_FLAGS",
@@ -248,6 +374,10 @@ __all__ = [
     "graph_context_errors",
     "graph_contexts",
     "graph_decode_baseline",
+    "graph_loop_batches",
     "graph_only_refusal",
+    "loop_cost_plan",
+    "loop_cost_rows",
     "rows_by_context",
+    "token_weighted_contexts",
 ]

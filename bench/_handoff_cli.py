@@ -7,7 +7,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from bench._graph_baseline import graph_contexts, graph_only_refusal
+from bench._graph_baseline import graph_contexts, graph_loop_batches, graph_only_refusal
 from bench._handoff import DRAIN_RACES, ENGINES, MIN_STEPS, REASONING, SMOKE
 from bench._workload import MODELS, QUICK, Shape
 from colo_fsm.collector.batch_order import ORDERS
@@ -87,6 +87,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         "fit the KV buffer (GPU with CUDA graphs, the baseline on)",
     )
     ap.add_argument(
+        "--graph-loop-costs",
+        default=None,
+        metavar="BATCHES",
+        help="comma-separated batches (e.g. 25,40,65,120): the graph-decode baseline also times, from the workload's "
+        "mean context, what makes a loop's decode step differ from it: these batches between the captured graphs' "
+        "sizes, log-probs, each request at its own context, and all three (GPU with CUDA graphs, the baseline on; "
+        "an empty value: none)",
+    )
+    ap.add_argument(
         "--graph-only",
         action="store_true",
         help="the graph-decode baseline alone (and its --graph-contexts), no mode: a JSON of benchmark graph_decode, "
@@ -159,6 +168,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
     if args.mode_budget_s is not None and not args.mode_budget_s > 0:
         ap.error(f"--mode-budget-s {args.mode_budget_s}: a positive number of seconds")
     args.graph_contexts = graph_contexts(ap, args, shape)
+    args.graph_loop_costs = graph_loop_batches(ap, args, shape)
     if args.drain_race != "free" and "drain" not in modes:
         ap.error(f"--drain-race {args.drain_race} forces drain's handoffs, and --modes {','.join(modes)} has no drain")
     if args.out is None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._handoff import mode_of_ratio  # the bench's own rules
+from bench._model_costs import Timing
 from bench.gpu_plots import plot_bars, plot_map
 from bench.gpu_runs import (
     MODES,
@@ -194,6 +195,37 @@ RUN_HEADER = (
 )
 
 
+def loop_cost_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """The graph alone made like a loop's decode steps (``--graph-loop-costs``, ``rows_loop_costs``): each row beside
+    the uniform rows' step at its batch from the same context (linear between their batches), and what it adds."""
+    lines: list[str] = []
+    for d in runs:
+        g = d["graph_decode"]
+        rows = g.get("rows_loop_costs") or []
+        uniform = [(int(r["batch"]), float(r["step_ms"])) for r in g.get("rows_matched_context") or []]
+        if not rows or not uniform:
+            continue
+        at = Timing(uniform, host_ms=0.0)
+        lines += [
+            f"The graph alone made like a loop's decode steps, from {g['loop_costs_context_tokens']:,} tokens "
+            f"(`{d['_file']}`; `--graph-loop-costs`): ms per step, beside the uniform rows' step at that batch:",
+            "",
+            "| variant | batch | contexts (mean, longest) | ms per step | uniform rows | over them |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            if "step_ms" not in r:
+                lines.append(f"| {r['variant']} | {r['batch']} | | {r.get('skipped') or r.get('error')} | | |")
+                continue
+            ref = at.step_s(int(r["batch"])) * 1000.0
+            ctx = f"{r['contexts_mean']:,.0f}, {r['contexts_max']:,}" if "contexts_mean" in r else "uniform"
+            lines.append(
+                f"| {r['variant']} | {r['batch']} | {ctx} | {r['step_ms']:.2f} | {ref:.2f} | {r['step_ms'] / ref:.3f} |"
+            )
+        lines.append("")
+    return lines
+
+
 def decode_lines(runs: list[dict[str, Any]]) -> list[str]:
     """What a decode step costs, in each run: the pure CUDA-graph decode it measured (megatron-core's engine alone,
     at the baseline's context and, where it ran, at the workload's mean decode context and at each of its
@@ -232,6 +264,7 @@ def decode_lines(runs: list[dict[str, Any]]) -> list[str]:
             for d, c in failed
         ]
         lines += [""] if failed else []
+        lines += loop_cost_lines(base)
     steps = [
         (d, m, prof)
         for d in runs

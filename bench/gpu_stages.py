@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench._graph_baseline import LOOP_BATCHES
+
 HANDOFF = ("bench/inflight_handoff.py", "--workload", "reasoning")
 SMOKE_HANDOFF = ("--smoke", "--model", "small", "--max-len", "48")  # later options win: the CPU shape
 # a coordinator stage's CPU twin: megatron's coordinator needs a GPU, so the twin runs the rest of the path on the
@@ -346,6 +348,30 @@ STAGES: tuple[Stage, ...] = (
         ),
         300,
         smoke=(*SMOKE_HANDOFF, "--graph-contexts", ""),
+        default=False,
+    ),
+    Stage(
+        "reasoning-8k-graph-loop-costs",
+        "reasoning shape, cut 8,192: megatron's pure graph decode alone, no mode, then made like a loop's decode "
+        "steps one way at a time from the workload's mean context (1,417 tokens): batches between the captured "
+        "graphs' sizes (25, 40, 65, 120; 16 graphs at 256 requests are the powers of two), log-probs on, each "
+        "request at its own context drawn as the workload's decoded tokens are, and all three. On the direct loop "
+        "the graph alone took 0.61-0.87 of a mode's decode step in the loop (bench/park_ceiling.py): this tells "
+        "which difference costs what; a row that fails is recorded and the bench exits 1; ~3 min (not run yet)",
+        (
+            *HANDOFF,
+            "--model",
+            "gpt200m",
+            "--max-len",
+            "8192",
+            "--graph-only",
+            "--graph-loop-costs",
+            ",".join(map(str, LOOP_BATCHES)),
+            "--out",
+            "{out}/graph_decode_reasoning_gpt200m_cut8192.json",
+        ),
+        420,
+        smoke=(*SMOKE_HANDOFF, "--graph-loop-costs", ""),
         default=False,
     ),
     _detached(

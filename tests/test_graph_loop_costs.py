@@ -1,0 +1,173 @@
+"""The graph-decode baseline made like a loop's decode steps (``--graph-loop-costs``): its plan, its rows, its
+option, its page lines and its stage, on the CPU (the rows themselves run on a GPU)."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+import bench.inflight_handoff as inflight_handoff
+from bench import gpu_report, gpu_stages
+from bench._gpu import BenchEngine, prefill_steps, prefill_steps_of
+from bench._graph_baseline import (
+    LOOP_BATCHES,
+    LOOP_VARIANTS,
+    decode_weighted_context,
+    graph_context_errors,
+    loop_cost_plan,
+    loop_cost_rows,
+    token_weighted_contexts,
+)
+from bench._workload import MODELS, output_length
+
+SHAPE_8K = replace(MODELS["gpt200m"], max_tokens=8192)
+
+
+def _lengths(shape, n=400):
+    return [output_length(0, i, j, shape) for i in range(n) for j in range(shape.samples_per_group)]
+
+
+def test_prefill_steps_of_prompts_of_many_lengths_admits_them_in_order_and_agrees_with_one_length():
+    for batch, n in ((16, 832), (256, 1715), (128, 4096), (32, 8176)):
+        assert prefill_steps_of([n] * batch) == prefill_steps(batch, n)
+    # 10,000 fits the first step; 7,000 does not fit what is left (6,384), so it waits; the next step has 16,383
+    assert prefill_steps_of([10_000, 7_000, 100]) == 2
+    assert prefill_steps_of([10_000, 100, 7_000]) == 2
+    assert prefill_steps_of([20_000]) is None and prefill_steps_of([]) == 0
+
+
+def test_contexts_are_drawn_as_the_workloads_decoded_tokens_are():
+    """Each within its request's span, the same for a seed, and their mean the workload's token-weighted mean
+    decode context (the baseline's matched context) within 3% over many draws."""
+    lengths = _lengths(SHAPE_8K)
+    drawn = token_weighted_contexts(SHAPE_8K.prompt_len, lengths, 20_000, seed=1)
+    assert drawn == token_weighted_contexts(SHAPE_8K.prompt_len, lengths, 20_000, seed=1)
+    assert drawn != token_weighted_contexts(SHAPE_8K.prompt_len, lengths, 20_000, seed=2)
+    assert SHAPE_8K.prompt_len <= min(drawn) and max(drawn) < SHAPE_8K.prompt_len + max(lengths)
+    mean = decode_weighted_context(SHAPE_8K.prompt_len, lengths)
+    assert statistics.fmean(drawn) == pytest.approx(mean, rel=0.03)
+    assert token_weighted_contexts(7, [0, 0], 3, seed=0) == [7, 7, 7]
+
+
+def test_the_plan_makes_the_graph_like_a_loop_one_way_at_a_time_and_says_what_does_not_fit():
+    lengths = _lengths(SHAPE_8K)
+    context = decode_weighted_context(SHAPE_8K.prompt_len, lengths)
+    plan = loop_cost_plan(SHAPE_8K, lengths, context, 40.0, 0, list(LOOP_BATCHES))
+    assert [p["variant"] for p in plan] == [v for v in LOOP_VARIANTS for _ in (LOOP_BATCHES if v in
+                                            ("between graphs", "as the loop") else (16, 32, 64, 128))]  # fmt: skip
+    assert not any(p.get("skipped") for p in plan)  # at 8,192 every row fits one prefill step and 40 GiB
+    for p in plan:
+        assert p["logprobs"] == (p["variant"] in ("log-probs", "as the loop"))
+        assert (p["contexts"] is not None) == (p["variant"] in ("mixed contexts", "as the loop"))
+        assert p["contexts"] is None or len(p["contexts"]) == p["batch"]
+    shape_32k = replace(MODELS["gpt200m"], max_tokens=32768)
+    long = loop_cost_plan(shape_32k, [20_000] * 8, context, 40.0, 0, [120])  # every draw past one prefill step
+    assert [p["variant"] for p in long if p.get("skipped")] == ["mixed contexts"] * 4 + ["as the loop"]
+    assert all("not prefilled in one step" in p["skipped"] for p in long if p.get("skipped"))
+    small = loop_cost_plan(SHAPE_8K, lengths, context, 1.0, 0, [120])
+    assert any("KV buffer" in (p.get("skipped") or "") for p in small)
+
+
+def test_a_row_that_lost_requests_is_an_error_and_the_rows_after_it_are_not_run():
+    calls = []
+
+    class Scripted:
+        def decode_rate(self, batch, *, prompt_len, logprobs, contexts):
+            calls.append((batch, prompt_len, logprobs, contexts is not None))
+            held = 0 if (logprobs and contexts is not None) else batch  # "as the loop" loses its requests
+            return {"batch": batch, "step_ms": 5.0, "window_start": {"decode_requests": held},
+                    "decode_requests_at_window_end": held}  # fmt: skip
+
+    plan = [
+        {"variant": "between graphs", "batch": 40, "logprobs": False, "contexts": None},
+        {"variant": "mixed contexts", "batch": 64, "logprobs": False, "contexts": [9999] * 64, "skipped": "no room"},
+        {"variant": "as the loop", "batch": 65, "logprobs": True, "contexts": [1400] * 65},
+        {"variant": "as the loop", "batch": 120, "logprobs": True, "contexts": [1400] * 120},
+    ]
+    rows = loop_cost_rows(Scripted(), plan, 1417)
+    assert calls == [(40, 1417, False, False), (65, 1417, True, True)]
+    assert rows[0]["step_ms"] == 5.0 and rows[0]["variant"] == "between graphs"
+    assert rows[1] == {"variant": "mixed contexts", "batch": 64, "skipped": "no room"}
+    assert "0 requests decoding" in rows[2]["error"] and rows[3]["error"].startswith("not run: as the loop at batch 65")
+    errors = graph_context_errors({"graph_decode": {"rows_loop_costs": rows}})
+    assert [e.split(":")[0] for e in errors] == ["as the loop, batch 65", "as the loop, batch 120"]
+
+
+def test_decode_rate_prefills_each_request_from_its_own_context_and_asks_for_log_probs(monkeypatch):
+    """``BenchEngine.decode_rate`` on a scripted engine: one prompt per context, of that length, a budget that
+    outlasts the window, and log-probs asked for where the row says; a context list of the wrong length is refused."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    added = []
+
+    class Engine:
+        request_counter = itertools.count()
+        waiting_request_ids: list[int] = []
+
+        def add_request(self, rid, prompt, sp):
+            added.append((len(prompt), sp.num_tokens_to_generate, sp.return_log_probs))
+
+        def step_modern(self):
+            return {}
+
+        def has_unfinished_requests(self):
+            return False
+
+    eng = BenchEngine.__new__(BenchEngine)
+    eng.engine = Engine()
+    eng.tokenizer = SimpleNamespace(eod=0)
+    eng.context = SimpleNamespace(max_tokens=16384, num_prefill_requests=0, num_decode_requests=3)
+    row = eng.decode_rate(3, prompt_len=1417, logprobs=True, contexts=[100, 2000, 900])
+    assert [n for n, _, _ in added] == [100, 2000, 900] and all(lp for _, _, lp in added)
+    assert all(budget > 64 + 3 for _, budget, _ in added)
+    assert row["contexts_mean"] == pytest.approx(1000) and row["contexts_max"] == 2000 and row["logprobs"]
+    added.clear()
+    row = eng.decode_rate(2, prompt_len=50)
+    assert [n for n, _, _ in added] == [50, 50] and not any(lp for _, _, lp in added) and "logprobs" not in row
+    with pytest.raises(ValueError, match="2 contexts, expected one per request"):
+        eng.decode_rate(3, contexts=[1, 2])
+
+
+def test_the_option_is_read_never_ignored(capsys):
+    for argv, said in (
+        (["--workload", "reasoning", "--smoke", "--graph-loop-costs", "40"], "runs with the graph-decode baseline"),
+        (["--workload", "reasoning", "--no-graph-baseline", "--graph-loop-costs", "40"], "without --no-graph-baseline"),
+        (["--workload", "reasoning", "--graph-loop-costs", "40,300"], "1 to 256"),
+        (["--workload", "reasoning", "--graph-loop-costs", "forty"], "whole numbers of requests"),
+    ):
+        with pytest.raises(SystemExit):
+            inflight_handoff.parse_args(argv)
+        err = capsys.readouterr().err
+        assert "--graph-loop-costs" in err and said in err, (argv, err)
+    args, *_ = inflight_handoff.parse_args(["--workload", "reasoning", "--graph-loop-costs", "25,40,65,120"])
+    assert args.graph_loop_costs == [25, 40, 65, 120]
+    args, *_ = inflight_handoff.parse_args(["--workload", "reasoning", "--smoke", "--graph-loop-costs", ""])
+    assert args.graph_loop_costs == []
+
+
+def test_the_stage_and_its_page_lines():
+    stage = next(s for s in gpu_stages.STAGES if s.name == "reasoning-8k-graph-loop-costs")
+    cmd = stage.command(gpu_stages.Path("out"))
+    assert cmd[cmd.index("--graph-loop-costs") + 1] == "25,40,65,120" and "--graph-only" in cmd
+    assert stage.command(gpu_stages.Path("out"), smoke=True)[-2:] == ["--graph-loop-costs", ""]
+    d = {
+        "_file": "g.json",
+        "graph_decode": {
+            "rows_matched_context": [{"batch": 32, "step_ms": 4.0}, {"batch": 64, "step_ms": 6.0}],
+            "loop_costs_context_tokens": 1417,
+            "rows_loop_costs": [
+                {"variant": "between graphs", "batch": 40, "step_ms": 5.5},
+                {"variant": "as the loop", "batch": 40, "step_ms": 6.0, "contexts_mean": 1400.0, "contexts_max": 8000},
+                {"variant": "mixed contexts", "batch": 128, "skipped": "no room"},
+            ],
+        },
+    }
+    lines = gpu_report.loop_cost_lines([d])
+    assert "| between graphs | 40 | uniform | 5.50 | 4.50 | 1.222 |" in lines
+    assert "| as the loop | 40 | 1,400, 8,000 | 6.00 | 4.50 | 1.333 |" in lines
+    assert "| mixed contexts | 128 | | no room | | |" in lines
