@@ -48,5 +48,20 @@ def decode_window_tokens(
     """The new tokens each of ``batch`` requests asks for in :meth:`BenchEngine.decode_rate`: the warm-up, the steps
     that prefill every prompt (:func:`prefill_steps`: the first request admitted decodes through all of them), the
     timed window and 4 to spare, so the batch stays full while timed; None when the batch cannot all be prefilled."""
-    prefill = prefill_steps(batch, prompt_len, per_step)
-    return None if prefill is None else warm_steps + prefill + steps + 4
+    return request_budget([prompt_len] * batch, steps, warm_steps, per_step)
+
+
+def request_budget(
+    lengths: Sequence[int],
+    steps: int = DECODE_WINDOW,
+    warm_steps: int = WARM_STEPS,
+    per_step: int = PREFILL_TOKENS_PER_STEP,
+) -> int | None:
+    """:func:`decode_window_tokens` for prompts of the given ``lengths`` (:func:`prefill_steps_of`); prompts of
+    more than one length get their prefill steps again to spare, since the order megatron admits them in may take
+    more steps than the count's. None when some prompt can never be prefilled."""
+    prefill = prefill_steps_of(lengths, per_step)
+    if prefill is None:
+        return None
+    spare = 4 + (prefill if len(set(lengths)) > 1 else 0)
+    return warm_steps + prefill + steps + spare

@@ -39,6 +39,7 @@ from bench._decode_window import (  # noqa: E402  (after the sys.path line; re-e
     decode_window_tokens,
     prefill_steps,
     prefill_steps_of,
+    request_budget,
 )
 
 
@@ -368,12 +369,16 @@ class BenchEngine:
         }
 
     # ------------------------------------------------------------------ generation
-    def sampling(self, max_tokens: int, *, logprobs: bool = True, stop_at_eod: bool = False) -> Any:
+    def sampling(
+        self, max_tokens: int, *, logprobs: bool = True, stop_at_eod: bool = False, sampled: bool = False
+    ) -> Any:
+        """megatron's sampling parameters of a bench request: greedy (top-k 1), or with ``sampled`` drawn from the
+        whole distribution at temperature 1.0 (top-k 0), as the rollouts' requests are."""
         from megatron.core.inference.sampling_params import SamplingParams
 
         return SamplingParams(
             temperature=1.0,
-            top_k=1,  # greedy
+            top_k=0 if sampled else 1,  # 0: the whole distribution; 1: greedy
             num_tokens_to_generate=max_tokens,
             termination_id=self.tokenizer.eod if stop_at_eod else -1,  # -1: exact lengths
             return_log_probs=logprobs,
@@ -402,13 +407,15 @@ class BenchEngine:
         steps: int = DECODE_WINDOW,
         warm_steps: int = WARM_STEPS,
         logprobs: bool = False,
+        sampled: bool = False,
         contexts: Sequence[int] | None = None,
     ) -> dict:
         """Pure decode speed: ``batch`` requests prefilled, then ``steps`` decode steps timed.
 
         Every request asks for more tokens than the timed window, so the batch stays full while timed. Each request
         decodes from ``prompt_len`` tokens, or from its own of ``contexts`` (one per request); with ``logprobs``
-        every step returns its tokens' log-probs, as a rollout's do.
+        every step returns its tokens' log-probs, and with ``sampled`` each token is drawn from the whole
+        distribution at temperature 1.0 (not greedily), as a rollout's are.
         """
         import torch
 
@@ -417,16 +424,13 @@ class BenchEngine:
         if contexts is not None and len(contexts) != batch:
             raise ValueError(f"decode_rate(batch={batch}): {len(contexts)} contexts, expected one per request")
         lengths = list(contexts) if contexts is not None else [prompt_len] * batch
-        prefill = prefill_steps_of(lengths, per_step)
-        if prefill is None:
+        budget = request_budget(lengths, steps, warm_steps, per_step)
+        if budget is None:
             raise ValueError(
                 f"decode_rate(batch={batch}, prompt_len={max(lengths)}): megatron cannot prefill every prompt, "
                 f"{per_step:,} tokens a step with one per admitted request decoding"
             )
-        # as decode_window_tokens; prompts of many lengths get their prefill estimate again to spare (the order
-        # megatron admits them in may take more steps than the estimate's)
-        spare = 4 + (prefill if contexts is not None else 0)
-        sp = self.sampling(warm_steps + prefill + steps + spare, logprobs=logprobs)
+        sp = self.sampling(budget, logprobs=logprobs, sampled=sampled)
         ids = (
             prompts(batch, prompt_len, seed=batch)
             if contexts is None
@@ -468,6 +472,7 @@ class BenchEngine:
             "decode_requests_at_window_end": after_decode,
             "last_step_used_cuda_graph": used_graph,
             **({"logprobs": True} if logprobs else {}),
+            **({"sampled": True} if sampled else {}),
             **({"contexts_mean": sum(lengths) / batch, "contexts_max": max(lengths)} if contexts is not None else {}),
         }
 
@@ -582,6 +587,7 @@ __all__ = [
     "prompts",
     "quiet_logs",
     "release_cuda_graphs",
+    "request_budget",
     "rollouts",
     "setup",
     "sync",

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench._gpu import PREFILL_TOKENS_PER_STEP, decode_window_tokens
+from bench._gpu import PREFILL_TOKENS_PER_STEP, decode_window_tokens, request_budget
 from bench._workload import Shape
 
 
@@ -93,12 +93,13 @@ LOOP_BATCHES = (25, 40, 65, 120)
 requests a decode step held in the runs (sync 25 at 32,768 and 40 at 8,192, park 65 and 113-120). A step runs the
 smallest captured graph that holds it; with megatron-core 0.19.2's default sizing, 16 graphs at 256 requests are
 the powers of two."""
-LOOP_VARIANTS = ("between graphs", "log-probs", "mixed contexts", "as the loop")
+LOOP_VARIANTS = ("between graphs", "log-probs", "sampled", "mixed contexts", "as the loop")
 """How the loop-cost rows make the graph alone like a loop's decode steps, one way at a time, then all at once:
-batches between the graphs' sizes (``--graph-loop-costs``, :data:`LOOP_BATCHES` in the stage); every step returning its tokens' log-probs (the
-baseline's own batches); each request at its own context, drawn as the workload's decoded tokens are
-(:func:`token_weighted_contexts`; the baseline's own batches up to 128); and the three together at the batches
-between graphs. Each beside the uniform rows at the workload's mean context tells what that difference costs."""
+batches between the graphs' sizes (``--graph-loop-costs``, :data:`LOOP_BATCHES` in the stage); every step
+returning its tokens' log-probs; each token drawn from the whole distribution at temperature 1.0, not greedily, as
+the rollouts' are (the baseline's own batches up to 128, for these two); each request at its own context, drawn as
+the workload's decoded tokens are (:func:`token_weighted_contexts`; those batches again); and the four together at
+the batches between graphs. Each beside the uniform rows from its contexts' mean tells what that difference costs."""
 
 
 def token_weighted_contexts(prompt_len: int, lengths: list[int], n: int, seed: int) -> list[int]:
@@ -117,36 +118,46 @@ def token_weighted_contexts(prompt_len: int, lengths: list[int], n: int, seed: i
 def loop_cost_plan(
     shape: Shape, lengths: list[int], context: int, buffer_gb: float, seed: int, between: list[int]
 ) -> list[dict[str, Any]]:
-    """The loop-cost rows to time (:data:`LOOP_VARIANTS`): ``{"variant", "batch", "logprobs", "contexts"}`` (None:
-    every request from ``context``), and ``"skipped"`` (why) on a row whose batch does not fit one prefill step
-    per request, the sequence length or the KV buffer (as :func:`batches_that_fit`, from its longest context)."""
+    """The loop-cost rows to time (:data:`LOOP_VARIANTS`): ``{"variant", "batch", "logprobs", "sampled",
+    "contexts"}`` (None: every request from ``context``), and ``"skipped"`` (why) on a row whose batch does not fit
+    one prefill step per request, the sequence length or the KV buffer, with the tokens ``decode_rate`` will ask
+    each request for (:func:`~bench._gpu.request_budget`). A drawn context too near the sequence's end to decode
+    that many tokens is drawn back to where it can (``"clipped"``: how many were)."""
     per_token = 2 * shape.num_layers * shape.hidden_size * 2
     room = KV_FILL * buffer_gb * 2**30 // per_token
     plan: list[dict[str, Any]] = []
 
-    def add(variant: str, batch: int, logprobs: bool, mixed: bool) -> None:
+    def add(variant: str, batch: int, *, logprobs: bool = False, sampled: bool = False, mixed: bool = False) -> None:
         contexts = token_weighted_contexts(shape.prompt_len, lengths, batch, seed + batch) if mixed else None
-        longest = max(contexts) if contexts else context
-        window = decode_window_tokens(batch, longest)
-        total = sum(contexts) if contexts else batch * context
-        row = {"variant": variant, "batch": batch, "logprobs": logprobs, "contexts": contexts}
-        if window is None or longest > PREFILL_TOKENS_PER_STEP:
+        asked = contexts or [context] * batch
+        budget = request_budget(asked)  # what decode_rate asks each request for
+        clipped = 0
+        if contexts is not None and budget is not None:  # a context too near the sequence's end to decode the window
+            top = shape.sequence_length - budget  # drawn back to where it can: a few tokens of thousands
+            clipped = sum(c > top for c in contexts)
+            contexts = asked = [min(c, top) for c in contexts]
+        longest = max(asked)
+        row = {"variant": variant, "batch": batch, "logprobs": logprobs, "sampled": sampled, "contexts": contexts}
+        row.update({"clipped": clipped} if clipped else {})
+        if budget is None or longest > PREFILL_TOKENS_PER_STEP:
             row["skipped"] = f"a context of {longest:,} tokens is not prefilled in one step"
-        elif longest + window > shape.sequence_length:
+        elif longest + budget > shape.sequence_length:
             row["skipped"] = f"a context of {longest:,} tokens and its window pass the sequence length"
-        elif total + batch * window > room:
+        elif sum(asked) + batch * budget > room:
             row["skipped"] = f"the batch's keys and values pass {KV_FILL:.0%} of the KV buffer"
         plan.append(row)
 
     uniform = [b for b in baseline_batches(shape) if b <= 128]
     for b in between:
-        add("between graphs", b, False, False)
+        add("between graphs", b)
     for b in uniform:
-        add("log-probs", b, True, False)
+        add("log-probs", b, logprobs=True)
     for b in uniform:
-        add("mixed contexts", b, False, True)
+        add("sampled", b, sampled=True)
+    for b in uniform:
+        add("mixed contexts", b, mixed=True)
     for b in between:
-        add("as the loop", b, True, True)
+        add("as the loop", b, logprobs=True, sampled=True, mixed=True)
     return plan
 
 
@@ -158,6 +169,7 @@ def loop_cost_rows(eng: Any, plan: list[dict[str, Any]], context: int) -> list[d
     failed: str | None = None
     for p in plan:
         row: dict[str, Any] = {"variant": p["variant"], "batch": p["batch"]}
+        row.update({"clipped": p["clipped"]} if p.get("clipped") else {})
         out.append(row)
         if p.get("skipped"):
             row["skipped"] = p["skipped"]
@@ -166,7 +178,9 @@ def loop_cost_rows(eng: Any, plan: list[dict[str, Any]], context: int) -> list[d
             row["error"] = f"not run: {failed} failed before it"
             continue
         try:
-            got = eng.decode_rate(p["batch"], prompt_len=context, logprobs=p["logprobs"], contexts=p["contexts"])
+            got = eng.decode_rate(
+                p["batch"], prompt_len=context, logprobs=p["logprobs"], sampled=p["sampled"], contexts=p["contexts"]
+            )
             held = ((got.get("window_start") or {}).get("decode_requests"), got.get("decode_requests_at_window_end"))
             if held != (p["batch"], p["batch"]):
                 raise RuntimeError(f"{held[0]} requests decoding at the window's start, {held[1]} at its end")
@@ -230,7 +244,11 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
         by_context = rows_by_context(eng, getattr(args, "graph_contexts", None) or [], batches, shape, args.buffer_gb)
         if getattr(args, "graph_loop_costs", None) and lengths and matched is not None:
             plan = loop_cost_plan(shape, lengths, matched, args.buffer_gb, args.seed, args.graph_loop_costs)
-            loop_costs = loop_cost_rows(eng, plan, matched)
+            if graph_context_errors({"graph_decode": {"rows_by_context": by_context}}):  # the engine may hold requests
+                loop_costs = [{"variant": p["variant"], "batch": p["batch"], "error": "not run: a --graph-contexts row "
+                               "failed before it"} for p in plan]  # fmt: skip
+            else:
+                loop_costs = loop_cost_rows(eng, plan, matched)
     finally:
         eng.shutdown(graphs=True)
         delete_cuda_graphs()

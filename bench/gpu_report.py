@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._handoff import mode_of_ratio  # the bench's own rules
-from bench._model_costs import Timing
+from bench._model_costs import Baseline, Timing
 from bench.gpu_plots import plot_bars, plot_map
 from bench.gpu_runs import (
     MODES,
@@ -197,18 +197,22 @@ RUN_HEADER = (
 
 def loop_cost_lines(runs: list[dict[str, Any]]) -> list[str]:
     """The graph alone made like a loop's decode steps (``--graph-loop-costs``, ``rows_loop_costs``): each row beside
-    the uniform rows' step at its batch from the same context (linear between their batches), and what it adds."""
+    the uniform rows' step at its batch from its own contexts' mean (linear between batches, and in the context
+    between the baseline's two contexts), and what it adds."""
     lines: list[str] = []
     for d in runs:
         g = d["graph_decode"]
         rows = g.get("rows_loop_costs") or []
-        uniform = [(int(r["batch"]), float(r["step_ms"])) for r in g.get("rows_matched_context") or []]
-        if not rows or not uniform:
+        if not rows:
             continue
-        at = Timing(uniform, host_ms=0.0)
+
+        first, second = (tuple((int(r["batch"]), float(r["step_ms"])) for r in g.get(k) or [])
+                         for k in ("rows", "rows_matched_context"))  # fmt: skip
+        uniform = Baseline(int(g["context_tokens"]), first, g.get("matched_context_tokens"), second)
         lines += [
             f"The graph alone made like a loop's decode steps, from {g['loop_costs_context_tokens']:,} tokens "
-            f"(`{d['_file']}`; `--graph-loop-costs`): ms per step, beside the uniform rows' step at that batch:",
+            f"(`{d['_file']}`; `--graph-loop-costs`): ms per step, beside the uniform rows' step at that batch from "
+            "the row's contexts' mean:",
             "",
             "| variant | batch | contexts (mean, longest) | ms per step | uniform rows | over them |",
             "|---|---|---|---|---|---|",
@@ -217,7 +221,8 @@ def loop_cost_lines(runs: list[dict[str, Any]]) -> list[str]:
             if "step_ms" not in r:
                 lines.append(f"| {r['variant']} | {r['batch']} | | {r.get('skipped') or r.get('error')} | | |")
                 continue
-            ref = at.step_s(int(r["batch"])) * 1000.0
+            mean = r.get("contexts_mean", g["loop_costs_context_tokens"])
+            ref = Timing(uniform.table_at(round(mean)), host_ms=0.0).step_s(int(r["batch"])) * 1000.0
             ctx = f"{r['contexts_mean']:,.0f}, {r['contexts_max']:,}" if "contexts_mean" in r else "uniform"
             lines.append(
                 f"| {r['variant']} | {r['batch']} | {ctx} | {r['step_ms']:.2f} | {ref:.2f} | {r['step_ms'] / ref:.3f} |"

@@ -354,8 +354,9 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-8k-graph-loop-costs",
         "reasoning shape, cut 8,192: megatron's pure graph decode alone, no mode, then made like a loop's decode "
         "steps one way at a time from the workload's mean context (1,417 tokens): batches between the captured "
-        "graphs' sizes (25, 40, 65, 120; 16 graphs at 256 requests are the powers of two), log-probs on, each "
-        "request at its own context drawn as the workload's decoded tokens are, and all three. On the direct loop "
+        "graphs' sizes (25, 40, 65, 120; 16 graphs at 256 requests are the powers of two), log-probs on, tokens "
+        "sampled at temperature 1.0 rather than greedily, each request at its own context drawn as the workload's "
+        "decoded tokens are, and all four. On the direct loop "
         "the graph alone took 0.61-0.87 of a mode's decode step in the loop (bench/park_ceiling.py): this tells "
         "which difference costs what; a row that fails is recorded and the bench exits 1; ~3 min (not run yet)",
         (

@@ -499,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
             report.write()
             print(f"total {report.data['total_s']:.0f} s; wrote {args.out}")
             if failed := graph_context_errors(report.data):
-                print(f"graph decode from these --graph-contexts failed: {'; '.join(failed)}", flush=True)
+                print(f"these graph-decode rows failed: {'; '.join(failed)}", flush=True)
                 return 1
             return 0
         rig = build_rig(args, shape)
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(report.data)
     print(f"total {report.data.get('total_s', 0.0):.0f} s; wrote {args.out}")
     if failed := graph_context_errors(report.data):
-        print(f"graph decode from these --graph-contexts failed: {'; '.join(failed)}", flush=True)
+        print(f"these graph-decode rows failed: {'; '.join(failed)}", flush=True)
         return 1
     return 0
 

@@ -113,7 +113,10 @@ def _table(path: Path, data: Any) -> Table | None:
     g = (data or {}).get("graph_decode") if isinstance(data, dict) else None
     if not isinstance(g, dict) or not g.get("rows_matched_context") or not g.get("matched_context_tokens"):
         return None
-    _, baseline, _ = hm.workload_of(data, path.name)
+    try:
+        _, baseline, _ = hm.workload_of(data, path.name)
+    except hm.ConfigError:  # a graph decode without the shape it ran at: nothing to read it by
+        return None
     return Table(path.name, baseline) if baseline.context2 not in (None, baseline.context) else None
 
 
@@ -257,16 +260,21 @@ def rows(folder: Path, commits: set[str], *, first_only: bool = False) -> list[R
 def table_lines(found: list[Row]) -> list[str]:
     """The rows as a Markdown table (the performance page's and the command's)."""
     lines = [
-        "| run | pair | park / x | engine decode | window | batching | loops (park's, x's) | requests a step "
-        "(park, x) | batching at every slot | ceiling | target |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | pair | park / x | engine decode | window | batching | loops (park's, x's) | graph alone / the loop's "
+        "decode step (park's, x's) | requests a step (park, x) | batching at every slot | ceiling | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in found:
         table = "" if r.table == "own" else f" (table: `{r.table}`)"
         beyond = ", context past the table's: extrapolated" if r.context_in_table == "beyond" else ""
+        in_steps = (
+            f"{r.park_in_step:.2f}, {r.other_in_step:.2f}"
+            if r.park_in_step is not None and r.other_in_step is not None
+            else "no step profile"
+        )
         lines.append(
             f"| `{r.file}`{table}{beyond} | {r.pair} | {r.run:.3f} | {r.engine_ratio:.3f} | {r.window:.2f} | "
-            f"{r.batching:.2f} | {r.loops:.2f} ({r.park_loop:.2f}, {r.other_loop:.2f}) | "
+            f"{r.batching:.2f} | {r.loops:.2f} ({r.park_loop:.2f}, {r.other_loop:.2f}) | {in_steps} | "
             f"{r.park_requests:.0f}, {r.other_requests:.0f} | {r.batching_every_slot:.2f} | **{r.ceiling:.2f}** | "
             f"{'' if r.target is None else f'{r.target:.1f}'} |"
         )

@@ -12,7 +12,7 @@ import pytest
 
 import bench.inflight_handoff as inflight_handoff
 from bench import gpu_report, gpu_stages
-from bench._gpu import BenchEngine, prefill_steps, prefill_steps_of
+from bench._gpu import BenchEngine, prefill_steps, prefill_steps_of, request_budget
 from bench._graph_baseline import (
     LOOP_BATCHES,
     LOOP_VARIANTS,
@@ -22,9 +22,19 @@ from bench._graph_baseline import (
     loop_cost_rows,
     token_weighted_contexts,
 )
-from bench._workload import MODELS, output_length
+from bench._workload import output_length
 
-SHAPE_8K = replace(MODELS["gpt200m"], max_tokens=8192)
+STAGE = next(s for s in gpu_stages.STAGES if s.name == "reasoning-8k-graph-loop-costs")
+
+
+def _stage_shape():
+    """The shape the stage's own command line gives (the reasoning workload at cut 8,192, the 202M GPT)."""
+    argv = list(STAGE.command(gpu_stages.Path("out")))
+    _, _, shape, _ = inflight_handoff.parse_args(argv[argv.index("--workload") :])
+    return shape
+
+
+SHAPE_8K = _stage_shape()
 
 
 def _lengths(shape, n=400):
@@ -38,6 +48,9 @@ def test_prefill_steps_of_prompts_of_many_lengths_admits_them_in_order_and_agree
     assert prefill_steps_of([10_000, 7_000, 100]) == 2
     assert prefill_steps_of([10_000, 100, 7_000]) == 2
     assert prefill_steps_of([20_000]) is None and prefill_steps_of([]) == 0
+    # what decode_rate asks each request for: one length as before; many lengths their prefill steps again to spare
+    assert request_budget([1417] * 64) == 3 + prefill_steps(64, 1417) + 64 + 4
+    assert request_budget([10_000, 7_000, 100]) == 3 + 2 + 64 + 4 + 2
 
 
 def test_contexts_are_drawn_as_the_workloads_decoded_tokens_are():
@@ -54,17 +67,36 @@ def test_contexts_are_drawn_as_the_workloads_decoded_tokens_are():
 
 
 def test_the_plan_makes_the_graph_like_a_loop_one_way_at_a_time_and_says_what_does_not_fit():
+    """On the stage's own shape (the reasoning workload at 8,192: 64-token prompts, sequences of 8,256) every row
+    fits, the mixed-context rows included, their windows the tokens decode_rate asks for; at 32,768 a draw past one
+    prefill step is skipped and says why, as is a batch past a 1 GiB buffer."""
+    assert (SHAPE_8K.prompt_len, SHAPE_8K.max_tokens, SHAPE_8K.max_active_requests) == (64, 8192, 256)
     lengths = _lengths(SHAPE_8K)
     context = decode_weighted_context(SHAPE_8K.prompt_len, lengths)
+    assert context == 1417
     plan = loop_cost_plan(SHAPE_8K, lengths, context, 40.0, 0, list(LOOP_BATCHES))
-    assert [p["variant"] for p in plan] == [v for v in LOOP_VARIANTS for _ in (LOOP_BATCHES if v in
-                                            ("between graphs", "as the loop") else (16, 32, 64, 128))]  # fmt: skip
-    assert not any(p.get("skipped") for p in plan)  # at 8,192 every row fits one prefill step and 40 GiB
+    per_variant = {"between graphs": LOOP_BATCHES, "as the loop": LOOP_BATCHES}
+    assert [(p["variant"], p["batch"]) for p in plan] == [
+        (v, b) for v in LOOP_VARIANTS for b in per_variant.get(v, (16, 32, 64, 128))
+    ]
+    assert [p["skipped"] for p in plan if p.get("skipped")] == []
     for p in plan:
         assert p["logprobs"] == (p["variant"] in ("log-probs", "as the loop"))
+        assert p["sampled"] == (p["variant"] in ("sampled", "as the loop"))
         assert (p["contexts"] is not None) == (p["variant"] in ("mixed contexts", "as the loop"))
-        assert p["contexts"] is None or len(p["contexts"]) == p["batch"]
-    shape_32k = replace(MODELS["gpt200m"], max_tokens=32768)
+        if p["contexts"] is not None:
+            assert len(p["contexts"]) == p["batch"]
+            assert max(p["contexts"]) + request_budget(p["contexts"]) <= SHAPE_8K.sequence_length
+    clipped = 0
+    for seed in range(40):  # every seed's mixed rows fit at 8,192, a context at the sequence's end drawn back
+        rows = loop_cost_plan(SHAPE_8K, lengths, context, 40.0, seed, [120])
+        assert not any(p.get("skipped") for p in rows)
+        clipped += sum(p.get("clipped", 0) for p in rows)
+        for p in rows:
+            if p["contexts"] is not None:
+                assert max(p["contexts"]) + request_budget(p["contexts"]) <= SHAPE_8K.sequence_length
+    assert 0 < clipped < 40 * 5
+    shape_32k = replace(SHAPE_8K, max_tokens=32768)
     long = loop_cost_plan(shape_32k, [20_000] * 8, context, 40.0, 0, [120])  # every draw past one prefill step
     assert [p["variant"] for p in long if p.get("skipped")] == ["mixed contexts"] * 4 + ["as the loop"]
     assert all("not prefilled in one step" in p["skipped"] for p in long if p.get("skipped"))
@@ -76,22 +108,37 @@ def test_a_row_that_lost_requests_is_an_error_and_the_rows_after_it_are_not_run(
     calls = []
 
     class Scripted:
-        def decode_rate(self, batch, *, prompt_len, logprobs, contexts):
+        def decode_rate(self, batch, *, prompt_len, logprobs, sampled, contexts):
             calls.append((batch, prompt_len, logprobs, contexts is not None))
             held = 0 if (logprobs and contexts is not None) else batch  # "as the loop" loses its requests
             return {"batch": batch, "step_ms": 5.0, "window_start": {"decode_requests": held},
                     "decode_requests_at_window_end": held}  # fmt: skip
 
     plan = [
-        {"variant": "between graphs", "batch": 40, "logprobs": False, "contexts": None},
-        {"variant": "mixed contexts", "batch": 64, "logprobs": False, "contexts": [9999] * 64, "skipped": "no room"},
-        {"variant": "as the loop", "batch": 65, "logprobs": True, "contexts": [1400] * 65},
-        {"variant": "as the loop", "batch": 120, "logprobs": True, "contexts": [1400] * 120},
+        {"variant": "between graphs", "batch": 40, "logprobs": False, "sampled": False, "contexts": None},
+        {
+            "variant": "mixed contexts",
+            "batch": 64,
+            "logprobs": False,
+            "sampled": False,
+            "contexts": [9999] * 64,
+            "skipped": "no room",
+        },
+        {
+            "variant": "as the loop",
+            "batch": 65,
+            "logprobs": True,
+            "sampled": True,
+            "contexts": [1400] * 65,
+            "clipped": 1,
+        },
+        {"variant": "as the loop", "batch": 120, "logprobs": True, "sampled": True, "contexts": [1400] * 120},
     ]
     rows = loop_cost_rows(Scripted(), plan, 1417)
     assert calls == [(40, 1417, False, False), (65, 1417, True, True)]
     assert rows[0]["step_ms"] == 5.0 and rows[0]["variant"] == "between graphs"
     assert rows[1] == {"variant": "mixed contexts", "batch": 64, "skipped": "no room"}
+    assert rows[2]["clipped"] == 1
     assert "0 requests decoding" in rows[2]["error"] and rows[3]["error"].startswith("not run: as the loop at batch 65")
     errors = graph_context_errors({"graph_decode": {"rows_loop_costs": rows}})
     assert [e.split(":")[0] for e in errors] == ["as the loop, batch 65", "as the loop, batch 120"]
@@ -110,7 +157,7 @@ def test_decode_rate_prefills_each_request_from_its_own_context_and_asks_for_log
         waiting_request_ids: list[int] = []
 
         def add_request(self, rid, prompt, sp):
-            added.append((len(prompt), sp.num_tokens_to_generate, sp.return_log_probs))
+            added.append((len(prompt), sp.num_tokens_to_generate, sp.return_log_probs, sp.top_k))
 
         def step_modern(self):
             return {}
@@ -122,13 +169,14 @@ def test_decode_rate_prefills_each_request_from_its_own_context_and_asks_for_log
     eng.engine = Engine()
     eng.tokenizer = SimpleNamespace(eod=0)
     eng.context = SimpleNamespace(max_tokens=16384, num_prefill_requests=0, num_decode_requests=3)
-    row = eng.decode_rate(3, prompt_len=1417, logprobs=True, contexts=[100, 2000, 900])
-    assert [n for n, _, _ in added] == [100, 2000, 900] and all(lp for _, _, lp in added)
-    assert all(budget > 64 + 3 for _, budget, _ in added)
+    row = eng.decode_rate(3, prompt_len=1417, logprobs=True, sampled=True, contexts=[100, 2000, 900])
+    assert [a[0] for a in added] == [100, 2000, 900] and all(a[2] for a in added) and {a[3] for a in added} == {0}
+    assert {a[1] for a in added} == {request_budget([100, 2000, 900])}
     assert row["contexts_mean"] == pytest.approx(1000) and row["contexts_max"] == 2000 and row["logprobs"]
+    assert row["sampled"]
     added.clear()
-    row = eng.decode_rate(2, prompt_len=50)
-    assert [n for n, _, _ in added] == [50, 50] and not any(lp for _, _, lp in added) and "logprobs" not in row
+    row = eng.decode_rate(2, prompt_len=50)  # the baseline's own rows: as before
+    assert added == [(50, request_budget([50, 50]), False, 1)] * 2 and "logprobs" not in row and "sampled" not in row
     with pytest.raises(ValueError, match="2 contexts, expected one per request"):
         eng.decode_rate(3, contexts=[1, 2])
 
@@ -151,23 +199,26 @@ def test_the_option_is_read_never_ignored(capsys):
 
 
 def test_the_stage_and_its_page_lines():
-    stage = next(s for s in gpu_stages.STAGES if s.name == "reasoning-8k-graph-loop-costs")
-    cmd = stage.command(gpu_stages.Path("out"))
+    cmd = STAGE.command(gpu_stages.Path("out"))
     assert cmd[cmd.index("--graph-loop-costs") + 1] == "25,40,65,120" and "--graph-only" in cmd
-    assert stage.command(gpu_stages.Path("out"), smoke=True)[-2:] == ["--graph-loop-costs", ""]
+    assert STAGE.command(gpu_stages.Path("out"), smoke=True)[-2:] == ["--graph-loop-costs", ""]
     d = {
         "_file": "g.json",
         "graph_decode": {
+            "context_tokens": 800,
+            "rows": [{"batch": 32, "step_ms": 3.0}, {"batch": 64, "step_ms": 4.0}],
+            "matched_context_tokens": 1400,
             "rows_matched_context": [{"batch": 32, "step_ms": 4.0}, {"batch": 64, "step_ms": 6.0}],
-            "loop_costs_context_tokens": 1417,
+            "loop_costs_context_tokens": 1400,
             "rows_loop_costs": [
                 {"variant": "between graphs", "batch": 40, "step_ms": 5.5},
-                {"variant": "as the loop", "batch": 40, "step_ms": 6.0, "contexts_mean": 1400.0, "contexts_max": 8000},
+                {"variant": "as the loop", "batch": 40, "step_ms": 6.0, "contexts_mean": 1100.0, "contexts_max": 8000},
                 {"variant": "mixed contexts", "batch": 128, "skipped": "no room"},
             ],
         },
     }
     lines = gpu_report.loop_cost_lines([d])
     assert "| between graphs | 40 | uniform | 5.50 | 4.50 | 1.222 |" in lines
-    assert "| as the loop | 40 | 1,400, 8,000 | 6.00 | 4.50 | 1.333 |" in lines
+    # from 1,100 tokens, halfway between the two contexts: 3.5 and 5.0 ms at batches 32 and 64, so 3.875 at 40
+    assert "| as the loop | 40 | 1,100, 8,000 | 6.00 | 3.88 | 1.548 |" in lines
     assert "| mixed contexts | 128 | | no room | | |" in lines
