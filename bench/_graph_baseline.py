@@ -327,28 +327,38 @@ def graph_only_refusal(args: Any) -> str | None:
     return None
 
 
-def graph_contexts(ap: argparse.ArgumentParser, args: argparse.Namespace, shape: Shape) -> list[int]:
-    """``--graph-contexts`` read: each a whole number of tokens from 1 to what megatron prefills in one step
-    (:data:`~bench._gpu.PREFILL_TOKENS_PER_STEP`) from which some baseline batch fits (:func:`batches_that_fit`),
-    and only where the graph-decode baseline runs (:func:`baseline_runs`), never ignored; an empty value asks for
-    none (a GPU stage's CPU twin says so)."""
-    if args.graph_contexts is None or not args.graph_contexts.strip():
+def _baseline_numbers(
+    ap: argparse.ArgumentParser, args: argparse.Namespace, flag: str, top: int, what: str
+) -> list[int]:
+    """A comma-separated option of the graph-decode baseline read (``flag``, its value on ``args``): whole numbers
+    from 1 to ``top`` (``what`` says of what, and why that top), only where the baseline runs
+    (:func:`baseline_runs`), never ignored; an empty value asks for none (a GPU stage's CPU twin says so)."""
+    value = getattr(args, flag[2:].replace("-", "_"))
+    if value is None or not value.strip():
         return []
     if not baseline_runs(args):
         ap.error(
-            f"--graph-contexts {args.graph_contexts!r} runs with the graph-decode baseline, which runs on a GPU with "
-            "CUDA graphs and without --no-graph-baseline"
+            f"{flag} {value!r} runs with the graph-decode baseline, which runs on a GPU with CUDA graphs and without "
+            "--no-graph-baseline"
         )
-    top = PREFILL_TOKENS_PER_STEP
     try:
-        contexts = [int(c) for c in args.graph_contexts.split(",") if c.strip()]
+        numbers = [int(c) for c in value.split(",") if c.strip()]
     except ValueError:
-        contexts = []
-    if not contexts or any(not 0 < c <= top for c in contexts):
-        ap.error(
-            f"--graph-contexts {args.graph_contexts!r}: comma-separated whole numbers of tokens, 1 to {top:,} "
-            "(megatron prefills a prompt in one step of at most that many tokens)"
-        )
+        numbers = []
+    if not numbers or any(not 0 < c <= top for c in numbers):
+        ap.error(f"{flag} {value!r}: comma-separated whole numbers of {what}")
+    return numbers
+
+
+def graph_contexts(ap: argparse.ArgumentParser, args: argparse.Namespace, shape: Shape) -> list[int]:
+    """``--graph-contexts`` read (:func:`_baseline_numbers`): each a context in tokens from 1 to what megatron
+    prefills in one step (:data:`~bench._gpu.PREFILL_TOKENS_PER_STEP`) from which some baseline batch fits
+    (:func:`batches_that_fit`)."""
+    top = PREFILL_TOKENS_PER_STEP
+    contexts = _baseline_numbers(
+        ap, args, "--graph-contexts", top, f"tokens, 1 to {top:,} (megatron prefills a prompt in one step of at most "
+        "that many tokens)"
+    )  # fmt: skip
     batches = baseline_batches(shape)
     if none := [c for c in contexts if not batches_that_fit(batches, c, shape, args.buffer_gb)]:
         ap.error(
@@ -359,27 +369,9 @@ def graph_contexts(ap: argparse.ArgumentParser, args: argparse.Namespace, shape:
 
 
 def graph_loop_batches(ap: argparse.ArgumentParser, args: argparse.Namespace, shape: Shape) -> list[int]:
-    """``--graph-loop-costs`` read: whole batches from 1 to the run's concurrency, only where the graph-decode
-    baseline runs (:func:`baseline_runs`), never ignored; an empty value asks for none (a GPU stage's CPU twin
-    says so)."""
-    if args.graph_loop_costs is None or not args.graph_loop_costs.strip():
-        return []
-    if not baseline_runs(args):
-        ap.error(
-            f"--graph-loop-costs {args.graph_loop_costs!r} runs with the graph-decode baseline, which runs on a GPU "
-            "with CUDA graphs and without --no-graph-baseline"
-        )
-    try:
-        batches = [int(b) for b in args.graph_loop_costs.split(",") if b.strip()]
-    except ValueError:
-        batches = []
+    """``--graph-loop-costs`` read (:func:`_baseline_numbers`): whole batches from 1 to the run's concurrency."""
     top = shape.max_active_requests
-    if not batches or any(not 0 < b <= top for b in batches):
-        ap.error(
-            f"--graph-loop-costs {args.graph_loop_costs!r}: comma-separated whole numbers of requests, 1 to {top} "
-            "(--max-active)"
-        )
-    return batches
+    return _baseline_numbers(ap, args, "--graph-loop-costs", top, f"requests, 1 to {top} (--max-active)")
 
 
 __all__ = [

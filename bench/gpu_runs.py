@@ -9,6 +9,7 @@ A handoff run is a JSON that ``bench/inflight_handoff.py`` wrote, on either engi
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from collections import defaultdict
@@ -22,6 +23,9 @@ from bench._handoff import (  # the bench's own rules
     ratio_refusal,
     unsteady_growth,
 )
+
+RUNS = Path(__file__).resolve().parent.parent / "docs" / "gpu-runs"
+"""The folder of committed runs."""
 
 MODES = ("park", "drain", "sync", "abort", "drain-hold")  # a ratio key spells drain-hold drain_hold (ratio_name)
 
@@ -67,6 +71,23 @@ def commits_arg(text: str | None) -> tuple[str, ...]:
             if commit not in out:
                 out.append(commit)
     return tuple(out)
+
+
+def add_reader_options(ap: argparse.ArgumentParser, out: Path) -> None:
+    """The options of a command that reads the committed runs: ``--runs`` (the folder), ``--commits`` (default the
+    headline's), ``--out`` (its JSON, default ``out``) and ``--smoke`` (the first run only)."""
+    ap.add_argument("--runs", type=Path, default=RUNS, help="the folder of committed runs (default docs/gpu-runs)")
+    ap.add_argument("--commits", default="headline", help="comma-separated; default: the headline's (HEADLINE_COMMITS)")
+    ap.add_argument("--out", type=Path, default=out)
+    ap.add_argument("--smoke", action="store_true", help="the first run only")
+
+
+def commits_read(ap: argparse.ArgumentParser, args: argparse.Namespace) -> set[str]:
+    """``--commits`` of :func:`add_reader_options` read: one commit or more, never none."""
+    commits = set(commits_arg(args.commits))
+    if not commits:
+        ap.error(f"--commits {args.commits!r}: one commit or more, or 'headline'")
+    return commits
 
 
 def read_json(path: Path) -> Any:

@@ -67,7 +67,7 @@ from colo_fsm.collector import ReplayBuffer, TrajectoryGroup  # noqa: E402
 from colo_fsm.errors import ConfigError  # noqa: E402
 from colo_fsm.guards.capacity import InFlightCap  # noqa: E402
 
-RUNS = ROOT / "docs" / "gpu-runs"
+RUNS = gpu_runs.RUNS
 WORKLOAD = RUNS / "2026-12-02-h200-reasoning-cut8192-drain-sync-791d078.json"
 """The committed run whose workload shape and graph baseline (from the workload's mean context) the model uses."""
 MODES = ("park", "drain", "sync", "drain-hold", "abort")

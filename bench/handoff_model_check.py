@@ -123,15 +123,10 @@ def check(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/handoff_model_check.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=Path, default=hm.RUNS, help="the folder of committed runs (default docs/gpu-runs)")
-    ap.add_argument("--commits", default="headline", help="comma-separated; default: the headline's (HEADLINE_COMMITS)")
+    gpu_runs.add_reader_options(ap, ROOT / "bench" / "results" / "handoff_model_check.json")
     ap.add_argument("--workload", type=Path, default=hm.WORKLOAD, help="the run whose table is the model's default")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "handoff_model_check.json")
-    ap.add_argument("--smoke", action="store_true", help="the first run only")
     args = ap.parse_args(argv)
-    commits = set(gpu_runs.commits_arg(args.commits))
-    if not commits:
-        ap.error(f"--commits {args.commits!r}: one commit or more, or 'headline'")
+    commits = gpu_runs.commits_read(ap, args)
     try:
         rows = check(args.runs, commits, args.workload, first_only=args.smoke)
     except hm.ConfigError as exc:

@@ -305,14 +305,9 @@ def section(folder: Path, commits: set[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/park_ceiling.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=Path, default=hm.RUNS, help="the folder of committed runs (default docs/gpu-runs)")
-    ap.add_argument("--commits", default="headline", help="comma-separated; default: the headline's (HEADLINE_COMMITS)")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "park_ceiling.json")
-    ap.add_argument("--smoke", action="store_true", help="the first run only")
+    gpu_runs.add_reader_options(ap, ROOT / "bench" / "results" / "park_ceiling.json")
     args = ap.parse_args(argv)
-    commits = set(gpu_runs.commits_arg(args.commits))
-    if not commits:
-        ap.error(f"--commits {args.commits!r}: one commit or more, or 'headline'")
+    commits = gpu_runs.commits_read(ap, args)
     if not args.runs.is_dir():
         ap.error(f"--runs {args.runs}: a folder of committed runs")
     found = rows(args.runs, commits, first_only=args.smoke)
