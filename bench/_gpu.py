@@ -302,6 +302,7 @@ class EngineOptions:
     block_size_tokens: int = 256
     num_cuda_graphs: int | None = None  # None: no graph pre-captured (eager decode)
     decode_only_graphs: bool = False  # use_cuda_graphs_for_non_decode_steps=False
+    graph_sizing: str | None = None  # megatron's CudaGraphSizingDistribution ("linear"); None: its default
 
 
 class BenchEngine:
@@ -333,6 +334,10 @@ class BenchEngine:
         )
         if opts.decode_only_graphs:
             icfg_kwargs["use_cuda_graphs_for_non_decode_steps"] = False
+        if opts.graph_sizing is not None:
+            from megatron.core.inference.config import CudaGraphSizingDistribution
+
+            icfg_kwargs["cuda_graph_sizing_distribution"] = CudaGraphSizingDistribution(opts.graph_sizing)
         self.inference_config = InferenceConfig(**icfg_kwargs)
         from colo_fsm.adapters.megatron.mode import mode_control
 
@@ -365,6 +370,10 @@ class BenchEngine:
             "engine_init_incl_graph_capture_s": t3 - t2,
             "total_s": t3 - t0,
             "graphs_planned": len(self.context.cuda_graph_batch_dimensions_list),
+            # the decode-only graphs' request counts: a decode step runs the smallest that holds its requests
+            "decode_graph_requests": sorted(
+                {d.decode_req_count for d in self.context.cuda_graph_batch_dimensions_list if not d.prefill_req_count}
+            ),
             "kv_and_context_bytes": torch.cuda.memory_allocated() - mem0,
         }
 

@@ -93,13 +93,36 @@ LOOP_BATCHES = (25, 40, 65, 120)
 requests a decode step held in the runs (sync 25 at 32,768 and 40 at 8,192, park 65 and 113-120). A step runs the
 smallest captured graph that holds it; with megatron-core 0.19.2's default sizing, 16 graphs at 256 requests are
 the powers of two."""
-LOOP_VARIANTS = ("between graphs", "log-probs", "sampled", "mixed contexts", "as the loop")
+LOOP_VARIANTS = ("between graphs", "log-probs", "sampled", "mixed contexts", "as the loop", "linear graphs")
 """How the loop-cost rows make the graph alone like a loop's decode steps, one way at a time, then all at once:
 batches between the graphs' sizes (``--graph-loop-costs``, :data:`LOOP_BATCHES` in the stage); every step
 returning its tokens' log-probs; each token drawn from the whole distribution at temperature 1.0, not greedily, as
 the rollouts' are (the baseline's own batches up to 128, for these two); each request at its own context, drawn as
-the workload's decoded tokens are (:func:`token_weighted_contexts`; those batches again); and the four together at
-the batches between graphs. Each beside the uniform rows from its contexts' mean tells what that difference costs."""
+the workload's decoded tokens are (:func:`token_weighted_contexts`; those batches again); the four together at
+the batches between graphs; and, on a second engine whose decode graphs megatron sizes linearly (every 16
+requests), the batches between graphs with 64 and 128 (:func:`linear_graph_rows`). Each beside the uniform rows
+from its contexts' mean tells what that difference costs; the last tells what a graph near a batch's size saves."""
+
+
+def decode_graphs(num_cuda_graphs: int, max_requests: int, sizing: str | None = None) -> list[int]:
+    """The request counts megatron-core 0.19.2 captures decode-only CUDA graphs at, for ``num_cuda_graphs`` graphs
+    and ``max_requests`` requests (one rank, no speculative tokens), at its ``sizing`` (``"linear"``; None: its
+    default, exponential: the powers of two); a decode step runs the smallest that holds its requests."""
+    from megatron.core.inference.batch_dimensions_utils import CUDAGraphBatchDimensionBuilder
+    from megatron.core.inference.config import CudaGraphSizingDistribution
+
+    dims, _ = CUDAGraphBatchDimensionBuilder.generate_cuda_graph_batch_dimensions_list(
+        tp_size=1,
+        num_cuda_graphs=num_cuda_graphs,
+        cuda_graph_max_tokens=max(512, max_requests),
+        cuda_graph_mixed_prefill_request_count=16,
+        max_requests=max_requests,
+        max_tokens=PREFILL_TOKENS_PER_STEP,
+        max_sequence_length=PREFILL_TOKENS_PER_STEP,
+        use_cuda_graphs_for_non_decode_steps=True,
+        sizing_distribution=CudaGraphSizingDistribution(sizing) if sizing else None,
+    )
+    return sorted({d.decode_req_count for d in dims if not d.prefill_req_count})
 
 
 def token_weighted_contexts(prompt_len: int, lengths: list[int], n: int, seed: int) -> list[int]:
@@ -192,6 +215,46 @@ def loop_cost_rows(eng: Any, plan: list[dict[str, Any]], context: int) -> list[d
     return out
 
 
+def linear_graph_rows(args: Any, shape: Any, context: int, batches: list[int]) -> dict[str, Any]:
+    """The loop-cost rows' last variant, ``linear graphs``: a second engine on a fresh model whose decode graphs are
+    captured at megatron's linear sizing (16 graphs at 256 requests: every 16 requests, not the powers of two), timed
+    at ``batches`` from ``context`` tokens, so a batch between two powers of two is timed on a graph near its size.
+    ``{"rows", "linear_decode_graph_requests", "linear_build_s"}``; a row that fails is recorded, and ends the rows."""
+    import torch
+    from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
+
+    from bench._gpu import BenchEngine, EngineOptions
+    from bench._workload import alphabet_of, model_config
+    from colo_fsm.adapters.megatron.model import build_model
+    from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
+
+    tok = CharTokenizer(alphabet_of(shape))
+    model = build_model(model_config(shape, tok.vocab_size, device="cuda", seed=args.seed, cuda_graphs=True))
+    opts = EngineOptions(
+        buffer_gb=args.buffer_gb,
+        max_requests=shape.max_active_requests,
+        max_sequence_length=shape.sequence_length,
+        num_cuda_graphs=args.cuda_graphs,
+        graph_sizing="linear",
+    )
+    eng = BenchEngine(model, tok, opts)
+    plan = [
+        {"variant": "linear graphs", "batch": b, "logprobs": False, "sampled": False, "contexts": None} for b in batches
+    ]
+    try:
+        rows = loop_cost_rows(eng, plan, context)
+    finally:
+        eng.shutdown(graphs=True)
+        delete_cuda_graphs()
+        del model
+        torch.cuda.empty_cache()
+    return {
+        "rows": rows,
+        "linear_decode_graph_requests": eng.build.get("decode_graph_requests"),
+        "linear_build_s": eng.build["total_s"],
+    }
+
+
 def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[int] | None = None) -> dict[str, Any]:
     """Decode tokens/s of megatron-core's dynamic engine alone (CUDA graphs, no lifecycle, no bookkeeping of
     colo-fsm) on a fresh model of the same shape, KV buffer and graph count, at batch sizes up to the run's
@@ -254,6 +317,11 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
         delete_cuda_graphs()
         del model
         torch.cuda.empty_cache()
+    linear: dict[str, Any] = {}
+    if loop_costs and not graph_context_errors({"graph_decode": {"rows_loop_costs": loop_costs}}):
+        assert matched is not None  # loop costs run only from the workload's mean context
+        linear = linear_graph_rows(args, shape, matched, sorted({*args.graph_loop_costs, 64, 128}))
+        loop_costs += linear.pop("rows")
     top = rows[-1]
     return {
         "graph_decode": {
@@ -275,6 +343,8 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
             ),
             **({"rows_by_context": by_context} if by_context else {}),
             **({"rows_loop_costs": loop_costs, "loop_costs_context_tokens": matched} if loop_costs else {}),
+            "decode_graph_requests": eng.build.get("decode_graph_requests"),
+            **linear,
         },
         "graph_decode_tokens_per_s": top["decode_tokens_per_s"],
         "graph_decode_batch": top["batch"],
@@ -380,6 +450,7 @@ __all__ = [
     "baseline_batches",
     "baseline_runs",
     "batches_that_fit",
+    "decode_graphs",
     "decode_weighted_context",
     "graph_context_errors",
     "graph_contexts",

@@ -16,8 +16,10 @@ from bench._gpu import BenchEngine, prefill_steps, prefill_steps_of, request_bud
 from bench._graph_baseline import (
     LOOP_BATCHES,
     LOOP_VARIANTS,
+    decode_graphs,
     decode_weighted_context,
     graph_context_errors,
+    linear_graph_rows,
     loop_cost_plan,
     loop_cost_rows,
     token_weighted_contexts,
@@ -76,8 +78,9 @@ def test_the_plan_makes_the_graph_like_a_loop_one_way_at_a_time_and_says_what_do
     assert context == 1417
     plan = loop_cost_plan(SHAPE_8K, lengths, context, 40.0, 0, list(LOOP_BATCHES))
     per_variant = {"between graphs": LOOP_BATCHES, "as the loop": LOOP_BATCHES}
+    assert LOOP_VARIANTS[-1] == "linear graphs"  # timed on a second engine (linear_graph_rows), not in this plan
     assert [(p["variant"], p["batch"]) for p in plan] == [
-        (v, b) for v in LOOP_VARIANTS for b in per_variant.get(v, (16, 32, 64, 128))
+        (v, b) for v in LOOP_VARIANTS[:-1] for b in per_variant.get(v, (16, 32, 64, 128))
     ]
     assert [p["skipped"] for p in plan if p.get("skipped")] == []
     for p in plan:
@@ -222,3 +225,53 @@ def test_the_stage_and_its_page_lines():
     # from 1,100 tokens, halfway between the two contexts: 3.5 and 5.0 ms at batches 32 and 64, so 3.875 at 40
     assert "| as the loop | 40 | 1,100, 8,000 | 6.00 | 3.88 | 1.548 |" in lines
     assert "| mixed contexts | 128 | | no room | | |" in lines
+
+
+def test_megatron_sizes_the_decode_graphs_at_powers_of_two_by_default_and_every_16_requests_linearly():
+    """The graphs the loop-cost rows time between (the bench's 16 graphs at 256 requests), and the second engine's:
+    megatron-core 0.19.2 takes the linear sizing through InferenceConfig."""
+    from megatron.core.inference.config import CudaGraphSizingDistribution, InferenceConfig
+
+    assert decode_graphs(16, 256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert decode_graphs(16, 256, "linear") == list(range(16, 257, 16))
+    cfg = InferenceConfig(num_cuda_graphs=16, cuda_graph_sizing_distribution=CudaGraphSizingDistribution("linear"))
+    assert cfg.cuda_graph_sizing_distribution is CudaGraphSizingDistribution.LINEAR
+
+
+def test_the_linear_graphs_rows_run_on_a_second_engine_sized_linearly_and_let_it_go(monkeypatch):
+    """``linear_graph_rows`` builds a fresh model and an engine with ``graph_sizing="linear"``, times each batch
+    from the context as a ``linear graphs`` row, and releases the engine and its graphs even when a row fails."""
+    import megatron.core.transformer.cuda_graphs as cuda_graphs
+    import torch
+
+    import bench._gpu as gpu
+    import colo_fsm.adapters.megatron.model as model_mod
+
+    built, released = [], []
+
+    class Engine:
+        build = {"decode_graph_requests": list(range(16, 257, 16)), "total_s": 1.5}
+
+        def __init__(self, model, tok, opts):
+            built.append(opts)
+
+        def decode_rate(self, batch, *, prompt_len, logprobs, sampled, contexts):
+            held = 0 if batch == 128 else batch
+            return {"batch": batch, "step_ms": 1.0 + batch / 100, "window_start": {"decode_requests": held},
+                    "decode_requests_at_window_end": held}  # fmt: skip
+
+        def shutdown(self, graphs):
+            released.append(graphs)
+
+    monkeypatch.setattr(gpu, "BenchEngine", Engine)
+    monkeypatch.setattr(model_mod, "build_model", lambda cfg: object())
+    monkeypatch.setattr(cuda_graphs, "delete_cuda_graphs", lambda: released.append("graphs"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    args = SimpleNamespace(seed=0, buffer_gb=40.0, cuda_graphs=16)
+    out = linear_graph_rows(args, SHAPE_8K, 1417, [40, 65, 128])
+    assert [o.graph_sizing for o in built] == ["linear"] and built[0].num_cuda_graphs == 16
+    assert [r["variant"] for r in out["rows"]] == ["linear graphs"] * 3
+    assert [r.get("step_ms") for r in out["rows"][:2]] == [1.4, 1.65] and "0 requests decoding" in out["rows"][2][
+        "error"
+    ]
+    assert out["linear_decode_graph_requests"] == list(range(16, 257, 16)) and released == [True, "graphs"]
