@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from bench._gpu import PREFILL_TOKENS_PER_STEP, decode_window_tokens, request_budget
@@ -220,6 +221,23 @@ def linear_graph_rows(args: Any, shape: Any, context: int, batches: list[int]) -
     captured at megatron's linear sizing (16 graphs at 256 requests: every 16 requests, not the powers of two), timed
     at ``batches`` from ``context`` tokens, so a batch between two powers of two is timed on a graph near its size.
     ``{"rows", "linear_decode_graph_requests", "linear_build_s"}``; a row that fails is recorded, and ends the rows."""
+    plan = [
+        {"variant": "linear graphs", "batch": b, "logprobs": False, "sampled": False, "contexts": None} for b in batches
+    ]
+    with baseline_engine(args, shape, graph_sizing="linear") as eng:
+        rows = loop_cost_rows(eng, plan, context)
+    return {
+        "rows": rows,
+        "linear_decode_graph_requests": eng.build.get("decode_graph_requests"),
+        "linear_build_s": eng.build["total_s"],
+    }
+
+
+@contextmanager
+def baseline_engine(args: Any, shape: Any, *, graph_sizing: str | None = None) -> Iterator[Any]:
+    """megatron-core's dynamic engine alone (:class:`~bench._gpu.BenchEngine`) on a fresh model of the run's shape,
+    with the run's KV buffer, concurrency and graph count (and megatron's ``graph_sizing``, None: its default);
+    released with its CUDA graphs and its model on the way out, so the next engine in the process starts clean."""
     import torch
     from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
 
@@ -235,24 +253,16 @@ def linear_graph_rows(args: Any, shape: Any, context: int, batches: list[int]) -
         max_requests=shape.max_active_requests,
         max_sequence_length=shape.sequence_length,
         num_cuda_graphs=args.cuda_graphs,
-        graph_sizing="linear",
+        graph_sizing=graph_sizing,
     )
     eng = BenchEngine(model, tok, opts)
-    plan = [
-        {"variant": "linear graphs", "batch": b, "logprobs": False, "sampled": False, "contexts": None} for b in batches
-    ]
     try:
-        rows = loop_cost_rows(eng, plan, context)
+        yield eng
     finally:
         eng.shutdown(graphs=True)
         delete_cuda_graphs()
         del model
         torch.cuda.empty_cache()
-    return {
-        "rows": rows,
-        "linear_decode_graph_requests": eng.build.get("decode_graph_requests"),
-        "linear_build_s": eng.build["total_s"],
-    }
 
 
 def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[int] | None = None) -> dict[str, Any]:
@@ -268,29 +278,8 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
     its requests' contexts grow, where a long rollout decodes. With ``args.graph_loop_costs`` (``--graph-loop-costs``)
     the graph alone is then made like a loop's decode steps (:data:`LOOP_VARIANTS`) from the workload's mean context
     (``rows_loop_costs``), its batches between graphs those the option names."""
-    import torch
-    from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
-
-    from bench._gpu import BenchEngine, EngineOptions
-    from bench._workload import alphabet_of, model_config
-    from colo_fsm.adapters.megatron.model import build_model
-    from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
-
-    tok = CharTokenizer(alphabet_of(shape))
     seq_len = shape.sequence_length
-    model = build_model(model_config(shape, tok.vocab_size, device="cuda", seed=args.seed, cuda_graphs=True))
     batches = baseline_batches(shape)
-    t0 = time.perf_counter()
-    eng = BenchEngine(
-        model,
-        tok,
-        EngineOptions(
-            buffer_gb=args.buffer_gb,
-            max_requests=shape.max_active_requests,
-            max_sequence_length=seq_len,
-            num_cuda_graphs=args.cuda_graphs,
-        ),
-    )
     rows: list[dict[str, Any]] = []
     matched_rows: list[dict[str, Any]] = []
     # contexts about as long as a rollout's midpoint: attention over the context is part of a decode step's cost
@@ -298,7 +287,8 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
     matched = min(seq_len - 80, decode_weighted_context(shape.prompt_len, lengths)) if lengths else None
     by_context: list[dict[str, Any]] = []
     loop_costs: list[dict[str, Any]] = []
-    try:
+    t0 = time.perf_counter()
+    with baseline_engine(args, shape) as eng:
         for b in batches:
             rows.append(eng.decode_rate(b, prompt_len=context))
         if matched is not None and matched != context:
@@ -312,11 +302,6 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
                                "failed before it"} for p in plan]  # fmt: skip
             else:
                 loop_costs = loop_cost_rows(eng, plan, matched)
-    finally:
-        eng.shutdown(graphs=True)
-        delete_cuda_graphs()
-        del model
-        torch.cuda.empty_cache()
     linear: dict[str, Any] = {}
     if loop_costs and not graph_context_errors({"graph_decode": {"rows_loop_costs": loop_costs}}):
         assert matched is not None  # loop costs run only from the workload's mean context
@@ -448,6 +433,7 @@ __all__ = [
     "KV_FILL",
     "MODE_ONLY_FLAGS",
     "baseline_batches",
+    "baseline_engine",
     "baseline_runs",
     "batches_that_fit",
     "decode_graphs",
@@ -457,6 +443,7 @@ __all__ = [
     "graph_decode_baseline",
     "graph_loop_batches",
     "graph_only_refusal",
+    "linear_graph_rows",
     "loop_cost_plan",
     "loop_cost_rows",
     "rows_by_context",

@@ -238,9 +238,9 @@ def test_megatron_sizes_the_decode_graphs_at_powers_of_two_by_default_and_every_
     assert cfg.cuda_graph_sizing_distribution is CudaGraphSizingDistribution.LINEAR
 
 
-def test_the_linear_graphs_rows_run_on_a_second_engine_sized_linearly_and_let_it_go(monkeypatch):
-    """``linear_graph_rows`` builds a fresh model and an engine with ``graph_sizing="linear"``, times each batch
-    from the context as a ``linear graphs`` row, and releases the engine and its graphs even when a row fails."""
+def _scripted_engines(monkeypatch, lose_batch=None):
+    """BenchEngine, the model build and megatron's graph release replaced by scripts (the rest of the baseline's
+    code runs as on the GPU); returns the options each engine was built with and what was released."""
     import megatron.core.transformer.cuda_graphs as cuda_graphs
     import torch
 
@@ -250,15 +250,15 @@ def test_the_linear_graphs_rows_run_on_a_second_engine_sized_linearly_and_let_it
     built, released = [], []
 
     class Engine:
-        build = {"decode_graph_requests": list(range(16, 257, 16)), "total_s": 1.5}
-
         def __init__(self, model, tok, opts):
             built.append(opts)
+            sizes = list(range(16, 257, 16)) if opts.graph_sizing == "linear" else [2**i for i in range(9)]
+            self.build = {"decode_graph_requests": sizes, "total_s": 1.5}
 
-        def decode_rate(self, batch, *, prompt_len, logprobs, sampled, contexts):
-            held = 0 if batch == 128 else batch
-            return {"batch": batch, "step_ms": 1.0 + batch / 100, "window_start": {"decode_requests": held},
-                    "decode_requests_at_window_end": held}  # fmt: skip
+        def decode_rate(self, batch, *, prompt_len, logprobs=False, sampled=False, contexts=None):
+            held = 0 if batch == lose_batch else batch
+            return {"batch": batch, "step_ms": 1.0 + batch / 100, "decode_tokens_per_s": batch * 1000 / (1 + batch / 100),
+                    "window_start": {"decode_requests": held}, "decode_requests_at_window_end": held}  # fmt: skip
 
         def shutdown(self, graphs):
             released.append(graphs)
@@ -267,6 +267,40 @@ def test_the_linear_graphs_rows_run_on_a_second_engine_sized_linearly_and_let_it
     monkeypatch.setattr(model_mod, "build_model", lambda cfg: object())
     monkeypatch.setattr(cuda_graphs, "delete_cuda_graphs", lambda: released.append("graphs"))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    return built, released
+
+
+def test_the_baseline_times_its_rows_then_the_loop_costs_then_the_linear_graphs_on_a_second_engine(monkeypatch):
+    """``graph_decode_baseline`` with ``--graph-loop-costs`` on scripted engines: the uniform rows from both
+    contexts, every planned loop-cost row, then the linear graphs on a second engine; both engines released; the
+    JSON names each engine's decode graphs. Where a loop-cost row fails, no second engine is built."""
+    from bench._graph_baseline import graph_decode_baseline
+
+    built, released = _scripted_engines(monkeypatch)
+    args = SimpleNamespace(
+        seed=0, buffer_gb=40.0, cuda_graphs=16, graph_contexts=[], graph_loop_costs=[25, 40, 65, 120]
+    )
+    g = graph_decode_baseline(args, SHAPE_8K, "gpt200m", _lengths(SHAPE_8K))["graph_decode"]
+    assert [o.graph_sizing for o in built] == [None, "linear"] and released == [True, "graphs"] * 2
+    assert [r["batch"] for r in g["rows"]] == [16, 32, 64, 128, 256] and g["matched_context_tokens"] == 1417
+    variants = [r["variant"] for r in g["rows_loop_costs"]]
+    assert [v for v in LOOP_VARIANTS if v in variants] == list(LOOP_VARIANTS)
+    assert [r["batch"] for r in g["rows_loop_costs"] if r["variant"] == "linear graphs"] == [25, 40, 64, 65, 120, 128]
+    assert g["decode_graph_requests"][-2:] == [128, 256] and g["linear_decode_graph_requests"][:2] == [16, 32]
+    assert not graph_context_errors({"graph_decode": g})
+    built.clear()
+    _scripted_engines(monkeypatch, lose_batch=65)
+    g = graph_decode_baseline(args, SHAPE_8K, "gpt200m", _lengths(SHAPE_8K))["graph_decode"]
+    assert "linear_decode_graph_requests" not in g and "linear graphs" not in [
+        r["variant"] for r in g["rows_loop_costs"]
+    ]
+    assert graph_context_errors({"graph_decode": g})[0].startswith("between graphs, batch 65")
+
+
+def test_the_linear_graphs_rows_run_on_a_second_engine_sized_linearly_and_let_it_go(monkeypatch):
+    """``linear_graph_rows`` builds a fresh model and an engine with ``graph_sizing="linear"``, times each batch
+    from the context as a ``linear graphs`` row, and releases the engine and its graphs even when a row fails."""
+    built, released = _scripted_engines(monkeypatch, lose_batch=128)
     args = SimpleNamespace(seed=0, buffer_gb=40.0, cuda_graphs=16)
     out = linear_graph_rows(args, SHAPE_8K, 1417, [40, 65, 128])
     assert [o.graph_sizing for o in built] == ["linear"] and built[0].num_cuda_graphs == 16
