@@ -105,27 +105,6 @@ requests), the batches between graphs with 64 and 128 (:func:`linear_graph_rows`
 from its contexts' mean tells what that difference costs; the last tells what a graph near a batch's size saves."""
 
 
-def decode_graphs(num_cuda_graphs: int, max_requests: int, sizing: str | None = None) -> list[int]:
-    """The request counts megatron-core 0.19.2 captures decode-only CUDA graphs at, for ``num_cuda_graphs`` graphs
-    and ``max_requests`` requests (one rank, no speculative tokens), at its ``sizing`` (``"linear"``; None: its
-    default, exponential: the powers of two); a decode step runs the smallest that holds its requests."""
-    from megatron.core.inference.batch_dimensions_utils import CUDAGraphBatchDimensionBuilder
-    from megatron.core.inference.config import CudaGraphSizingDistribution
-
-    dims, _ = CUDAGraphBatchDimensionBuilder.generate_cuda_graph_batch_dimensions_list(
-        tp_size=1,
-        num_cuda_graphs=num_cuda_graphs,
-        cuda_graph_max_tokens=max(512, max_requests),
-        cuda_graph_mixed_prefill_request_count=16,
-        max_requests=max_requests,
-        max_tokens=PREFILL_TOKENS_PER_STEP,
-        max_sequence_length=PREFILL_TOKENS_PER_STEP,
-        use_cuda_graphs_for_non_decode_steps=True,
-        sizing_distribution=CudaGraphSizingDistribution(sizing) if sizing else None,
-    )
-    return sorted({d.decode_req_count for d in dims if not d.prefill_req_count})
-
-
 def token_weighted_contexts(prompt_len: int, lengths: list[int], n: int, seed: int) -> list[int]:
     """``n`` contexts as a decode step of the workload meets them: a request of output length ``L`` (one of
     ``lengths``) holds one of its ``L`` decoded tokens' contexts, ``prompt_len`` to ``prompt_len + L - 1``, so a
@@ -220,12 +199,17 @@ def linear_graph_rows(args: Any, shape: Any, context: int, batches: list[int]) -
     """The loop-cost rows' last variant, ``linear graphs``: a second engine on a fresh model whose decode graphs are
     captured at megatron's linear sizing (16 graphs at 256 requests: every 16 requests, not the powers of two), timed
     at ``batches`` from ``context`` tokens, so a batch between two powers of two is timed on a graph near its size.
-    ``{"rows", "linear_decode_graph_requests", "linear_build_s"}``; a row that fails is recorded, and ends the rows."""
+    ``{"rows", "linear_decode_graph_requests", "linear_build_s"}``; a row that fails is recorded, and ends the rows;
+    an engine that fails to build records every row as failed (the bench then exits 1)."""
     plan = [
         {"variant": "linear graphs", "batch": b, "logprobs": False, "sampled": False, "contexts": None} for b in batches
     ]
-    with baseline_engine(args, shape, graph_sizing="linear") as eng:
-        rows = loop_cost_rows(eng, plan, context)
+    try:
+        with baseline_engine(args, shape, graph_sizing="linear") as eng:
+            rows = loop_cost_rows(eng, plan, context)
+    except Exception as exc:  # the engine did not build or capture: recorded, and what the first engine timed kept
+        why = f"the linearly sized engine failed: {type(exc).__name__}: {exc}"[:300]
+        return {"rows": [{"variant": p["variant"], "batch": p["batch"], "error": why} for p in plan]}
     return {
         "rows": rows,
         "linear_decode_graph_requests": eng.build.get("decode_graph_requests"),
@@ -237,11 +221,12 @@ def linear_graph_rows(args: Any, shape: Any, context: int, batches: list[int]) -
 def baseline_engine(args: Any, shape: Any, *, graph_sizing: str | None = None) -> Iterator[Any]:
     """megatron-core's dynamic engine alone (:class:`~bench._gpu.BenchEngine`) on a fresh model of the run's shape,
     with the run's KV buffer, concurrency and graph count (and megatron's ``graph_sizing``, None: its default);
-    released with its CUDA graphs and its model on the way out, so the next engine in the process starts clean."""
+    shut down on the way out with what megatron holds of the model's CUDA graphs
+    (:func:`~bench._handoff.release_model_graphs`). The model itself lives as long as the engine the caller keeps."""
     import torch
-    from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
 
     from bench._gpu import BenchEngine, EngineOptions
+    from bench._handoff import release_model_graphs
     from bench._workload import alphabet_of, model_config
     from colo_fsm.adapters.megatron.model import build_model
     from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
@@ -260,8 +245,7 @@ def baseline_engine(args: Any, shape: Any, *, graph_sizing: str | None = None) -
         yield eng
     finally:
         eng.shutdown(graphs=True)
-        delete_cuda_graphs()
-        del model
+        release_model_graphs(model)
         torch.cuda.empty_cache()
 
 
@@ -302,6 +286,7 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
                                "failed before it"} for p in plan]  # fmt: skip
             else:
                 loop_costs = loop_cost_rows(eng, plan, matched)
+    run_s = time.perf_counter() - t0  # the first engine's build and rows (the linear graphs' are their own)
     linear: dict[str, Any] = {}
     if loop_costs and not graph_context_errors({"graph_decode": {"rows_loop_costs": loop_costs}}):
         assert matched is not None  # loop costs run only from the workload's mean context
@@ -313,7 +298,7 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
             "model": model_name,
             "rows": rows,
             "build_s": eng.build["total_s"],
-            "run_s": time.perf_counter() - t0,
+            "run_s": run_s,
             "context_tokens": context,
             "note": "every request decodes from a context of prompt + median output length, the batch stays full",
             **(
@@ -436,7 +421,6 @@ __all__ = [
     "baseline_engine",
     "baseline_runs",
     "batches_that_fit",
-    "decode_graphs",
     "decode_weighted_context",
     "graph_context_errors",
     "graph_contexts",

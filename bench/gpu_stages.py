@@ -354,12 +354,12 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-8k-graph-loop-costs",
         "reasoning shape, cut 8,192: megatron's pure graph decode alone, no mode, then made like a loop's decode "
         "steps one way at a time from the workload's mean context (1,417 tokens): batches between the captured "
-        "graphs' sizes (25, 40, 65, 120; 16 graphs at 256 requests are the powers of two), log-probs on, tokens "
+        "graphs' sizes (25, 40, 65, 120; the default sizing's graphs at 256 requests are the powers of two), log-probs on, tokens "
         "sampled at temperature 1.0 rather than greedily, each request at its own context drawn as the workload's "
         "decoded tokens are, and all four; then the batches again on a second engine whose decode graphs megatron "
         "sizes linearly (every 16 requests). On the direct loop "
         "the graph alone took 0.61-0.87 of a mode's decode step in the loop (bench/park_ceiling.py): this tells "
-        "which difference costs what (by the tables, park's padding onto the 128 graph at 32,768 is most of it); a row "
+        "which difference costs what, at fixed batches (which graph each of a loop's steps ran is not recorded); a row "
         "that fails is recorded and the bench exits 1; ~4 min, estimated (not run yet)",
         (
             *HANDOFF,

@@ -44,7 +44,6 @@ if str(ROOT) not in sys.path:
 
 from bench import gpu_runs  # noqa: E402  (after the sys.path line above)
 from bench import handoff_model as hm  # noqa: E402
-from bench._graph_baseline import decode_graphs  # noqa: E402
 from bench.parking_map import TARGETS, standing_ratios  # noqa: E402
 
 OTHERS = ("sync", "drain")
@@ -67,20 +66,6 @@ class Table:
         (and along the nearest two past its ends), linear in the context through its two contexts."""
         ms = hm.Timing(self.baseline.table_at(context), host_ms=0.0).step_s(batch) * 1000.0
         return batch / ms * 1000.0
-
-    def padded_ms(self, batch: float, context: int, graphs: list[int]) -> float:
-        """An estimate of a decode step of ``batch`` requests from ``context`` tokens on the captured graph that
-        holds it (the smallest of ``graphs`` at or above ``batch``): that graph's fixed part (its step, linear in
-        the context through the table's two contexts, where the context is 0) and its attention for the requests
-        it holds (the rest of its step, in proportion: a padded slot reads no context)."""
-        graph = min((g for g in graphs if g >= batch), default=max(graphs))
-        lo, hi = self.baseline.context, self.baseline.context2 or self.baseline.context
-        at_lo, at_hi = (
-            hm.Timing(list(rows), host_ms=0.0).step_s(graph) * 1000.0
-            for rows in (self.baseline.rows, self.baseline.rows2)
-        )
-        per_token = (at_hi - at_lo) / (hi - lo)
-        return at_lo - per_token * lo + per_token * context * batch / graph
 
     def reaches(self, context: int) -> str:
         """Where ``context`` lies against the table's two contexts: ``between`` them, or ``beyond`` (extrapolated)."""
@@ -117,8 +102,6 @@ class Row:
     target: float | None  # the reasoning shape's target for this pair (max_age 2), None elsewhere
     park_in_step: float | None = None  # the graph alone over megatron's decode-only graph step in park's loop
     other_in_step: float | None = None  # the same for x (None: no step profile, as on the coordinator loop)
-    park_padded_in_step: float | None = None  # the same, the graph alone priced on the captured graph that holds it
-    other_padded_in_step: float | None = None  # (Table.padded_ms: an estimate from the table, not a measurement)
 
     def check(self) -> float:
         """``window * batching * loops``: the run's ratio again (a row whose parts do not multiply back is wrong)."""
@@ -205,16 +188,16 @@ def table_for(
     return tables[0] if tables else None
 
 
-def in_step(row: dict[str, Any], table: Table, context: int, graphs: list[int] | None = None) -> float | None:
+def in_step(row: dict[str, Any], table: Table, context: int) -> float | None:
     """The graph decode alone at the batch of a mode's decode-only graph steps over those steps' own time in its
-    loop (the first round's step profile: megatron's step, as the loop ran it); with ``graphs``, the graph alone
-    priced on the captured graph that holds that batch (:meth:`Table.padded_ms`). None without a profile."""
+    loop (the first round's step profile: megatron's step, as the loop ran it); None without a profile. The profile
+    gives the steps' mean requests only, so the graph alone is read at that mean: which captured graph each step
+    ran, and so what padding cost, is not recorded."""
     g = (gpu_runs.first_profile(row) or {}).get("decode_graph")
     if not isinstance(g, dict) or not g.get("steps") or not g.get("ms_per_step"):
         return None
     batch = float(g["mean_active"])
-    alone = table.padded_ms(batch, context, graphs) if graphs else batch / table.rate(batch, context) * 1000.0
-    return alone / float(g["ms_per_step"])
+    return batch / table.rate(batch, context) * 1000.0 / float(g["ms_per_step"])
 
 
 def take_apart(d: dict[str, Any], other: str, table: Table, ratio: float) -> Row:
@@ -225,7 +208,6 @@ def take_apart(d: dict[str, Any], other: str, table: Table, ratio: float) -> Row
     r_p, r_x = float(park["engine_decode_tokens_per_s"]), float(them["engine_decode_tokens_per_s"])
     c_p, c_x = float(park["tokens_per_decode_step"]), float(them["tokens_per_decode_step"])
     slots = shape.max_active_requests
-    graphs = decode_graphs(int(d.get("num_cuda_graphs") or 16), slots)
     g_p, g_x, g_full = (table.rate(b, context) for b in (c_p, c_x, slots))
     cut, age = int(shape.max_tokens), int(shape.max_trajectory_age_steps)
     return Row(
@@ -254,8 +236,6 @@ def take_apart(d: dict[str, Any], other: str, table: Table, ratio: float) -> Row
         target=TARGETS.get((cut, other)) if (d.get("model"), age) == ("gpt200m", 2) else None,
         park_in_step=in_step(park, table, context),
         other_in_step=in_step(them, table, context),
-        park_padded_in_step=in_step(park, table, context, graphs),
-        other_padded_in_step=in_step(them, table, context, graphs),
     )
 
 
@@ -291,9 +271,8 @@ def table_lines(found: list[Row]) -> list[str]:
         table = "" if r.table == "own" else f" (table: `{r.table}`)"
         beyond = ", context past the table's: extrapolated" if r.context_in_table == "beyond" else ""
         in_steps = (
-            f"{r.park_in_step:.2f}, {r.other_in_step:.2f} (padded: {r.park_padded_in_step:.2f}, "
-            f"{r.other_padded_in_step:.2f})"
-            if None not in (r.park_in_step, r.other_in_step, r.park_padded_in_step, r.other_padded_in_step)
+            f"{r.park_in_step:.2f}, {r.other_in_step:.2f}"
+            if r.park_in_step is not None and r.other_in_step is not None
             else "no step profile"
         )
         lines.append(

@@ -16,7 +16,6 @@ from bench._gpu import BenchEngine, prefill_steps, prefill_steps_of, request_bud
 from bench._graph_baseline import (
     LOOP_BATCHES,
     LOOP_VARIANTS,
-    decode_graphs,
     decode_weighted_context,
     graph_context_errors,
     linear_graph_rows,
@@ -228,23 +227,39 @@ def test_the_stage_and_its_page_lines():
 
 
 def test_megatron_sizes_the_decode_graphs_at_powers_of_two_by_default_and_every_16_requests_linearly():
-    """The graphs the loop-cost rows time between (the bench's 16 graphs at 256 requests), and the second engine's:
-    megatron-core 0.19.2 takes the linear sizing through InferenceConfig."""
+    """The graphs the loop-cost rows time between (the bench's 16 graphs at 256 requests: megatron's builder), and
+    the second engine's; megatron-core 0.19.2 takes the linear sizing through InferenceConfig."""
+    from megatron.core.inference.batch_dimensions_utils import CUDAGraphBatchDimensionBuilder
     from megatron.core.inference.config import CudaGraphSizingDistribution, InferenceConfig
 
-    assert decode_graphs(16, 256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    assert decode_graphs(16, 256, "linear") == list(range(16, 257, 16))
+    def decode_graphs(sizing):
+        dims, _ = CUDAGraphBatchDimensionBuilder.generate_cuda_graph_batch_dimensions_list(
+            tp_size=1,
+            num_cuda_graphs=16,
+            cuda_graph_max_tokens=512,
+            cuda_graph_mixed_prefill_request_count=16,
+            max_requests=256,
+            max_tokens=16384,
+            max_sequence_length=8256,
+            use_cuda_graphs_for_non_decode_steps=True,
+            sizing_distribution=sizing,
+        )
+        return sorted({d.decode_req_count for d in dims if not d.prefill_req_count})
+
+    assert decode_graphs(None) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert decode_graphs(CudaGraphSizingDistribution.LINEAR) == list(range(16, 257, 16))
     cfg = InferenceConfig(num_cuda_graphs=16, cuda_graph_sizing_distribution=CudaGraphSizingDistribution("linear"))
     assert cfg.cuda_graph_sizing_distribution is CudaGraphSizingDistribution.LINEAR
 
 
-def _scripted_engines(monkeypatch, lose_batch=None):
-    """BenchEngine, the model build and megatron's graph release replaced by scripts (the rest of the baseline's
-    code runs as on the GPU); returns the options each engine was built with and what was released."""
-    import megatron.core.transformer.cuda_graphs as cuda_graphs
+def _scripted_engines(monkeypatch, lose_batch=None, fail_sizing=None):
+    """BenchEngine, the model build and the graphs' release replaced by scripts (the rest of the baseline's code
+    runs as on the GPU); returns the options each engine was built with and what was released. An engine of
+    ``fail_sizing`` fails to build; a row of ``lose_batch`` loses its requests."""
     import torch
 
     import bench._gpu as gpu
+    import bench._handoff as handoff
     import colo_fsm.adapters.megatron.model as model_mod
 
     built, released = [], []
@@ -252,6 +267,8 @@ def _scripted_engines(monkeypatch, lose_batch=None):
     class Engine:
         def __init__(self, model, tok, opts):
             built.append(opts)
+            if fail_sizing is not None and opts.graph_sizing == fail_sizing:
+                raise RuntimeError("capture failed")
             sizes = list(range(16, 257, 16)) if opts.graph_sizing == "linear" else [2**i for i in range(9)]
             self.build = {"decode_graph_requests": sizes, "total_s": 1.5}
 
@@ -265,7 +282,7 @@ def _scripted_engines(monkeypatch, lose_batch=None):
 
     monkeypatch.setattr(gpu, "BenchEngine", Engine)
     monkeypatch.setattr(model_mod, "build_model", lambda cfg: object())
-    monkeypatch.setattr(cuda_graphs, "delete_cuda_graphs", lambda: released.append("graphs"))
+    monkeypatch.setattr(handoff, "release_model_graphs", lambda model: released.append("graphs"))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     return built, released
 
@@ -288,13 +305,20 @@ def test_the_baseline_times_its_rows_then_the_loop_costs_then_the_linear_graphs_
     assert [r["batch"] for r in g["rows_loop_costs"] if r["variant"] == "linear graphs"] == [25, 40, 64, 65, 120, 128]
     assert g["decode_graph_requests"][-2:] == [128, 256] and g["linear_decode_graph_requests"][:2] == [16, 32]
     assert not graph_context_errors({"graph_decode": g})
-    built.clear()
-    _scripted_engines(monkeypatch, lose_batch=65)
+    built, _ = _scripted_engines(monkeypatch, lose_batch=65)
     g = graph_decode_baseline(args, SHAPE_8K, "gpt200m", _lengths(SHAPE_8K))["graph_decode"]
-    assert "linear_decode_graph_requests" not in g and "linear graphs" not in [
-        r["variant"] for r in g["rows_loop_costs"]
-    ]
+    assert [o.graph_sizing for o in built] == [None]  # no second engine after a failed row
+    assert "linear_decode_graph_requests" not in g
+    assert "linear graphs" not in [r["variant"] for r in g["rows_loop_costs"]]
     assert graph_context_errors({"graph_decode": g})[0].startswith("between graphs, batch 65")
+    built, released = _scripted_engines(monkeypatch, fail_sizing="linear")
+    g = graph_decode_baseline(args, SHAPE_8K, "gpt200m", _lengths(SHAPE_8K))["graph_decode"]
+    assert [o.graph_sizing for o in built] == [None, "linear"] and released == [True, "graphs"]
+    assert [r["batch"] for r in g["rows"]] == [16, 32, 64, 128, 256]  # the first engine's rows are kept
+    linear = [r for r in g["rows_loop_costs"] if r["variant"] == "linear graphs"]
+    assert len(linear) == 6
+    assert all("the linearly sized engine failed: RuntimeError: capture failed" in r["error"] for r in linear)
+    assert len(graph_context_errors({"graph_decode": g})) == 6
 
 
 def test_the_linear_graphs_rows_run_on_a_second_engine_sized_linearly_and_let_it_go(monkeypatch):

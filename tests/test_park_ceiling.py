@@ -210,28 +210,3 @@ def test_the_handoff_models_rates_run_high_by_about_what_the_loops_decode_step_a
         1.65,
     )
     assert all(h < s for h, s in zip(high, step, strict=True))
-
-
-def test_at_32768_parks_requests_padded_to_the_128_graph_account_for_most_of_its_loops_shortfall(rows):
-    """An estimate from each machine's table, not a measurement (stage reasoning-8k-graph-loop-costs measures it):
-    park's 65-68 requests a step at 32,768 run the 128 graph, and the graph alone priced on that graph (its fixed part
-    and its held requests' attention) comes to 0.92-1.00 of park's decode step in the loop, where the graph alone at
-    park's own batch is 0.66-0.87 of it; sync's 25-28 requests run the 32 graph, which moves its share little
-    (0.61-0.85 against 0.68-0.85). At 8,192 park's 113-120 requests run the 128 graph too: 0.78-0.81 to 0.83-0.84."""
-    park_32k = [r for r in rows if r.cut == 32768 and r.park_in_step is not None]
-    park_8k = [r for r in rows if r.cut == 8192 and r.max_age == 2 and r.park_in_step is not None]
-    sync_32k = [r for r in park_32k if r.pair == "park/sync"]
-
-    def span(xs):
-        return round(min(xs), 2), round(max(xs), 2)
-
-    assert span([r.park_in_step for r in park_32k]) == (0.66, 0.87)
-    assert span([r.park_padded_in_step for r in park_32k]) == (0.92, 1.0)
-    assert span([r.other_in_step for r in sync_32k]) == (0.61, 0.85)
-    assert span([r.other_padded_in_step for r in sync_32k]) == (0.68, 0.85)
-    assert span([r.park_in_step for r in park_8k]) == (0.78, 0.81)
-    assert span([r.park_padded_in_step for r in park_8k]) == (0.83, 0.84)
-    t = pc.Table("t", hm.Baseline(1000, ((64, 4.0), (128, 6.0)), 2000, ((64, 6.0), (128, 10.0))))
-    # the 128 graph: fixed 2.0 ms, 4.0 ms of attention per 1,000 tokens of context for its 128 requests
-    assert t.padded_ms(64, 1500, [64, 128]) == pytest.approx(5.0)  # a batch of its graph's size: the table
-    assert t.padded_ms(65, 1500, [64, 128]) == pytest.approx(2.0 + 4.0 * 1.5 * 65 / 128)
