@@ -161,9 +161,9 @@ def machine_of(data: dict[str, Any], records: list[tuple[Machine, str, str, floa
     return best[1] if best and best[0] <= STAGE_SLACK_S else None
 
 
-def machine_tables(folder: Path) -> dict[Machine, list[Table]]:
-    """The graph-decode tables of two contexts each machine in ``folder``'s stages records timed."""
-    records = stage_records(folder)
+def machine_tables(folder: Path, records: list[tuple[Machine, str, str, float]]) -> dict[Machine, list[Table]]:
+    """The graph-decode tables of two contexts each machine of ``records`` (``folder``'s, :func:`stage_records`)
+    timed."""
     out: dict[Machine, list[Table]] = {}
     for path in sorted(folder.glob("*.json")):
         data = gpu_runs.read_json(path)
@@ -245,7 +245,7 @@ def rows(folder: Path, commits: set[str], *, first_only: bool = False) -> list[R
     cut, then pair, then file."""
     runs, _ = gpu_runs.load(folder)
     records = stage_records(folder)
-    by_machine = machine_tables(folder)
+    by_machine = machine_tables(folder, records)
     out: list[Row] = []
     for d in sorted((d for group in runs.values() for d in group), key=lambda d: d["_file"]):
         if d.get("commit") not in commits or d.get("workload") != "reasoning" or d.get("model") != "gpt200m":

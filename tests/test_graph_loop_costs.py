@@ -226,30 +226,49 @@ def test_the_stage_and_its_page_lines():
     assert "| mixed contexts | 128 | | no room | | |" in lines
 
 
+def _bench_graphs(sizing=None):
+    """megatron-core's own graph plan for the bench's engine (16 graphs, 256 requests, one rank) at ``sizing``."""
+    from megatron.core.inference.batch_dimensions_utils import CUDAGraphBatchDimensionBuilder
+
+    dims, _ = CUDAGraphBatchDimensionBuilder.generate_cuda_graph_batch_dimensions_list(
+        tp_size=1,
+        num_cuda_graphs=16,
+        cuda_graph_max_tokens=512,
+        cuda_graph_mixed_prefill_request_count=16,
+        max_requests=256,
+        max_tokens=16384,
+        max_sequence_length=8256,
+        use_cuda_graphs_for_non_decode_steps=True,
+        sizing_distribution=sizing,
+    )
+    return dims
+
+
 def test_megatron_sizes_the_decode_graphs_at_powers_of_two_by_default_and_every_16_requests_linearly():
     """The graphs the loop-cost rows time between (the bench's 16 graphs at 256 requests: megatron's builder), and
     the second engine's; megatron-core 0.19.2 takes the linear sizing through InferenceConfig."""
-    from megatron.core.inference.batch_dimensions_utils import CUDAGraphBatchDimensionBuilder
     from megatron.core.inference.config import CudaGraphSizingDistribution, InferenceConfig
 
     def decode_graphs(sizing):
-        dims, _ = CUDAGraphBatchDimensionBuilder.generate_cuda_graph_batch_dimensions_list(
-            tp_size=1,
-            num_cuda_graphs=16,
-            cuda_graph_max_tokens=512,
-            cuda_graph_mixed_prefill_request_count=16,
-            max_requests=256,
-            max_tokens=16384,
-            max_sequence_length=8256,
-            use_cuda_graphs_for_non_decode_steps=True,
-            sizing_distribution=sizing,
-        )
-        return sorted({d.decode_req_count for d in dims if not d.prefill_req_count})
+        return sorted({d.decode_req_count for d in _bench_graphs(sizing) if not d.prefill_req_count})
 
     assert decode_graphs(None) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     assert decode_graphs(CudaGraphSizingDistribution.LINEAR) == list(range(16, 257, 16))
     cfg = InferenceConfig(num_cuda_graphs=16, cuda_graph_sizing_distribution=CudaGraphSizingDistribution("linear"))
     assert cfg.cuda_graph_sizing_distribution is CudaGraphSizingDistribution.LINEAR
+
+
+def test_megatron_0_19_2_runs_a_decode_step_on_the_next_power_of_two_graph_at_the_benchs_graph_count():
+    """The fact the notes give for one difference between the graph alone and a loop's step: with its default
+    sizing, 16 graphs at 256 requests capture decode steps of 1, 2, 4, ..., 256 requests, and a step of 65 decoding
+    requests runs the 128 graph (sync's 40 the 64 graph, park's 113-120 the 128 one)."""
+    from megatron.core.inference.batch_dimensions_utils import CUDAGraphBatchDimensionBuilder, InferenceBatchDimensions
+
+    dims = _bench_graphs()
+    for running, graph in ((25, 32), (40, 64), (65, 128), (113, 128), (120, 128)):
+        real = InferenceBatchDimensions(token_count=running, prefill_req_count=0, decode_req_count=running)
+        matched = CUDAGraphBatchDimensionBuilder.match_graph_config(real, dims, match_ep_token_counts=False)
+        assert matched is not None and matched.decode_req_count == graph, running
 
 
 def _scripted_engines(monkeypatch, lose_batch=None, fail_sizing=None):

@@ -163,29 +163,6 @@ def test_the_performance_page_holds_the_section():
     assert all(line in page for line in pc.table_lines(pc.rows(hm.RUNS, set(gpu_runs.HEADLINE_COMMITS))))
 
 
-def test_megatron_0_19_2_runs_a_decode_step_on_the_next_power_of_two_graph_at_the_benchs_graph_count():
-    """The fact the notes give for the third difference between the graph alone and a loop's step: with its default
-    sizing, 16 graphs at 256 requests capture decode steps of 1, 2, 4, ..., 256 requests, and a step of 65 decoding
-    requests runs the 128 graph (sync's 40 the 64 graph, park's 113-120 the 128 one)."""
-    from megatron.core.inference.batch_dimensions_utils import CUDAGraphBatchDimensionBuilder, InferenceBatchDimensions
-
-    dims, _ = CUDAGraphBatchDimensionBuilder.generate_cuda_graph_batch_dimensions_list(
-        tp_size=1,
-        num_cuda_graphs=16,
-        cuda_graph_max_tokens=512,
-        cuda_graph_mixed_prefill_request_count=16,
-        max_requests=256,
-        max_tokens=16384,
-        max_sequence_length=9000,
-        use_cuda_graphs_for_non_decode_steps=True,
-    )
-    assert sorted({d.decode_req_count for d in dims if d.prefill_req_count == 0}) == [2**i for i in range(9)]
-    for running, graph in ((25, 32), (40, 64), (65, 128), (113, 128), (120, 128)):
-        real = InferenceBatchDimensions(token_count=running, prefill_req_count=0, decode_req_count=running)
-        matched = CUDAGraphBatchDimensionBuilder.match_graph_config(real, dims, match_ep_token_counts=False)
-        assert matched is not None and matched.decode_req_count == graph, running
-
-
 def test_the_handoff_models_rates_run_high_by_about_what_the_loops_decode_step_adds_to_the_graph_alone(rows):
     """The notes' reading of the model's known gap: at 32,768 (fb85515, ca6c37b) the model on the run's own table
     gives park and sync 1.16-1.31x the runs' samples/s, where the loop's decode-only graph step ran 1.27-1.65x the
