@@ -39,6 +39,7 @@ def coordinator_engine(
             buffer_size_gb=args.buffer_gb,
             max_requests=shape.max_active_requests,
             num_cuda_graphs=args.cuda_graphs,
+            cuda_graph_sizing=args.graph_sizing,
         ),
         weight_version=weight_version,
         max_sequence_length=max_sequence_length,

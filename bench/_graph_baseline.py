@@ -272,7 +272,8 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
     by_context: list[dict[str, Any]] = []
     loop_costs: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    with baseline_engine(args, shape) as eng:
+    sizing = getattr(args, "graph_sizing", None)  # the run's own graphs: the baseline times what the run ran on
+    with baseline_engine(args, shape, graph_sizing=sizing) as eng:
         for b in batches:
             rows.append(eng.decode_rate(b, prompt_len=context))
         if matched is not None and matched != context:
@@ -297,6 +298,7 @@ def graph_decode_baseline(args: Any, shape: Any, model_name: str, lengths: list[
         "graph_decode": {
             "model": model_name,
             "rows": rows,
+            "graph_sizing": sizing,  # None: megatron's default (exponential)
             "build_s": eng.build["total_s"],
             "run_s": run_s,
             "context_tokens": context,

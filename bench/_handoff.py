@@ -228,6 +228,7 @@ def direct_engine(
             max_active_requests=shape.max_active_requests,
             backend="auto",
             num_cuda_graphs=args.cuda_graphs,
+            cuda_graph_sizing=args.graph_sizing,
             buffer_size_gb=args.buffer_gb,
         ),
         weight_version=weight_version,
@@ -457,6 +458,7 @@ def round_lines(k: int, rounds: int, mode: str, r: dict[str, Any]) -> list[str]:
     if prof:
         kinds = [
             f"{kind} {v['share']:.0%} {v['ms_per_step']:.1f} ms {v['mean_active']:.0f} active"
+            + (f" (graphs {graph_mix(v['graphs'])})" if v.get("graphs") else "")
             for kind, v in prof.items()
             if isinstance(v, dict)
         ]
@@ -465,6 +467,16 @@ def round_lines(k: int, rounds: int, mode: str, r: dict[str, Any]) -> list[str]:
             f"waiting {prof.get('mean_waiting', 0):.1f} per step"
         )
     return lines
+
+
+def graph_mix(graphs: dict[str, dict[str, Any]]) -> str:
+    """A step profile's steps per captured graph in a few words, largest share first: ``"128: 61% 10.2 ms 66
+    decoded, 64: 39% ..."`` (``decoded`` only where megatron said what each step ran)."""
+    parts = []
+    for size, v in sorted(graphs.items(), key=lambda kv: -kv[1]["share"]):
+        ran = f" {v['mean_ran']:.0f} decoded" if "mean_ran" in v else ""
+        parts.append(f"{size}: {v['share']:.0%} {v['ms_per_step']:.1f} ms{ran}")
+    return ", ".join(parts)
 
 
 def print_table(out: dict[str, Any]) -> None:

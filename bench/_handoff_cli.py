@@ -78,6 +78,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         metavar="N",
         help="CUDA-graph decode (GPU): ModelConfig(cuda_graphs=True), GenerationConfig(num_cuda_graphs=N)",
     )
+    ap.add_argument(
+        "--graph-sizing",
+        choices=("default", "exponential", "linear"),
+        default="default",
+        help="which decode batches megatron captures (GenerationConfig/CoordinatorConfig cuda_graph_sizing, for the "
+        "run and its graph-decode baseline): default (megatron's own, left unset), exponential (powers of two, "
+        "megatron's default named) or linear (every max_active/N requests); other than default, needs CUDA graphs",
+    )
     ap.add_argument("--buffer-gb", type=float, default=None, help="KV buffer of the dynamic engine (GiB; default 1)")
     ap.add_argument("--no-graph-baseline", action="store_true", help="skip the pure graph-decode baseline")
     ap.add_argument(
@@ -138,6 +146,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         args.rounds = args.rounds or 1
     if args.buffer_gb is None:
         args.buffer_gb = 1.0
+    args.graph_sizing = None if args.graph_sizing == "default" else args.graph_sizing
+    if args.graph_sizing is not None and (args.device != "cuda" or args.cuda_graphs is None):
+        ap.error(f"--graph-sizing {args.graph_sizing} sizes CUDA graphs: it needs --device cuda with --cuda-graphs N")
     if args.graph_only and args.device == "cuda" and args.cuda_graphs is None:
         ap.error("--graph-only on the GPU times the CUDA-graph decode: give --cuda-graphs N (reasoning: 16 by default)")
     if args.quick:

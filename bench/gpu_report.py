@@ -24,7 +24,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from bench._handoff import mode_of_ratio  # the bench's own rules
+from bench._handoff import graph_mix, mode_of_ratio  # the bench's own rules
 from bench._model_costs import Baseline, Timing
 from bench.gpu_plots import plot_bars, plot_map
 from bench.gpu_runs import (
@@ -297,7 +297,25 @@ def decode_lines(runs: list[dict[str, Any]]) -> list[str]:
                 f"{_fmt(between_steps_ms(r), '{:.2f}')} |"
             )
         lines.append("")
+        lines += graph_lines(steps)
     return lines
+
+
+def graph_lines(steps: list[tuple[dict[str, Any], str, dict[str, Any]]]) -> list[str]:
+    """Which captured graph each mode's decode-only steps ran (where the profile counts them per graph),
+    with the requests each graph's steps decoded: a step of 65 requests on the 128 graph pays for 128."""
+    with_graphs = [(d, m, prof["decode_graph"]["graphs"]) for d, m, prof in steps if prof["decode_graph"].get("graphs")]
+    if not with_graphs:
+        return []
+    lines = [
+        "The same steps by the captured graph each ran (megatron pads a step to the smallest graph that holds "
+        "it): share of the mode's decode-only graph steps, ms per step, requests decoded.",
+        "",
+        "| run | mode | graph: share, ms per step, requests decoded |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{d['_file']}` | {m} | {graph_mix(graphs)} |" for d, m, graphs in with_graphs]
+    return [*lines, ""]
 
 
 def workload_section(key: Key, runs: list[dict[str, Any]]) -> list[str]:

@@ -107,9 +107,12 @@ def is_handoff(path: Path, data: Any) -> bool:
 
 def workload_model(data: dict[str, Any]) -> str:
     """The model as a workload's heading names it: a run on megatron-core's coordinator loop is its own workload
-    (its figures are never pooled with the direct engine's)."""
+    (its figures are never pooled with the direct engine's), and so is a run whose CUDA graphs megatron sized
+    other than by its default (``cuda_graph_sizing``, e.g. "linear")."""
     engine = data.get("engine", "direct")
-    return str(data["model"]) if engine == "direct" else f"{data['model']} on the {engine} loop"
+    name = str(data["model"]) if engine == "direct" else f"{data['model']} on the {engine} loop"
+    sizing = data.get("cuda_graph_sizing")
+    return name if sizing in (None, "exponential") else f"{name} with {sizing} CUDA graphs"
 
 
 def load(folder: Path, *, include_cpu: bool = False) -> tuple[dict[Key, list[dict[str, Any]]], list[tuple[Path, Any]]]:
@@ -237,8 +240,8 @@ def requests_per_engine_step(row: dict[str, Any]) -> float | None:
 def between_steps_ms(row: dict[str, Any]) -> float | None:
     """The time a mode's engine spent between megatron's steps, per step, in ms: its measured window's Generating
     and Draining (the engine has the GPU) less the time inside its profiled steps, over their count. That is the
-    direct loop's own host work per step (token intake, finish checks, the other threads' turns) and any wait
-    with nothing to run. None where the row has no step profile or no state shares, or ran more than one round."""
+    loop's own work per step (the direct loop: token intake, finish checks, the other threads' turns; megatron's
+    coordinator loop: its scheduling and consensus between steps) and any wait with nothing to run. None where the row has no step profile or no state shares, or ran more than one round."""
     kinds = _engine_steps(first_profile(row))
     steps = sum(int(v["steps"]) for v in kinds)
     shares = row.get("state_share") or {}

@@ -19,6 +19,7 @@ SMOKE_HANDOFF = ("--smoke", "--model", "small", "--max-len", "48")  # later opti
 # a coordinator stage's CPU twin: megatron's coordinator needs a GPU, so the twin runs the rest of the path on the
 # direct engine (a later --engine wins)
 SMOKE_COORDINATOR = (*SMOKE_HANDOFF, "--engine", "direct")
+SMOKE_SIZING = ("--graph-sizing", "default")  # the CPU captures no CUDA graph: megatron's default, left unset
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,13 @@ def _handoff(
     order: str = "start",
     steps: int = 3,
     engine: str = "direct",
+    sizing: str | None = None,
 ) -> tuple[str, ...]:
     """The handoff bench's argv at one point (cut, modes, model, age, order, engine loop: ``--engine`` unless
-    direct), ``extra`` after it, and a JSON name that says the point."""
+    direct, megatron's CUDA-graph sizing: ``--graph-sizing`` unless its default), ``extra`` after it, and a JSON
+    name that says the point."""
     tail = ("" if order == "start" else f"_{order}-order") + ("" if engine == "direct" else f"_{engine}")
+    tail += "" if sizing is None else f"_{sizing}-graphs"
     name = f"inflight_handoff_reasoning_{model}_cut{cut}_age{age}_{modes.replace(',', '-')}{tail}.json"
     return (
         *HANDOFF,
@@ -72,6 +76,7 @@ def _handoff(
         "--steps",
         str(steps),
         *(() if engine == "direct" else ("--engine", engine)),
+        *(() if sizing is None else ("--graph-sizing", sizing)),
         *extra,
         "--out",
         f"{{out}}/{name}",
@@ -86,8 +91,11 @@ def _detached(
 
 
 def _coordinator_long(name: str, what: str, argv: tuple[str, ...], timeout_s: int = 1200) -> Stage:
-    """A handoff stage on megatron-core's coordinator loop longer than one remote call (--detach, then --wait)."""
-    return _detached(name, what, argv, timeout_s, smoke=SMOKE_COORDINATOR)
+    """A handoff stage on megatron-core's coordinator loop longer than one remote call (--detach, then --wait); its
+    smoke twin runs the direct loop on the CPU, with megatron's default graph sizing where the stage sets one (no
+    graph is captured there)."""
+    sized = "--graph-sizing" in argv
+    return _detached(name, what, argv, timeout_s, smoke=SMOKE_COORDINATOR + (SMOKE_SIZING if sized else ()))
 
 
 def _coordinator_pair(name: str, what: str, argv: tuple[str, ...]) -> Stage:
@@ -227,6 +235,24 @@ STAGES: tuple[Stage, ...] = (
         _handoff(32768, "park,drain", "--no-graph-baseline", "--drain-race", "collector-first", engine="coordinator"),
     ),
     _coordinator_long(
+        "reasoning-8k-coordinator-park-sync-linear-graphs",
+        "reasoning-8k-coordinator-park-sync with megatron's graphs sized linearly (--graph-sizing linear: 16 "
+        "decode-only graphs at 256 requests, every 16 requests, not the powers of two, so a decode step pads by at "
+        "most 15 requests; the graphs of steps with a prefill change too, 48 graphs in all against 62): what padding "
+        "costs each mode on the faster path; the step profile counts each mode's decode steps per captured graph; "
+        "~6-8 min, estimated from the stage it varies: --detach",
+        _handoff(8192, "park,sync", "--no-graph-baseline", engine="coordinator", sizing="linear"),
+        900,
+    ),
+    _coordinator_long(
+        "reasoning-32k-coordinator-park-sync-linear-graphs",
+        "reasoning-32k-coordinator-park-sync with megatron's graphs sized linearly (--graph-sizing linear, as in "
+        "the 8k stage), where park's 65-68 requests a decode step ran the 128 graph of the default sizing (the 80 "
+        "graph here); the step profile counts each mode's decode steps per captured graph; ~10 min, estimated from "
+        "the stage it varies: --detach",
+        _handoff(32768, "park,sync", "--no-graph-baseline", engine="coordinator", sizing="linear"),
+    ),
+    _coordinator_long(
         "reasoning-32k-coordinator-park-sync",
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and sync only (the 2.5x sync "
         "target's pair on the faster path, where the three-mode stage has lost its machine during drain each time); "
@@ -359,8 +385,8 @@ STAGES: tuple[Stage, ...] = (
         "decoded tokens are, and all four; then the batches again on a second engine whose decode graphs megatron "
         "sizes linearly (every 16 requests). On the direct loop "
         "the graph alone took 0.61-0.87 of a mode's decode step in the loop (bench/park_ceiling.py): this tells "
-        "which difference costs what, at fixed batches (which graph each of a loop's steps ran is not recorded); a row "
-        "that fails is recorded and the bench exits 1; ~4 min, estimated (not run yet)",
+        "which difference costs what, at fixed batches (which graph each of a loop's steps ran is in the step "
+        "profile of runs that count steps per captured graph, none committed yet); a row that fails is recorded and the bench exits 1; ~4 min, estimated (not run yet)",
         (
             *HANDOFF,
             "--model",

@@ -449,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "kv_buffer_gb": args.buffer_gb,
             "num_cuda_graphs": args.cuda_graphs,
+            "cuda_graph_sizing": args.graph_sizing,  # None: megatron's default (exponential)
             "shape": asdict(shape),
             "output_lengths": {
                 "p50": pct(lengths, 50),

@@ -101,7 +101,7 @@ class Row:
     context_in_table: str  # "between" the table's two contexts, or "beyond" them (extrapolated)
     target: float | None  # the reasoning shape's target for this pair (max_age 2), None elsewhere
     park_in_step: float | None = None  # the graph alone over megatron's decode-only graph step in park's loop
-    other_in_step: float | None = None  # the same for x (None: no step profile, as on the coordinator loop)
+    other_in_step: float | None = None  # the same for x (None: no step profile, as in committed coordinator runs)
 
     def check(self) -> float:
         """``window * batching * loops``: the run's ratio again (a row whose parts do not multiply back is wrong)."""
@@ -190,13 +190,14 @@ def table_for(
 
 def in_step(row: dict[str, Any], table: Table, context: int) -> float | None:
     """The graph decode alone at the batch of a mode's decode-only graph steps over those steps' own time in its
-    loop (the first round's step profile: megatron's step, as the loop ran it); None without a profile. The profile
-    gives the steps' mean requests only, so the graph alone is read at that mean: which captured graph each step
-    ran, and so what padding cost, is not recorded."""
+    loop (the first round's step profile: megatron's step, as the loop ran it); None without a profile. The batch
+    is the requests the steps decoded (``mean_ran``) where the profile has it, else the requests active after
+    them. The graph alone is read at that mean; a profile that counts the steps per captured graph (``graphs``)
+    says what each graph ran, which the report shows beside it."""
     g = (gpu_runs.first_profile(row) or {}).get("decode_graph")
     if not isinstance(g, dict) or not g.get("steps") or not g.get("ms_per_step"):
         return None
-    batch = float(g["mean_active"])
+    batch = float(g["mean_ran"] if "mean_ran" in g else g["mean_active"])
     return batch / table.rate(batch, context) * 1000.0 / float(g["ms_per_step"])
 
 

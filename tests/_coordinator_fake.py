@@ -17,6 +17,10 @@ What :class:`~colo_fsm.adapters.megatron.coordinator.CoordinatorEngine` touches,
 * coroutine methods ``generate``, ``pause``, ``unpause``, ``suspend``, ``resume``, ``shutdown``; the epoch goes
   through ``_coord_runtime.client.set_generation_epoch``.
 
+Each decode step is ``await engine.async_step()`` from the loop, as megatron's own loop calls it, returning
+megatron's result shape (``active_request_ids``, ``finished_request_records``, ``cuda_graph_request_count``: the
+next power of two at or above the requests stepped), so a wrapper set on the engine object sees every step.
+
 Decode steps are metered for tests that force an interleaving: with ``engine.allow_steps = n`` only ``n`` more
 steps run (``engine.stepped`` is set after each one), ``None`` lets it run freely.
 """
@@ -63,6 +67,7 @@ class FakeEngine:
     def __init__(self, eod: int) -> None:
         self.stop_word_finished_request_ids: set[int] = set()
         self.context = FakeContext(self)
+        self.decode_only = True  # every step here is decode-only (megatron's DecodeOnly; a plain bool is read too)
         self.state = SimpleNamespace(name="RUNNING")
         self.eod = eod
         self.requests: dict[int, FakeRequest] = {}
@@ -133,19 +138,34 @@ class FakeEngine:
         if not r.future.done():
             r.future.set_result(r)
 
-    def _step(self) -> None:
+    def _step(self) -> list[FakeRequest]:
+        finished = []
         for r in list(self.requests.values()):
             if r.request_id in self.stop_word_finished_request_ids:  # megatron's hook: finished, nothing appended
                 self.stop_word_finished_request_ids.discard(r.request_id)
                 self._finish(r)
+                finished.append(r)
                 continue
             tok = 3 + (len(r.prompt_tokens) + len(r.generated_tokens)) % 20
             r.generated_tokens.append(tok)
             r.generated_log_probs.append(-0.25)
             if len(r.generated_tokens) >= r.sampling_params.num_tokens_to_generate:
                 self._finish(r)
+                finished.append(r)
         self.steps += 1
         self.stepped.set()
+        return finished
+
+    async def async_step(self) -> dict[str, Any]:
+        """One decode step with megatron's result shape (see the module docstring)."""
+        stepped = len(self.requests)
+        finished = self._step()
+        return {
+            "active_request_ids": list(self.requests),
+            "finished_request_records": finished,
+            "step_time": 0.0,
+            "cuda_graph_request_count": 1 << max(0, stepped - 1).bit_length(),
+        }
 
     async def run(self) -> None:
         try:
@@ -159,7 +179,7 @@ class FakeEngine:
                         if self.requests and (self.allow_steps is None or self.allow_steps > 0):
                             if self.allow_steps is not None:
                                 self.allow_steps -= 1
-                            self._step()
+                            await self.async_step()
                     elif st == "PAUSING":
                         self._set("PAUSED")
                         self.events["PAUSED"].set()

@@ -332,6 +332,22 @@ def test_the_report_shows_each_runs_graph_baseline_and_each_modes_decode_steps()
     assert gpu_report.decode_lines([{"_file": "b.json", "modes": {}}]) == []
 
 
+def test_the_report_shows_which_captured_graph_each_modes_steps_ran_where_the_profile_counts_them():
+    """A profile that counts decode-graph steps per captured graph adds a row per mode, largest share first, with
+    the requests each graph's steps decoded; profiles without the count add no such table."""
+    graphs = {
+        "64": {"steps": 200, "share": 0.25, "ms_per_step": 7.0, "mean_ran": 40.0},
+        "128": {"steps": 600, "share": 0.75, "ms_per_step": 10.5, "mean_ran": 66.0},
+    }
+    prof = {"decode_graph": {"steps": 800, "share": 0.9, "ms_per_step": 9.6, "mean_active": 60.0, "graphs": graphs}}
+    run = {"_file": "g.json", "modes": {"park": {"samples_per_s": 8.0, "measured_steps": 3,
+                                                 "engine_step_profile_per_round": [prof]}}}  # fmt: skip
+    text = "\n".join(gpu_report.decode_lines([run]))
+    assert "| `g.json` | park | 128: 75% 10.5 ms 66 decoded, 64: 25% 7.0 ms 40 decoded |" in text
+    del prof["decode_graph"]["graphs"]
+    assert "captured graph each ran" not in "\n".join(gpu_report.decode_lines([run]))
+
+
 def test_a_long_stage_runs_only_detached_and_a_detached_runner_is_followed(tmp_path, stages, monkeypatch, capsys):
     long = gpu.Stage("long", "longer than a call", WRITE_JSON, 3600, smoke=(), long=True)
     monkeypatch.setattr(gpu, "BY_NAME", {**gpu.BY_NAME, "long": long})

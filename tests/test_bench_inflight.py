@@ -238,15 +238,18 @@ def test_a_drain_measured_while_its_buffer_fills_gets_no_ratio(tmp_path, capsys)
     assert f"no ratio_park_over_drain: {why}" in capsys.readouterr().out
 
 
-def test_each_mode_records_the_engines_kinds_of_step_over_its_measured_window(tmp_path, monkeypatch):
+def test_each_mode_records_the_engines_kinds_of_step_over_its_measured_window(tmp_path, monkeypatch, capsys):
     """On the GPU the dynamic engine keeps a step profile (colo_fsm/adapters/megatron/step_profile.py); the CPU
-    backend keeps none, so a stand-in counts every decode step as one decode-on-graph step: each mode's row then
-    holds exactly its measured window's steps, not the warm-up's."""
+    backend keeps none, so a stand-in counts every decode step as one decode-on-graph step on the 16 graph: each
+    mode's row then holds exactly its measured window's steps, not the warm-up's, with the graph each ran (printed
+    too); the JSON says which graph sizing the run asked for (none here: megatron's default)."""
     from colo_fsm.adapters.megatron.engine import MegatronEngine
 
     def stand_in(self):
         n = self.steps
-        return {"steps": n, "decode_graph/steps": n, "decode_graph/wall_s": 0.002 * n, "decode_graph/active": 3 * n}
+        g = {"steps": n, "wall_s": 0.002 * n, "ran": 3 * n, "ran_steps": n}
+        return {"steps": n, "decode_graph/steps": n, "decode_graph/wall_s": 0.002 * n, "decode_graph/active": 3 * n,
+                **{f"decode_graph/graph/16/{k}": v for k, v in g.items()}}  # fmt: skip
 
     monkeypatch.setattr(MegatronEngine, "step_profile", stand_in)
     out = tmp_path / "profile.json"
@@ -259,6 +262,11 @@ def test_each_mode_records_the_engines_kinds_of_step_over_its_measured_window(tm
         assert prof["steps"] > 0 and prof["steps"] == pytest.approx(row["decode_steps_per_s"] * row["measured_s"])
         assert prof["decode_graph"]["share"] == 1 and prof["decode_graph"]["mean_active"] == 3
         assert prof["decode_graph"]["ms_per_step"] == pytest.approx(2.0)
+        assert prof["decode_graph"]["graphs"]["16"] == pytest.approx(
+            {"steps": prof["steps"], "share": 1.0, "ms_per_step": 2.0, "mean_ran": 3.0}
+        )
+    assert data["cuda_graph_sizing"] is None
+    assert "decode_graph 100% 2.0 ms 3 active (graphs 16: 100% 2.0 ms 3 decoded)" in capsys.readouterr().out
 
 
 def test_the_mode_budget_stops_each_mode_after_its_first_measured_step_and_no_ratio_is_given(tmp_path, capsys):
@@ -501,3 +509,54 @@ def test_a_modes_handoff_counts_join_its_rounds_and_need_every_round():
     assert row["groups_in_flight_at_handoff"] == [0, 7, 4, 0] and row["handoffs_with_nothing_in_flight"] == 2
     partial = summarize([run([0, 7]), run(None)])
     assert "groups_in_flight_at_handoff" not in partial and "handoffs_with_nothing_in_flight" not in partial
+
+
+def test_the_graph_sizing_option_reaches_both_engine_paths_and_the_baseline_and_is_refused_without_graphs(capsys):
+    """``--graph-sizing`` is never ignored: without CUDA graphs (the CPU) the bench stops naming it; with them it is
+    each engine path's ``cuda_graph_sizing``, and a linearly sized run is a workload of its own on the page."""
+    with pytest.raises(SystemExit):
+        inflight_handoff.parse_args(["--workload", "reasoning", "--smoke", "--graph-sizing", "linear"])
+    assert "--graph-sizing linear sizes CUDA graphs" in capsys.readouterr().err
+    args, _, shape, _ = inflight_handoff.parse_args(["--workload", "reasoning", "--graph-sizing", "linear"])
+    assert (args.graph_sizing, args.cuda_graphs) == ("linear", 16)
+    assert inflight_handoff.parse_args(["--workload", "reasoning"])[0].graph_sizing is None
+    smoke = ["--workload", "reasoning", "--smoke", "--graph-sizing", "linear", "--graph-sizing", "default"]
+    assert inflight_handoff.parse_args(smoke)[0].graph_sizing is None  # the stages' CPU twins: megatron's own
+    from bench import _handoff
+    from colo_fsm.adapters.megatron.coordinator_config import CoordinatorConfig
+    from colo_fsm.adapters.megatron.engine import GenerationConfig
+
+    seen = []
+    real_gen, real_coord = GenerationConfig.__init__, CoordinatorConfig.__init__
+
+    class Stop(Exception):
+        pass
+
+    def record(real):
+        def init(self, *a, **kw):
+            real(self, *a, **kw)
+            seen.append((type(self).__name__, self.cuda_graph_sizing))
+            raise Stop
+
+        return init
+
+    import colo_fsm.adapters.megatron.coordinator as coordinator
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GenerationConfig, "__init__", record(real_gen))
+        mp.setattr(CoordinatorConfig, "__init__", record(real_coord))
+        mp.setattr(coordinator, "coordinator_dependencies", lambda: (True, ""))
+        args.device = "cuda"
+        for build in (_handoff.direct_engine, _handoff.coordinator_engine):
+            with pytest.raises(Stop):
+                build("park", args, shape, object(), object(), lambda: 0, 8256)
+    assert seen == [("GenerationConfig", "linear"), ("CoordinatorConfig", "linear")]
+    from bench.gpu_runs import workload_model
+
+    run = {"model": "gpt200m", "engine": "coordinator"}
+    assert workload_model(run) == "gpt200m on the coordinator loop"
+    assert workload_model({**run, "cuda_graph_sizing": "exponential"}) == "gpt200m on the coordinator loop"
+    assert (
+        workload_model({**run, "cuda_graph_sizing": "linear"})
+        == "gpt200m on the coordinator loop with linear CUDA graphs"
+    )

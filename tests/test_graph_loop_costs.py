@@ -352,3 +352,17 @@ def test_the_linear_graphs_rows_run_on_a_second_engine_sized_linearly_and_let_it
         "error"
     ]
     assert out["linear_decode_graph_requests"] == list(range(16, 257, 16)) and released == [True, "graphs"]
+
+
+def test_the_baseline_times_the_graphs_the_run_ran_on(monkeypatch):
+    """A run with ``--graph-sizing linear`` gets its graph-decode baseline from an engine sized the same way, and
+    the JSON says which sizing the baseline's graphs had (None: megatron's default)."""
+    from bench._graph_baseline import graph_decode_baseline
+
+    built, _ = _scripted_engines(monkeypatch)
+    args = SimpleNamespace(seed=0, buffer_gb=40.0, cuda_graphs=16, graph_contexts=[], graph_loop_costs=[])
+    assert graph_decode_baseline(args, SHAPE_8K, "gpt200m", _lengths(SHAPE_8K))["graph_decode"]["graph_sizing"] is None
+    args.graph_sizing = "linear"
+    g = graph_decode_baseline(args, SHAPE_8K, "gpt200m", _lengths(SHAPE_8K))["graph_decode"]
+    assert [o.graph_sizing for o in built] == [None, "linear"] and g["graph_sizing"] == "linear"
+    assert g["decode_graph_requests"][:2] == [16, 32]

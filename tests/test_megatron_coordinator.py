@@ -10,6 +10,7 @@ real engine runs in ``tests/test_megatron_coordinator_gpu.py`` (``-m gpu``).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import math
 import re
@@ -24,6 +25,7 @@ import torch
 
 from colo_fsm.adapters.megatron.coordinator import SPAWN_HINT, CoordinatorConfig, CoordinatorEngine
 from colo_fsm.adapters.megatron.coordinator_states import state_table, token_versions
+from colo_fsm.adapters.megatron.step_profile import window
 from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
 from colo_fsm.errors import (
     ConfigError,
@@ -557,3 +559,28 @@ def test_the_policy_switches_only_while_no_request_is_pending() -> None:
             eng.set_inflight("sometimes")
     finally:
         eng.shutdown()
+
+
+def test_the_engine_loops_steps_are_profiled_by_kind_and_graph(engine) -> None:
+    """Every step megatron's loop awaits is in ``step_profile()``: forced to exactly three steps of three requests,
+    the window holds three decode-graph steps on the 4 graph, each decoding three requests."""
+    eng, _ = engine
+    assert eng.step_profile() is None  # before bring_up
+    eng.bring_up()
+    llm = fake(eng)
+    llm.engine.allow_steps = 0
+    before = eng.step_profile()
+    assert before is not None, "bring_up did not profile megatron's loop"
+    handles = [eng.submit([5, 6, 7], max_tokens=8) for _ in range(3)]
+    wait_for(lambda: len(llm.engine.requests) == 3, "three requests in the engine")
+    llm.engine.allow_steps = 3
+    wait_for(lambda: llm.engine.steps == 3, "three decode steps")
+    # one round trip through the loop: the step that made ``steps`` 3 has returned through the wrapper by then
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), eng._loop).result(timeout=20)
+    w = window(before, eng.step_profile())
+    assert w["steps"] == 3 and "decode_graph" in w, w
+    assert w["decode_graph"]["steps"] == 3 and w["decode_graph"]["mean_ran"] == 3
+    assert w["decode_graph"]["graphs"]["4"]["steps"] == 3
+    llm.engine.allow_steps = None
+    wait_for(lambda: all(h.done() for h in handles), "every answer")
+    assert [len(h.result().token_ids) for h in handles] == [8, 8, 8]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from typing import Any
 
 import pytest
 
@@ -76,7 +77,7 @@ def test_on_the_direct_loop_most_of_what_a_loop_loses_is_megatrons_own_decode_st
     """Where a run profiled its steps (the direct loop), the graph alone at a mode's decode-only steps' batch over
     those steps' time in the loop is 0.61-0.87 (park 0.66-0.87, x 0.61-0.85), and what the rest of the loop keeps
     (the loop's share over that) is 0.90-0.95: the decode step itself, not colo-fsm's loop around it, is where the
-    loop falls short of the graph. The coordinator loop records no profile."""
+    loop falls short of the graph. The committed coordinator runs have no profile."""
     direct = [r for r in rows if r.engine == "direct"]
     assert direct and all(r.park_in_step is None and r.other_in_step is None for r in rows if r.engine != "direct")
     park = [r.park_in_step for r in direct]
@@ -187,3 +188,21 @@ def test_the_handoff_models_rates_run_high_by_about_what_the_loops_decode_step_a
         1.65,
     )
     assert all(h < s for h, s in zip(high, step, strict=True))
+
+
+def test_the_graph_alone_is_read_at_the_requests_the_steps_decoded_where_the_profile_says():
+    """``in_step`` prices the graph alone at the steps' decoded requests (``mean_ran``) when the profile has them,
+    else at the requests active after the steps (the committed runs)."""
+
+    class Rates:  # the graph alone: 2 ms fixed plus 0.1 ms a request, whatever the context
+        def rate(self, batch: float, context: int) -> float:
+            return batch / (2.0 + 0.1 * batch) * 1e3
+
+    table: Any = Rates()
+    step = {"steps": 10, "share": 1.0, "ms_per_step": 10.0, "mean_active": 128.0}
+    row = {"engine_step_profile_per_round": [{"decode_graph": dict(step)}]}
+    at_active = pc.in_step(row, table, 1417)
+    row["engine_step_profile_per_round"][0]["decode_graph"]["mean_ran"] = 64.0
+    at_ran = pc.in_step(row, table, 1417)
+    assert at_active == pytest.approx(128 / table.rate(128, 1417) * 1e3 / 10.0)
+    assert at_ran == pytest.approx(64 / table.rate(64, 1417) * 1e3 / 10.0) and at_ran != at_active

@@ -168,3 +168,39 @@ def test_without_a_trace_the_lifecycle_state_comes_from_the_status() -> None:
         assert "colo_fsm_lifecycle_state_seconds" not in fams  # time per state needs the trace
     finally:
         gated.shutdown()
+
+
+def test_the_engines_steps_are_counted_by_kind_and_by_captured_graph_where_it_keeps_a_profile() -> None:
+    """An engine with a step profile (megatron-core's dynamic engine, either path) has its steps on ``/metrics``:
+    per kind, and per captured decode-only graph with the requests those steps decoded (65 requests on the 128
+    graph: about half full), read at each scrape, so the counters grow with the engine; an engine without one
+    has no such series."""
+    from colo_fsm.adapters.megatron.step_profile import StepProfile
+
+    eng = FakeEngine()
+    server = OpenAIServer(eng, tokenizer=eng.tokenizer, rank=0, chat_template=digits_chat_template)
+    eng.bring_up()
+    url = server.start()
+    root = url.removesuffix("/v1")
+    try:
+        assert not any(name.startswith("colo_fsm_engine_step") for name in scrape(root))  # no profile: no series
+        profile = StepProfile()
+        eng.step_profile = profile.snapshot  # type: ignore[attr-defined]
+        profile.add("decode_graph", 0.010, 65, 0, 0, ran=65, graph=128)
+        profile.add("decode_graph", 0.012, 66, 0, 0, ran=66, graph=128)
+        profile.add("mixed_eager", 0.030, 70, 0, 4, ran=70)
+        fams = scrape(root)
+        assert value(fams, "colo_fsm_engine_steps", "colo_fsm_engine_steps_total", kind="decode_graph") == 2
+        assert value(fams, "colo_fsm_engine_steps", "colo_fsm_engine_steps_total", kind="mixed_eager") == 1
+        seconds = value(fams, "colo_fsm_engine_step_seconds", "colo_fsm_engine_step_seconds_total", kind="decode_graph")
+        assert abs(seconds - 0.022) < 1e-9
+        assert value(fams, "colo_fsm_engine_graph_steps", "colo_fsm_engine_graph_steps_total", graph="128") == 2
+        requests = value(fams, "colo_fsm_engine_graph_requests", "colo_fsm_engine_graph_requests_total", graph="128")
+        assert requests == 131 and requests / (2 * 128) < 0.52  # the padding an operator reads off
+        errors = "colo_fsm_engine_step_record_errors"
+        assert value(fams, errors, errors + "_total") == 0
+        profile.add("decode_graph", 0.010, 120, 0, 0, ran=120, graph=128)
+        assert value(scrape(root), "colo_fsm_engine_graph_steps", "colo_fsm_engine_graph_steps_total", graph="128") == 3
+    finally:
+        server.stop()
+        eng.shutdown()

@@ -6,7 +6,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from colo_fsm.adapters.megatron.step_profile import KINDS, StepProfile, record_dynamic_step, window
+from colo_fsm.adapters.megatron.step_profile import (
+    KINDS,
+    StepProfile,
+    profile_async_steps,
+    record_dynamic_step,
+    record_step_safely,
+    totals,
+    window,
+)
 
 
 def _engine(decode_only, total=10, paused=2, waiting=(1, 2, 3)):
@@ -26,7 +34,9 @@ def test_each_step_is_counted_by_its_kind_with_its_time_and_requests():
         "mixed_eager",
         "unknown",
     }
+    graphs = w["decode_graph"].pop("graphs")
     assert w["decode_graph"] == pytest.approx({"steps": 2, "share": 0.5, "ms_per_step": 5.0, "mean_active": 8})
+    assert graphs == {"16": pytest.approx({"steps": 2, "share": 1.0, "ms_per_step": 5.0})}
     assert w["mixed_eager"]["mean_active"] == 20 and w["mixed_eager"]["ms_per_step"] == pytest.approx(20.0)
     assert w["mean_paused"] == pytest.approx(4 / 4) and w["mean_waiting"] == pytest.approx(6 / 4)
 
@@ -57,3 +67,135 @@ def test_megatron_decode_only_pair_is_read_by_its_consumed_forward():
     record_dynamic_step(p, _engine(pair(consumed=None, launched=None)), {"cuda_graph_request_count": None}, 0.001)
     w = window({}, p.snapshot())
     assert {k: w[k]["steps"] for k in KINDS if k in w} == {"decode_graph": 1, "mixed_eager": 1, "unknown": 1}
+
+
+def test_graph_steps_are_counted_per_captured_graph_with_the_requests_they_decoded():
+    """A step's ``cuda_graph_request_count`` is the captured graph it ran: 65 requests on the 128 graph show as
+    graph 128 decoding 65, so the padding can be read off a run; eager steps have no graph."""
+    p = StepProfile()
+
+    def step(graph, ran, ms, decode_only=True):
+        result = {
+            "active_request_ids": list(range(ran - 1)),
+            "finished_request_records": ["done"],
+            "cuda_graph_request_count": graph,
+        }
+        record_dynamic_step(p, _engine(decode_only), result, ms / 1e3)
+
+    step(128, 65, 10.0)
+    step(128, 67, 12.0)
+    step(64, 40, 7.0)
+    step(None, 30, 20.0, decode_only=False)
+    step(32, 20, 15.0, decode_only=False)  # a mixed graph: its request count is shared by graphs of other sizes
+    w = window({}, p.snapshot())
+    assert "graphs" not in w["mixed_graph"] and w["mixed_graph"]["mean_ran"] == 20
+    dg = w["decode_graph"]
+    assert dg["steps"] == 3 and dg["mean_ran"] == pytest.approx((65 + 67 + 40) / 3)
+    assert list(dg["graphs"]) == ["64", "128"]  # smallest first, keys as JSON keeps them
+    assert dg["graphs"]["128"] == pytest.approx({"steps": 2, "share": 2 / 3, "ms_per_step": 11.0, "mean_ran": 66})
+    assert dg["graphs"]["64"] == pytest.approx({"steps": 1, "share": 1 / 3, "ms_per_step": 7.0, "mean_ran": 40})
+    assert "graphs" not in w["mixed_eager"] and w["mixed_eager"]["mean_ran"] == 30
+    # a result that does not say what ran: counted, no mean_ran made up
+    q = StepProfile()
+    record_dynamic_step(q, _engine(True), {"cuda_graph_request_count": 16}, 0.004)
+    wq = window({}, q.snapshot())["decode_graph"]
+    assert "mean_ran" not in wq and wq["graphs"] == {
+        "16": pytest.approx({"steps": 1, "share": 1.0, "ms_per_step": 4.0})
+    }
+    with pytest.raises(ValueError, match="graph 0"):
+        q.add("decode_graph", 0.0, 0, 0, 0, graph=0)
+
+
+def test_profile_async_steps_times_every_step_the_loop_awaits_and_refuses_a_second_wrap():
+    """megatron's coordinator loop awaits ``engine.async_step()`` each step: the wrapper set on the engine object
+    records each one (kind, graph, requests) and returns megatron's result untouched."""
+    import asyncio
+
+    class Engine(SimpleNamespace):
+        async def async_step(self):
+            await asyncio.sleep(0)
+            return {"active_request_ids": [1, 2], "finished_request_records": [], "cuda_graph_request_count": 2}
+
+    eng = Engine(decode_only=True, context=SimpleNamespace(total_request_count=2, paused_request_count=0))
+    p = StepProfile()
+    profile_async_steps(eng, p)
+
+    async def loop():
+        return [await eng.async_step() for _ in range(3)]
+
+    results = asyncio.run(loop())
+    assert results[0]["cuda_graph_request_count"] == 2
+    w = window({}, p.snapshot())
+    assert w["steps"] == 3 and w["decode_graph"]["graphs"]["2"]["steps"] == 3 and w["decode_graph"]["mean_ran"] == 2
+    with pytest.raises(ValueError, match="already profiled"):
+        profile_async_steps(eng, p)
+
+
+def test_a_request_megatron_failed_at_admission_is_not_counted_as_decoded():
+    """megatron-core 0.19.2 hands back a request it failed at admission with the next step's finished records; it
+    never ran, so ``mean_ran`` leaves it out."""
+    failed = SimpleNamespace(requests=[SimpleNamespace(status=SimpleNamespace(name="FAILED"))])
+    done = SimpleNamespace(requests=[SimpleNamespace(status=SimpleNamespace(name="COMPLETED"))])
+    p = StepProfile()
+    result = {
+        "active_request_ids": [1, 2, 3],
+        "finished_request_records": [done, failed],
+        "cuda_graph_request_count": 4,
+    }
+    record_dynamic_step(p, _engine(True), result, 0.005)
+    assert window({}, p.snapshot())["decode_graph"]["graphs"]["4"]["mean_ran"] == 4
+
+
+def test_a_step_that_cannot_be_recorded_still_runs_and_is_counted_and_logged_once(caplog):
+    """The profile is a diagnostic: a record that raises is counted (``record_errors``) and logged once, and the
+    engine's step (here megatron's loop awaiting the wrapped ``async_step``) gets its result as if unprofiled."""
+    import asyncio
+    import logging
+
+    class Broken:
+        @property
+        def total_request_count(self):
+            raise RuntimeError("context gone")
+
+    class Engine(SimpleNamespace):
+        async def async_step(self):
+            return {"active_request_ids": [1], "finished_request_records": [], "cuda_graph_request_count": 1}
+
+    eng = Engine(decode_only=True, context=Broken())
+    p = StepProfile()
+    profile_async_steps(eng, p)
+
+    async def loop():
+        return [await eng.async_step() for _ in range(2)]
+
+    with caplog.at_level(logging.ERROR):
+        try:
+            results = asyncio.run(loop())
+        except RuntimeError as exc:
+            pytest.fail(f"a failed record reached megatron's loop: {exc}")
+    assert [r["active_request_ids"] for r in results] == [[1], [1]]
+    assert window({}, p.snapshot()) == {"steps": 0, "record_errors": 2}
+    said = "step profile: a step could not be recorded (counted in record_errors; the step ran)"
+    assert sum(said in r.getMessage() for r in caplog.records) == 1  # a log context may prefix it
+    record_step_safely(p, eng, {}, 0.0)  # the direct path's call: the same guard
+    assert window({}, p.snapshot())["record_errors"] == 3
+
+
+def test_totals_are_the_running_sums_counters_read():
+    """``totals`` gives per kind its steps and seconds, per captured decode-only graph its steps, seconds and
+    requests decoded, and the record errors: sums that only grow, as Prometheus counters need."""
+    p = StepProfile()
+    p.add("decode_graph", 0.010, 65, 0, 0, ran=65, graph=128)
+    p.add("decode_graph", 0.004, 16, 0, 0, ran=16, graph=16)
+    p.add("mixed_graph", 0.020, 80, 0, 0, ran=80)
+    with pytest.raises(ValueError, match="only decode_graph steps are split by graph"):
+        p.add("mixed_graph", 0.020, 80, 0, 0, ran=80, graph=96)
+    p.record_error()
+    t = totals(p.snapshot())
+    assert t["kinds"] == {
+        "decode_graph": {"steps": 2, "seconds": pytest.approx(0.014)},
+        "mixed_graph": {"steps": 1, "seconds": pytest.approx(0.020)},
+    }
+    assert list(t["graphs"]) == ["16", "128"]
+    assert t["graphs"]["128"] == {"steps": 1, "seconds": pytest.approx(0.010), "requests": 65}
+    assert t["record_errors"] == 1 and totals({}) == {"kinds": {}, "graphs": {}, "record_errors": 0}

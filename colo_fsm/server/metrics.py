@@ -16,7 +16,11 @@ series                                                  type       what
 Read at scrape time from what the server holds (never waiting on the engine's lock): the token budget
 (``colo_fsm_http_tokens_held``, ``_limit``, ``_waiting``, ``colo_fsm_http_tokens_admitted_total``, the drain
 rate), requests per stage, whether the server admits, the engine's ``queued``/``running``/``parked`` requests per
-priority and its server slots, and the lifecycle: ``colo_fsm_lifecycle_state{state}`` (1 for the state now),
+priority and its server slots, its steps from its step profile where it keeps one (megatron-core's dynamic engine,
+on either path: ``colo_fsm_engine_steps_total{kind}`` and ``colo_fsm_engine_step_seconds_total{kind}`` per kind of
+step, ``colo_fsm_engine_graph_steps_total{graph}`` and ``colo_fsm_engine_graph_requests_total{graph}`` per captured
+decode-only graph, whose ratio to the graph's size is how full its steps ran, and
+``colo_fsm_engine_step_record_errors_total``), and the lifecycle: ``colo_fsm_lifecycle_state{state}`` (1 for the state now),
 ``colo_fsm_lifecycle_state_seconds_total{state}``, ``colo_fsm_weight_version``, ``colo_fsm_train_steps_total``
 and ``colo_fsm_train_step_rate`` (steps per second over the last minute).
 """
@@ -63,6 +67,7 @@ class ServerReading:
     lifecycle: LifecycleReading | None = None
     state: str | None = None  # the lifecycle state from its status, when no trace is attached
     weight_version: int | None = None
+    engine_steps: Mapping[str, Any] | None = None  # the engine's step profile's totals (step_profile.totals)
     extra: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -214,7 +219,34 @@ class _Live(Collector):
             yield engine
         if r.server_slots is not None:
             yield gauge("colo_fsm_engine_server_slots", "Engine slots HTTP requests may hold at once", r.server_slots)
+        if r.engine_steps is not None:
+            yield from self._engine_steps(r.engine_steps)
         yield from self._lifecycle(r)
+
+    def _engine_steps(self, t: Mapping[str, Any]) -> Iterator[Metric]:
+        """Counters from the engine's step profile (:func:`~colo_fsm.adapters.megatron.step_profile.totals`)."""
+        rank = self._rank
+
+        def counter(name: str, doc: str, label: str, rows: Mapping[str, Mapping[str, Any]], key: str) -> Metric:
+            fam = CounterMetricFamily(name, doc, labels=["rank", label])
+            for value, row in rows.items():
+                fam.add_metric([rank, value], float(row[key]))
+            return fam
+
+        kinds, graphs = t["kinds"], t["graphs"]
+        yield counter("colo_fsm_engine_steps", "Engine steps by kind (decode-only or mixed, graph or eager)", "kind",
+                      kinds, "steps")  # fmt: skip
+        yield counter("colo_fsm_engine_step_seconds", "Wall seconds inside engine steps, by kind", "kind", kinds,
+                      "seconds")  # fmt: skip
+        yield counter("colo_fsm_engine_graph_steps", "Decode-only steps by the captured CUDA graph they ran (its "
+                      "batch size)", "graph", graphs, "steps")  # fmt: skip
+        yield counter("colo_fsm_engine_graph_requests", "Requests decoded by the decode-only steps of each captured "
+                      "graph (over steps x graph size: how full they ran)", "graph", graphs, "requests")  # fmt: skip
+        errors = CounterMetricFamily(
+            "colo_fsm_engine_step_record_errors", "Engine steps the step profile could not record", labels=["rank"]
+        )
+        errors.add_metric([rank], float(t["record_errors"]))
+        yield errors
 
     def _lifecycle(self, r: ServerReading) -> Iterator[Metric]:
         rank = self._rank

@@ -31,6 +31,18 @@ def server_slots(engine: Any) -> int | None:
     return int(slots) if isinstance(slots, int) and not isinstance(slots, bool) else None
 
 
+def engine_step_totals(engine: Any) -> dict[str, Any] | None:
+    """The engine's step-profile totals (:func:`~colo_fsm.adapters.megatron.step_profile.totals`) from its
+    ``step_profile()`` snapshot (its own small lock, never the engine's); None where it keeps no profile."""
+    read = getattr(engine, "step_profile", None)
+    snapshot = read() if callable(read) else None
+    if not isinstance(snapshot, dict):
+        return None
+    from colo_fsm.adapters.megatron.step_profile import totals
+
+    return totals(snapshot)
+
+
 def status_of(ctx: ServerContext) -> Mapping[str, Any]:
     """The lifecycle's status as a mapping (empty without a status source)."""
     if ctx.status is None:
@@ -57,6 +69,7 @@ def server_reading(ctx: ServerContext) -> ServerReading:
         admitting=ctx.gate.admissible() and not ctx.stopping(),
         engine=engine_counts(ctx.engine),
         server_slots=server_slots(ctx.engine),
+        engine_steps=engine_step_totals(ctx.engine),
         lifecycle=lc,
         state=st.get("state"),
         weight_version=st.get("weight_version"),

@@ -70,6 +70,7 @@ from colo_fsm.adapters.megatron.coordinator_states import SLEEP, WAKE, condition
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import device_context, rank_device_index
+from colo_fsm.adapters.megatron.step_profile import StepProfile, profile_async_steps
 from colo_fsm.errors import (
     ConfigError,
     EngineLoopDied,
@@ -161,6 +162,7 @@ class CoordinatorEngine(TextGeneration):
         self.mode = mode_control(model)  # guards: the shared model's inference-only switches
         self.memory_budget: MemoryBudget | None = None
         self.memory_estimate: MemoryEstimate | None = None
+        self.profile: StepProfile | None = None  # megatron's loop's steps by kind and graph, once built
 
     # ------------------------------------------------------------------ GenerationEngine
     def bring_up(self) -> None:
@@ -201,6 +203,9 @@ class CoordinatorEngine(TextGeneration):
                     ) from exc
                 raise
         self._llm = llm
+        if callable(getattr(llm.engine, "async_step", None)):  # megatron's loop steps through it (step_profile.py)
+            self.profile = StepProfile()
+            profile_async_steps(llm.engine, self.profile)
         self._loop = llm.engine.engine_loop_task.get_loop()
         self.built = True
         self._worker = threading.Thread(target=self._work, name="colo-fsm-coordinator-watch", daemon=True)
@@ -335,6 +340,12 @@ class CoordinatorEngine(TextGeneration):
                 )
             self.config = config
             self.inflight = InflightPolicy(config.inflight)
+
+    def step_profile(self) -> dict[str, float] | None:
+        """The sums per kind of step of megatron's own engine loop so far (:class:`~colo_fsm.adapters.megatron.
+        step_profile.StepProfile`, each ``async_step`` timed in the loop); None before ``bring_up`` or where the
+        engine has no ``async_step``."""
+        return self.profile.snapshot() if self.profile is not None else None
 
     def timing_summary(self) -> dict[str, float]:
         """Median suspend and resume seconds so far."""

@@ -19,6 +19,7 @@ from typing import Any
 from colo_fsm.adapters.batching import DEFAULT_SERVER_SHARE, check_share, parse_inflight, parse_logprobs_mode
 from colo_fsm.adapters.engine.options import positive_int
 from colo_fsm.adapters.megatron.engine import KVCacheMode
+from colo_fsm.adapters.megatron.inference_settings import check_graph_sizing, megatron_inference_config
 from colo_fsm.errors import ConfigError, WaitTimeout
 
 SPAWN_HINT = (
@@ -31,9 +32,10 @@ SPAWN_HINT = (
 class CoordinatorConfig:
     """Settings of the coordinator-mode engine.
 
-    ``kv_cache_mode``, ``buffer_size_gb``, ``max_requests``, ``block_size_tokens`` and ``num_cuda_graphs`` go to
-    megatron-core's ``InferenceConfig``; parallel sizes left at None inherit the training model's (set ones must
-    match it); ``max_request_tokens`` bounds prompts x max_tokens of one ``generate_ids`` call;
+    ``kv_cache_mode``, ``buffer_size_gb``, ``max_requests``, ``block_size_tokens``, ``num_cuda_graphs`` (an upper
+    bound) and ``cuda_graph_sizing`` ("exponential" or "linear", None: megatron's default; see
+    :mod:`~colo_fsm.adapters.megatron.inference_settings`) go to megatron-core's ``InferenceConfig``; parallel
+    sizes left at None inherit the training model's (set ones must match it); ``max_request_tokens`` bounds prompts x max_tokens of one ``generate_ids`` call;
     ``coordinator_host``/``coordinator_port`` are megatron's (None: its defaults); ``control_timeout_s`` bounds
     each pause/suspend/resume/unpause wait; ``watch_interval_s`` is how often the engine loop is checked;
     ``logprobs_mode`` ("raw": the untempered softmax, or "processed": after temperature, top-k, top-p) is
@@ -50,6 +52,7 @@ class CoordinatorConfig:
     max_requests: int | None = None
     block_size_tokens: int = 256
     num_cuda_graphs: int | None = None
+    cuda_graph_sizing: str | None = None
     max_request_tokens: int | None = None
     coordinator_host: str | None = None
     coordinator_port: int | None = None
@@ -77,6 +80,7 @@ class CoordinatorConfig:
         for name in ("max_requests", "num_cuda_graphs", "max_request_tokens", "coordinator_port"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), "a positive integer, or None")
+        object.__setattr__(self, "cuda_graph_sizing", check_graph_sizing(self.cuda_graph_sizing, self.num_cuda_graphs))
         if self.coordinator_host is not None and (
             not isinstance(self.coordinator_host, str) or not self.coordinator_host
         ):
@@ -118,19 +122,17 @@ def _kv_mode(value: Any) -> str:
 
 
 def inference_config(config: CoordinatorConfig, max_sequence_length: int) -> Any:
-    """megatron-core's ``InferenceConfig`` of ``config`` (only the last token's logits materialized: every request
-    asks log-probs of its generated tokens only, see ``coordinator_requests.sampling_params``)."""
-    from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
-
-    return InferenceConfig(
+    """megatron-core's ``InferenceConfig`` of ``config`` (:func:`~colo_fsm.adapters.megatron.inference_settings.
+    megatron_inference_config`, as the direct path builds it)."""
+    return megatron_inference_config(
         block_size_tokens=config.block_size_tokens,
         buffer_size_gb=config.buffer_size_gb,
         max_requests=config.engine_max_requests,
         max_sequence_length=max_sequence_length,
-        kv_cache_management_mode=KVCacheManagementMode(config.kv_cache_mode),
-        materialize_only_last_token_logits=True,
+        kv_cache_mode=config.kv_cache_mode,
         num_cuda_graphs=config.num_cuda_graphs,
-        logprobs_mode="processed_logprobs" if config.logprobs_mode == "processed" else "raw_logprobs",
+        cuda_graph_sizing=config.cuda_graph_sizing,
+        logprobs_mode=config.logprobs_mode,
     )
 
 

@@ -44,8 +44,9 @@ from typing import Any
 import torch
 
 from colo_fsm.adapters.batching import BackendRequest, StepOutput, TopLogprobs
+from colo_fsm.adapters.megatron.inference_settings import megatron_inference_config
 from colo_fsm.adapters.megatron.parallel import on_own_device
-from colo_fsm.adapters.megatron.step_profile import StepProfile, record_dynamic_step
+from colo_fsm.adapters.megatron.step_profile import StepProfile, record_step_safely
 from colo_fsm.errors import ConfigError, LifecycleError
 from colo_fsm.guards.sampling import SamplingStream
 from colo_fsm.log import get_logger
@@ -422,26 +423,26 @@ class DynamicStepBackend:
         max_requests: int | None,
         block_size_tokens: int,
         num_cuda_graphs: int | None = None,
+        cuda_graph_sizing: str | None = None,
         logprobs_mode: str = "raw",
         sampling: SamplingStream | None = None,
     ) -> None:
         from megatron.core.inference.apis.llm import MegatronLLM
-        from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
 
         check_head_dim(model.config)
         self.device = next(model.parameters()).device
         self.model = model
         self.tokenizer = tokenizer
         self.eod = int(tokenizer.eod)
-        self.inference_config = InferenceConfig(
+        self.inference_config = megatron_inference_config(
             block_size_tokens=block_size_tokens,
-            buffer_size_gb=buffer_size_gb,  # megatron multiplies it by 1024**3
+            buffer_size_gb=buffer_size_gb,
             max_requests=max_requests if max_requests is not None else 128,  # bounded: see InferenceConfig
             max_sequence_length=max_sequence_length,
-            kv_cache_management_mode=KVCacheManagementMode(kv_cache_mode),
-            materialize_only_last_token_logits=True,
+            kv_cache_mode=kv_cache_mode,
             num_cuda_graphs=num_cuda_graphs,
-            logprobs_mode="processed_logprobs" if logprobs_mode == "processed" else "raw_logprobs",
+            cuda_graph_sizing=cuda_graph_sizing,
+            logprobs_mode=logprobs_mode,
         )
         self.logprobs_mode = logprobs_mode
         model.eval()
@@ -499,7 +500,7 @@ class DynamicStepBackend:
             return self._as_requests(outputs_from_records(self._tracked, {}, [], self.eod))
         t = time.perf_counter()
         result = self.engine.step_modern()
-        record_dynamic_step(self.profile, self.engine, result, time.perf_counter() - t)
+        record_step_safely(self.profile, self.engine, result, time.perf_counter() - t)
         outs = outputs_from_records(
             self._tracked,
             LiveRecords(self.engine.requests),

@@ -49,6 +49,7 @@ from colo_fsm.adapters.batching import (
 )
 from colo_fsm.adapters.engine.options import share_slots
 from colo_fsm.adapters.megatron.batch_calls import TextGeneration, submit_and_wait, timing_medians, to_completion
+from colo_fsm.adapters.megatron.inference_settings import check_graph_sizing
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import device_context, on_own_device
@@ -95,7 +96,10 @@ class GenerationConfig:
     ``max_active_requests``;
     ``max_request_tokens`` (None: no bound) bounds prompts x max_tokens of one ``generate``/``generate_ids``
     call; ``num_cuda_graphs`` is passed to megatron-core's ``InferenceConfig.num_cuda_graphs`` (the batch shapes
-    the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``);
+    the dynamic engine pre-captures when the model was built with ``cuda_graph_impl="local"``; an upper bound),
+    ``cuda_graph_sizing`` to its ``cuda_graph_sizing_distribution`` ("exponential", megatron's default: powers of
+    two; "linear": evenly spaced, a decode step padded by at most the spacing; None: megatron's default; see
+    :mod:`~colo_fsm.adapters.megatron.inference_settings`);
     ``tp_lockstep`` (TP > 1) has the TP group's leader plan every decode step for the whole group
     (:mod:`colo_fsm.adapters.lockstep`): off, TP peers drift by a step and the next handoff desyncs;
     ``max_top_logprobs`` bounds the per-token alternatives one request may ask for (``submit(top_logprobs=k)``);
@@ -125,6 +129,7 @@ class GenerationConfig:
     max_active_requests: int = 64
     max_request_tokens: int | None = None
     num_cuda_graphs: int | None = None
+    cuda_graph_sizing: str | None = None
     tp_lockstep: bool = True
     max_top_logprobs: int = DEFAULT_MAX_TOP_LOGPROBS
     server_share: float = DEFAULT_SERVER_SHARE
@@ -160,6 +165,7 @@ class GenerationConfig:
                 isinstance(v, bool) or not isinstance(v, int) or v < 1
             ):
                 raise ConfigError(name, v, what)
+        object.__setattr__(self, "cuda_graph_sizing", check_graph_sizing(self.cuda_graph_sizing, self.num_cuda_graphs))
         if self.kv_cache_mode == "offload" and self.num_cuda_graphs is not None and self.inflight == "park":
             # megatron-core 0.19.2 recaptures the graphs at an offload resume: it adds dummy requests to the
             # context (RequestOverflowError with requests parked there, seen on one H200) and resets the
@@ -299,6 +305,7 @@ class MegatronEngine(TextGeneration):
                 max_requests=self._megatron_max_requests(),
                 block_size_tokens=self.config.block_size_tokens,
                 num_cuda_graphs=self.config.num_cuda_graphs,
+                cuda_graph_sizing=self.config.cuda_graph_sizing,
                 logprobs_mode=self.config.logprobs_mode,
                 sampling=self.sampling,
             )
@@ -347,7 +354,13 @@ class MegatronEngine(TextGeneration):
         batcher.start()
         self._batcher = batcher
         self.built = True
-        note = "" if self.backend_name == "dynamic" else " (no KV cache on this path: kv_cache_mode has no effect)"
+        note = ""
+        if self.backend_name != "dynamic":  # the CPU loop has no KV cache and captures no CUDA graph
+            unused = ["kv_cache_mode"] + [
+                name for name in ("num_cuda_graphs", "cuda_graph_sizing") if getattr(self.config, name) is not None
+            ]
+            verb = "has" if len(unused) == 1 else "have"
+            note = f" (no KV cache or CUDA graphs on this path: {', '.join(unused)} {verb} no effect)"
         log.info(
             "colocated engine up: backend=%s (%s), kv_cache_mode=%s%s, inflight=%s, max_active_requests=%d, "
             "same model object as the trainer",
