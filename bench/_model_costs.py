@@ -76,6 +76,9 @@ class Timing:
     kv_ns_per_token: float = 0.0  # a long context's extra read per token above kv_from (0: the table alone)
     kv_from: int = 0  # the context the table was taken at (the workload's mean decode context)
     kv_credit_below: bool = False  # credit each token below kv_from at kv_ns_per_token too (a step linear in context)
+    graphs: tuple[int, ...] = ()  # captured decode-only graph sizes: a step runs the smallest holding it (): none
+    padded_row: str = "fixed"  # with graphs: "fixed" (a padded row costs the graph's fixed work) or "full"
+    pad_table: tuple[tuple[int, float], ...] = ()  # per batch, the ms a padded row saves ("fixed": its attention)
 
     def __post_init__(self) -> None:
         if not self.table or any(b <= 0 or ms <= 0 for b, ms in self.table):
@@ -93,20 +96,47 @@ class Timing:
             raise ConfigError("kv_from", self.kv_from, "the table's context in tokens, where kv_ns_per_token is set")
         if why := credit_refusal(self.kv_ns_per_token, self.kv_credit_below):
             raise ConfigError("kv_credit_below", self.kv_credit_below, why)
+        if any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in self.graphs) or list(
+            self.graphs
+        ) != sorted(set(self.graphs)):
+            raise ConfigError("graphs", self.graphs, "captured batch sizes: positive integers, ascending, no repeats")
+        if self.padded_row not in PADDED_ROWS:
+            raise ConfigError("padded_row", self.padded_row, f"one of {PADDED_ROWS}")
+        if self.graphs and self.padded_row == "fixed" and not self.pad_table:
+            raise ConfigError(
+                "pad_table", self.pad_table, "the ms a padded row saves per batch, where it costs 'fixed'"
+            )
+        if any(b <= 0 or not ms >= 0 for b, ms in self.pad_table):
+            raise ConfigError("pad_table", self.pad_table, "(batch > 0, ms >= 0) rows")
 
     def step_s(self, batch: float) -> float:
         """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
-        two rows past its ends, never below half its smallest row; plus the host cost (``host_ms``, and
-        ``host_us_per_request`` for each request running)."""
-        xs = [b for b, _ in self.table]
-        ys = [ms for _, ms in self.table]
-        if len(xs) == 1:
-            ms = ys[0]
-        else:
-            k = min(max(bisect.bisect_left(xs, batch), 1), len(xs) - 1)
-            (x0, y0), (x1, y1) = self.table[k - 1], self.table[k]
-            ms = y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
-        return (max(ms, self._floor_ms()) + self._host_ms(batch)) / 1000.0
+        two rows past its ends, never below half its smallest row (with ``graphs``, priced on the captured graph
+        that holds the step: :meth:`padded_ms`); plus the host cost (``host_ms``, and ``host_us_per_request`` for
+        each request running)."""
+        ms = self.padded_ms(batch) if self.graphs else self.table_ms(batch)
+        return (ms + self._host_ms(batch)) / 1000.0
+
+    def table_ms(self, batch: float) -> float:
+        """The table's step at ``batch``: linear between rows and along the nearest two past its ends, never below
+        half its smallest row."""
+        return max(_linear(self.table, batch), self._floor_ms())
+
+    def padded_ms(self, batch: float) -> float:
+        """The step at ``batch`` requests on the smallest captured graph that holds them (megatron pads a decode
+        step to it). ``padded_row="full"``: the table's step at the graph's size (a padded row as dear as a real
+        one, the upper bound); ``"fixed"``: that less what the padded rows do not do, their attention at the
+        table's context (``pad_table``, per batch), assuming a padded row costs the graph's fixed work only. Never
+        below the table's step at ``batch`` (padding free). A step larger than every graph is priced at its own
+        batch."""
+        graph = next((g for g in self.graphs if g >= batch), None)
+        if graph is None or graph == batch:
+            return self.table_ms(batch)
+        at_graph = self.table_ms(graph)
+        if self.padded_row == "full":
+            return max(at_graph, self.table_ms(batch))
+        saved = (graph - batch) * max(0.0, _linear(list(self.pad_table), graph))
+        return min(at_graph, max(at_graph - saved, self.table_ms(batch)))
 
     def _floor_ms(self) -> float:
         """The least a step takes in the table: half its smallest row."""
@@ -145,6 +175,17 @@ class Timing:
         return max(table + self.kv_s(contexts(), steps), floor)
 
 
+def _linear(rows: list[tuple[int, float]], x: float) -> float:
+    """``rows`` (ascending by their first item) at ``x``: linear between rows and along the nearest two past its
+    ends (one row: that row's value)."""
+    if len(rows) == 1:
+        return rows[0][1]
+    xs = [b for b, _ in rows]
+    k = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    (x0, y0), (x1, y1) = rows[k - 1], rows[k]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
 @dataclass(frozen=True)
 class Baseline:
     """A GPU run's graph decode: ms per step by batch from one decode context, and, where it ran, from a second."""
@@ -162,3 +203,47 @@ class Baseline:
         other = dict(self.rows2)
         f = (context - self.context) / (self.context2 - self.context)
         return [(b, ms + (other[b] - ms) * f) for b, ms in self.rows if b in other]
+
+    def attention_at(self, context: int) -> list[tuple[int, float]]:
+        """Per batch both contexts ran, the ms one request's attention adds to a step at ``context`` tokens: the
+        step's rise per request-token between the two contexts, times ``context`` (never below 0). What a row
+        padded onto a captured graph does not cost (:meth:`Timing.padded_ms`); empty with one context."""
+        if self.context2 is None or not self.rows2 or self.context2 == self.context:
+            return []
+        other = dict(self.rows2)
+        span = self.context2 - self.context
+        return [(b, max(0.0, (other[b] - ms) / (b * span)) * context) for b, ms in self.rows if b in other]
+
+
+PADDED_ROWS = ("fixed", "full")
+"""What a row padded onto a captured graph costs in the model: ``fixed`` the graph's fixed work only (its step less
+the row's attention, read off the table's two contexts), ``full`` as much as a real request (the upper bound)."""
+
+GRAPH_SIZINGS = ("none", "default", "linear")
+"""How the model prices a decode step against megatron's captured graphs: ``none`` at its own batch (padding free,
+the model's default), ``default`` on megatron-core 0.19.2's default sizing (the powers of two), ``linear`` on its
+linear sizing."""
+
+
+def decode_graph_sizes(sizing: str, max_requests: int, num_graphs: int = 16) -> tuple[int, ...]:
+    """The decode-only batch sizes megatron-core's own builder plans for ``max_requests`` requests and
+    ``num_graphs`` graphs at ``sizing`` (one of :data:`GRAPH_SIZINGS`; ``none``: no graph, ``()``), one rank."""
+    if sizing not in GRAPH_SIZINGS:
+        raise ConfigError("graphs", sizing, f"one of {GRAPH_SIZINGS}")
+    if sizing == "none":
+        return ()
+    from megatron.core.inference.batch_dimensions_utils import CUDAGraphBatchDimensionBuilder
+    from megatron.core.inference.config import CudaGraphSizingDistribution
+
+    dims, _ = CUDAGraphBatchDimensionBuilder.generate_cuda_graph_batch_dimensions_list(
+        tp_size=1,
+        num_cuda_graphs=num_graphs,
+        cuda_graph_max_tokens=512,
+        cuda_graph_mixed_prefill_request_count=16,
+        max_requests=max_requests,
+        max_tokens=16384,
+        max_sequence_length=8256,
+        use_cuda_graphs_for_non_decode_steps=True,
+        sizing_distribution=None if sizing == "default" else CudaGraphSizingDistribution.LINEAR,
+    )
+    return tuple(sorted({d.decode_req_count for d in dims if not d.prefill_req_count}))

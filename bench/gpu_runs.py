@@ -105,14 +105,25 @@ def is_handoff(path: Path, data: Any) -> bool:
     return data.get("benchmark") == "inflight_handoff" or "inflight_handoff" in path.name
 
 
+def graph_sizing(value: Any) -> str:
+    """A run's (``cuda_graph_sizing``) or a graph table's (``graph_decode.graph_sizing``) CUDA-graph sizing as one
+    name: ``"default"`` for megatron's own (unset, or "exponential", its default named), else the sizing."""
+    return "default" if value in (None, "exponential") else str(value)
+
+
+def sized(name: str, data: dict[str, Any]) -> str:
+    """``name`` (a model as a heading or a map row says it) with the run's CUDA-graph sizing where it is not
+    megatron's default: such a run is never pooled with the default's."""
+    sizing = graph_sizing(data.get("cuda_graph_sizing"))
+    return name if sizing == "default" else f"{name} with {sizing} CUDA graphs"
+
+
 def workload_model(data: dict[str, Any]) -> str:
     """The model as a workload's heading names it: a run on megatron-core's coordinator loop is its own workload
     (its figures are never pooled with the direct engine's), and so is a run whose CUDA graphs megatron sized
     other than by its default (``cuda_graph_sizing``, e.g. "linear")."""
     engine = data.get("engine", "direct")
-    name = str(data["model"]) if engine == "direct" else f"{data['model']} on the {engine} loop"
-    sizing = data.get("cuda_graph_sizing")
-    return name if sizing in (None, "exponential") else f"{name} with {sizing} CUDA graphs"
+    return sized(str(data["model"]) if engine == "direct" else f"{data['model']} on the {engine} loop", data)
 
 
 def load(folder: Path, *, include_cpu: bool = False) -> tuple[dict[Key, list[dict[str, Any]]], list[tuple[Path, Any]]]:

@@ -51,15 +51,18 @@ from bench._graph_baseline import decode_weighted_context  # noqa: E402
 from bench._handoff import MAX_BUFFER_GROWTH  # noqa: E402
 from bench._model_costs import (  # noqa: E402  (the prices; re-exported for the model's users)
     COSTS,
+    GRAPH_SIZINGS,
     HOST_LINE,
     HOST_MS,
     KV_NS_PER_TOKEN,
+    PADDED_ROWS,
     REPREFILL_US_PER_TOKEN,
     TRAIN_US_PER_TOKEN,
     Baseline,
     Timing,
     cost_refusal,
     credit_refusal,
+    decode_graph_sizes,
 )
 from bench._workload import Shape, first_prompt, output_length  # noqa: E402
 from colo_fsm.adapters.protocols import Completion  # noqa: E402
@@ -446,6 +449,22 @@ def main(argv: list[str] | None = None) -> int:
         "linear in its context (the graph decode at fb85515 and b1d9af0: 24-43 and 26-30 ns per request-token "
         "from 832 to 1,715 tokens, 21-28 and 21-30 above); needs --kv-ns-per-token",
     )
+    ap.add_argument(
+        "--graphs",
+        choices=GRAPH_SIZINGS,
+        default="none",
+        help="price each decode step on the captured graph megatron runs it on (it pads a step to the smallest graph "
+        "holding it): none (default: at its own batch), default (megatron-core 0.19.2's sizing, the powers of two) "
+        "or linear (every 16 requests at 256); a padded row is priced at the graph's step less its attention, from "
+        "the table's two contexts (an assumption: needs a table with two) unless --padded-row full",
+    )
+    ap.add_argument(
+        "--padded-row",
+        choices=PADDED_ROWS,
+        default=None,
+        help="with --graphs, what a padded row costs: fixed (default: the graph's fixed work, its step less the "
+        "row's attention) or full (as much as a real request: the upper bound)",
+    )
     ap.add_argument("--train-us-per-token", type=float, default=TRAIN_US_PER_TOKEN, help="training us per token")
     ap.add_argument(
         "--reprefill-us-per-token",
@@ -484,6 +503,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         shape = replace(shape, num_prompts_per_step=4, max_active_requests=32)
         cuts, ages, orders = [min(cuts[0], 2048)], [ages[0]], orders[:1]
+    if args.padded_row is not None and args.graphs == "none":
+        ap.error(f"--padded-row {args.padded_row} prices padding: it needs --graphs default or linear")
+    padded_row = args.padded_row or "fixed"
+    graphs = decode_graph_sizes(args.graphs, shape.max_active_requests)
+    if graphs and padded_row == "fixed" and not baseline.attention_at(baseline.context):
+        ap.error(f"--graphs {args.graphs}: {args.workload.name}'s graph decode has one context; a padded row's price "
+                 "needs two")  # fmt: skip
     seen = measured(RUNS, set(gpu_runs.commits_arg(args.commits)), shape, warmup=args.warmup, window=args.window)
     print(
         f"handoff_model (a model, not a measurement): workload {args.workload.name} ({shape.num_prompts_per_step}x"
@@ -492,7 +518,13 @@ def main(argv: list[str] | None = None) -> int:
         f"batch, linear in the context through {baseline.context} and {baseline.context2} tokens, "
         f"+ {args.host_ms} ms + {args.host_us_per_request} us per request running + {args.kv_ns_per_token} ns per "
         f"context token {'either side of' if args.kv_credit_below else 'above'} the workload's mean decode context; "
-        "training "
+        + (
+            f"each step priced on megatron's {args.graphs} captured graph holding it {list(graphs)}, a padded row "
+            "at the graph's step less its attention; "
+            if graphs
+            else ""
+        )
+        + "training "
         f"{args.train_us_per_token} us per token; abort's re-prefill "
         f"{args.reprefill_us_per_token} us per token. 'bench window': {args.warmup} "
         f"warm-up step(s) (sync none), then {args.window} measured, as the bench runs; 'long run': {args.steps} "
@@ -514,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
             kv_ns_per_token=args.kv_ns_per_token,
             kv_from=context,
             kv_credit_below=args.kv_credit_below,
+            graphs=graphs,
+            padded_row=padded_row,
+            pad_table=tuple(baseline.attention_at(context)) if graphs and padded_row == "fixed" else (),
         )
         for age in ages:
             for order in orders:
@@ -568,6 +603,9 @@ def main(argv: list[str] | None = None) -> int:
         "reprefill_us_per_token": args.reprefill_us_per_token,
         "kv_ns_per_token": args.kv_ns_per_token,
         "kv_credit_below": args.kv_credit_below,
+        "graphs": args.graphs,
+        "decode_graphs": list(graphs),
+        "padded_row": padded_row if graphs else None,
         "window": args.window,
         "warmup": args.warmup,
         "steps": args.steps,

@@ -60,6 +60,7 @@ class Table:
 
     file: str
     baseline: hm.Baseline
+    sizing: str = "default"  # the CUDA-graph sizing its engine captured (gpu_runs.graph_sizing)
 
     def rate(self, batch: float, context: int) -> float:
         """Decode tokens/s at ``batch`` requests from ``context`` tokens: the step linear between the table's rows
@@ -117,7 +118,9 @@ def _table(path: Path, data: Any) -> Table | None:
         _, baseline, _ = hm.workload_of(data, path.name)
     except hm.ConfigError:  # a graph decode without the shape it ran at: nothing to read it by
         return None
-    return Table(path.name, baseline) if baseline.context2 not in (None, baseline.context) else None
+    if baseline.context2 in (None, baseline.context):
+        return None
+    return Table(path.name, baseline, gpu_runs.graph_sizing(g.get("graph_sizing")))
 
 
 def stage_of(data: dict[str, Any]) -> str | None:
@@ -179,12 +182,14 @@ def table_for(
     by_machine: dict[Machine, list[Table]],
     records: list[tuple[Machine, str, str, float]],
 ) -> Table | None:
-    """The table run ``d`` is read against: its own process's, else its machine's (the first its machine timed)."""
+    """The table run ``d`` is read against: its own process's, else its machine's (the first its machine timed),
+    either only where its engine's CUDA graphs were sized as the run's were."""
+    sizing = gpu_runs.graph_sizing(d.get("cuda_graph_sizing"))
     own = _table(folder / d["_file"], d)
-    if own is not None:
+    if own is not None and own.sizing == sizing:
         return own
     machine = machine_of(d, records)
-    tables = by_machine.get(machine, []) if machine else []
+    tables = [t for t in by_machine.get(machine, []) if t.sizing == sizing] if machine else []
     return tables[0] if tables else None
 
 

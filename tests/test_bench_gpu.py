@@ -400,3 +400,18 @@ def test_the_page_shows_the_groups_each_handoff_found_in_flight(tmp_path):
     assert "groups in flight at each handoff" in text
     assert "| 14 ms | 61, 60, 62 | 11,000 |" in text and "| 14 ms | 0, 33, 35 | 11,000 |" in text
     assert "| 14 ms | - | 11,000 |" in text  # the older run
+
+
+def test_every_handoff_stages_cpu_twin_parses_as_the_bench_reads_it():
+    """Each stage that runs the handoff bench has a CPU twin whose options the bench accepts (a later option wins:
+    the CPU shape, the direct engine, megatron's default graph sizing), so ``--smoke`` rehearses every GPU
+    command; a stage whose twin would be refused fails here, not on the device."""
+    from bench import gpu_stages, inflight_handoff
+
+    handoff = [s for s in gpu_stages.STAGES if s.argv[:1] == ("bench/inflight_handoff.py",)]
+    assert len(handoff) > 20
+    for stage in handoff:
+        assert stage.smoke is not None, stage.name
+        argv = [a.replace("{out}", "/tmp/twin") for a in (*stage.argv[1:], *stage.smoke)]
+        args, *_ = inflight_handoff.parse_args(argv)
+        assert args.device == "cpu" and args.graph_sizing is None, stage.name

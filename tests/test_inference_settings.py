@@ -128,6 +128,6 @@ def test_on_the_cpu_path_the_graph_settings_are_said_to_have_no_effect(dist1, ca
         eng.bring_up()
     try:
         line = next(r.getMessage() for r in caplog.records if "colocated engine up" in r.getMessage())
-        assert "kv_cache_mode, num_cuda_graphs, cuda_graph_sizing have no effect" in line, line
+        assert "kv_cache_mode, num_cuda_graphs and cuda_graph_sizing have no effect" in line, line
     finally:
         eng.shutdown()

@@ -206,3 +206,24 @@ def test_the_graph_alone_is_read_at_the_requests_the_steps_decoded_where_the_pro
     at_ran = pc.in_step(row, table, 1417)
     assert at_active == pytest.approx(128 / table.rate(128, 1417) * 1e3 / 10.0)
     assert at_ran == pytest.approx(64 / table.rate(64, 1417) * 1e3 / 10.0) and at_ran != at_active
+
+
+def test_a_run_is_read_only_against_a_table_whose_graphs_were_sized_as_its_own(tmp_path):
+    """A linearly sized run is never taken apart on a default-sizing table (its own process's or its machine's),
+    nor a default run on a linear one: the padding the table prices would not be the run's."""
+    src = json.loads((hm.RUNS / "2026-12-04-h200-reasoning-cut32768-park-sync-graph-contexts-fb85515.json").read_text())
+    src["_file"] = "run.json"
+    (tmp_path / "run.json").write_text(json.dumps(src))
+    assert pc.table_for(src, tmp_path, {}, []) is not None  # its own table, both default
+    linear_run = {**src, "cuda_graph_sizing": "linear"}
+    assert pc.table_for(linear_run, tmp_path, {}, []) is None  # its table is the default's: none
+    own = pc._table(tmp_path / "run.json", src)
+    assert own is not None and own.sizing == "default"
+    machine = ("stages.json", "machine1")
+    records = [(machine, str(src.get("commit")), "st", 0.0)]
+    linear_table = pc.Table("linear.json", own.baseline, "linear")
+    other = {k: v for k, v in linear_run.items() if k != "graph_decode"}  # timed no table of its own
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pc, "machine_of", lambda d, recs: machine)
+        assert pc.table_for(other, tmp_path, {machine: [own, linear_table]}, records) is linear_table
+        assert pc.table_for({**other, "cuda_graph_sizing": None}, tmp_path, {machine: [linear_table]}, records) is None

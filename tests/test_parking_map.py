@@ -263,3 +263,16 @@ def test_on_the_coordinator_loop_at_8192_park_over_sync_is_the_ratio_of_the_two_
         assert abs(d["ratio_park_over_sync"] - engine) < 0.013, (d["_file"], engine)
         got[d["_file"]] = (round(d["ratio_park_over_sync"], 3), gpu_runs.mode_variant(d, "sync"))
     assert sorted(got.values()) == [(1.453, "aligned"), (1.588, "aligned"), (1.626, ""), (1.691, "")]
+
+
+def test_a_run_on_linearly_sized_cuda_graphs_is_a_point_of_its_own():
+    """A run whose megatron captured its graphs other than by its default (``--graph-sizing linear``) is never
+    pooled with the default's runs on the map; megatron's default named ("exponential") is the default's point."""
+    modes = {"park": _mode(8.0), "sync": _mode(4.0)}
+    plain = _run(modes, sync=2.0)
+    linear = {**plain, "cuda_graph_sizing": "linear"}
+    named = {**plain, "cuda_graph_sizing": "exponential"}
+    assert parking_map.point_of(plain) == parking_map.point_of(named)
+    assert parking_map.point_of(linear) != parking_map.point_of(plain)
+    assert parking_map.point_of(linear)[3] == "gpt200m with linear CUDA graphs"
+    assert len(parking_map.map_rows([plain, linear, named])) == 2

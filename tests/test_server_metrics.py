@@ -204,3 +204,25 @@ def test_the_engines_steps_are_counted_by_kind_and_by_captured_graph_where_it_ke
     finally:
         server.stop()
         eng.shutdown()
+
+
+def test_a_step_profile_that_fails_to_read_leaves_every_other_series_on_the_scrape(caplog) -> None:
+    """``/metrics`` answers with every other series when the engine's step profile raises, and logs why."""
+    eng = FakeEngine()
+    server = OpenAIServer(eng, tokenizer=eng.tokenizer, rank=0, chat_template=digits_chat_template)
+    eng.bring_up()
+    url = server.start()
+    root = url.removesuffix("/v1")
+
+    def broken() -> dict[str, float]:
+        raise RuntimeError("profile gone")
+
+    try:
+        whole = set(scrape(root))
+        eng.step_profile = broken  # type: ignore[attr-defined]
+        fams = scrape(root)
+        assert set(fams) == whole and "colo_fsm_engine_requests" in fams
+        assert any("could not read the engine's step profile" in r.getMessage() for r in caplog.records)
+    finally:
+        server.stop()
+        eng.shutdown()

@@ -11,9 +11,12 @@ from fastapi import FastAPI
 from starlette.responses import Response
 
 from colo_fsm.adapters.engine.options import Priority
+from colo_fsm.log import get_logger
 from colo_fsm.server.context import ServerContext
 from colo_fsm.server.formatting import jsonable
 from colo_fsm.server.metrics import ServerReading
+
+log = get_logger(__name__)
 
 
 def engine_counts(engine: Any) -> dict[str, tuple[int, int, int]] | None:
@@ -33,9 +36,14 @@ def server_slots(engine: Any) -> int | None:
 
 def engine_step_totals(engine: Any) -> dict[str, Any] | None:
     """The engine's step-profile totals (:func:`~colo_fsm.adapters.megatron.step_profile.totals`) from its
-    ``step_profile()`` snapshot (its own small lock, never the engine's); None where it keeps no profile."""
+    ``step_profile()`` snapshot (its own small lock, never the engine's); None where it keeps no profile, or where
+    reading it failed (logged)."""
     read = getattr(engine, "step_profile", None)
-    snapshot = read() if callable(read) else None
+    try:
+        snapshot = read() if callable(read) else None
+    except Exception:  # a scrape answers with every other series: leave these out, and say so
+        log.warning("/metrics could not read the engine's step profile", exc_info=True)
+        return None
     if not isinstance(snapshot, dict):
         return None
     from colo_fsm.adapters.megatron.step_profile import totals
@@ -99,4 +107,12 @@ def add_metrics(app: FastAPI, ctx: ServerContext) -> None:
         return Response(body, media_type=content_type)
 
 
-__all__ = ["add_metrics", "engine_counts", "engine_health", "server_reading", "server_slots", "status_of"]
+__all__ = [
+    "add_metrics",
+    "engine_counts",
+    "engine_health",
+    "engine_step_totals",
+    "server_reading",
+    "server_slots",
+    "status_of",
+]

@@ -359,8 +359,10 @@ class MegatronEngine(TextGeneration):
             unused = ["kv_cache_mode"] + [
                 name for name in ("num_cuda_graphs", "cuda_graph_sizing") if getattr(self.config, name) is not None
             ]
-            verb = "has" if len(unused) == 1 else "have"
-            note = f" (no KV cache or CUDA graphs on this path: {', '.join(unused)} {verb} no effect)"
+            named = unused[0] if len(unused) == 1 else f"{', '.join(unused[:-1])} and {unused[-1]}"
+            note = (
+                f" (no KV cache or CUDA graphs on this path: {named} {'has' if len(unused) == 1 else 'have'} no effect)"
+            )
         log.info(
             "colocated engine up: backend=%s (%s), kv_cache_mode=%s%s, inflight=%s, max_active_requests=%d, "
             "same model object as the trainer",
