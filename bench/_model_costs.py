@@ -78,7 +78,7 @@ class Timing:
     kv_credit_below: bool = False  # credit each token below kv_from at kv_ns_per_token too (a step linear in context)
     graphs: tuple[int, ...] = ()  # captured decode-only graph sizes: a step runs the smallest holding it (): none
     padded_row: str = "fixed"  # with graphs: "fixed" (a padded row costs the graph's fixed work) or "full"
-    pad_table: tuple[tuple[int, float], ...] = ()  # per batch, the ms a padded row saves ("fixed": its attention)
+    pad_row_ms: float | None = None  # "fixed": the ms a padded row saves, one request's attention at the context
 
     def __post_init__(self) -> None:
         if not self.table or any(b <= 0 or ms <= 0 for b, ms in self.table):
@@ -102,12 +102,10 @@ class Timing:
             raise ConfigError("graphs", self.graphs, "captured batch sizes: positive integers, ascending, no repeats")
         if self.padded_row not in PADDED_ROWS:
             raise ConfigError("padded_row", self.padded_row, f"one of {PADDED_ROWS}")
-        if self.graphs and self.padded_row == "fixed" and not self.pad_table:
-            raise ConfigError(
-                "pad_table", self.pad_table, "the ms a padded row saves per batch, where it costs 'fixed'"
-            )
-        if any(b <= 0 or not ms >= 0 for b, ms in self.pad_table):
-            raise ConfigError("pad_table", self.pad_table, "(batch > 0, ms >= 0) rows")
+        if self.graphs and self.padded_row == "fixed" and self.pad_row_ms is None:
+            raise ConfigError("pad_row_ms", None, "the ms a padded row saves, where it costs 'fixed'")
+        if self.pad_row_ms is not None and not (math.isfinite(self.pad_row_ms) and self.pad_row_ms >= 0):
+            raise ConfigError("pad_row_ms", self.pad_row_ms, "a finite, non-negative number of milliseconds")
 
     def step_s(self, batch: float) -> float:
         """One engine step at ``batch`` running requests: the table, linear between rows and along the nearest
@@ -125,17 +123,17 @@ class Timing:
     def padded_ms(self, batch: float) -> float:
         """The step at ``batch`` requests on the smallest captured graph that holds them (megatron pads a decode
         step to it). ``padded_row="full"``: the table's step at the graph's size (a padded row as dear as a real
-        one, the upper bound); ``"fixed"``: that less what the padded rows do not do, their attention at the
-        table's context (``pad_table``, per batch), assuming a padded row costs the graph's fixed work only. Never
-        below the table's step at ``batch`` (padding free). A step larger than every graph is priced at its own
-        batch."""
+        one, the upper bound); ``"fixed"``: that less what the padded rows do not do, one request's attention at the
+        table's context each (``pad_row_ms``), assuming a padded row costs the graph's fixed work only. Never below
+        the table's step at ``batch`` (padding free). A step larger than every graph is priced at its own batch.
+        The long-context price (:meth:`kv_s`) charges the real requests only, under either."""
         graph = next((g for g in self.graphs if g >= batch), None)
         if graph is None or graph == batch:
             return self.table_ms(batch)
         at_graph = self.table_ms(graph)
         if self.padded_row == "full":
             return max(at_graph, self.table_ms(batch))
-        saved = (graph - batch) * max(0.0, _linear(list(self.pad_table), graph))
+        saved = (graph - batch) * (self.pad_row_ms or 0.0)
         return min(at_graph, max(at_graph - saved, self.table_ms(batch)))
 
     def _floor_ms(self) -> float:
@@ -204,15 +202,20 @@ class Baseline:
         f = (context - self.context) / (self.context2 - self.context)
         return [(b, ms + (other[b] - ms) * f) for b, ms in self.rows if b in other]
 
-    def attention_at(self, context: int) -> list[tuple[int, float]]:
-        """Per batch both contexts ran, the ms one request's attention adds to a step at ``context`` tokens: the
-        step's rise per request-token between the two contexts, times ``context`` (never below 0). What a row
-        padded onto a captured graph does not cost (:meth:`Timing.padded_ms`); empty with one context."""
+    def attention_at(self, context: int) -> float | None:
+        """The ms one request's attention adds to a step at ``context`` tokens: the steps' rise per request-token
+        between the two contexts, one slope fitted through every batch both ran (least squares through the
+        origin, so the large batches, whose rise is mostly attention, weigh most; never below 0), times
+        ``context``. What a row padded onto a captured graph does not cost (:meth:`Timing.padded_ms`); None with
+        one context."""
         if self.context2 is None or not self.rows2 or self.context2 == self.context:
-            return []
+            return None
         other = dict(self.rows2)
-        span = self.context2 - self.context
-        return [(b, max(0.0, (other[b] - ms) / (b * span)) * context) for b, ms in self.rows if b in other]
+        pairs = [(b * (self.context2 - self.context), other[b] - ms) for b, ms in self.rows if b in other]
+        if not pairs:
+            return None
+        slope = sum(x * y for x, y in pairs) / sum(x * x for x, _ in pairs)  # ms per request-token
+        return max(0.0, slope) * context
 
 
 PADDED_ROWS = ("fixed", "full")

@@ -455,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         default="none",
         help="price each decode step on the captured graph megatron runs it on (it pads a step to the smallest graph "
         "holding it): none (default: at its own batch), default (megatron-core 0.19.2's sizing, the powers of two) "
-        "or linear (every 16 requests at 256); a padded row is priced at the graph's step less its attention, from "
+        "or linear (every 16 requests at 256); a padded row is priced at the graph's step less one request's "
+        "attention, from "
         "the table's two contexts (an assumption: needs a table with two) unless --padded-row full",
     )
     ap.add_argument(
@@ -507,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--padded-row {args.padded_row} prices padding: it needs --graphs default or linear")
     padded_row = args.padded_row or "fixed"
     graphs = decode_graph_sizes(args.graphs, shape.max_active_requests)
-    if graphs and padded_row == "fixed" and not baseline.attention_at(baseline.context):
+    if graphs and padded_row == "fixed" and baseline.attention_at(baseline.context) is None:
         ap.error(f"--graphs {args.graphs}: {args.workload.name}'s graph decode has one context; a padded row's price "
                  "needs two")  # fmt: skip
     seen = measured(RUNS, set(gpu_runs.commits_arg(args.commits)), shape, warmup=args.warmup, window=args.window)
@@ -520,7 +521,11 @@ def main(argv: list[str] | None = None) -> int:
         f"context token {'either side of' if args.kv_credit_below else 'above'} the workload's mean decode context; "
         + (
             f"each step priced on megatron's {args.graphs} captured graph holding it {list(graphs)}, a padded row "
-            "at the graph's step less its attention; "
+            + (
+                "at the graph's fixed work (its step less one request's attention); "
+                if padded_row == "fixed"
+                else "as dear as a real request (long contexts charged for real requests only); "
+            )
             if graphs
             else ""
         )
@@ -548,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_credit_below=args.kv_credit_below,
             graphs=graphs,
             padded_row=padded_row,
-            pad_table=tuple(baseline.attention_at(context)) if graphs and padded_row == "fixed" else (),
+            pad_row_ms=baseline.attention_at(context) if graphs and padded_row == "fixed" else None,
         )
         for age in ages:
             for order in orders:

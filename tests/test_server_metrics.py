@@ -207,7 +207,8 @@ def test_the_engines_steps_are_counted_by_kind_and_by_captured_graph_where_it_ke
 
 
 def test_a_step_profile_that_fails_to_read_leaves_every_other_series_on_the_scrape(caplog) -> None:
-    """``/metrics`` answers with every other series when the engine's step profile raises, and logs why."""
+    """``/metrics`` answers with every other series when the engine's step profile raises or reads malformed, and
+    logs why once."""
     eng = FakeEngine()
     server = OpenAIServer(eng, tokenizer=eng.tokenizer, rank=0, chat_template=digits_chat_template)
     eng.bring_up()
@@ -222,7 +223,10 @@ def test_a_step_profile_that_fails_to_read_leaves_every_other_series_on_the_scra
         eng.step_profile = broken  # type: ignore[attr-defined]
         fams = scrape(root)
         assert set(fams) == whole and "colo_fsm_engine_requests" in fams
-        assert any("could not read the engine's step profile" in r.getMessage() for r in caplog.records)
+        eng.step_profile = lambda: {"decode_graph/graph/x/steps": 1}  # type: ignore[attr-defined]  # malformed
+        assert set(scrape(root)) == whole
+        said = [r for r in caplog.records if "could not read the engine's step profile" in r.getMessage()]
+        assert len(said) == 1  # logged once for the engine, not at every scrape
     finally:
         server.stop()
         eng.shutdown()

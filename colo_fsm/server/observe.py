@@ -37,18 +37,24 @@ def server_slots(engine: Any) -> int | None:
 def engine_step_totals(engine: Any) -> dict[str, Any] | None:
     """The engine's step-profile totals (:func:`~colo_fsm.adapters.megatron.step_profile.totals`) from its
     ``step_profile()`` snapshot (its own small lock, never the engine's); None where it keeps no profile, or where
-    reading it failed (logged)."""
+    reading it failed (logged with its traceback the first time for that engine, counted after)."""
     read = getattr(engine, "step_profile", None)
-    try:
-        snapshot = read() if callable(read) else None
-    except Exception:  # a scrape answers with every other series: leave these out, and say so
-        log.warning("/metrics could not read the engine's step profile", exc_info=True)
-        return None
-    if not isinstance(snapshot, dict):
+    if not callable(read):
         return None
     from colo_fsm.adapters.megatron.step_profile import totals
 
-    return totals(snapshot)
+    try:
+        snapshot = read()
+        return totals(snapshot) if isinstance(snapshot, dict) else None
+    except Exception:  # a scrape answers with every other series: leave these out, and say so
+        failures = _PROFILE_FAILURES[id(engine)] = _PROFILE_FAILURES.get(id(engine), 0) + 1
+        if failures == 1:
+            log.warning("/metrics could not read the engine's step profile (its series left out)", exc_info=True)
+        return None
+
+
+_PROFILE_FAILURES: dict[int, int] = {}
+"""Failed reads of an engine's step profile, by the engine's id: only the first is logged."""
 
 
 def status_of(ctx: ServerContext) -> Mapping[str, Any]:
