@@ -8,6 +8,7 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from colo_fsm.errors import ConfigError
 
@@ -228,13 +229,10 @@ the model's default), ``default`` on megatron-core 0.19.2's default sizing (the 
 linear sizing."""
 
 
-def decode_graph_sizes(sizing: str, max_requests: int, num_graphs: int = 16) -> tuple[int, ...]:
-    """The decode-only batch sizes megatron-core's own builder plans for ``max_requests`` requests and
-    ``num_graphs`` graphs at ``sizing`` (one of :data:`GRAPH_SIZINGS`; ``none``: no graph, ``()``), one rank."""
-    if sizing not in GRAPH_SIZINGS:
-        raise ConfigError("graphs", sizing, f"one of {GRAPH_SIZINGS}")
-    if sizing == "none":
-        return ()
+def graph_plan(sizing: str, max_requests: int, num_graphs: int = 16) -> list[Any]:
+    """megatron-core's own plan of captured graphs (its ``InferenceBatchDimensions``, decode-only and with a
+    prefill) for ``max_requests`` requests and ``num_graphs`` graphs at ``sizing`` ("default" or "linear"), one
+    rank, at the token limits megatron derives for the bench's engine (512 graph tokens, 16,384 tokens)."""
     from megatron.core.inference.batch_dimensions_utils import CUDAGraphBatchDimensionBuilder
     from megatron.core.inference.config import CudaGraphSizingDistribution
 
@@ -249,4 +247,15 @@ def decode_graph_sizes(sizing: str, max_requests: int, num_graphs: int = 16) -> 
         use_cuda_graphs_for_non_decode_steps=True,
         sizing_distribution=None if sizing == "default" else CudaGraphSizingDistribution.LINEAR,
     )
-    return tuple(sorted({d.decode_req_count for d in dims if not d.prefill_req_count}))
+    return list(dims)
+
+
+def decode_graph_sizes(sizing: str, max_requests: int, num_graphs: int = 16) -> tuple[int, ...]:
+    """The decode-only batch sizes of :func:`graph_plan` at ``sizing`` (one of :data:`GRAPH_SIZINGS`; ``none``: no
+    graph, ``()``)."""
+    if sizing not in GRAPH_SIZINGS:
+        raise ConfigError("graphs", sizing, f"one of {GRAPH_SIZINGS}")
+    if sizing == "none":
+        return ()
+    plan = graph_plan(sizing, max_requests, num_graphs)
+    return tuple(sorted({d.decode_req_count for d in plan if not d.prefill_req_count}))

@@ -252,7 +252,8 @@ def between_steps_ms(row: dict[str, Any]) -> float | None:
     """The time a mode's engine spent between megatron's steps, per step, in ms: its measured window's Generating
     and Draining (the engine has the GPU) less the time inside its profiled steps, over their count. That is the
     loop's own work per step (the direct loop: token intake, finish checks, the other threads' turns; megatron's
-    coordinator loop: its scheduling and consensus between steps) and any wait with nothing to run. None where the row has no step profile or no state shares, or ran more than one round."""
+    coordinator loop: its scheduling and consensus between steps) and any wait with nothing to run. None where the
+    row has no step profile or no state shares, or ran more than one round."""
     kinds = _engine_steps(first_profile(row))
     steps = sum(int(v["steps"]) for v in kinds)
     shares = row.get("state_share") or {}

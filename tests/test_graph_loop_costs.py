@@ -226,22 +226,11 @@ def test_the_stage_and_its_page_lines():
     assert "| mixed contexts | 128 | | no room | | |" in lines
 
 
-def _bench_graphs(sizing=None):
+def _bench_graphs(sizing="default"):
     """megatron-core's own graph plan for the bench's engine (16 graphs, 256 requests, one rank) at ``sizing``."""
-    from megatron.core.inference.batch_dimensions_utils import CUDAGraphBatchDimensionBuilder
+    from bench._model_costs import graph_plan
 
-    dims, _ = CUDAGraphBatchDimensionBuilder.generate_cuda_graph_batch_dimensions_list(
-        tp_size=1,
-        num_cuda_graphs=16,
-        cuda_graph_max_tokens=512,
-        cuda_graph_mixed_prefill_request_count=16,
-        max_requests=256,
-        max_tokens=16384,
-        max_sequence_length=8256,
-        use_cuda_graphs_for_non_decode_steps=True,
-        sizing_distribution=sizing,
-    )
-    return dims
+    return graph_plan(sizing, 256)
 
 
 def test_megatron_sizes_the_decode_graphs_at_powers_of_two_by_default_and_every_16_requests_linearly():
@@ -252,8 +241,8 @@ def test_megatron_sizes_the_decode_graphs_at_powers_of_two_by_default_and_every_
     def decode_graphs(sizing):
         return sorted({d.decode_req_count for d in _bench_graphs(sizing) if not d.prefill_req_count})
 
-    assert decode_graphs(None) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    assert decode_graphs(CudaGraphSizingDistribution.LINEAR) == list(range(16, 257, 16))
+    assert decode_graphs("default") == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert decode_graphs("linear") == list(range(16, 257, 16))
     cfg = InferenceConfig(num_cuda_graphs=16, cuda_graph_sizing_distribution=CudaGraphSizingDistribution("linear"))
     assert cfg.cuda_graph_sizing_distribution is CudaGraphSizingDistribution.LINEAR
 

@@ -94,15 +94,20 @@ def _mean_ran(d: dict[str, float], at: str) -> dict[str, float]:
     return {"mean_ran": d.get(f"{at}/ran", 0) / n} if n else {}
 
 
+def _graph_sizes(sums: dict[str, float], kind: str) -> list[int]:
+    """The captured graphs (batch sizes, smallest first) that ``sums`` count steps of ``kind`` under
+    (``{kind}/graph/{size}/...``, as :meth:`StepProfile.add` writes them)."""
+    prefix = f"{kind}/graph/"
+    return sorted({int(k[len(prefix) :].split("/")[0]) for k in sums if k.startswith(prefix)})
+
+
 def _graphs(d: dict[str, float], kind: str) -> dict[str, dict[str, float]]:
     """Per captured graph (its batch size as a string, smallest first) the steps of ``kind`` it ran: their count,
     share of the kind's steps, mean ms per step and mean requests decoded (``mean_ran``, where said)."""
-    prefix = f"{kind}/graph/"
-    sizes = sorted({int(k[len(prefix) :].split("/")[0]) for k in d if k.startswith(prefix)})
     total = d.get(f"{kind}/steps", 0)
     out: dict[str, dict[str, float]] = {}
-    for size in sizes:
-        at = f"{prefix}{size}"
+    for size in _graph_sizes(d, kind):
+        at = f"{kind}/graph/{size}"
         n = d.get(f"{at}/steps", 0)
         if n:
             out[str(size)] = {
@@ -153,15 +158,13 @@ def totals(snapshot: dict[str, float]) -> dict[str, Any]:
         for kind in KINDS
         if snapshot.get(f"{kind}/steps")
     }
-    prefix = "decode_graph/graph/"
-    sizes = sorted({int(k[len(prefix) :].split("/")[0]) for k in snapshot if k.startswith(prefix)})
     graphs = {
         str(size): {
-            "steps": int(snapshot.get(f"{prefix}{size}/steps", 0)),
-            "seconds": float(snapshot.get(f"{prefix}{size}/wall_s", 0.0)),
-            "requests": int(snapshot.get(f"{prefix}{size}/ran", 0)),
+            "steps": int(snapshot.get(f"decode_graph/graph/{size}/steps", 0)),
+            "seconds": float(snapshot.get(f"decode_graph/graph/{size}/wall_s", 0.0)),
+            "requests": int(snapshot.get(f"decode_graph/graph/{size}/ran", 0)),
         }
-        for size in sizes
+        for size in _graph_sizes(snapshot, "decode_graph")
     }
     return {"kinds": kinds, "graphs": graphs, "record_errors": int(snapshot.get("record_errors", 0))}
 
