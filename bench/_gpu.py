@@ -305,12 +305,29 @@ class EngineOptions:
     graph_sizing: str | None = None  # megatron's CudaGraphSizingDistribution ("linear"); None: its default
 
 
+def bench_inference_config(opts: EngineOptions) -> Any:
+    """megatron-core's ``InferenceConfig`` for ``opts``: the one colo-fsm's engines build from the same settings
+    (raw log-probs, the last token's logits only), so a baseline decodes as they do."""
+    from colo_fsm.adapters.megatron.inference_settings import megatron_inference_config
+
+    return megatron_inference_config(
+        block_size_tokens=opts.block_size_tokens,
+        buffer_size_gb=opts.buffer_gb,
+        max_requests=opts.max_requests,
+        max_sequence_length=opts.max_sequence_length,
+        kv_cache_mode=opts.mode,
+        num_cuda_graphs=opts.num_cuda_graphs,
+        cuda_graph_sizing=opts.graph_sizing,
+        logprobs_mode="raw",
+        graphs_for_mixed_steps=not opts.decode_only_graphs,
+    )
+
+
 class BenchEngine:
     """megatron-core's dynamic engine over ``model``, built piece by piece with timings (GPU only)."""
 
     def __init__(self, model: Any, tokenizer: Any, opts: EngineOptions) -> None:
         import torch
-        from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
         from megatron.core.inference.contexts.dynamic_context import DynamicInferenceContext
         from megatron.core.inference.engines.dynamic_engine import DynamicInferenceEngine
         from megatron.core.inference.model_inference_wrappers.gpt.gpt_inference_wrapper import (
@@ -323,22 +340,7 @@ class BenchEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.opts = opts
-        icfg_kwargs: dict[str, Any] = dict(
-            block_size_tokens=opts.block_size_tokens,
-            buffer_size_gb=opts.buffer_gb,
-            max_requests=opts.max_requests,
-            max_sequence_length=opts.max_sequence_length,
-            kv_cache_management_mode=KVCacheManagementMode(opts.mode),
-            materialize_only_last_token_logits=True,
-            num_cuda_graphs=opts.num_cuda_graphs,
-        )
-        if opts.decode_only_graphs:
-            icfg_kwargs["use_cuda_graphs_for_non_decode_steps"] = False
-        if opts.graph_sizing is not None:
-            from megatron.core.inference.config import CudaGraphSizingDistribution
-
-            icfg_kwargs["cuda_graph_sizing_distribution"] = CudaGraphSizingDistribution(opts.graph_sizing)
-        self.inference_config = InferenceConfig(**icfg_kwargs)
+        self.inference_config = bench_inference_config(opts)
         from colo_fsm.adapters.megatron.mode import mode_control
 
         # the shared model's mode switches (made before this engine captures graphs, if it is the first): suspend

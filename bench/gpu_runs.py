@@ -98,6 +98,16 @@ def read_json(path: Path) -> Any:
         return None
 
 
+Files = list[tuple[Path, Any]]
+"""A folder's JSON files read once (:func:`read_folder`): each path with its JSON, None where unreadable."""
+
+
+def read_folder(folder: Path) -> Files:
+    """Every ``*.json`` in ``folder`` (sorted by name) with its JSON (:func:`read_json`), for readers that look at
+    the same files more than one way."""
+    return [(path, read_json(path)) for path in sorted(folder.glob("*.json"))]
+
+
 def is_handoff(path: Path, data: Any) -> bool:
     """A run of ``bench/inflight_handoff.py``, on either engine path (by its content, or its file name)."""
     if not isinstance(data, dict) or not isinstance(data.get("modes"), dict) or "shape" not in data:
@@ -126,12 +136,14 @@ def workload_model(data: dict[str, Any]) -> str:
     return sized(str(data["model"]) if engine == "direct" else f"{data['model']} on the {engine} loop", data)
 
 
-def load(folder: Path, *, include_cpu: bool = False) -> tuple[dict[Key, list[dict[str, Any]]], list[tuple[Path, Any]]]:
-    """Handoff runs grouped by workload ``(model, cut, max_age)``, oldest first, and the engine-path runs."""
+def load(
+    folder: Path, *, include_cpu: bool = False, files: Files | None = None
+) -> tuple[dict[Key, list[dict[str, Any]]], list[tuple[Path, Any]]]:
+    """Handoff runs grouped by workload ``(model, cut, max_age)``, oldest first, and the engine-path runs, from
+    ``folder`` (or from ``files``, the folder as :func:`read_folder` read it)."""
     runs: dict[Key, list[dict[str, Any]]] = defaultdict(list)
     paths = []
-    for path in sorted(folder.glob("*.json")):
-        data = read_json(path)
+    for path, data in read_folder(folder) if files is None else files:
         if isinstance(data, dict) and isinstance(data.get("compare"), dict):
             paths.append((path, data))
             continue

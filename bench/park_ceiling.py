@@ -134,13 +134,13 @@ def _when(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def stage_records(folder: Path) -> list[tuple[Machine, str, str, float]]:
-    """Every stage each stages record in ``folder`` lists: ``(machine, commit, stage, finished)``, the commit its
-    machine's record names, else the one in the record's file name (``...-stages-<commit>...``)."""
+def stage_records(folder: Path, files: gpu_runs.Files | None = None) -> list[tuple[Machine, str, str, float]]:
+    """Every stage each stages record in ``folder`` (or ``files``, the folder as read) lists: ``(machine, commit,
+    stage, finished)``, the commit its machine's record names, else the one in the record's file name
+    (``...-stages-<commit>...``)."""
     out = []
-    for path in sorted(folder.glob("*stages*.json")):
-        data = gpu_runs.read_json(path)
-        if not isinstance(data, dict):
+    for path, data in gpu_runs.read_folder(folder) if files is None else files:
+        if "stages" not in path.name or not isinstance(data, dict):
             continue
         m = re.search(r"stages-([0-9a-f]{7})", path.name)
         machines = {k: v for k, v in data.items() if k.startswith("machine") and isinstance(v, dict)}
@@ -164,12 +164,11 @@ def machine_of(data: dict[str, Any], records: list[tuple[Machine, str, str, floa
     return best[1] if best and best[0] <= STAGE_SLACK_S else None
 
 
-def machine_tables(folder: Path, records: list[tuple[Machine, str, str, float]]) -> dict[Machine, list[Table]]:
-    """The graph-decode tables of two contexts each machine of ``records`` (``folder``'s, :func:`stage_records`)
-    timed."""
+def machine_tables(files: gpu_runs.Files, records: list[tuple[Machine, str, str, float]]) -> dict[Machine, list[Table]]:
+    """The graph-decode tables of two contexts each machine of ``records`` (:func:`stage_records`) timed, from a
+    folder's ``files`` (:func:`~bench.gpu_runs.read_folder`)."""
     out: dict[Machine, list[Table]] = {}
-    for path in sorted(folder.glob("*.json")):
-        data = gpu_runs.read_json(path)
+    for path, data in files:
         table = _table(path, data)
         if table is not None and (machine := machine_of(data, records)) is not None:
             out.setdefault(machine, []).append(table)
@@ -249,9 +248,10 @@ def rows(folder: Path, commits: set[str], *, first_only: bool = False) -> list[R
     """Every park / sync and park / drain ratio that stands (both modes pass the bench's rule) in a run of
     ``commits`` in ``folder`` on the 202M GPT's reasoning workload, with a graph-decode table from its machine; by
     cut, then pair, then file."""
-    runs, _ = gpu_runs.load(folder)
-    records = stage_records(folder)
-    by_machine = machine_tables(folder, records)
+    files = gpu_runs.read_folder(folder)  # each file read once, for the runs, the records and the tables
+    runs, _ = gpu_runs.load(folder, files=files)
+    records = stage_records(folder, files)
+    by_machine = machine_tables(files, records)
     out: list[Row] = []
     for d in sorted((d for group in runs.values() for d in group), key=lambda d: d["_file"]):
         if d.get("commit") not in commits or d.get("workload") != "reasoning" or d.get("model") != "gpt200m":

@@ -21,6 +21,9 @@ Each decode step is ``await engine.async_step()`` from the loop, as megatron's o
 megatron's result shape (``active_request_ids``, ``finished_request_records``, ``cuda_graph_request_count``: the
 next power of two at or above the requests stepped), so a wrapper set on the engine object sees every step.
 
+``engine.context.step_count`` counts the steps, as megatron's does; with ``engine.step_through_class = True`` the
+loop calls the class's ``async_step`` instead, as a loop that no longer steps through the object would.
+
 Decode steps are metered for tests that force an interleaving: with ``engine.allow_steps = n`` only ``n`` more
 steps run (``engine.stepped`` is set after each one), ``None`` lets it run freely.
 """
@@ -62,6 +65,10 @@ class FakeContext:
     def total_request_count(self) -> int:
         return len(self._engine.requests)
 
+    @property
+    def step_count(self) -> int:
+        return self._engine.steps
+
 
 class FakeEngine:
     def __init__(self, eod: int) -> None:
@@ -76,6 +83,7 @@ class FakeEngine:
         self.epoch: int | None = None
         self.allow_steps: int | None = None
         self.steps = 0
+        self.step_through_class = False
         self.stepped = threading.Event()
         self.die_with: BaseException | None = None  # raised inside the loop at its next iteration
         self.events: dict[str, asyncio.Event] = {}
@@ -179,7 +187,10 @@ class FakeEngine:
                         if self.requests and (self.allow_steps is None or self.allow_steps > 0):
                             if self.allow_steps is not None:
                                 self.allow_steps -= 1
-                            await self.async_step()
+                            if self.step_through_class:  # a loop that bypasses the engine object's attribute
+                                await type(self).async_step(self)
+                            else:
+                                await self.async_step()
                     elif st == "PAUSING":
                         self._set("PAUSED")
                         self.events["PAUSED"].set()

@@ -131,3 +131,35 @@ def test_on_the_cpu_path_the_graph_settings_are_said_to_have_no_effect(dist1, ca
         assert "kv_cache_mode, num_cuda_graphs and cuda_graph_sizing have no effect" in line, line
     finally:
         eng.shutdown()
+
+
+def test_the_benchmarks_engine_builds_the_config_it_built_before_through_the_engines_builder() -> None:
+    """The benchmarks' own engine (the graph baseline's) takes its ``InferenceConfig`` from the builder colo-fsm's
+    engines use: field for field the one it built itself before, in every KV mode, with and without graphs for
+    mixed steps and a sizing, so a baseline decodes as the engines do and its figures stand."""
+    import itertools
+
+    from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
+
+    from bench._gpu import EngineOptions, bench_inference_config
+
+    for mode, graphs, decode_only, sizing in itertools.product(
+        ("persist", "recompute", "offload"), (None, 16), (False, True), (None, "linear", "exponential")
+    ):
+        if graphs is None and (decode_only or sizing is not None):
+            continue
+        opts = EngineOptions(mode=mode, buffer_gb=40.0, max_requests=256, max_sequence_length=8256,
+                             num_cuda_graphs=graphs, decode_only_graphs=decode_only, graph_sizing=sizing)  # fmt: skip
+        before: dict = dict(
+            block_size_tokens=256, buffer_size_gb=40.0, max_requests=256, max_sequence_length=8256,
+            kv_cache_management_mode=KVCacheManagementMode(mode), materialize_only_last_token_logits=True,
+            num_cuda_graphs=graphs,
+        )  # fmt: skip
+        if decode_only:
+            before["use_cuda_graphs_for_non_decode_steps"] = False
+        if sizing is not None:
+            before["cuda_graph_sizing_distribution"] = CudaGraphSizingDistribution(sizing)
+        assert bench_inference_config(opts) == InferenceConfig(**before), opts
+    assert bench_inference_config(EngineOptions(num_cuda_graphs=16, decode_only_graphs=True)) != (
+        bench_inference_config(EngineOptions(num_cuda_graphs=16))
+    )

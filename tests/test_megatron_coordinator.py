@@ -584,3 +584,47 @@ def test_the_engine_loops_steps_are_profiled_by_kind_and_graph(engine) -> None:
     llm.engine.allow_steps = None
     wait_for(lambda: all(h.done() for h in handles), "every answer")
     assert [len(h.result().token_ids) for h in handles] == [8, 8, 8]
+
+
+def test_a_loop_that_stops_stepping_through_the_wrapper_is_logged_once(engine, caplog) -> None:
+    """A megatron whose loop no longer awaits the engine object's ``async_step`` would leave the profile empty
+    without a word: ``step_profile()`` compares megatron's own step count with it and says so once, after two
+    forced steps (one is a step under way), and not while the wrapper sees every step."""
+    import logging
+
+    eng, _ = engine
+    eng.bring_up()
+    llm = fake(eng)
+    said = lambda: [r for r in caplog.records if "none reached the step profile" in r.getMessage()]  # noqa: E731
+    with caplog.at_level(logging.WARNING):
+        llm.engine.allow_steps = 2
+        first = eng.submit([5, 6, 7], max_tokens=8)
+        wait_for(lambda: llm.engine.steps == 2, "two steps through the wrapper")
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), eng._loop).result(timeout=20)
+        assert eng.step_profile()["steps"] == 2 and not said()
+        llm.engine.step_through_class = True
+        llm.engine.allow_steps = 2
+        wait_for(lambda: llm.engine.steps == 4, "two steps past the wrapper")
+        assert eng.step_profile()["steps"] == 2 and not said()  # steps recorded before: no miss to tell
+    # a fresh engine whose loop never stepped through the wrapper
+    eng2, _ = make()
+    try:
+        eng2.bring_up()
+        llm2 = fake(eng2)
+        llm2.engine.step_through_class = True
+        llm2.engine.allow_steps = 1
+        h = eng2.submit([5, 6, 7], max_tokens=8)
+        wait_for(lambda: llm2.engine.steps == 1, "one step past the wrapper")
+        with caplog.at_level(logging.WARNING):
+            assert eng2.step_profile() == {} and not said()  # one step may be under way
+            llm2.engine.allow_steps = 1
+            wait_for(lambda: llm2.engine.steps == 2, "a second step past the wrapper")
+            eng2.step_profile()
+            eng2.step_profile()
+        assert len(said()) == 1 and "ran 2 steps" in said()[0].getMessage()
+        llm2.engine.allow_steps = None
+        wait_for(h.done, "the answer")
+    finally:
+        eng2.shutdown()
+    llm.engine.allow_steps = None
+    wait_for(first.done, "the first engine's answer")

@@ -207,8 +207,9 @@ def test_the_engines_steps_are_counted_by_kind_and_by_captured_graph_where_it_ke
 
 
 def test_a_step_profile_that_fails_to_read_leaves_every_other_series_on_the_scrape(caplog) -> None:
-    """``/metrics`` answers with every other series when the engine's step profile raises or reads malformed, and
-    logs why once."""
+    """``/metrics`` answers with every other series when the engine's step profile raises or reads malformed,
+    counts each such scrape (a series an operator can alert on, there while the engine keeps a profile) and logs
+    why once per server."""
     eng = FakeEngine()
     server = OpenAIServer(eng, tokenizer=eng.tokenizer, rank=0, chat_template=digits_chat_template)
     eng.bring_up()
@@ -218,15 +219,73 @@ def test_a_step_profile_that_fails_to_read_leaves_every_other_series_on_the_scra
     def broken() -> dict[str, float]:
         raise RuntimeError("profile gone")
 
+    reads = "colo_fsm_engine_step_profile_read_errors"
     try:
         whole = set(scrape(root))
+        assert reads not in whole  # no profile: no such series
         eng.step_profile = broken  # type: ignore[attr-defined]
         fams = scrape(root)
-        assert set(fams) == whole and "colo_fsm_engine_requests" in fams
+        assert set(fams) == whole | {reads} and "colo_fsm_engine_requests" in fams
+        assert value(fams, reads, reads + "_total") == 1
         eng.step_profile = lambda: {"decode_graph/graph/x/steps": 1}  # type: ignore[attr-defined]  # malformed
-        assert set(scrape(root)) == whole
+        fams = scrape(root)
+        assert set(fams) == whole | {reads} and value(fams, reads, reads + "_total") == 2
         said = [r for r in caplog.records if "could not read the engine's step profile" in r.getMessage()]
-        assert len(said) == 1  # logged once for the engine, not at every scrape
+        assert len(said) == 1  # logged once for the server, not at every scrape
+        assert "rank 0" in said[0].getMessage()
+        eng.step_profile = lambda: {}  # type: ignore[attr-defined]  # reads again: the count stays, the steps return
+        fams = scrape(root)
+        assert value(fams, reads, reads + "_total") == 2 and "colo_fsm_engine_step_record_errors" in fams
     finally:
         server.stop()
         eng.shutdown()
+
+
+def _documented_series() -> set[str]:
+    """The series names the ``/metrics`` table of docs/serving.md lists (its first column; ``_x`` after a name
+    stands for that name with its last word replaced, as in ``colo_fsm_http_tokens_held, _limit``)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
+    table = text[text.index("## `/metrics` (Prometheus)") :]
+    names: set[str] = set()
+    for line in table.splitlines():
+        if not line.startswith("| `"):
+            continue
+        last = ""
+        for name in re.findall(r"`([a-z_]+)(?:\{[^}]*\})?`", line.split(" | ")[0]):
+            name = last.rsplit("_", 1)[0] + name if name.startswith("_") else name
+            names.add(name)
+            last = name
+    return names
+
+
+def test_the_docs_table_lists_every_series_and_no_other() -> None:
+    """docs/serving.md's ``/metrics`` table is what an operator builds dashboards from: every series a server with
+    every source (a lifecycle, an engine with request counts and a step profile) exposes is listed there, and
+    nothing listed is missing from the scrape."""
+    from colo_fsm.adapters.megatron.step_profile import StepProfile, totals
+    from colo_fsm.server.lifecycle_clock import LifecycleReading
+    from colo_fsm.server.metrics import ServerMetrics, ServerReading
+
+    profile = StepProfile()
+    profile.add("decode_graph", 0.01, 3, 0, 0, ran=3, graph=4)
+    reading = ServerReading(
+        tokens_held=1, tokens_limit=8, tokens_waiting=0, requests_waiting=0, requests_holding=1,
+        tokens_admitted=1, requests_admitted=1, drain_tokens_per_s=0.5, stages={"engine": 1}, admitting=True,
+        engine={"training": (0, 1, 0), "server": (0, 1, 0)}, server_slots=4,
+        lifecycle=LifecycleReading(state="GENERATING", states=("GENERATING",), step=1, weight_version=1, records=1),
+        engine_steps=totals(profile.snapshot()), engine_step_read_errors=0,
+    )  # fmt: skip
+    metrics = ServerMetrics(0)
+    metrics.watch(lambda: reading)
+    body, _ = metrics.exposition()
+    exposed = set()
+    for fam in text_string_to_metric_families(body.decode()):
+        if fam.name.endswith("_created"):  # prometheus-client's creation time of each counter and histogram
+            continue
+        exposed.add(fam.name + "_total" if fam.type == "counter" else fam.name)
+    documented = _documented_series()
+    assert exposed - documented == set(), "exposed but not in docs/serving.md"
+    assert documented - exposed == set(), "in docs/serving.md but not exposed"

@@ -9,6 +9,7 @@ import pytest
 from colo_fsm.adapters.megatron.step_profile import (
     KINDS,
     StepProfile,
+    loop_unprofiled,
     profile_async_steps,
     record_dynamic_step,
     record_step_safely,
@@ -129,6 +130,28 @@ def test_profile_async_steps_times_every_step_the_loop_awaits_and_refuses_a_seco
     assert w["steps"] == 3 and w["decode_graph"]["graphs"]["2"]["steps"] == 3 and w["decode_graph"]["mean_ran"] == 2
     with pytest.raises(ValueError, match="already profiled"):
         profile_async_steps(eng, p)
+
+
+def test_megatrons_coordinator_loop_steps_through_the_engine_objects_async_step():
+    """The coordinator path's profile wraps ``engine.async_step`` on the engine object, which megatron's loop
+    reaches only while it awaits ``self.async_step()``: read in the installed megatron-core, so an upgrade that
+    steps some other way fails here rather than leaving the profile (and the ``/metrics`` step series) empty."""
+    import inspect
+
+    engines = pytest.importorskip("megatron.core.inference.engines.dynamic_engine", reason="megatron-core")
+    loop = inspect.getsource(engines.DynamicInferenceEngine.run_engine_with_coordinator)
+    assert "await self.async_step()" in loop
+    assert "self.step(" not in loop and "self.step_modern(" not in loop  # no second way of stepping in it
+
+
+def test_a_loop_whose_steps_never_reach_the_profile_is_told_from_one_step_under_way():
+    """megatron counts a step before it returns through the wrapper, so one step counted and none recorded is a
+    step under way; two are a loop that no longer steps through the wrapper. A step that failed to record did
+    reach it."""
+    assert not loop_unprofiled({}, 0) and not loop_unprofiled({}, 1)
+    assert loop_unprofiled({}, 2) and loop_unprofiled({"paused": 0}, 50)
+    assert not loop_unprofiled({"steps": 1}, 50)
+    assert not loop_unprofiled({"record_errors": 2}, 50)
 
 
 def test_a_request_megatron_failed_at_admission_is_not_counted_as_decoded():

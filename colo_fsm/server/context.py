@@ -99,6 +99,7 @@ class ServerContext:
         )
         self.ledger = RequestLedger()
         self.active = 0  # requests handed to the engine and not answered yet (shutdown waits for them)
+        self.step_profile_read_errors = 0  # scrapes that could not read the engine's step profile (observe.py)
         gate.on_handoff(self.metrics.handoff_ended)
 
     # ------------------------------------------------------------------ state

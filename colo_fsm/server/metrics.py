@@ -20,7 +20,8 @@ priority and its server slots, its steps from its step profile where it keeps on
 on either path: ``colo_fsm_engine_steps_total{kind}`` and ``colo_fsm_engine_step_seconds_total{kind}`` per kind of
 step, ``colo_fsm_engine_graph_steps_total{graph}`` and ``colo_fsm_engine_graph_requests_total{graph}`` per captured
 decode-only graph, whose ratio to the graph's size is how full its steps ran, and
-``colo_fsm_engine_step_record_errors_total``), and the lifecycle: ``colo_fsm_lifecycle_state{state}`` (1 for the state now),
+``colo_fsm_engine_step_record_errors_total``; the scrapes that could not read that profile, whose step series
+they left out, in ``colo_fsm_engine_step_profile_read_errors_total``), and the lifecycle: ``colo_fsm_lifecycle_state{state}`` (1 for the state now),
 ``colo_fsm_lifecycle_state_seconds_total{state}``, ``colo_fsm_weight_version``, ``colo_fsm_train_steps_total``
 and ``colo_fsm_train_step_rate`` (steps per second over the last minute).
 """
@@ -68,6 +69,7 @@ class ServerReading:
     state: str | None = None  # the lifecycle state from its status, when no trace is attached
     weight_version: int | None = None
     engine_steps: Mapping[str, Any] | None = None  # the engine's step profile's totals (step_profile.totals)
+    engine_step_read_errors: int | None = None  # scrapes that could not read that profile (None: it keeps none)
     extra: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -221,6 +223,14 @@ class _Live(Collector):
             yield gauge("colo_fsm_engine_server_slots", "Engine slots HTTP requests may hold at once", r.server_slots)
         if r.engine_steps is not None:
             yield from self._engine_steps(r.engine_steps)
+        if r.engine_step_read_errors is not None:
+            reads = CounterMetricFamily(
+                "colo_fsm_engine_step_profile_read_errors",
+                "Scrapes that could not read the engine's step profile (its step series were left out of them)",
+                labels=["rank"],
+            )
+            reads.add_metric([rank], float(r.engine_step_read_errors))
+            yield reads
         yield from self._lifecycle(r)
 
     def _engine_steps(self, t: Mapping[str, Any]) -> Iterator[Metric]:

@@ -34,11 +34,12 @@ def server_slots(engine: Any) -> int | None:
     return int(slots) if isinstance(slots, int) and not isinstance(slots, bool) else None
 
 
-def engine_step_totals(engine: Any) -> dict[str, Any] | None:
+def engine_step_totals(ctx: ServerContext) -> dict[str, Any] | None:
     """The engine's step-profile totals (:func:`~colo_fsm.adapters.megatron.step_profile.totals`) from its
     ``step_profile()`` snapshot (its own small lock, never the engine's); None where it keeps no profile, or where
-    reading it failed (logged with its traceback the first time for that engine, counted after)."""
-    read = getattr(engine, "step_profile", None)
+    reading it failed: counted in ``ctx.step_profile_read_errors`` (on ``/metrics``), logged with its traceback the
+    first time."""
+    read = getattr(ctx.engine, "step_profile", None)
     if not callable(read):
         return None
     from colo_fsm.adapters.megatron.step_profile import totals
@@ -46,15 +47,21 @@ def engine_step_totals(engine: Any) -> dict[str, Any] | None:
     try:
         snapshot = read()
         return totals(snapshot) if isinstance(snapshot, dict) else None
-    except Exception:  # a scrape answers with every other series: leave these out, and say so
-        failures = _PROFILE_FAILURES[id(engine)] = _PROFILE_FAILURES.get(id(engine), 0) + 1
-        if failures == 1:
-            log.warning("/metrics could not read the engine's step profile (its series left out)", exc_info=True)
+    except Exception:  # a scrape answers with every other series: leave these out, and count it
+        ctx.step_profile_read_errors += 1
+        if ctx.step_profile_read_errors == 1:
+            log.warning(
+                "%s: /metrics could not read the engine's step profile (its series left out; counted in "
+                "colo_fsm_engine_step_profile_read_errors_total)",
+                ctx.where(),
+                exc_info=True,
+            )
         return None
 
 
-_PROFILE_FAILURES: dict[int, int] = {}
-"""Failed reads of an engine's step profile, by the engine's id: only the first is logged."""
+def step_profile_read_errors(ctx: ServerContext) -> int | None:
+    """Scrapes that could not read the engine's step profile so far; None where the engine keeps none."""
+    return ctx.step_profile_read_errors if callable(getattr(ctx.engine, "step_profile", None)) else None
 
 
 def status_of(ctx: ServerContext) -> Mapping[str, Any]:
@@ -83,7 +90,8 @@ def server_reading(ctx: ServerContext) -> ServerReading:
         admitting=ctx.gate.admissible() and not ctx.stopping(),
         engine=engine_counts(ctx.engine),
         server_slots=server_slots(ctx.engine),
-        engine_steps=engine_step_totals(ctx.engine),
+        engine_steps=engine_step_totals(ctx),
+        engine_step_read_errors=step_profile_read_errors(ctx),
         lifecycle=lc,
         state=st.get("state"),
         weight_version=st.get("weight_version"),
@@ -121,4 +129,5 @@ __all__ = [
     "server_reading",
     "server_slots",
     "status_of",
+    "step_profile_read_errors",
 ]

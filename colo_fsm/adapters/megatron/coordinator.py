@@ -70,7 +70,7 @@ from colo_fsm.adapters.megatron.coordinator_states import SLEEP, WAKE, condition
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import device_context, rank_device_index
-from colo_fsm.adapters.megatron.step_profile import StepProfile, profile_async_steps
+from colo_fsm.adapters.megatron.step_profile import StepProfile, loop_unprofiled, profile_async_steps
 from colo_fsm.errors import (
     ConfigError,
     EngineLoopDied,
@@ -163,6 +163,7 @@ class CoordinatorEngine(TextGeneration):
         self.memory_budget: MemoryBudget | None = None
         self.memory_estimate: MemoryEstimate | None = None
         self.profile: StepProfile | None = None  # megatron's loop's steps by kind and graph, once built
+        self._unprofiled_said = False  # the loop's steps not reaching the profile was logged
 
     # ------------------------------------------------------------------ GenerationEngine
     def bring_up(self) -> None:
@@ -344,8 +345,21 @@ class CoordinatorEngine(TextGeneration):
     def step_profile(self) -> dict[str, float] | None:
         """The sums per kind of step of megatron's own engine loop so far (:class:`~colo_fsm.adapters.megatron.
         step_profile.StepProfile`, each ``async_step`` timed in the loop); None before ``bring_up`` or where the
-        engine has no ``async_step``."""
-        return self.profile.snapshot() if self.profile is not None else None
+        engine has no ``async_step``. Steps megatron counts that never reach the profile (its loop no longer
+        stepping through the engine object's ``async_step``) are logged once, with megatron's count."""
+        if self.profile is None:
+            return None
+        loop_steps = self.steps  # read first: then at most the step under way is missing from the snapshot
+        snapshot = self.profile.snapshot()
+        if not self._unprofiled_said and loop_unprofiled(snapshot, loop_steps):
+            self._unprofiled_said = True
+            log.warning(
+                "megatron's engine loop ran %d steps and none reached the step profile: the loop no longer steps "
+                "through engine.async_step (a megatron-core change?), so step_profile() and the /metrics step "
+                "series stay empty",
+                loop_steps,
+            )
+        return snapshot
 
     def timing_summary(self) -> dict[str, float]:
         """Median suspend and resume seconds so far."""

@@ -47,16 +47,20 @@ def megatron_inference_config(
     num_cuda_graphs: int | None,
     cuda_graph_sizing: str | None,
     logprobs_mode: str,
+    graphs_for_mixed_steps: bool = True,
 ) -> Any:
     """megatron-core's ``InferenceConfig`` from colo-fsm's settings (already checked by the engine's config): only
     the last token's logits materialized (every request asks log-probs of its generated tokens only), megatron's
     ``raw_logprobs``/``processed_logprobs`` for ``logprobs_mode``, and ``cuda_graph_sizing`` passed only when set,
-    so megatron's default stays its own."""
+    so megatron's default stays its own. ``graphs_for_mixed_steps=False`` captures graphs for decode-only steps
+    alone (megatron's ``use_cuda_graphs_for_non_decode_steps``; the benchmarks' graph baseline asks it)."""
     from megatron.core.inference.config import CudaGraphSizingDistribution, InferenceConfig, KVCacheManagementMode
 
     sizing: dict[str, Any] = {}
     if cuda_graph_sizing is not None:
         sizing["cuda_graph_sizing_distribution"] = CudaGraphSizingDistribution(cuda_graph_sizing)
+    if not graphs_for_mixed_steps:
+        sizing["use_cuda_graphs_for_non_decode_steps"] = False
     return InferenceConfig(
         block_size_tokens=block_size_tokens,
         buffer_size_gb=buffer_size_gb,  # megatron multiplies it by 1024**3

@@ -258,9 +258,18 @@ def profile_async_steps(engine: Any, profile: StepProfile) -> None:
     engine.async_step = timed_step
 
 
+def loop_unprofiled(snapshot: dict[str, float], loop_steps: int) -> bool:
+    """Whether megatron's engine loop ran steps that never reached a profile set by :func:`profile_async_steps`:
+    ``loop_steps`` (megatron's own count, read before ``snapshot`` was taken) is 2 or more while the profile holds
+    no step, recorded or failed. One step may be under way unrecorded (megatron counts it before it returns
+    through the wrapper), so 1 is not yet a miss; 2 is, since the loop runs its steps one after another."""
+    return loop_steps >= 2 and not snapshot.get("steps") and not snapshot.get("record_errors")
+
+
 __all__ = [
     "KINDS",
     "StepProfile",
+    "loop_unprofiled",
     "profile_async_steps",
     "record_dynamic_step",
     "record_step_safely",
