@@ -21,8 +21,11 @@ Each decode step is ``await engine.async_step()`` from the loop, as megatron's o
 megatron's result shape (``active_request_ids``, ``finished_request_records``, ``cuda_graph_request_count``: the
 next power of two at or above the requests stepped), so a wrapper set on the engine object sees every step.
 
-``engine.context.step_count`` counts the steps, as megatron's does; with ``engine.step_through_class = True`` the
-loop calls the class's ``async_step`` instead, as a loop that no longer steps through the object would.
+``engine.context.step_count`` counts the steps, as megatron's does, and the dummy forwards an idle
+expert-parallel rank runs (``engine.idle_dummy_forwards = n``: n more of ``engine.controller.dummy_forward()``
+while RUNNING with no request); ``engine.count_base = engine.steps`` sets it back to 0, as megatron's graph
+capture does. With ``engine.step_through_class = True`` the loop calls the class's ``async_step`` instead, as a
+loop that no longer steps through the object would.
 
 Decode steps are metered for tests that force an interleaving: with ``engine.allow_steps = n`` only ``n`` more
 steps run (``engine.stepped`` is set after each one), ``None`` lets it run freely.
@@ -67,7 +70,7 @@ class FakeContext:
 
     @property
     def step_count(self) -> int:
-        return self._engine.steps
+        return self._engine.steps - self._engine.count_base
 
 
 class FakeEngine:
@@ -84,6 +87,9 @@ class FakeEngine:
         self.allow_steps: int | None = None
         self.steps = 0
         self.step_through_class = False
+        self.count_base = 0  # step_count is steps - count_base: megatron sets it to 0 when it captures graphs again
+        self.idle_dummy_forwards = 0  # dummy forwards to run while RUNNING with no request (an idle EP rank)
+        self.controller = SimpleNamespace(dummy_forward=lambda: None)
         self.stepped = threading.Event()
         self.die_with: BaseException | None = None  # raised inside the loop at its next iteration
         self.events: dict[str, asyncio.Event] = {}
@@ -184,7 +190,12 @@ class FakeEngine:
                     self._schedule()
                     st = self.state.name
                     if st == "RUNNING":
-                        if self.requests and (self.allow_steps is None or self.allow_steps > 0):
+                        if not self.requests and self.idle_dummy_forwards > 0:  # as megatron's loop joins a peer
+                            self.idle_dummy_forwards -= 1
+                            self.controller.dummy_forward()
+                            self.steps += 1
+                            self.stepped.set()
+                        elif self.requests and (self.allow_steps is None or self.allow_steps > 0):
                             if self.allow_steps is not None:
                                 self.allow_steps -= 1
                             if self.step_through_class:  # a loop that bypasses the engine object's attribute

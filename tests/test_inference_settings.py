@@ -148,10 +148,11 @@ def test_the_benchmarks_engine_builds_the_config_it_built_before_through_the_eng
     ):
         if graphs is None and (decode_only or sizing is not None):
             continue
-        opts = EngineOptions(mode=mode, buffer_gb=40.0, max_requests=256, max_sequence_length=8256,
-                             num_cuda_graphs=graphs, decode_only_graphs=decode_only, graph_sizing=sizing)  # fmt: skip
+        opts = EngineOptions(mode=mode, buffer_gb=40.0, max_requests=192, max_sequence_length=8256,
+                             block_size_tokens=128, num_cuda_graphs=graphs, decode_only_graphs=decode_only,
+                             graph_sizing=sizing)  # fmt: skip
         before: dict = dict(
-            block_size_tokens=256, buffer_size_gb=40.0, max_requests=256, max_sequence_length=8256,
+            block_size_tokens=128, buffer_size_gb=40.0, max_requests=192, max_sequence_length=8256,
             kv_cache_management_mode=KVCacheManagementMode(mode), materialize_only_last_token_logits=True,
             num_cuda_graphs=graphs,
         )  # fmt: skip

@@ -250,9 +250,9 @@ def _documented_series() -> set[str]:
     text = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
     table = text[text.index("## `/metrics` (Prometheus)") :]
     names: set[str] = set()
-    for line in table.splitlines():
-        if not line.startswith("| `"):
-            continue
+    rows = table.split("\n| series | type | what |\n|---|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    for line in rows.splitlines():
+        assert line.startswith("| `"), f"not a row of the series table: {line!r}"
         last = ""
         for name in re.findall(r"`([a-z_]+)(?:\{[^}]*\})?`", line.split(" | ")[0]):
             name = last.rsplit("_", 1)[0] + name if name.startswith("_") else name

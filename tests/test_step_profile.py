@@ -8,8 +8,9 @@ import pytest
 
 from colo_fsm.adapters.megatron.step_profile import (
     KINDS,
+    MISS_MARGIN,
+    LoopCheck,
     StepProfile,
-    loop_unprofiled,
     profile_async_steps,
     record_dynamic_step,
     record_step_safely,
@@ -132,26 +133,56 @@ def test_profile_async_steps_times_every_step_the_loop_awaits_and_refuses_a_seco
         profile_async_steps(eng, p)
 
 
-def test_megatrons_coordinator_loop_steps_through_the_engine_objects_async_step():
-    """The coordinator path's profile wraps ``engine.async_step`` on the engine object, which megatron's loop
-    reaches only while it awaits ``self.async_step()``: read in the installed megatron-core, so an upgrade that
-    steps some other way fails here rather than leaving the profile (and the ``/metrics`` step series) empty."""
+def test_megatrons_coordinator_loop_counts_only_what_the_wrappers_see():
+    """The coordinator path's profile wraps ``engine.async_step`` and ``engine.controller.dummy_forward`` on their
+    objects, and :class:`LoopCheck` compares megatron's step count with what they saw. Both hold only while the
+    installed megatron-core's loop awaits ``self.async_step()`` for a step and counts a step otherwise only right
+    after ``self.controller.dummy_forward()`` (an idle expert-parallel rank joining a peer): read in its source,
+    so an upgrade that steps or counts some other way fails here."""
     import inspect
 
     engines = pytest.importorskip("megatron.core.inference.engines.dynamic_engine", reason="megatron-core")
-    loop = inspect.getsource(engines.DynamicInferenceEngine.run_engine_with_coordinator)
-    assert "await self.async_step()" in loop
-    assert "self.step(" not in loop and "self.step_modern(" not in loop  # no second way of stepping in it
+    lines = inspect.getsource(engines.DynamicInferenceEngine.run_engine_with_coordinator).splitlines()
+    assert any("await self.async_step()" in line for line in lines)
+    assert not any(call in line for line in lines for call in ("self.step(", "self.step_modern(", "async_forward("))
+    counted = [i for i, line in enumerate(lines) if "step_count +=" in line]
+    assert counted, "megatron's loop no longer counts its dummy forwards itself"
+    for i in counted:
+        assert any("self.controller.dummy_forward()" in line for line in lines[max(0, i - 8) : i]), lines[i]
 
 
-def test_a_loop_whose_steps_never_reach_the_profile_is_told_from_one_step_under_way():
-    """megatron counts a step before it returns through the wrapper, so one step counted and none recorded is a
-    step under way; two are a loop that no longer steps through the wrapper. A step that failed to record did
-    reach it."""
-    assert not loop_unprofiled({}, 0) and not loop_unprofiled({}, 1)
-    assert loop_unprofiled({}, 2) and loop_unprofiled({"paused": 0}, 50)
-    assert not loop_unprofiled({"steps": 1}, 50)
-    assert not loop_unprofiled({"record_errors": 2}, 50)
+def test_profile_async_steps_counts_the_loops_dummy_forwards_apart_from_its_steps():
+    """An idle expert-parallel rank's dummy forwards (megatron's loop calls ``engine.controller.dummy_forward()``)
+    are counted, not as steps: they decode none of this rank's requests."""
+    calls = []
+    eng = SimpleNamespace(controller=SimpleNamespace(dummy_forward=lambda: calls.append(1) or "ran"))
+
+    async def async_step():
+        return {}
+
+    eng.async_step = async_step
+    p = StepProfile()
+    profile_async_steps(eng, p)
+    assert [eng.controller.dummy_forward() for _ in range(3)] == ["ran"] * 3 and len(calls) == 3
+    assert p.snapshot() == {"dummy_forwards": 3}
+    w = window({}, p.snapshot())
+    assert w["steps"] == 0 and w["dummy_forwards"] == 3
+
+
+def test_the_loop_check_tells_a_miss_from_a_step_under_way_a_dummy_forward_and_a_reset():
+    """megatron counts a step before it returns through the wrapper, so the count may run ahead of the profile by
+    the margin with nothing missed; dummy forwards and failed records were seen; a count that drops is megatron
+    capturing its graphs again, and a miss after it is still told; a miss is told once."""
+    assert MISS_MARGIN == 2
+    check = LoopCheck(count_at_wrap=5)  # 5 dummy forwards before the wrappers were set: not this check's
+    assert check.missed(6, {}) == 1 and check.check(7, {}) is None  # within the margin: steps under way
+    assert check.missed(30, {"steps": 20, "dummy_forwards": 3, "record_errors": 2}) == 0
+    assert check.check(30, {"steps": 20, "dummy_forwards": 3, "record_errors": 2}) is None
+    assert check.missed(4, {"steps": 24, "dummy_forwards": 3, "record_errors": 2}) == 0  # reset, 4 steps since
+    assert check.check(14, {"steps": 24, "dummy_forwards": 3, "record_errors": 2}) == 10  # 10 past the wrapper
+    assert check.check(20, {"steps": 24, "dummy_forwards": 3, "record_errors": 2}) is None  # told already
+    quiet = LoopCheck(0)
+    assert quiet.check(MISS_MARGIN, {}) is None and quiet.check(MISS_MARGIN + 1, {}) == MISS_MARGIN + 1
 
 
 def test_a_request_megatron_failed_at_admission_is_not_counted_as_decoded():

@@ -69,7 +69,7 @@ class ServerReading:
     state: str | None = None  # the lifecycle state from its status, when no trace is attached
     weight_version: int | None = None
     engine_steps: Mapping[str, Any] | None = None  # the engine's step profile's totals (step_profile.totals)
-    engine_step_read_errors: int | None = None  # scrapes that could not read that profile (None: it keeps none)
+    engine_step_read_errors: int | None = None  # scrapes that failed to read it (None: no step_profile method)
     extra: Mapping[str, float] = field(default_factory=dict)
 
 

@@ -60,7 +60,8 @@ def engine_step_totals(ctx: ServerContext) -> dict[str, Any] | None:
 
 
 def step_profile_read_errors(ctx: ServerContext) -> int | None:
-    """Scrapes that could not read the engine's step profile so far; None where the engine keeps none."""
+    """Scrapes that could not read the engine's step profile so far; None where the engine has no
+    ``step_profile()`` (the count is read and written only by scrapes, which run on the server's event loop)."""
     return ctx.step_profile_read_errors if callable(getattr(ctx.engine, "step_profile", None)) else None
 
 

@@ -70,7 +70,7 @@ from colo_fsm.adapters.megatron.coordinator_states import SLEEP, WAKE, condition
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
 from colo_fsm.adapters.megatron.parallel import device_context, rank_device_index
-from colo_fsm.adapters.megatron.step_profile import StepProfile, loop_unprofiled, profile_async_steps
+from colo_fsm.adapters.megatron.step_profile import LoopCheck, StepProfile, profile_async_steps
 from colo_fsm.errors import (
     ConfigError,
     EngineLoopDied,
@@ -163,7 +163,7 @@ class CoordinatorEngine(TextGeneration):
         self.memory_budget: MemoryBudget | None = None
         self.memory_estimate: MemoryEstimate | None = None
         self.profile: StepProfile | None = None  # megatron's loop's steps by kind and graph, once built
-        self._unprofiled_said = False  # the loop's steps not reaching the profile was logged
+        self._loop_check: LoopCheck | None = None  # megatron's step count against the profile's
 
     # ------------------------------------------------------------------ GenerationEngine
     def bring_up(self) -> None:
@@ -207,6 +207,7 @@ class CoordinatorEngine(TextGeneration):
         if callable(getattr(llm.engine, "async_step", None)):  # megatron's loop steps through it (step_profile.py)
             self.profile = StepProfile()
             profile_async_steps(llm.engine, self.profile)
+            self._loop_check = LoopCheck(self.steps)
         self._loop = llm.engine.engine_loop_task.get_loop()
         self.built = True
         self._worker = threading.Thread(target=self._work, name="colo-fsm-coordinator-watch", daemon=True)
@@ -310,7 +311,8 @@ class CoordinatorEngine(TextGeneration):
 
     @property
     def steps(self) -> int:
-        """Engine steps megatron ran so far (its context's step count; 0 before bring-up)."""
+        """megatron's own step count (its context's ``step_count``: its loop's steps and dummy forwards since it last
+        captured its CUDA graphs, which a resume does in the recompute and offload modes; 0 before bring-up)."""
         if self._llm is None:
             return 0
         return int(getattr(getattr(self._llm.engine, "context", None), "step_count", 0) or 0)
@@ -345,19 +347,20 @@ class CoordinatorEngine(TextGeneration):
     def step_profile(self) -> dict[str, float] | None:
         """The sums per kind of step of megatron's own engine loop so far (:class:`~colo_fsm.adapters.megatron.
         step_profile.StepProfile`, each ``async_step`` timed in the loop); None before ``bring_up`` or where the
-        engine has no ``async_step``. Steps megatron counts that never reach the profile (its loop no longer
-        stepping through the engine object's ``async_step``) are logged once, with megatron's count."""
+        engine has no ``async_step``. Steps megatron's loop counts that reach neither the profile nor its count of
+        dummy forwards (the loop stepping some other way than through the engine object's ``async_step``) are
+        logged once (:class:`~colo_fsm.adapters.megatron.step_profile.LoopCheck`)."""
         if self.profile is None:
             return None
-        loop_steps = self.steps  # read first: then at most the step under way is missing from the snapshot
+        count = self.steps  # read first: then at most the step under way is missing from the snapshot
         snapshot = self.profile.snapshot()
-        if not self._unprofiled_said and loop_unprofiled(snapshot, loop_steps):
-            self._unprofiled_said = True
+        missed = self._loop_check.check(count, snapshot) if self._loop_check is not None else None
+        if missed is not None:
             log.warning(
-                "megatron's engine loop ran %d steps and none reached the step profile: the loop no longer steps "
-                "through engine.async_step (a megatron-core change?), so step_profile() and the /metrics step "
-                "series stay empty",
-                loop_steps,
+                "megatron's engine loop counted %d steps that did not reach the step profile: the loop steps some "
+                "other way than through engine.async_step (a megatron-core change?), so step_profile() and the "
+                "/metrics step series miss them",
+                missed,
             )
         return snapshot
 

@@ -76,6 +76,12 @@ class StepProfile:
             for key, v in parts:
                 s[key] = s.get(key, 0) + v
 
+    def add_dummy_forward(self) -> None:
+        """Count one dummy forward: megatron's coordinator loop runs one on an expert-parallel rank with no request
+        of its own while a peer decodes (it counts it as a step; it is no step of this rank's requests)."""
+        with self._lock:
+            self._sums["dummy_forwards"] = self._sums.get("dummy_forwards", 0) + 1
+
     def record_error(self) -> int:
         """Count a step that could not be recorded; returns how many so far."""
         with self._lock:
@@ -123,7 +129,7 @@ def window(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """What happened between two snapshots: per kind its steps, share of steps, mean ms per step, mean requests
     active after it and (where megatron said) mean requests decoded in it, and for graph steps the same per
     captured graph (``graphs``, keyed by the graph's batch size); overall the mean requests paused and waiting per
-    step."""
+    step, and any steps not recorded (``record_errors``) and dummy forwards (``dummy_forwards``)."""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     steps = d.get("steps", 0)
     out: dict[str, Any] = {"steps": int(steps)}
@@ -143,6 +149,8 @@ def window(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
             out[kind]["graphs"] = graphs
     if d.get("record_errors"):
         out["record_errors"] = int(d["record_errors"])
+    if d.get("dummy_forwards"):
+        out["dummy_forwards"] = int(d["dummy_forwards"])
     if steps:
         out["mean_paused"] = d.get("paused", 0) / steps
         out["mean_waiting"] = d.get("waiting", 0) / steps
@@ -242,8 +250,10 @@ def profile_async_steps(engine: Any, profile: StepProfile) -> None:
     (megatron's class is untouched), which awaits the step and records it (:func:`record_step_safely`). The time
     is the step's wall time in the loop's event loop: what the loop does between steps (scheduling, the
     data-parallel consensus) is not in it, but a coroutine that runs while the step yields to the loop (megatron's
-    step awaits ``asyncio.sleep(0)`` inside) is. Applying it twice to one engine is refused (the steps would count
-    twice)."""
+    step awaits ``asyncio.sleep(0)`` inside) is. The loop's dummy forwards (an expert-parallel rank with nothing
+    of its own to decode joins a peer's step through ``engine.controller.dummy_forward()``) are counted too, apart
+    from the steps (:meth:`StepProfile.add_dummy_forward`). Applying it twice to one engine is refused (the steps
+    would count twice)."""
     step = engine.async_step
     if getattr(step, "colo_fsm_profiled", False):
         raise ValueError("profile_async_steps: this engine's steps are already profiled")
@@ -256,20 +266,67 @@ def profile_async_steps(engine: Any, profile: StepProfile) -> None:
 
     timed_step.colo_fsm_profiled = True  # type: ignore[attr-defined]
     engine.async_step = timed_step
+    controller: Any = getattr(engine, "controller", None)
+    dummy = getattr(controller, "dummy_forward", None)
+    if callable(dummy):
+
+        def counted_dummy(*args: Any, **kwargs: Any) -> Any:
+            result = dummy(*args, **kwargs)
+            profile.add_dummy_forward()
+            return result
+
+        controller.dummy_forward = counted_dummy
 
 
-def loop_unprofiled(snapshot: dict[str, float], loop_steps: int) -> bool:
-    """Whether megatron's engine loop ran steps that never reached a profile set by :func:`profile_async_steps`:
-    ``loop_steps`` (megatron's own count, read before ``snapshot`` was taken) is 2 or more while the profile holds
-    no step, recorded or failed. One step may be under way unrecorded (megatron counts it before it returns
-    through the wrapper), so 1 is not yet a miss; 2 is, since the loop runs its steps one after another."""
-    return loop_steps >= 2 and not snapshot.get("steps") and not snapshot.get("record_errors")
+MISS_MARGIN = 2
+"""Steps megatron's count may run ahead of what the profile saw with none missed: the step under way as the count
+is read (megatron counts it before it returns through the wrapper), and a dummy forward under way as the wrappers
+were set."""
+
+
+class LoopCheck:
+    """Whether megatron's coordinator loop steps where :func:`profile_async_steps` sees it: megatron's own step
+    count (``engine.context.step_count``: every step and dummy forward of its loop) against the profile's steps,
+    failed records and dummy forwards. A gap past :data:`MISS_MARGIN` is steps the loop ran some other way (a
+    megatron-core that no longer steps through the engine object's ``async_step``).
+
+    megatron sets its count back to 0 when it captures its CUDA graphs again (a resume in the recompute and
+    offload modes). A count lower than the last one read is taken as such a reset, and the steps counted since
+    it are added, so a miss after it is still seen; the steps between the last read and the reset are not, so
+    the gap can only come out smaller, never larger. Thread-safe; a miss is told once (:meth:`check`)."""
+
+    def __init__(self, count_at_wrap: int) -> None:
+        self._lock = threading.Lock()
+        self._last = int(count_at_wrap)
+        self._counted = 0  # megatron's steps since the wrappers were set, across its resets
+        self._told = False
+
+    def missed(self, count: int, snapshot: dict[str, float]) -> int:
+        """Steps megatron counted (``count``: its step count, read *before* ``snapshot`` was taken) that reached
+        neither the profile (recorded, or failed to record) nor its dummy forwards, since the wrappers were set."""
+        with self._lock:
+            count = int(count)
+            self._counted += count - self._last if count >= self._last else count
+            self._last = count
+            counted = self._counted
+        seen = snapshot.get("steps", 0) + snapshot.get("record_errors", 0) + snapshot.get("dummy_forwards", 0)
+        return int(counted - seen)
+
+    def check(self, count: int, snapshot: dict[str, float]) -> int | None:
+        """:meth:`missed` where it is past :data:`MISS_MARGIN` for the first time (to be told), else None."""
+        missed = self.missed(count, snapshot)
+        with self._lock:
+            if missed <= MISS_MARGIN or self._told:
+                return None
+            self._told = True
+        return missed
 
 
 __all__ = [
     "KINDS",
+    "MISS_MARGIN",
+    "LoopCheck",
     "StepProfile",
-    "loop_unprofiled",
     "profile_async_steps",
     "record_dynamic_step",
     "record_step_safely",
