@@ -40,6 +40,7 @@ def coordinator_engine(
             max_requests=shape.max_active_requests,
             num_cuda_graphs=args.cuda_graphs,
             cuda_graph_sizing=args.graph_sizing,
+            ep_consensus_interval=getattr(args, "ep_consensus_interval", None),
         ),
         weight_version=weight_version,
         max_sequence_length=max_sequence_length,

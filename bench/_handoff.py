@@ -170,6 +170,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             if all("collector_first_waits_s" in r for r in runs)
             else {}
         ),
+        # megatron's coordinator loop: its steps from asking each measured handoff's pause to SUSPENDED (a pause
+        # lands at the loop's next consensus: CoordinatorConfig.ep_consensus_interval)
+        **(
+            {"pause_steps": (paused := [x for r in runs for x in r["pause_steps"]]), "pause_steps_max": max(paused)}
+            if all("pause_steps" in r for r in runs) and any(r["pause_steps"] for r in runs)
+            else {}
+        ),
         # megatron's dynamic engine: its kinds of decode step over each round's measured window (step_profile.py)
         **(
             {"engine_step_profile_per_round": [r["engine_step_profile"] for r in runs]}

@@ -86,6 +86,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         "run and its graph-decode baseline): default (megatron's own, left unset), exponential (powers of two, "
         "megatron's default named) or linear (every max_active/N requests); other than default, needs CUDA graphs",
     )
+    ap.add_argument(
+        "--ep-consensus-interval",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--engine coordinator: megatron's loop checks for a pause every N iterations while it has work "
+        "(CoordinatorConfig.ep_consensus_interval; default colo-fsm's: 1 at expert parallelism 1; megatron's own "
+        "is 20)",
+    )
     ap.add_argument("--buffer-gb", type=float, default=None, help="KV buffer of the dynamic engine (GiB; default 1)")
     ap.add_argument("--no-graph-baseline", action="store_true", help="skip the pure graph-decode baseline")
     ap.add_argument(
@@ -146,6 +155,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, str, Shape, 
         args.rounds = args.rounds or 1
     if args.buffer_gb is None:
         args.buffer_gb = 1.0
+    if args.ep_consensus_interval is not None and args.engine != "coordinator":
+        ap.error(f"--ep-consensus-interval {args.ep_consensus_interval}: only megatron's coordinator loop takes a "
+                 f"pause consensus; it needs --engine coordinator (not {args.engine})")  # fmt: skip
+    if args.ep_consensus_interval is not None and args.ep_consensus_interval < 1:
+        ap.error(f"--ep-consensus-interval {args.ep_consensus_interval}: a positive number of loop iterations")
     args.graph_sizing = None if args.graph_sizing == "default" else args.graph_sizing
     if args.graph_sizing is not None and (args.device != "cuda" or args.cuda_graphs is None):
         ap.error(f"--graph-sizing {args.graph_sizing} sizes CUDA graphs: it needs --device cuda with --cuda-graphs N")

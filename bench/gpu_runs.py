@@ -128,12 +128,29 @@ def sized(name: str, data: dict[str, Any]) -> str:
     return name if sizing == "default" else f"{name} with {sizing} CUDA graphs"
 
 
+MEGATRON_CONSENSUS_INTERVAL = 20
+"""megatron-core's own ``ep_consensus_interval``: what a coordinator run that does not record one ran with."""
+
+
+def variant(name: str, data: dict[str, Any]) -> str:
+    """``name`` as :func:`sized` gives it, and for a run on megatron's coordinator loop whose pause consensus was
+    taken other than every 20 loop iterations (``ep_consensus_interval``: colo-fsm sets 1 at expert parallelism
+    1; runs before it recorded none, and ran megatron's 20) that interval too: such a run is never pooled with
+    the others."""
+    name = sized(name, data)
+    interval = data.get("ep_consensus_interval") or MEGATRON_CONSENSUS_INTERVAL
+    if data.get("engine", "direct") != "coordinator" or interval == MEGATRON_CONSENSUS_INTERVAL:
+        return name
+    return f"{name}, pause checked every {'step' if interval == 1 else f'{interval} steps'}"
+
+
 def workload_model(data: dict[str, Any]) -> str:
     """The model as a workload's heading names it: a run on megatron-core's coordinator loop is its own workload
     (its figures are never pooled with the direct engine's), and so is a run whose CUDA graphs megatron sized
-    other than by its default (``cuda_graph_sizing``, e.g. "linear")."""
+    other than by its default (``cuda_graph_sizing``, e.g. "linear") or whose coordinator loop checked for a pause
+    other than every 20 steps (:func:`variant`)."""
     engine = data.get("engine", "direct")
-    return sized(str(data["model"]) if engine == "direct" else f"{data['model']} on the {engine} loop", data)
+    return variant(str(data["model"]) if engine == "direct" else f"{data['model']} on the {engine} loop", data)
 
 
 def load(
@@ -340,5 +357,6 @@ __all__ = [
     "read_json",
     "split_history",
     "unsteady",
+    "variant",
     "workload_model",
 ]

@@ -276,6 +276,9 @@ def run_mode(
     stats0 = engine.inflight_stats() if hasattr(engine.real, "inflight_stats") else None
     profile_of = getattr(engine.real, "step_profile", lambda: None)  # megatron's dynamic engine: kinds of step
     profiles: list[dict[str, float] | None] = []  # its sums at each step's end
+    pause_steps: list[int] = getattr(engine.real, "pause_steps", [])  # the coordinator loop's, appended per suspend
+    pauses_at: list[int] = []  # how many pauses the engine had recorded at each step's end
+    pauses_ready = 0
     profile_ready: dict[str, float] | None = None
     if args.device == "cuda":
         import torch
@@ -335,6 +338,9 @@ def run_mode(
         p1 = profiles[-1] if n > 0 else p0
         if p0 is not None and p1 is not None:
             out["engine_step_profile"] = step_window(p0, p1)
+        if hasattr(engine.real, "pause_steps"):  # the coordinator loop: its steps from asking a pause to SUSPENDED
+            a = pauses_at[w - 1] if w else pauses_ready
+            out["pause_steps"] = list(pause_steps[a : pauses_at[-1] if n > 0 else a])
         if stats0 is not None:
             now = engine.inflight_stats()
             out["inflight_stats"] = {k: getattr(now, k) - getattr(stats0, k) for k in now._fields}
@@ -354,6 +360,7 @@ def run_mode(
         t_ready = time.monotonic()
         cpu_ready = time.process_time()
         profile_ready = profile_of()
+        pauses_ready = len(pause_steps)
         sampler.start()
         while not lc.finished:
             if args.mode_budget_s is not None and len(step_ends) > w:
@@ -375,6 +382,7 @@ def run_mode(
             step_cpu.append(time.process_time())
             decode_steps.append(engine.steps)
             profiles.append(profile_of())
+            pauses_at.append(len(pause_steps))
             consumed.append(result.consumed_samples)
             spans += [g.version_span for g in groups]
             trained_prompts += [int(g.metadata["index"]) for g in groups]
@@ -394,6 +402,16 @@ def run_mode(
         finally:
             rig.settle(close=collector.close if collector is not None else None)
     return row()
+
+
+def consensus_interval(args: Any) -> int:
+    """The ``ep_consensus_interval`` a coordinator run's loop gets (the bench's model runs at expert parallelism 1):
+    ``--ep-consensus-interval``, else colo-fsm's default there."""
+    from colo_fsm.adapters.megatron.coordinator_config import CoordinatorConfig
+
+    interval = CoordinatorConfig(ep_consensus_interval=args.ep_consensus_interval).consensus_interval(1)
+    assert interval is not None  # set at expert parallelism 1
+    return interval
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -450,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             "kv_buffer_gb": args.buffer_gb,
             "num_cuda_graphs": args.cuda_graphs,
             "cuda_graph_sizing": args.graph_sizing,  # None: megatron's default (exponential)
+            **({"ep_consensus_interval": consensus_interval(args)} if args.engine == "coordinator" else {}),
             "shape": asdict(shape),
             "output_lengths": {
                 "p50": pct(lengths, 50),

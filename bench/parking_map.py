@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from bench._handoff import mode_of_ratio, ratio_refusal
-from bench.gpu_runs import label, mode_variant, sized
+from bench.gpu_runs import label, mode_variant, variant
 
 OTHERS = ("drain", "sync", "abort", "drain-hold")  # the modes park is measured against, in the map's column order
 
@@ -83,7 +83,7 @@ def point_of(d: dict[str, Any]) -> Point:
         int(shape["max_tokens"]),
         int(shape["max_trajectory_age_steps"]),
         str(d.get("engine", "direct")),
-        sized(str(d["model"]), d),  # a run on non-default CUDA graphs is a point of its own
+        variant(str(d["model"]), d),  # a run on non-default CUDA graphs (or pause checks) is a point of its own
     )
 
 

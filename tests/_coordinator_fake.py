@@ -21,6 +21,11 @@ Each decode step is ``await engine.async_step()`` from the loop, as megatron's o
 megatron's result shape (``active_request_ids``, ``finished_request_records``, ``cuda_graph_request_count``: the
 next power of two at or above the requests stepped), so a wrapper set on the engine object sees every step.
 
+The loop takes megatron's consensus as megatron-core 0.19.2's ``run_engine_with_coordinator`` does: while it has
+work, only every ``ep_consensus_interval`` iterations of its ``InferenceConfig`` (``engine.consensus_interval``),
+so a pause lands only at the next consensus; ``engine.counter_at_pause = k`` sets the iteration counter to ``k``
+when a pause arrives (k = 1 with the interval 20: the pause lands 19 iterations later).
+
 ``engine.context.step_count`` counts the steps, as megatron's does, and the dummy forwards an idle
 expert-parallel rank runs (``engine.idle_dummy_forwards = n``: n more of ``engine.controller.dummy_forward()``
 while RUNNING with no request); ``engine.count_base = engine.steps`` sets it back to 0, as megatron's graph
@@ -87,9 +92,15 @@ class FakeEngine:
         self.allow_steps: int | None = None
         self.steps = 0
         self.step_through_class = False
+        self.token_span = 20  # tokens generated are 3 .. 3 + token_span - 1
         self.count_base = 0  # step_count is steps - count_base: megatron sets it to 0 when it captures graphs again
+        self.reset_count_at_resume = False  # set step_count to 0 at each resume, as a graph re-capture does
         self.idle_dummy_forwards = 0  # dummy forwards to run while RUNNING with no request (an idle EP rank)
         self.controller = SimpleNamespace(dummy_forward=lambda: None)
+        self.consensus_interval = 20  # megatron's default; FakeAsyncLLM sets its inference_config's
+        self.consensus: tuple[int, bool] = (0, False)  # (work, every peer pausing) of the last consensus
+        self.consensus_counter = 0
+        self.counter_at_pause: int | None = None  # set the counter to this when a pause arrives (None: leave it)
         self.stepped = threading.Event()
         self.die_with: BaseException | None = None  # raised inside the loop at its next iteration
         self.events: dict[str, asyncio.Event] = {}
@@ -129,6 +140,8 @@ class FakeEngine:
             sig = self.signals.popleft()
             st = self.state.name
             if sig == "pause" and st == "RUNNING":
+                if self.counter_at_pause is not None:  # where megatron's consensus schedule stands when it arrives
+                    self.consensus_counter = self.counter_at_pause
                 self._set("PAUSING")
                 self.events["RUNNING"].clear()
             elif sig == "unpause":
@@ -160,7 +173,7 @@ class FakeEngine:
                 self._finish(r)
                 finished.append(r)
                 continue
-            tok = 3 + (len(r.prompt_tokens) + len(r.generated_tokens)) % 20
+            tok = 3 + (len(r.prompt_tokens) + len(r.generated_tokens)) % self.token_span
             r.generated_tokens.append(tok)
             r.generated_log_probs.append(-0.25)
             if len(r.generated_tokens) >= r.sampling_params.num_tokens_to_generate:
@@ -181,6 +194,32 @@ class FakeEngine:
             "cuda_graph_request_count": 1 << max(0, stepped - 1).bit_length(),
         }
 
+    async def _work_or_pause(self, st: str) -> None:
+        """One RUNNING or PAUSING iteration of megatron's loop: the consensus (whether any peer has work, whether
+        every peer asked to pause) is taken again only when the last one saw no work or every
+        ``consensus_interval`` iterations; then pause, step, join a peer's step with a dummy forward, or idle."""
+        local = len(self.requests)
+        peer = 1 if self.idle_dummy_forwards > 0 else 0  # an expert-parallel peer with work of its own
+        if self.consensus[0] == 0 or self.consensus_counter % self.consensus_interval == 0:
+            self.consensus = (max(local, peer), st == "PAUSING")
+        work, all_pausing = self.consensus
+        self.consensus_counter += 1
+        if all_pausing:
+            self._set("PAUSED")
+            self.events["PAUSED"].set()
+        elif work > 0 and not local:
+            self.idle_dummy_forwards = max(0, self.idle_dummy_forwards - 1)
+            self.controller.dummy_forward()
+            self.steps += 1
+            self.stepped.set()
+        elif local and (self.allow_steps is None or self.allow_steps > 0):
+            if self.allow_steps is not None:
+                self.allow_steps -= 1
+            if self.step_through_class:  # a loop that bypasses the engine object's attribute
+                await type(self).async_step(self)
+            else:
+                await self.async_step()
+
     async def run(self) -> None:
         try:
             try:
@@ -189,23 +228,10 @@ class FakeEngine:
                         raise self.die_with
                     self._schedule()
                     st = self.state.name
-                    if st == "RUNNING":
-                        if not self.requests and self.idle_dummy_forwards > 0:  # as megatron's loop joins a peer
-                            self.idle_dummy_forwards -= 1
-                            self.controller.dummy_forward()
-                            self.steps += 1
-                            self.stepped.set()
-                        elif self.requests and (self.allow_steps is None or self.allow_steps > 0):
-                            if self.allow_steps is not None:
-                                self.allow_steps -= 1
-                            if self.step_through_class:  # a loop that bypasses the engine object's attribute
-                                await type(self).async_step(self)
-                            else:
-                                await self.async_step()
-                    elif st == "PAUSING":
-                        self._set("PAUSED")
-                        self.events["PAUSED"].set()
+                    if st in ("RUNNING", "PAUSING"):
+                        await self._work_or_pause(st)
                     elif st == "UNPAUSING":
+                        self.consensus = (0, False)  # as megatron drops the PAUSING phase's cached consensus
                         self._set("RUNNING")
                         self.events["PAUSED"].clear()
                         self.events["RUNNING"].set()
@@ -213,6 +239,8 @@ class FakeEngine:
                         self._set("SUSPENDED")
                         self.events["SUSPENDED"].set()
                     elif st == "RESUMING":
+                        if self.reset_count_at_resume:  # as megatron's graph re-capture at a recompute resume
+                            self.count_base = self.steps
                         self._set("PAUSED")
                         self.events["RESUMED"].set()
                     elif st == "STOPPING":
@@ -248,6 +276,8 @@ class FakeAsyncLLM:
         self.inference_config = inference_config
         self.kwargs = kw
         self.engine = FakeEngine(int(tokenizer.eod))
+        self.engine.token_span = max(1, min(20, int(getattr(tokenizer, "vocab_size", 23) or 23) - 3))  # in its vocab
+        self.engine.consensus_interval = int(getattr(inference_config, "ep_consensus_interval", 20))
         self._next = 0
         ready = threading.Event()
 

@@ -560,3 +560,22 @@ def test_the_graph_sizing_option_reaches_both_engine_paths_and_the_baseline_and_
         workload_model({**run, "cuda_graph_sizing": "linear"})
         == "gpt200m on the coordinator loop with linear CUDA graphs"
     )
+
+
+def test_the_consensus_interval_option_is_the_coordinator_loops_and_refused_elsewhere(capsys):
+    """``--ep-consensus-interval`` is never ignored: on the direct engine (no consensus to take) or below 1 the
+    bench stops naming it; on the coordinator loop it is the run's (the JSON records what the loop got)."""
+    for argv, said in (
+        (["--ep-consensus-interval", "20"], "it needs --engine coordinator (not direct)"),
+        (["--engine", "coordinator", "--ep-consensus-interval", "0"], "a positive number of loop iterations"),
+    ):
+        with pytest.raises(SystemExit):
+            inflight_handoff.parse_args(["--workload", "reasoning", "--smoke", *argv])
+        err = capsys.readouterr().err
+        assert "--ep-consensus-interval" in err and said in err, err
+    args = inflight_handoff.parse_args(["--workload", "reasoning", "--engine", "coordinator"])[0]
+    assert args.ep_consensus_interval is None and inflight_handoff.consensus_interval(args) == 1
+    args = inflight_handoff.parse_args(
+        ["--workload", "reasoning", "--engine", "coordinator", "--ep-consensus-interval", "20"]
+    )[0]
+    assert inflight_handoff.consensus_interval(args) == 20

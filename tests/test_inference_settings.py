@@ -33,7 +33,8 @@ def test_graph_sizing_is_megatrons_choice_or_none_and_never_set_without_graphs(m
 
 def test_the_coordinator_path_passes_the_sizing_and_builds_what_it_built_before_without_one() -> None:
     """Without a sizing the config is field for field the one both paths built before the sizing existed (megatron's
-    own default, exponential); with one, only the sizing differs."""
+    own default, exponential), less the consensus interval at expert parallelism 1 (1: a pause lands at the next
+    step); at expert parallelism 2 it is that config exactly; with a sizing, only the sizing differs."""
     from megatron.core.inference.config import InferenceConfig, KVCacheManagementMode
 
     for mode, logprobs in (("persist", "raw"), ("recompute", "processed"), ("offload", "raw")):
@@ -49,7 +50,12 @@ def test_the_coordinator_path_passes_the_sizing_and_builds_what_it_built_before_
             num_cuda_graphs=graphs,
             logprobs_mode=f"{logprobs}_logprobs",
         )
-        assert inference_config(cfg, 8256) == before, mode
+        assert inference_config(cfg, 8256, expert_parallel_size=2) == before, mode
+        assert before.ep_consensus_interval == 20  # megatron's default, left to it where each check is an all-reduce
+        at_one = inference_config(cfg, 8256)
+        assert at_one.ep_consensus_interval == 1 and at_one != before
+        at_one.ep_consensus_interval = 20
+        assert at_one == before, mode
     default = inference_config(CoordinatorConfig(num_cuda_graphs=16, max_requests=256), 8256)
     linear = inference_config(CoordinatorConfig(num_cuda_graphs=16, max_requests=256, cuda_graph_sizing="linear"), 8256)
     assert default.cuda_graph_sizing_distribution is CudaGraphSizingDistribution.EXPONENTIAL  # megatron's own
@@ -77,9 +83,12 @@ def test_the_direct_path_builds_the_same_inference_config_as_the_coordinator_pat
     settings = dict(kv_cache_mode="persist", buffer_size_gb=2.0, max_requests=256, block_size_tokens=256)
     DynamicStepBackend(model, types.SimpleNamespace(eod=0), max_sequence_length=8256, num_cuda_graphs=16,
                        cuda_graph_sizing="linear", logprobs_mode="processed", **settings)  # fmt: skip
-    coordinator = inference_config(
-        CoordinatorConfig(num_cuda_graphs=16, cuda_graph_sizing="linear", logprobs_mode="processed", **settings),
-        8256,
+    coordinator = (
+        inference_config(  # at expert parallelism 2 it leaves the consensus interval, which only its loop reads
+            CoordinatorConfig(num_cuda_graphs=16, cuda_graph_sizing="linear", logprobs_mode="processed", **settings),
+            8256,
+            expert_parallel_size=2,
+        )
     )
     assert seen["use_coordinator"] is False and seen["config"] == coordinator
     assert seen["config"].cuda_graph_sizing_distribution is CudaGraphSizingDistribution.LINEAR
@@ -87,7 +96,7 @@ def test_the_direct_path_builds_the_same_inference_config_as_the_coordinator_pat
     assert megatron_inference_config(
         block_size_tokens=256, buffer_size_gb=2.0, max_requests=256, max_sequence_length=8256,
         kv_cache_mode="persist", num_cuda_graphs=16, cuda_graph_sizing=None, logprobs_mode="raw",
-    ) == inference_config(CoordinatorConfig(num_cuda_graphs=16, **settings), 8256)  # fmt: skip
+    ) == inference_config(CoordinatorConfig(num_cuda_graphs=16, **settings), 8256, 2)  # fmt: skip
 
 
 def test_the_engine_hands_its_sizing_to_the_backend(monkeypatch) -> None:

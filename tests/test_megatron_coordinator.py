@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import math
 import re
 import sys
@@ -622,3 +623,157 @@ def test_a_loop_that_stops_stepping_through_the_wrapper_is_logged_once(engine, c
     assert len(said()) == 1 and "counted 3 steps" in said()[0].getMessage(), [r.getMessage() for r in said()]
     llm.engine.allow_steps = None
     wait_for(first.done, "the answer")
+
+
+def test_the_consensus_interval_is_1_at_expert_parallelism_1_and_megatrons_otherwise() -> None:
+    """megatron's loop checks for a pause only every ``ep_consensus_interval`` iterations while it has work; the
+    check is local at expert parallelism 1, so colo-fsm asks for every step there and leaves megatron's 20 where
+    each check is an all-reduce; a value set is passed as it is, and a bad one refused by name."""
+    from colo_fsm.adapters.megatron.coordinator_config import expert_parallel_size
+
+    assert CoordinatorConfig().consensus_interval(1) == 1 and CoordinatorConfig().consensus_interval(2) is None
+    assert CoordinatorConfig(ep_consensus_interval=5).consensus_interval(1) == 5
+    assert CoordinatorConfig(ep_consensus_interval=5).consensus_interval(4) == 5
+    for bad in (0, -1, True, 2.5, "1"):
+        with pytest.raises(ConfigError, match="ep_consensus_interval"):
+            CoordinatorConfig(ep_consensus_interval=bad)
+    assert expert_parallel_size(CoordinatorConfig(), types.SimpleNamespace(expert_model_parallel_size=4)) == 4
+    assert expert_parallel_size(CoordinatorConfig(expert_model_parallel_size=2), None) == 2
+    assert expert_parallel_size(CoordinatorConfig(), {"ep": 8}) == 8
+    assert expert_parallel_size(CoordinatorConfig(), types.SimpleNamespace(tensor_model_parallel_size=2)) == 1
+
+
+def test_megatrons_loop_takes_its_pause_consensus_every_interval_and_locally_at_expert_parallelism_1() -> None:
+    """What the setting rests on, read in the installed megatron-core: the loop takes the consensus again (and so
+    sees a pause) only when the last one saw no work or at every ``ep_consensus_interval``-th iteration, and the
+    consensus is an all-reduce only above expert parallelism 1."""
+    import inspect
+
+    engines = pytest.importorskip("megatron.core.inference.engines.dynamic_engine", reason="megatron-core")
+    cls = engines.DynamicInferenceEngine
+    loop = " ".join(inspect.getsource(cls.run_engine_with_coordinator).split())
+    assert (
+        "global_work_from_last_consensus == 0 or self._ep_consensus_loop_counter % self.ep_consensus_interval == 0"
+        in loop
+    )
+    assert "self._last_ep_consensus = (0, False)" in loop  # dropped at UNPAUSING, as the test fake does
+    assert "self.ep_consensus_interval = inference_config.ep_consensus_interval" in inspect.getsource(cls.__init__)
+    consensus = inspect.getsource(cls._ep_establish_consensus)
+    assert (
+        "if self.ep_world_size > 1:" in consensus
+        and "global_work, global_consensus = local_work, consensus_val" in consensus
+    )
+
+
+@pytest.mark.parametrize("interval", [None, 20])
+def test_a_pause_lands_at_the_next_step_unless_megatrons_interval_is_kept(interval) -> None:
+    """Forced: the pause reaches megatron's loop just after a consensus (its counter at 1). With the interval
+    colo-fsm sets at expert parallelism 1 the pause lands at once; with megatron's default 20 the loop decodes 19
+    more steps first. ``pause_steps`` records, per suspend, megatron's steps from asking the pause to SUSPENDED."""
+    config = CoordinatorConfig(watch_interval_s=0.01, control_timeout_s=30.0, ep_consensus_interval=interval)
+    eng = CoordinatorEngine(TinyModel(), CharTokenizer(), config, llm_factory=FakeAsyncLLM)
+    try:
+        eng.bring_up()
+        llm = fake(eng)
+        assert llm.engine.consensus_interval == eng.consensus_interval == (interval or 1)
+        h = eng.submit([5, 6, 7], max_tokens=50)
+        wait_for(lambda: llm.engine.steps >= 2, "decoding")
+        llm.engine.counter_at_pause = 1
+        eng.suspend()
+        (landed,) = eng.pause_steps
+        if interval is None:
+            assert landed <= 1, landed  # at most the step that ran while the pause was on its way
+        else:
+            assert landed >= 19, landed
+        assert not h.done()  # parked across it
+        eng.resume()
+        assert h.result(timeout=20).token_ids and len(h.result().token_ids) == 50
+    finally:
+        eng.shutdown()
+
+
+def test_a_count_megatron_sets_to_0_at_a_resume_loses_no_step_of_the_loop_check(engine, caplog) -> None:
+    """megatron's count goes back to 0 at a resume that captures its graphs again; the engine tells the check the
+    count at SUSPENDED and after RESUMED, so steps that bypass the wrapper after it are told at their number (3),
+    not hidden behind the steps before the resume."""
+    import logging
+
+    eng, _ = engine
+    said = lambda: [r for r in caplog.records if "did not reach the step profile" in r.getMessage()]  # noqa: E731
+    eng.bring_up()
+    llm = fake(eng)
+    llm.engine.reset_count_at_resume = True
+    llm.engine.allow_steps = 5
+    h = eng.submit([5, 6, 7], max_tokens=30)
+    wait_for(lambda: llm.engine.steps == 5, "five steps through the wrapper")
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), eng._loop).result(timeout=20)
+    eng.suspend()
+    eng.resume()
+    assert llm.engine.context.step_count == 0  # megatron's count set back
+    llm.engine.step_through_class = True
+    llm.engine.allow_steps = 3
+    wait_for(lambda: llm.engine.steps == 8, "three steps past the wrapper")
+    with caplog.at_level(logging.WARNING):
+        assert eng.step_profile()["steps"] == 5
+    assert len(said()) == 1 and "counted 3 steps" in said()[0].getMessage(), [r.getMessage() for r in said()]
+    llm.engine.step_through_class = False
+    llm.engine.allow_steps = None
+    wait_for(h.done, "the answer")
+
+
+def _bench_on_the_scripted_loop(monkeypatch, tmp_path, *extra: str, counter_at_pause: int | None = None) -> dict:
+    """``bench/inflight_handoff.py --engine coordinator`` on the CPU: the bench's own model, tokenizer, lifecycle
+    and collector, with megatron's loop scripted (:class:`FakeAsyncLLM`); its JSON."""
+    import json
+
+    import bench._handoff as handoff
+    from bench import inflight_handoff
+
+    class ScriptedLoop(CoordinatorEngine):
+        def bring_up(self) -> None:
+            super().bring_up()
+            self._llm.engine.counter_at_pause = counter_at_pause
+
+    def scripted(mode, args, shape, model, tokenizer, weight_version, max_sequence_length):
+        config = CoordinatorConfig(max_requests=shape.max_active_requests, watch_interval_s=0.01,
+                                   ep_consensus_interval=args.ep_consensus_interval)  # fmt: skip
+        return ScriptedLoop(model, tokenizer, config, weight_version=weight_version,
+                            max_sequence_length=max_sequence_length, llm_factory=FakeAsyncLLM)  # fmt: skip
+
+    monkeypatch.setitem(handoff.ENGINES, "coordinator", scripted)
+    out = tmp_path / "run.json"
+    argv = ["--workload", "reasoning", "--smoke", "--model", "small", "--max-len", "48", "--engine", "coordinator",
+            "--modes", "park,sync", "--out", str(out), *extra]  # fmt: skip
+    logger = logging.getLogger("colo_fsm")
+    level = logger.level
+    try:
+        assert inflight_handoff.main(argv) == 0
+    finally:
+        logger.setLevel(level)  # the bench quiets colo-fsm's logs for its run; the tests after it read them
+    return json.loads(out.read_text())
+
+
+def test_the_handoff_bench_on_the_coordinator_loop_records_where_each_pause_landed(monkeypatch, tmp_path) -> None:
+    """The coordinator path's bench run, on the CPU: the loop's consensus interval in the JSON (1, colo-fsm's at
+    expert parallelism 1) and, per measured handoff, megatron's steps from asking the pause to SUSPENDED (at most
+    the step under way); a run at megatron's 20, its pause forced to arrive just after a consensus, records the 19
+    steps park's pauses waited, and is a workload of its own, never pooled with the other."""
+    from bench.gpu_runs import workload_model
+
+    ours = _bench_on_the_scripted_loop(monkeypatch, tmp_path)
+    assert ours["ep_consensus_interval"] == 1
+    for mode in ("park", "sync"):
+        row = ours["modes"][mode]
+        assert row["measured_steps"] >= 3 and len(row["pause_steps"]) == row["measured_steps"], row.get("pause_steps")
+        assert row["pause_steps_max"] <= 1, row["pause_steps"]
+    kept = _bench_on_the_scripted_loop(monkeypatch, tmp_path, "--ep-consensus-interval", "20", counter_at_pause=1)
+    assert kept["ep_consensus_interval"] == 20
+    assert kept["modes"]["park"]["pause_steps_max"] >= 19, kept["modes"]["park"]["pause_steps"]
+    assert workload_model(ours) == "small on the coordinator loop, pause checked every step"
+    assert (
+        workload_model(kept)
+        == workload_model({**ours, "ep_consensus_interval": None})
+        == (
+            "small on the coordinator loop"  # megatron's 20, as every run before the setting
+        )
+    )

@@ -136,19 +136,42 @@ def test_profile_async_steps_times_every_step_the_loop_awaits_and_refuses_a_seco
 def test_megatrons_coordinator_loop_counts_only_what_the_wrappers_see():
     """The coordinator path's profile wraps ``engine.async_step`` and ``engine.controller.dummy_forward`` on their
     objects, and :class:`LoopCheck` compares megatron's step count with what they saw. Both hold only while the
-    installed megatron-core's loop awaits ``self.async_step()`` for a step and counts a step otherwise only right
-    after ``self.controller.dummy_forward()`` (an idle expert-parallel rank joining a peer): read in its source,
-    so an upgrade that steps or counts some other way fails here."""
+    installed megatron-core's loop awaits ``self.async_step()`` for a step and its step count changes only where
+    read here: once in the step's forward, once after each of the loop's two dummy forwards, and set to 0 where the
+    context is made and reset. Every write to it in megatron's inference package is pinned, so an upgrade that
+    steps or counts some other way fails here."""
     import inspect
+    import re
+    from pathlib import Path
 
     engines = pytest.importorskip("megatron.core.inference.engines.dynamic_engine", reason="megatron-core")
-    lines = inspect.getsource(engines.DynamicInferenceEngine.run_engine_with_coordinator).splitlines()
-    assert any("await self.async_step()" in line for line in lines)
-    assert not any(call in line for line in lines for call in ("self.step(", "self.step_modern(", "async_forward("))
-    counted = [i for i, line in enumerate(lines) if "step_count +=" in line]
-    assert counted, "megatron's loop no longer counts its dummy forwards itself"
+    loop = [
+        ln.split("#")[0]
+        for ln in inspect.getsource(engines.DynamicInferenceEngine.run_engine_with_coordinator).splitlines()
+    ]
+    assert any("await self.async_step()" in ln for ln in loop)
+    assert not any(call in ln for ln in loop for call in ("self.step(", "self.step_modern(", "async_forward("))
+    counted = [i for i, ln in enumerate(loop) if "step_count +=" in ln]
+    assert len(counted) == 2, "megatron's loop counts its steps in more places than its two dummy forwards"
     for i in counted:
-        assert any("self.controller.dummy_forward()" in line for line in lines[max(0, i - 8) : i]), lines[i]
+        assert any("self.controller.dummy_forward()" in ln for ln in loop[max(0, i - 8) : i]), loop[i]
+    package = Path(engines.__file__).resolve().parents[1]
+    writes = sorted(
+        (path.relative_to(package).as_posix(), m.group(1), m.group(2).strip())
+        for path in package.rglob("*.py")
+        for ln in path.read_text().splitlines()
+        if (m := re.search(r"\b(\w*\.?)step_count\s*(\+=|=)\s*(?!=)", ln.split("#")[0]))
+        and not re.search(r"\w_step_count|step_count_", ln)
+    )
+    assert writes == [
+        ("contexts/dynamic_context.py", "self.", "="),
+        ("contexts/dynamic_context.py", "self.", "="),
+        ("engines/dynamic_engine.py", "context.", "+="),
+        ("engines/dynamic_engine.py", "context.", "+="),
+        ("engines/dynamic_engine.py", "context.", "+="),
+    ], writes
+    forward = inspect.getsource(engines.DynamicInferenceEngine.async_forward)
+    assert forward.count("self.context.step_count += 1") == 1  # the step's own count, before it returns
 
 
 def test_profile_async_steps_counts_the_loops_dummy_forwards_apart_from_its_steps():
@@ -169,20 +192,68 @@ def test_profile_async_steps_counts_the_loops_dummy_forwards_apart_from_its_step
     assert w["steps"] == 0 and w["dummy_forwards"] == 3
 
 
+def _reads(count, snapshot):
+    return (lambda: count), (lambda: snapshot)
+
+
 def test_the_loop_check_tells_a_miss_from_a_step_under_way_a_dummy_forward_and_a_reset():
     """megatron counts a step before it returns through the wrapper, so the count may run ahead of the profile by
     the margin with nothing missed; dummy forwards and failed records were seen; a count that drops is megatron
     capturing its graphs again, and a miss after it is still told; a miss is told once."""
     assert MISS_MARGIN == 2
     check = LoopCheck(count_at_wrap=5)  # 5 dummy forwards before the wrappers were set: not this check's
-    assert check.missed(6, {}) == 1 and check.check(7, {}) is None  # within the margin: steps under way
-    assert check.missed(30, {"steps": 20, "dummy_forwards": 3, "record_errors": 2}) == 0
-    assert check.check(30, {"steps": 20, "dummy_forwards": 3, "record_errors": 2}) is None
-    assert check.missed(4, {"steps": 24, "dummy_forwards": 3, "record_errors": 2}) == 0  # reset, 4 steps since
-    assert check.check(14, {"steps": 24, "dummy_forwards": 3, "record_errors": 2}) == 10  # 10 past the wrapper
-    assert check.check(20, {"steps": 24, "dummy_forwards": 3, "record_errors": 2}) is None  # told already
+    assert check.check(*_reads(6, {})) == ({}, None) and check.check(*_reads(7, {}))[1] is None  # under way
+    seen = {"steps": 20, "dummy_forwards": 3, "record_errors": 2}
+    assert check.check(*_reads(30, seen)) == (seen, None)
+    after = {"steps": 24, "dummy_forwards": 3, "record_errors": 2}
+    assert check.check(*_reads(4, after))[1] is None  # a reset read as a lower count: 4 steps since it
+    assert check.check(*_reads(14, after))[1] == 10  # 10 past the wrapper
+    assert check.check(*_reads(20, after))[1] is None  # told already
     quiet = LoopCheck(0)
-    assert quiet.check(MISS_MARGIN, {}) is None and quiet.check(MISS_MARGIN + 1, {}) == MISS_MARGIN + 1
+    assert quiet.check(*_reads(MISS_MARGIN, {}))[1] is None
+    assert quiet.check(*_reads(MISS_MARGIN + 1, {}))[1] == MISS_MARGIN + 1
+
+
+def test_a_resume_that_recaptures_graphs_loses_no_step_where_the_engine_holds_the_loop_still():
+    """The engine tells the check megatron's count at SUSPENDED and again after the resume (where a graph
+    re-capture set it to 0): every step is counted across it, so a later miss is told at its true size. Read only
+    as a lower count, the steps before the reset would be lost, and a miss hidden by as many."""
+    held = LoopCheck(0)
+    assert held.check(*_reads(100, {"steps": 100}))[1] is None
+    held.hold(130)  # 30 more steps, then SUSPENDED
+    held.restart(0)  # megatron captured its graphs again
+    assert held.check(*_reads(5, {"steps": 135}))[1] is None
+    assert held.check(*_reads(12, {"steps": 138}))[1] == 4  # 4 steps past the wrapper, told as 4
+    guessed = LoopCheck(0)
+    assert guessed.check(*_reads(100, {"steps": 100}))[1] is None
+    assert guessed.check(*_reads(12, {"steps": 138}))[1] is None  # the 30 before the reset lost: the 4 hidden
+
+
+def test_two_readers_never_apply_an_older_count_after_a_newer_one():
+    """Forced: reader A reads megatron's count (110) and stalls before applying it while the loop runs 40 steps
+    and reader B comes. B waits for A, so A's 110 is never applied after B's 150 (read as a reset, it would add 110
+    steps that were never missed)."""
+    import threading
+
+    check = LoopCheck(0)
+    a_inside, release = threading.Event(), threading.Event()
+
+    def stalled_snapshot():
+        a_inside.set()
+        assert release.wait(30)
+        return {"steps": 109}
+
+    said = []
+    a = threading.Thread(target=lambda: said.append(check.check(lambda: 110, stalled_snapshot)[1]))
+    b = threading.Thread(target=lambda: said.append(check.check(lambda: 150, lambda: {"steps": 149})[1]))
+    a.start()
+    assert a_inside.wait(30)
+    b.start()
+    b.join(0.2)  # B has the time to run through, were A's read not held under the check's lock
+    release.set()
+    a.join(30)
+    b.join(30)
+    assert said == [None, None], said
 
 
 def test_a_request_megatron_failed_at_admission_is_not_counted_as_decoded():

@@ -49,6 +49,7 @@ from colo_fsm.adapters.megatron.coordinator_config import (
     client_of,
     coordinator_dependencies,
     entry_script,
+    expert_parallel_size,
     global_rank,
     in_spawn_bootstrap,
     inference_config,
@@ -153,6 +154,8 @@ class CoordinatorEngine(TextGeneration):
         self._worker_stop = threading.Event()
         self.epochs_sent: list[int] = []
         self.timings: list[tuple[str, float]] = []  # ("suspend"|"resume", seconds), in order
+        self.pause_steps: list[int] = []  # per suspend: megatron's steps between asking the pause and SUSPENDED
+        self.consensus_interval: int | None = None  # megatron's ep_consensus_interval, set at bring_up
         self.transitions: list[tuple[str, str]] = []  # (call, EngineState after it), in order
         self.loop_device: int | None = None
         self.seeds_not_applied = 0
@@ -185,12 +188,14 @@ class CoordinatorEngine(TextGeneration):
         if self.config.coordinator_port is not None:
             kwargs["coordinator_port"] = self.config.coordinator_port
         t0 = time.perf_counter()
+        ep = expert_parallel_size(self.config, self.training_config)
+        self.consensus_interval = self.config.consensus_interval(ep)  # a pause lands within this many steps
         with device_context(self.device):  # megatron's loop thread inherits the constructing thread's device
             try:
                 llm = self._factory(
                     model=self.model,
                     tokenizer=self.tokenizer,
-                    inference_config=inference_config(self.config, self.max_sequence_length),
+                    inference_config=inference_config(self.config, self.max_sequence_length, ep),
                     use_coordinator=True,
                     **kwargs,
                 )
@@ -216,11 +221,13 @@ class CoordinatorEngine(TextGeneration):
         self._set_epoch(int(self._weight_version()))
         self.build_s = time.perf_counter() - t0
         log.info(
-            "coordinator engine up in %.2f s: %s EngineState=%s, kv_cache_mode=%s, loop device %s, rank %d%s",
+            "coordinator engine up in %.2f s: %s EngineState=%s, kv_cache_mode=%s, pause checked every %s loop "
+            "step(s), loop device %s, rank %d%s",
             self.build_s,
             ENGINE_NAME,
             self.native_state(),
             self.config.kv_cache_mode,
+            self.consensus_interval or "20 (megatron's default)",
             self.loop_device,
             self.rank,
             " (holds the InferenceClient)" if self.is_primary else "",
@@ -235,9 +242,13 @@ class CoordinatorEngine(TextGeneration):
         elif self.native_state() == "RUNNING" and self.inflight is InflightPolicy.ABORT:
             self._end_in_flight(llm)
         if self.native_state() != "SUSPENDED":
+            before = self.steps
             for call, want in SLEEP:
                 self._call(getattr(llm, call)(), f"{call} (to {want})")
                 self.transitions.append((call, self.native_state()))
+            self.pause_steps.append(self.steps - before)
+            if self._loop_check is not None:
+                self._loop_check.hold(self.steps)  # SUSPENDED: megatron's loop holds still
         with device_context(self.device):
             self.mode.to_training()  # guards: every rank back in the training mode, identically
         self.timings.append(("suspend", time.perf_counter() - t0))
@@ -254,6 +265,8 @@ class CoordinatorEngine(TextGeneration):
         for call, want in WAKE:
             self._call(getattr(llm, call)(), f"{call} (to {want})")
             self.transitions.append((call, self.native_state()))
+            if call == "resume" and self._loop_check is not None:  # resumed, not unpaused: the loop holds still
+                self._loop_check.restart(self.steps)  # (megatron's count is 0 again where it recaptured its graphs)
         self._resubmit_ended()
         self.timings.append(("resume", time.perf_counter() - t0))
 
@@ -352,9 +365,9 @@ class CoordinatorEngine(TextGeneration):
         logged once (:class:`~colo_fsm.adapters.megatron.step_profile.LoopCheck`)."""
         if self.profile is None:
             return None
-        count = self.steps  # read first: then at most the step under way is missing from the snapshot
-        snapshot = self.profile.snapshot()
-        missed = self._loop_check.check(count, snapshot) if self._loop_check is not None else None
+        if self._loop_check is None:
+            return self.profile.snapshot()
+        snapshot, missed = self._loop_check.check(lambda: self.steps, self.profile.snapshot)
         if missed is not None:
             log.warning(
                 "megatron's engine loop counted %d steps that did not reach the step profile: the loop steps some "

@@ -12,7 +12,7 @@ import asyncio
 import math
 import sys
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,13 @@ class CoordinatorConfig:
     with the requests in flight: "park" (alias "keep", default: megatron keeps them), "drain" (alias "wait": the
     suspend waits for their answers) or "abort" (ended, then resubmitted as prompt + tokens so far after the
     resume: :mod:`~colo_fsm.adapters.megatron.coordinator_inflight`).
+
+    ``ep_consensus_interval`` is megatron's ``InferenceConfig.ep_consensus_interval``: while its loop has work, it
+    checks whether every expert-parallel peer asked to pause only every this many iterations, so a pause lands up
+    to that many decode steps after it was asked. None (the default) sets 1 where expert parallelism is 1 (the
+    check is then local and costs nothing, and the pause lands at the next step) and leaves megatron's default
+    (20) otherwise (there each check is an all-reduce over the expert-parallel group): see
+    :meth:`consensus_interval`.
     """
 
     kv_cache_mode: str = "persist"
@@ -66,6 +73,7 @@ class CoordinatorConfig:
     expert_tensor_parallel_size: int | None = None
     context_parallel_size: int | None = None
     inflight: str = "park"
+    ep_consensus_interval: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inflight", parse_inflight(self.inflight).value)
@@ -77,7 +85,13 @@ class CoordinatorConfig:
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or not math.isfinite(v):
                 raise ConfigError(name, v, "a positive number")
         positive_int("block_size_tokens", self.block_size_tokens)
-        for name in ("max_requests", "num_cuda_graphs", "max_request_tokens", "coordinator_port"):
+        for name in (
+            "max_requests",
+            "num_cuda_graphs",
+            "max_request_tokens",
+            "coordinator_port",
+            "ep_consensus_interval",
+        ):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), "a positive integer, or None")
         object.__setattr__(self, "cuda_graph_sizing", check_graph_sizing(self.cuda_graph_sizing, self.num_cuda_graphs))
@@ -104,6 +118,13 @@ class CoordinatorConfig:
                 "the context, which drops the parked requests)",
             )
 
+    def consensus_interval(self, expert_parallel_size: int) -> int | None:
+        """The ``ep_consensus_interval`` megatron's loop gets at ``expert_parallel_size``: the one set, else 1 at
+        expert parallelism 1, else None (megatron's default, 20)."""
+        if self.ep_consensus_interval is not None:
+            return self.ep_consensus_interval
+        return 1 if expert_parallel_size == 1 else None
+
     @property
     def engine_max_requests(self) -> int:
         """The requests megatron's engine holds at once (``max_requests``, else 128)."""
@@ -121,9 +142,10 @@ def _kv_mode(value: Any) -> str:
     return parse_kv_cache_mode(value).value
 
 
-def inference_config(config: CoordinatorConfig, max_sequence_length: int) -> Any:
+def inference_config(config: CoordinatorConfig, max_sequence_length: int, expert_parallel_size: int = 1) -> Any:
     """megatron-core's ``InferenceConfig`` of ``config`` (:func:`~colo_fsm.adapters.megatron.inference_settings.
-    megatron_inference_config`, as the direct path builds it)."""
+    megatron_inference_config`, as the direct path builds it, with the loop's consensus interval at
+    ``expert_parallel_size``: :meth:`CoordinatorConfig.consensus_interval`)."""
     return megatron_inference_config(
         block_size_tokens=config.block_size_tokens,
         buffer_size_gb=config.buffer_size_gb,
@@ -133,7 +155,19 @@ def inference_config(config: CoordinatorConfig, max_sequence_length: int) -> Any
         num_cuda_graphs=config.num_cuda_graphs,
         cuda_graph_sizing=config.cuda_graph_sizing,
         logprobs_mode=config.logprobs_mode,
+        ep_consensus_interval=config.consensus_interval(expert_parallel_size),
     )
+
+
+def expert_parallel_size(config: CoordinatorConfig, training_config: Any) -> int:
+    """The expert parallelism the engine runs at: the config's, else the training model's (1 where unset)."""
+    if config.expert_model_parallel_size is not None:
+        return config.expert_model_parallel_size
+    if isinstance(training_config, Mapping):
+        size = training_config.get("expert_model_parallel_size", training_config.get("ep"))
+    else:
+        size = getattr(training_config, "expert_model_parallel_size", None)
+    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
 
 
 def coordinator_dependencies() -> tuple[bool, str]:
@@ -225,6 +259,7 @@ __all__ = [
     "client_of",
     "coordinator_dependencies",
     "entry_script",
+    "expert_parallel_size",
     "global_rank",
     "in_spawn_bootstrap",
     "inference_config",

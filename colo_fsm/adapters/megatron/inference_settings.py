@@ -48,12 +48,15 @@ def megatron_inference_config(
     cuda_graph_sizing: str | None,
     logprobs_mode: str,
     graphs_for_mixed_steps: bool = True,
+    ep_consensus_interval: int | None = None,
 ) -> Any:
     """megatron-core's ``InferenceConfig`` from colo-fsm's settings (already checked by the engine's config): only
     the last token's logits materialized (every request asks log-probs of its generated tokens only), megatron's
     ``raw_logprobs``/``processed_logprobs`` for ``logprobs_mode``, and ``cuda_graph_sizing`` passed only when set,
     so megatron's default stays its own. ``graphs_for_mixed_steps=False`` captures graphs for decode-only steps
-    alone (megatron's ``use_cuda_graphs_for_non_decode_steps``; the benchmarks' graph baseline asks it)."""
+    alone (megatron's ``use_cuda_graphs_for_non_decode_steps``; the benchmarks' graph baseline asks it).
+    ``ep_consensus_interval`` is megatron's, passed only when set (the coordinator path sets it: only megatron's
+    coordinator loop reads it)."""
     from megatron.core.inference.config import CudaGraphSizingDistribution, InferenceConfig, KVCacheManagementMode
 
     sizing: dict[str, Any] = {}
@@ -61,6 +64,8 @@ def megatron_inference_config(
         sizing["cuda_graph_sizing_distribution"] = CudaGraphSizingDistribution(cuda_graph_sizing)
     if not graphs_for_mixed_steps:
         sizing["use_cuda_graphs_for_non_decode_steps"] = False
+    if ep_consensus_interval is not None:
+        sizing["ep_consensus_interval"] = ep_consensus_interval
     return InferenceConfig(
         block_size_tokens=block_size_tokens,
         buffer_size_gb=buffer_size_gb,  # megatron multiplies it by 1024**3

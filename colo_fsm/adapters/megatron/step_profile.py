@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from colo_fsm.log import get_logger
@@ -77,8 +78,9 @@ class StepProfile:
                 s[key] = s.get(key, 0) + v
 
     def add_dummy_forward(self) -> None:
-        """Count one dummy forward: megatron's coordinator loop runs one on an expert-parallel rank with no request
-        of its own while a peer decodes (it counts it as a step; it is no step of this rank's requests)."""
+        """Count one dummy forward: megatron's coordinator loop runs one where it has no request of its own while
+        its last consensus said some expert-parallel peer has work (a peer decoding, or its own work of up to
+        ``ep_consensus_interval`` iterations ago); megatron counts it as a step, but it decodes no request."""
         with self._lock:
             self._sums["dummy_forwards"] = self._sums.get("dummy_forwards", 0) + 1
 
@@ -250,9 +252,9 @@ def profile_async_steps(engine: Any, profile: StepProfile) -> None:
     (megatron's class is untouched), which awaits the step and records it (:func:`record_step_safely`). The time
     is the step's wall time in the loop's event loop: what the loop does between steps (scheduling, the
     data-parallel consensus) is not in it, but a coroutine that runs while the step yields to the loop (megatron's
-    step awaits ``asyncio.sleep(0)`` inside) is. The loop's dummy forwards (an expert-parallel rank with nothing
-    of its own to decode joins a peer's step through ``engine.controller.dummy_forward()``) are counted too, apart
-    from the steps (:meth:`StepProfile.add_dummy_forward`). Applying it twice to one engine is refused (the steps
+    step awaits ``asyncio.sleep(0)`` inside) is. The loop's dummy forwards (``engine.controller.dummy_forward()``,
+    where it has nothing of its own to decode but its last consensus saw work) are counted too, apart from the
+    steps (:meth:`StepProfile.add_dummy_forward`). Applying it twice to one engine is refused (the steps
     would count twice)."""
     step = engine.async_step
     if getattr(step, "colo_fsm_profiled", False):
@@ -268,20 +270,25 @@ def profile_async_steps(engine: Any, profile: StepProfile) -> None:
     engine.async_step = timed_step
     controller: Any = getattr(engine, "controller", None)
     dummy = getattr(controller, "dummy_forward", None)
-    if callable(dummy):
+    if callable(dummy) and not getattr(dummy, "colo_fsm_profiled", False):
 
         def counted_dummy(*args: Any, **kwargs: Any) -> Any:
             result = dummy(*args, **kwargs)
-            profile.add_dummy_forward()
+            try:
+                profile.add_dummy_forward()
+            except Exception:  # never into megatron's loop: the profile is a diagnostic
+                if profile.record_error() == 1:
+                    log.exception("step profile: a dummy forward could not be counted (counted in record_errors)")
             return result
 
+        counted_dummy.colo_fsm_profiled = True  # type: ignore[attr-defined]
         controller.dummy_forward = counted_dummy
 
 
 MISS_MARGIN = 2
 """Steps megatron's count may run ahead of what the profile saw with none missed: the step under way as the count
-is read (megatron counts it before it returns through the wrapper), and a dummy forward under way as the wrappers
-were set."""
+is read (megatron counts it before it returns through the wrapper), and one step or dummy forward under way as the
+wrappers were set (or whose bookkeeping raised after megatron counted it, which ends the loop)."""
 
 
 class LoopCheck:
@@ -290,10 +297,13 @@ class LoopCheck:
     failed records and dummy forwards. A gap past :data:`MISS_MARGIN` is steps the loop ran some other way (a
     megatron-core that no longer steps through the engine object's ``async_step``).
 
-    megatron sets its count back to 0 when it captures its CUDA graphs again (a resume in the recompute and
-    offload modes). A count lower than the last one read is taken as such a reset, and the steps counted since
-    it are added, so a miss after it is still seen; the steps between the last read and the reset are not, so
-    the gap can only come out smaller, never larger. Thread-safe; a miss is told once (:meth:`check`)."""
+    megatron sets its count back to 0 when it captures its CUDA graphs again (at a resume, in the recompute and
+    offload modes where its KV memory moved). The engine tells the check where the loop holds still around a
+    resume (:meth:`hold` once SUSPENDED, :meth:`restart` once RESUMED and not yet unpaused), so no step is lost
+    there; a count lower than the last one read anywhere else is taken as such a reset and the steps counted
+    since it are added (the steps between the last read and the reset are then not, so the gap comes out smaller,
+    never larger). The count and the snapshot are read and applied under one lock (:meth:`check`): two readers
+    never apply an older count after a newer one. A miss is told once."""
 
     def __init__(self, count_at_wrap: int) -> None:
         self._lock = threading.Lock()
@@ -301,25 +311,37 @@ class LoopCheck:
         self._counted = 0  # megatron's steps since the wrappers were set, across its resets
         self._told = False
 
-    def missed(self, count: int, snapshot: dict[str, float]) -> int:
-        """Steps megatron counted (``count``: its step count, read *before* ``snapshot`` was taken) that reached
-        neither the profile (recorded, or failed to record) nor its dummy forwards, since the wrappers were set."""
-        with self._lock:
-            count = int(count)
-            self._counted += count - self._last if count >= self._last else count
-            self._last = count
-            counted = self._counted
-        seen = snapshot.get("steps", 0) + snapshot.get("record_errors", 0) + snapshot.get("dummy_forwards", 0)
-        return int(counted - seen)
+    def _advance(self, count: int) -> None:
+        count = int(count)
+        self._counted += count - self._last if count >= self._last else count
+        self._last = count
 
-    def check(self, count: int, snapshot: dict[str, float]) -> int | None:
-        """:meth:`missed` where it is past :data:`MISS_MARGIN` for the first time (to be told), else None."""
-        missed = self.missed(count, snapshot)
+    def check(
+        self, read_count: Callable[[], int], read_snapshot: Callable[[], dict[str, float]]
+    ) -> tuple[dict[str, float], int | None]:
+        """The profile's snapshot (``read_snapshot()``), and the steps megatron counted (``read_count()``, read
+        first) that reached neither the profile (recorded, or failed to record) nor its dummy forwards, where that
+        is past :data:`MISS_MARGIN` for the first time (to be told; None otherwise)."""
         with self._lock:
-            if missed <= MISS_MARGIN or self._told:
-                return None
-            self._told = True
-        return missed
+            count = read_count()  # first: then at most the step under way is missing from the snapshot
+            snapshot = read_snapshot()
+            self._advance(count)
+            seen = snapshot.get("steps", 0) + snapshot.get("record_errors", 0) + snapshot.get("dummy_forwards", 0)
+            missed = int(self._counted - seen)
+            tell = missed > MISS_MARGIN and not self._told
+            self._told = self._told or tell
+        return snapshot, missed if tell else None
+
+    def hold(self, count: int) -> None:
+        """megatron's count where its loop holds still (SUSPENDED): every step up to it is counted."""
+        with self._lock:
+            self._advance(count)
+
+    def restart(self, count: int) -> None:
+        """megatron's count after a resume, before its loop runs again (RESUMED, not unpaused): counting goes on
+        from it, whether megatron set it back to 0 or not."""
+        with self._lock:
+            self._last = int(count)
 
 
 __all__ = [
