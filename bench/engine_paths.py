@@ -89,6 +89,27 @@ def compare(per_engine: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, 
     return out, no_ratio
 
 
+COORDINATOR_ONLY = ("--ep-consensus-interval",)
+"""Options of the handoff bench only the coordinator loop takes: given to its run, left out of the direct one's."""
+
+
+def argv_for(engine: str, rest: list[str]) -> list[str]:
+    """The handoff bench's arguments for one engine path: ``rest`` less, for the direct path, the options only the
+    coordinator loop takes (:data:`COORDINATOR_ONLY`, with their values)."""
+    if engine == "coordinator":
+        return list(rest)
+    out: list[str] = []
+    skip = False
+    for a in rest:
+        if skip:
+            skip = False
+        elif a in COORDINATOR_ONLY:
+            skip = True
+        elif not any(a.startswith(f"{o}=") for o in COORDINATOR_ONLY):
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both engine paths, print the comparison table, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=True)
@@ -114,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         path = out_path.with_name(f"{out_path.stem}_{engine}.json")
         print(f"=== engine {engine}", flush=True)
         try:
-            rc = inflight_handoff.main([*rest, "--engine", engine, "--out", str(path)])
+            rc = inflight_handoff.main([*argv_for(engine, rest), "--engine", engine, "--out", str(path)])
         except Exception as exc:  # one engine path failing must not lose the other's numbers
             rc = 1
             errors[engine] = f"{type(exc).__name__}: {exc}"

@@ -378,7 +378,9 @@ def engine_paths_section(paths: list[tuple[Path, dict[str, Any]]]) -> list[str]:
     for path, d in paths:
         runs = [r for r in (d.get("runs") or {}).values() if isinstance(r, dict)]
         commit = d.get("commit") or next((r.get("commit") for r in runs if r.get("commit")), None) or "?"
-        lines.append(f"* `{path.name}`: commit `{commit}`, `{d.get('command', '?')}`")
+        interval = ((d.get("runs") or {}).get("coordinator") or {}).get("ep_consensus_interval")
+        checked = "" if interval is None else f"; the coordinator loop checked for a pause every {interval} step(s)"
+        lines.append(f"* `{path.name}`: commit `{commit}`, `{d.get('command', '?')}`{checked}")
         for m, r in (d.get("compare") or {}).items():
             lines.append(
                 f"  * {m}: coordinator {r['coordinator_samples_per_s']:.2f} vs direct {r['direct_samples_per_s']:.2f} "

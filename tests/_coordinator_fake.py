@@ -24,7 +24,10 @@ next power of two at or above the requests stepped), so a wrapper set on the eng
 The loop takes megatron's consensus as megatron-core 0.19.2's ``run_engine_with_coordinator`` does: while it has
 work, only every ``ep_consensus_interval`` iterations of its ``InferenceConfig`` (``engine.consensus_interval``),
 so a pause lands only at the next consensus; ``engine.counter_at_pause = k`` sets the iteration counter to ``k``
-when a pause arrives (k = 1 with the interval 20: the pause lands 19 iterations later).
+when a pause arrives (k = 1 with the interval 20: the pause lands 19 iterations later). Two differences no test
+here relies on: this loop yields to its event loop at every iteration, where megatron's does not on an iteration
+that only takes the consensus or runs a dummy forward (so there answers and signals wait for a dummy tail), and an
+iteration metered to no step (``allow_steps = 0``) still advances the counter.
 
 ``engine.context.step_count`` counts the steps, as megatron's does, and the dummy forwards an idle
 expert-parallel rank runs (``engine.idle_dummy_forwards = n``: n more of ``engine.controller.dummy_forward()``

@@ -294,6 +294,11 @@ def test_the_report_shows_the_engine_paths_with_their_commit_steps_handoff_and_d
     text = "\n".join(gpu_report.engine_paths_section(paths))
     assert "park: coordinator 8.98 vs direct 8.05 samples/s (**1.11x**, 3 and 3 measured steps)" in text
     assert "handoff p50 80.2 vs 11.3 ms; engine decode 12,689 vs 11,220 tokens/s" in text
+    assert "checked for a pause" not in line  # it predates the setting: megatron's 20, unsaid as every run's then
+    ((path, d),) = [(p, d) for p, d in paths if "engine-paths-reasoning-cut8192-park" in p.name]
+    newer = {**d, "runs": {**d["runs"], "coordinator": {**d["runs"]["coordinator"], "ep_consensus_interval": 1}}}
+    (said,) = [x for x in gpu_report.engine_paths_section([(path, newer)]) if path.name in x]
+    assert said.endswith("; the coordinator loop checked for a pause every 1 step(s)")
 
 
 def test_the_report_shows_each_runs_graph_baseline_and_each_modes_decode_steps():

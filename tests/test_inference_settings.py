@@ -52,12 +52,16 @@ def test_the_coordinator_path_passes_the_sizing_and_builds_what_it_built_before_
         )
         assert inference_config(cfg, 8256, expert_parallel_size=2) == before, mode
         assert before.ep_consensus_interval == 20  # megatron's default, left to it where each check is an all-reduce
-        at_one = inference_config(cfg, 8256)
+        at_one = inference_config(cfg, 8256, expert_parallel_size=1)
         assert at_one.ep_consensus_interval == 1 and at_one != before
         at_one.ep_consensus_interval = 20
         assert at_one == before, mode
-    default = inference_config(CoordinatorConfig(num_cuda_graphs=16, max_requests=256), 8256)
-    linear = inference_config(CoordinatorConfig(num_cuda_graphs=16, max_requests=256, cuda_graph_sizing="linear"), 8256)
+    default = inference_config(CoordinatorConfig(num_cuda_graphs=16, max_requests=256), 8256, expert_parallel_size=1)
+    linear = inference_config(
+        CoordinatorConfig(num_cuda_graphs=16, max_requests=256, cuda_graph_sizing="linear"),
+        8256,
+        expert_parallel_size=1,
+    )
     assert default.cuda_graph_sizing_distribution is CudaGraphSizingDistribution.EXPONENTIAL  # megatron's own
     assert linear.cuda_graph_sizing_distribution is CudaGraphSizingDistribution.LINEAR
     assert (linear.num_cuda_graphs, linear.max_requests, linear.max_sequence_length) == (16, 256, 8256)
@@ -96,7 +100,7 @@ def test_the_direct_path_builds_the_same_inference_config_as_the_coordinator_pat
     assert megatron_inference_config(
         block_size_tokens=256, buffer_size_gb=2.0, max_requests=256, max_sequence_length=8256,
         kv_cache_mode="persist", num_cuda_graphs=16, cuda_graph_sizing=None, logprobs_mode="raw",
-    ) == inference_config(CoordinatorConfig(num_cuda_graphs=16, **settings), 8256, 2)  # fmt: skip
+    ) == inference_config(CoordinatorConfig(num_cuda_graphs=16, **settings), 8256, expert_parallel_size=2)  # fmt: skip
 
 
 def test_the_engine_hands_its_sizing_to_the_backend(monkeypatch) -> None:

@@ -637,10 +637,20 @@ def test_the_consensus_interval_is_1_at_expert_parallelism_1_and_megatrons_other
     for bad in (0, -1, True, 2.5, "1"):
         with pytest.raises(ConfigError, match="ep_consensus_interval"):
             CoordinatorConfig(ep_consensus_interval=bad)
-    assert expert_parallel_size(CoordinatorConfig(), types.SimpleNamespace(expert_model_parallel_size=4)) == 4
-    assert expert_parallel_size(CoordinatorConfig(expert_model_parallel_size=2), None) == 2
-    assert expert_parallel_size(CoordinatorConfig(), {"ep": 8}) == 8
-    assert expert_parallel_size(CoordinatorConfig(), types.SimpleNamespace(tensor_model_parallel_size=2)) == 1
+    from megatron.core import parallel_state
+
+    with pytest.MonkeyPatch.context() as mp:  # megatron's model parallelism not initialized: the configs say
+        mp.setattr(parallel_state, "model_parallel_is_initialized", lambda: False)
+        assert expert_parallel_size(CoordinatorConfig(), types.SimpleNamespace(expert_model_parallel_size=4)) == 4
+        assert expert_parallel_size(CoordinatorConfig(expert_model_parallel_size=2), None) == 2
+        assert expert_parallel_size(CoordinatorConfig(), {"ep": 8}) == 8
+        assert expert_parallel_size(CoordinatorConfig(), {"expert_model_parallel_size": None, "ep": 4}) == 4
+        assert expert_parallel_size(CoordinatorConfig(), types.SimpleNamespace(tensor_model_parallel_size=2)) == 1
+        with pytest.raises(ConfigError, match="training_config.expert_model_parallel_size"):
+            expert_parallel_size(CoordinatorConfig(), {"ep": "4"})
+        mp.setattr(parallel_state, "model_parallel_is_initialized", lambda: True)  # the group megatron's engine reads
+        mp.setattr(parallel_state, "get_expert_model_parallel_world_size", lambda: 2)
+        assert expert_parallel_size(CoordinatorConfig(), types.SimpleNamespace(expert_model_parallel_size=1)) == 2
 
 
 def test_megatrons_loop_takes_its_pause_consensus_every_interval_and_locally_at_expert_parallelism_1() -> None:
@@ -710,11 +720,14 @@ def test_a_count_megatron_sets_to_0_at_a_resume_loses_no_step_of_the_loop_check(
     eng.suspend()
     eng.resume()
     assert llm.engine.context.step_count == 0  # megatron's count set back
+    llm.engine.allow_steps = 8  # past the count held at the suspend before the next read
+    wait_for(lambda: llm.engine.steps == 13, "eight steps through the wrapper")
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), eng._loop).result(timeout=20)
     llm.engine.step_through_class = True
     llm.engine.allow_steps = 3
-    wait_for(lambda: llm.engine.steps == 8, "three steps past the wrapper")
+    wait_for(lambda: llm.engine.steps == 16, "three steps past the wrapper")
     with caplog.at_level(logging.WARNING):
-        assert eng.step_profile()["steps"] == 5
+        assert eng.step_profile()["steps"] == 13
     assert len(said()) == 1 and "counted 3 steps" in said()[0].getMessage(), [r.getMessage() for r in said()]
     llm.engine.step_through_class = False
     llm.engine.allow_steps = None
@@ -777,3 +790,35 @@ def test_the_handoff_bench_on_the_coordinator_loop_records_where_each_pause_land
             "small on the coordinator loop"  # megatron's 20, as every run before the setting
         )
     )
+
+
+def test_an_engine_whose_expert_parallelism_differs_from_what_colo_fsm_read_is_said(caplog) -> None:
+    """The consensus interval is chosen before megatron builds its engine; where the engine then runs at another
+    expert parallelism the start-up says so, naming both and the interval kept (peers must take the consensus in
+    the same iterations, so it is not changed on a running loop)."""
+
+    class AtEp2(FakeAsyncLLM):
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            self.engine.ep_world_size = 2
+
+    eng = CoordinatorEngine(TinyModel(), CharTokenizer(), CoordinatorConfig(watch_interval_s=0.01), llm_factory=AtEp2)
+    try:
+        with caplog.at_level(logging.WARNING):
+            eng.bring_up()
+        said = [
+            r.getMessage() for r in caplog.records if "expert parallelism 2 where colo-fsm read 1" in r.getMessage()
+        ]
+        assert len(said) == 1 and "every 1 step(s)" in said[0], said
+    finally:
+        eng.shutdown()
+
+
+def test_engine_paths_gives_the_consensus_interval_to_the_coordinator_run_only() -> None:
+    """``bench/engine_paths.py`` runs the handoff bench once per engine path with the same arguments, except the
+    options only megatron's coordinator loop takes: the direct run (which refuses them) never sees them."""
+    from bench.engine_paths import argv_for
+
+    rest = ["--workload", "reasoning", "--ep-consensus-interval", "20", "--steps", "3", "--ep-consensus-interval=4"]
+    assert argv_for("coordinator", rest) == rest
+    assert argv_for("direct", rest) == ["--workload", "reasoning", "--steps", "3"]

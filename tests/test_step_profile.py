@@ -224,6 +224,11 @@ def test_a_resume_that_recaptures_graphs_loses_no_step_where_the_engine_holds_th
     held.restart(0)  # megatron captured its graphs again
     assert held.check(*_reads(5, {"steps": 135}))[1] is None
     assert held.check(*_reads(12, {"steps": 138}))[1] == 4  # 4 steps past the wrapper, told as 4
+    past = LoopCheck(0)  # the loop runs past the held count before the next read: only the restart tells
+    past.hold(130)
+    past.restart(0)
+    assert past.check(*_reads(140, {"steps": 270}))[1] is None
+    assert past.check(*_reads(143, {"steps": 270}))[1] == 3
     guessed = LoopCheck(0)
     assert guessed.check(*_reads(100, {"steps": 100}))[1] is None
     assert guessed.check(*_reads(12, {"steps": 138}))[1] is None  # the 30 before the reset lost: the 4 hidden

@@ -47,7 +47,10 @@ class ParallelismCheck:
 _SCALARS = (bool, int, float, str, bytes)
 
 
-def _read(config: Any, name: str, which: str) -> int | None:
+def read_parallel_size(config: Any, name: str, which: str) -> int | None:
+    """``config``'s parallel size ``name`` (a megatron-core config object's attribute, or a mapping's full name or
+    short alias, e.g. ``ep``); None where unset; a :class:`ConfigError` naming ``which.name`` for anything but a
+    positive integer."""
     if isinstance(config, Mapping):
         value = config.get(name)
         if value is None:
@@ -79,12 +82,12 @@ def check_parallelism(training: Any, generation: Any) -> ParallelismCheck:
     compared: list[str] = []
     warned: list[str] = []
     for name in (*WEIGHT_SHARDING_FIELDS, *ACTIVATION_SHARDING_FIELDS):
-        gen = _read(generation, name, "generation")
+        gen = read_parallel_size(generation, name, "generation")
         if gen is None:
             continue
-        train = _read(training, name, "training")
+        train = read_parallel_size(training, name, "training")
         if train is None and name == "expert_tensor_parallel_size":
-            train = _read(training, "tensor_model_parallel_size", "training")
+            train = read_parallel_size(training, "tensor_model_parallel_size", "training")
         train = 1 if train is None else train
         compared.append(name)
         if gen == train:
@@ -107,4 +110,5 @@ __all__ = [
     "ParallelismCheck",
     "ParallelismWarning",
     "check_parallelism",
+    "read_parallel_size",
 ]

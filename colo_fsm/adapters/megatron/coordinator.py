@@ -195,7 +195,7 @@ class CoordinatorEngine(TextGeneration):
                 llm = self._factory(
                     model=self.model,
                     tokenizer=self.tokenizer,
-                    inference_config=inference_config(self.config, self.max_sequence_length, ep),
+                    inference_config=inference_config(self.config, self.max_sequence_length, expert_parallel_size=ep),
                     use_coordinator=True,
                     **kwargs,
                 )
@@ -209,6 +209,15 @@ class CoordinatorEngine(TextGeneration):
                     ) from exc
                 raise
         self._llm = llm
+        engine_ep = getattr(llm.engine, "ep_world_size", None)
+        if isinstance(engine_ep, int) and engine_ep != ep:  # the interval stays: peers must take the consensus alike
+            log.warning(
+                "megatron's engine runs at expert parallelism %d where colo-fsm read %d: its loop checks for a pause "
+                "every %s step(s) all the same (set CoordinatorConfig.ep_consensus_interval to choose)",
+                engine_ep,
+                ep,
+                self.consensus_interval or "20 (megatron's default)",
+            )
         if callable(getattr(llm.engine, "async_step", None)):  # megatron's loop steps through it (step_profile.py)
             self.profile = StepProfile()
             profile_async_steps(llm.engine, self.profile)

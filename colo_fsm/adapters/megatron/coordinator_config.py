@@ -12,7 +12,7 @@ import asyncio
 import math
 import sys
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from colo_fsm.adapters.engine.options import positive_int
 from colo_fsm.adapters.megatron.engine import KVCacheMode
 from colo_fsm.adapters.megatron.inference_settings import check_graph_sizing, megatron_inference_config
 from colo_fsm.errors import ConfigError, WaitTimeout
+from colo_fsm.guards.parallelism import read_parallel_size
 
 SPAWN_HINT = (
     "an import-safe entry script: megatron-core starts its inference coordinator with multiprocessing 'spawn', "
@@ -142,7 +143,7 @@ def _kv_mode(value: Any) -> str:
     return parse_kv_cache_mode(value).value
 
 
-def inference_config(config: CoordinatorConfig, max_sequence_length: int, expert_parallel_size: int = 1) -> Any:
+def inference_config(config: CoordinatorConfig, max_sequence_length: int, *, expert_parallel_size: int) -> Any:
     """megatron-core's ``InferenceConfig`` of ``config`` (:func:`~colo_fsm.adapters.megatron.inference_settings.
     megatron_inference_config`, as the direct path builds it, with the loop's consensus interval at
     ``expert_parallel_size``: :meth:`CoordinatorConfig.consensus_interval`)."""
@@ -160,14 +161,19 @@ def inference_config(config: CoordinatorConfig, max_sequence_length: int, expert
 
 
 def expert_parallel_size(config: CoordinatorConfig, training_config: Any) -> int:
-    """The expert parallelism the engine runs at: the config's, else the training model's (1 where unset)."""
+    """The expert parallelism megatron's engine will run at: the size of megatron's expert-parallel group where its
+    model parallelism is initialized (the group the engine takes its consensus over, colo-fsm passing it no other),
+    else the config's, else the training model's (1 where neither says)."""
+    try:
+        from megatron.core import parallel_state
+
+        if parallel_state.model_parallel_is_initialized():
+            return int(parallel_state.get_expert_model_parallel_world_size())
+    except ImportError:  # pragma: no cover - megatron-core is the extra this engine needs
+        pass
     if config.expert_model_parallel_size is not None:
         return config.expert_model_parallel_size
-    if isinstance(training_config, Mapping):
-        size = training_config.get("expert_model_parallel_size", training_config.get("ep"))
-    else:
-        size = getattr(training_config, "expert_model_parallel_size", None)
-    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
+    return read_parallel_size(training_config, "expert_model_parallel_size", "training_config") or 1
 
 
 def coordinator_dependencies() -> tuple[bool, str]:
