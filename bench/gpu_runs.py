@@ -57,6 +57,7 @@ HEADLINE_COMMITS = (
     "ca6c37b",
     "fb85515",
     "b1d9af0",
+    "3385c87",
 )
 """The commits whose runs in ``docs/gpu-runs/`` are the performance page's headline (``--commits headline``): each
 measures the same code, or the page's notes say what differs. A GPU session that commits runs adds its commit here."""

@@ -386,7 +386,8 @@ STAGES: tuple[Stage, ...] = (
         "sizes linearly (every 16 requests). On the direct loop "
         "the graph alone took 0.61-0.87 of a mode's decode step in the loop (bench/park_ceiling.py): this tells "
         "which difference costs what, at fixed batches (which graph each of a loop's steps ran is in the step "
-        "profile of runs that count steps per captured graph, none committed yet); a row that fails is recorded and the bench exits 1; ~4 min, estimated (not run yet)",
+        "profile of runs that count steps per captured graph, from 3385c87); a row that fails is recorded and the bench exits 1; "
+        "59 s at 3385c87",
         (
             *HANDOFF,
             "--model",
