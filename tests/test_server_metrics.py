@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -143,20 +145,27 @@ def test_metrics_parse_under_load_with_a_lifecycle_running() -> None:
         lc.stop()
 
 
-def test_every_series_carries_the_serving_rank() -> None:
+@contextmanager
+def served(rank: int) -> Iterator[tuple[FakeEngine, str]]:
+    """A FakeEngine brought up and an OpenAIServer over it at ``rank``: ``(engine, root URL)``; both stopped after."""
     eng = FakeEngine()
-    server = OpenAIServer(eng, tokenizer=eng.tokenizer, rank=3, chat_template=digits_chat_template)
+    server = OpenAIServer(eng, tokenizer=eng.tokenizer, rank=rank, chat_template=digits_chat_template)
     eng.bring_up()
     url = server.start()
     try:
-        assert httpx.post(url + "/completions", json={"prompt": "12>", "max_tokens": 2}).status_code == 200
-        fams = scrape(url.removesuffix("/v1"))
-        ranks = {s.labels.get("rank") for fam in fams.values() for s in fam.samples if fam.name.startswith("colo_fsm")}
-        assert ranks == {"3"}
-        assert value(fams, "colo_fsm_http_requests", "colo_fsm_http_requests_total", outcome="answered") == 1
+        yield eng, url.removesuffix("/v1")
     finally:
         server.stop()
         eng.shutdown()
+
+
+def test_every_series_carries_the_serving_rank() -> None:
+    with served(rank=3) as (_, root):
+        assert httpx.post(root + "/v1/completions", json={"prompt": "12>", "max_tokens": 2}).status_code == 200
+        fams = scrape(root)
+        ranks = {s.labels.get("rank") for fam in fams.values() for s in fam.samples if fam.name.startswith("colo_fsm")}
+        assert ranks == {"3"}
+        assert value(fams, "colo_fsm_http_requests", "colo_fsm_http_requests_total", outcome="answered") == 1
 
 
 def test_without_a_trace_the_lifecycle_state_comes_from_the_status() -> None:
@@ -177,12 +186,7 @@ def test_the_engines_steps_are_counted_by_kind_and_by_captured_graph_where_it_ke
     has no such series."""
     from colo_fsm.adapters.megatron.step_profile import StepProfile
 
-    eng = FakeEngine()
-    server = OpenAIServer(eng, tokenizer=eng.tokenizer, rank=0, chat_template=digits_chat_template)
-    eng.bring_up()
-    url = server.start()
-    root = url.removesuffix("/v1")
-    try:
+    with served(rank=0) as (eng, root):
         assert not any(name.startswith("colo_fsm_engine_step") for name in scrape(root))  # no profile: no series
         profile = StepProfile()
         eng.step_profile = profile.snapshot  # type: ignore[attr-defined]
@@ -201,26 +205,18 @@ def test_the_engines_steps_are_counted_by_kind_and_by_captured_graph_where_it_ke
         assert value(fams, errors, errors + "_total") == 0
         profile.add("decode_graph", 0.010, 120, 0, 0, ran=120, graph=128)
         assert value(scrape(root), "colo_fsm_engine_graph_steps", "colo_fsm_engine_graph_steps_total", graph="128") == 3
-    finally:
-        server.stop()
-        eng.shutdown()
 
 
 def test_a_step_profile_that_fails_to_read_leaves_every_other_series_on_the_scrape(caplog) -> None:
     """``/metrics`` answers with every other series when the engine's step profile raises or reads malformed,
     counts each such scrape (a series an operator can alert on, there while the engine keeps a profile) and logs
     why once per server."""
-    eng = FakeEngine()
-    server = OpenAIServer(eng, tokenizer=eng.tokenizer, rank=0, chat_template=digits_chat_template)
-    eng.bring_up()
-    url = server.start()
-    root = url.removesuffix("/v1")
 
     def broken() -> dict[str, float]:
         raise RuntimeError("profile gone")
 
     reads = "colo_fsm_engine_step_profile_read_errors"
-    try:
+    with served(rank=0) as (eng, root):
         whole = set(scrape(root))
         assert reads not in whole  # no profile: no such series
         eng.step_profile = broken  # type: ignore[attr-defined]
@@ -236,9 +232,6 @@ def test_a_step_profile_that_fails_to_read_leaves_every_other_series_on_the_scra
         eng.step_profile = lambda: {}  # type: ignore[attr-defined]  # reads again: the count stays, the steps return
         fams = scrape(root)
         assert value(fams, reads, reads + "_total") == 2 and "colo_fsm_engine_step_record_errors" in fams
-    finally:
-        server.stop()
-        eng.shutdown()
 
 
 def _documented_series() -> set[str]:
