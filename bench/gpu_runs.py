@@ -23,6 +23,7 @@ from bench._handoff import (  # the bench's own rules
     ratio_refusal,
     unsteady_growth,
 )
+from colo_fsm.adapters.megatron.coordinator_config import MEGATRON_CONSENSUS_INTERVAL
 
 RUNS = Path(__file__).resolve().parent.parent / "docs" / "gpu-runs"
 """The folder of committed runs."""
@@ -127,10 +128,6 @@ def sized(name: str, data: dict[str, Any]) -> str:
     megatron's default: such a run is never pooled with the default's."""
     sizing = graph_sizing(data.get("cuda_graph_sizing"))
     return name if sizing == "default" else f"{name} with {sizing} CUDA graphs"
-
-
-MEGATRON_CONSENSUS_INTERVAL = 20
-"""megatron-core's own ``ep_consensus_interval``: what a coordinator run that does not record one ran with."""
 
 
 def variant(name: str, data: dict[str, Any]) -> str:

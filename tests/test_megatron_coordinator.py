@@ -261,6 +261,20 @@ def test_built_once_and_bad_requests_are_refused_by_name(engine) -> None:
         eng.submit([5] * 60, max_tokens=8)
     with pytest.raises(ConfigError, match="prompt_ids"):
         eng.submit([], max_tokens=2)
+    # sampling values as every engine checks them: a temperature that is not a finite number went to megatron
+    for bad in (
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"top_p": 0.0},
+        {"top_k": -1},
+        {"seed": -3},
+        {"max_tokens": 0},
+    ):
+        field = next(iter(bad))
+        with pytest.raises(ConfigError) as info:
+            eng.submit([5, 6], **{"max_tokens": 2, **bad})
+        assert info.value.field == field, bad
+    assert sum(eng.request_counts()) == 0, "a refused request was sent"
     follower, _ = make(rank=1)
     follower.bring_up()
     try:
@@ -822,3 +836,35 @@ def test_engine_paths_gives_the_consensus_interval_to_the_coordinator_run_only()
     rest = ["--workload", "reasoning", "--ep-consensus-interval", "20", "--steps", "3", "--ep-consensus-interval=4"]
     assert argv_for("coordinator", rest) == rest
     assert argv_for("direct", rest) == ["--workload", "reasoning", "--steps", "3"]
+
+
+# ---------------------------------------------------------------------------------------------- the abort book
+def test_the_abort_book_counts_replies_holds_ended_requests_and_resubmits_a_late_one_at_once() -> None:
+    """EndedRequests, the abort-mode handoff's book: the suspend waits for as many replies as megatron ended; an
+    ended attempt waits for the resume; one whose reply comes after the resume (a request in megatron's queue took
+    one of the replies the suspend waited for) is to be resubmitted at once, never held for a next resume."""
+    from colo_fsm.adapters.megatron.coordinator_inflight import EndedRequests
+
+    class Held:
+        def __init__(self, prompt: int, done: bool = False) -> None:
+            self.attempt_prompt = tuple(range(prompt))
+            self.future = concurrent.futures.Future()
+            if done:
+                self.future.set_result(None)
+
+    book = EndedRequests()
+    book.start([1, 2, 3])  # three in flight; megatron ended two (the third waited in its queue)
+    assert book.holding and not book.all_replied(2)
+    book.replied(3)
+    book.replied(9)  # not one the suspend ended: not counted
+    assert book.replies == 1 and not book.all_replied(2)
+    book.replied(1)
+    assert book.all_replied(2)
+    a, cancelled = Held(7), Held(5, done=True)
+    assert book.hold(a, 7) is False and book.hold(cancelled, 5) is False  # the handoff is under way: held
+    assert book.release() == [a, cancelled] and not book.holding
+    assert book.stats() == (2, 12, 1, 7)  # the cancelled one is not prefilled again
+    late = Held(4)
+    assert book.hold(late, 4) is True, "an ended reply after the resume must be resubmitted at once"
+    assert book.release() == [late] and book.stats() == (3, 16, 2, 11)
+    assert book.release() == []

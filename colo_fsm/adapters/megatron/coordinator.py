@@ -41,28 +41,30 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from colo_fsm.adapters.batching import InflightPolicy, InflightStats, OnToken, Priority, RequestCounts, TokenCompletion
-from colo_fsm.adapters.engine.options import positive_int, share_slots
+from colo_fsm.adapters.engine.options import share_slots
 from colo_fsm.adapters.megatron.batch_calls import TextGeneration, submit_and_wait, timing_medians
 from colo_fsm.adapters.megatron.coordinator_config import (
+    MEGATRON_CONSENSUS_INTERVAL,
     SPAWN_HINT,
     CoordinatorConfig,
+    build_async_llm,
+    check_buildable,
     client_of,
     coordinator_dependencies,
-    entry_script,
     expert_parallel_size,
     global_rank,
-    in_spawn_bootstrap,
     inference_config,
     megatron_async_llm,
     run_elsewhere,
     stop_process,
 )
-from colo_fsm.adapters.megatron.coordinator_inflight import carry_over, end_running, ended_early
+from colo_fsm.adapters.megatron.coordinator_inflight import EndedRequests, carry_over, end_running
+from colo_fsm.adapters.megatron.coordinator_loop import call_on_loop, loop_death, pin_device, wait_until
 from colo_fsm.adapters.megatron.coordinator_requests import (
     CoordinatorHandle,
     ServerShare,
-    build_completion,
-    check_prompt,
+    check_request,
+    resolve,
     sampling_params,
     settle,
     state_name,
@@ -70,7 +72,7 @@ from colo_fsm.adapters.megatron.coordinator_requests import (
 from colo_fsm.adapters.megatron.coordinator_states import SLEEP, WAKE, condition_of, natives_by_condition
 from colo_fsm.adapters.megatron.memory import check_engine_budget
 from colo_fsm.adapters.megatron.mode import mode_control
-from colo_fsm.adapters.megatron.parallel import device_context, rank_device_index
+from colo_fsm.adapters.megatron.parallel import device_context
 from colo_fsm.adapters.megatron.step_profile import LoopCheck, StepProfile, profile_async_steps
 from colo_fsm.errors import (
     ConfigError,
@@ -78,8 +80,6 @@ from colo_fsm.errors import (
     EngineRebuild,
     EngineStopped,
     LifecycleError,
-    RequestTooLarge,
-    WaitTimeout,
 )
 from colo_fsm.guards.engine_state import EngineStateReport
 from colo_fsm.guards.memory import MemoryBudget, MemoryEstimate
@@ -143,11 +143,7 @@ class CoordinatorEngine(TextGeneration):
         self._answered = threading.Condition(self._lock)  # notified whenever a reply was handled
         self._pending: dict[int, CoordinatorHandle] = {}
         self.inflight = InflightPolicy(self.config.inflight)
-        self._ending: set[int] = set()  # ids of requests in megatron's engine when an abort-mode suspend ended them
-        self._ending_replies = 0  # replies of those since
-        self._holding = False  # an abort-mode handoff is under way: ended requests wait for the resume
-        self._to_resubmit: list[CoordinatorHandle] = []  # ended at a suspend, sent again after the resume
-        self._inflight_stats = [0, 0, 0, 0]  # ended, discarded tokens, re-prefills, re-prefilled tokens
+        self._ended = EndedRequests()  # the abort-mode handoffs' book (under self._lock)
         self._next_id = 0
         self._done_q: queue.SimpleQueue[tuple[CoordinatorHandle, concurrent.futures.Future[Any]]] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
@@ -173,41 +169,22 @@ class CoordinatorEngine(TextGeneration):
         """Build megatron-core's engine, coordinator and client once; pin the loop's CUDA device; set epoch."""
         if self.built:
             raise EngineRebuild("CoordinatorEngine.bring_up called twice: the colocated engine is built once per run")
-        if in_spawn_bootstrap():
-            raise ConfigError("__main__", entry_script(), SPAWN_HINT)
-        ok, why = coordinator_dependencies()
-        if not ok and self._factory is megatron_async_llm:
-            raise ConfigError("coordinator", why, "pyzmq and msgpack importable (the 'coordinator' extra)")
+        check_buildable(self._factory)
         self.memory_estimate = check_engine_budget(self)  # guards: refuse an over-budget build with the numbers
         with device_context(self.device):
             self.mode.to_inference()  # guards: decode-side switches on (e.g. DDP param-gather hooks off) first
         self.model.eval()
-        kwargs: dict[str, Any] = {}
-        if self.config.coordinator_host is not None:
-            kwargs["coordinator_host"] = self.config.coordinator_host
-        if self.config.coordinator_port is not None:
-            kwargs["coordinator_port"] = self.config.coordinator_port
         t0 = time.perf_counter()
         ep = expert_parallel_size(self.config, self.training_config)
         self.consensus_interval = self.config.consensus_interval(ep)  # a pause lands within this many steps
         with device_context(self.device):  # megatron's loop thread inherits the constructing thread's device
-            try:
-                llm = self._factory(
-                    model=self.model,
-                    tokenizer=self.tokenizer,
-                    inference_config=inference_config(self.config, self.max_sequence_length, expert_parallel_size=ep),
-                    use_coordinator=True,
-                    **kwargs,
-                )
-            except RuntimeError as exc:
-                if "exited unexpectedly" in str(exc):
-                    raise ConfigError(
-                        "__main__",
-                        entry_script(),
-                        f"{SPAWN_HINT} (the coordinator process exited during start-up; its traceback is above it: "
-                        "the other usual cause is a tokenizer that cannot be pickled into the child)",
-                    ) from exc
-                raise
+            llm = build_async_llm(
+                self._factory,
+                self.config,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                inference_config=inference_config(self.config, self.max_sequence_length, expert_parallel_size=ep),
+            )
         self._llm = llm
         engine_ep = getattr(llm.engine, "ep_world_size", None)
         if isinstance(engine_ep, int) and engine_ep != ep:  # the interval stays: peers must take the consensus alike
@@ -216,7 +193,7 @@ class CoordinatorEngine(TextGeneration):
                 "every %s step(s) all the same (set CoordinatorConfig.ep_consensus_interval to choose)",
                 engine_ep,
                 ep,
-                self.consensus_interval or "20 (megatron's default)",
+                self._interval_words(),
             )
         if callable(getattr(llm.engine, "async_step", None)):  # megatron's loop steps through it (step_profile.py)
             self.profile = StepProfile()
@@ -226,7 +203,7 @@ class CoordinatorEngine(TextGeneration):
         self.built = True
         self._worker = threading.Thread(target=self._work, name="colo-fsm-coordinator-watch", daemon=True)
         self._worker.start()
-        self.loop_device = self._call(self._pin_device(), "pin the engine loop's CUDA device")
+        self.loop_device = self._call(pin_device(self.device), "pin the engine loop's CUDA device")
         self._set_epoch(int(self._weight_version()))
         self.build_s = time.perf_counter() - t0
         log.info(
@@ -236,7 +213,7 @@ class CoordinatorEngine(TextGeneration):
             ENGINE_NAME,
             self.native_state(),
             self.config.kv_cache_mode,
-            self.consensus_interval or "20 (megatron's default)",
+            self._interval_words(),
             self.loop_device,
             self.rank,
             " (holds the InferenceClient)" if self.is_primary else "",
@@ -255,9 +232,10 @@ class CoordinatorEngine(TextGeneration):
             for call, want in SLEEP:
                 self._call(getattr(llm, call)(), f"{call} (to {want})")
                 self.transitions.append((call, self.native_state()))
-            self.pause_steps.append(self.steps - before)
+            suspended_at = self.steps  # SUSPENDED: megatron's loop holds still
+            self.pause_steps.append(suspended_at - before)
             if self._loop_check is not None:
-                self._loop_check.hold(self.steps)  # SUSPENDED: megatron's loop holds still
+                self._loop_check.hold(suspended_at)
         with device_context(self.device):
             self.mode.to_training()  # guards: every rank back in the training mode, identically
         self.timings.append(("suspend", time.perf_counter() - t0))
@@ -351,7 +329,7 @@ class CoordinatorEngine(TextGeneration):
         """What ``inflight="abort"`` cost so far: requests ended at suspends, the KV tokens they held, and their
         re-admissions with the tokens those prefilled again (zeros under "park" and "drain")."""
         with self._lock:
-            return InflightStats(*self._inflight_stats)
+            return self._ended.stats()
 
     def set_inflight(self, inflight: str) -> None:
         """Change what the next suspends do with the requests in flight ("park", "drain" or "abort"); only while
@@ -376,15 +354,7 @@ class CoordinatorEngine(TextGeneration):
             return None
         if self._loop_check is None:
             return self.profile.snapshot()
-        snapshot, missed = self._loop_check.check(lambda: self.steps, self.profile.snapshot)
-        if missed is not None:
-            log.warning(
-                "megatron's engine loop counted %d steps that did not reach the step profile: the loop steps some "
-                "other way than through engine.async_step (a megatron-core change?), so step_profile() and the "
-                "/metrics step series miss them",
-                missed,
-            )
-        return snapshot
+        return self._loop_check.read(lambda: self.steps, self.profile.snapshot)
 
     def timing_summary(self) -> dict[str, float]:
         """Median suspend and resume seconds so far."""
@@ -422,26 +392,15 @@ class CoordinatorEngine(TextGeneration):
             raise ConfigError(
                 "rank", self.rank, "0: in coordinator mode only global rank 0 holds megatron-core's InferenceClient"
             )
-        ids = check_prompt(prompt_ids)
-        positive_int("max_tokens", max_tokens)
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
-            raise ConfigError("temperature", temperature, "a number >= 0 (0: greedy)")
-        if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
-            raise ConfigError("top_p", top_p, "a number in (0, 1]")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            raise ConfigError("top_k", top_k, "an integer >= 0 (0: off)")
-        if top_logprobs:
-            raise ConfigError("top_logprobs", top_logprobs, "0 (the coordinator engine records no alternatives)")
-        if logprobs_mode is not None and logprobs_mode != self.config.logprobs_mode:
-            raise ConfigError(
-                "logprobs_mode",
-                logprobs_mode,
-                f"{self.config.logprobs_mode!r}: megatron-core sets it once for every request (CoordinatorConfig)",
-            )
-        if len(ids) + max_tokens > self.max_sequence_length:
-            raise RequestTooLarge(
-                "prompt+max_tokens", len(ids) + max_tokens, self.max_sequence_length, "max_sequence_length"
-            )
+        ids = check_request(
+            prompt_ids,
+            max_tokens=max_tokens,
+            sampling=(temperature, top_p, top_k, seed),
+            top_logprobs=top_logprobs,
+            logprobs_mode=logprobs_mode,
+            config=self.config,
+            max_sequence_length=self.max_sequence_length,
+        )
         if seed is not None and temperature > 0:
             self.seeds_not_applied += 1
             if self.seeds_not_applied == 1:
@@ -524,15 +483,9 @@ class CoordinatorEngine(TextGeneration):
         )
 
     # ------------------------------------------------------------------ internals
-    async def _pin_device(self) -> int | None:
-        """On megatron's loop thread: make this rank's GPU its current device (the current device is per thread)."""
-        index = rank_device_index(self.device)
-        if index is None:
-            return None
-        import torch
-
-        torch.cuda.set_device(index)
-        return int(torch.cuda.current_device())
+    def _interval_words(self) -> str:
+        n = self.consensus_interval
+        return str(n) if n is not None else f"{MEGATRON_CONSENSUS_INTERVAL} (megatron's default)"
 
     async def _send_epoch(self, epoch: int) -> None:
         client = client_of(self._llm)
@@ -550,48 +503,37 @@ class CoordinatorEngine(TextGeneration):
             raise LifecycleError(f"coordinator engine {what} before bring_up")
         if self.torn_down:
             raise EngineStopped(f"coordinator engine {what} after shutdown")
-        death = self._loop_death()
-        if death is not None:
-            self._on_death(death)
-            assert self._dead is not None
-            raise self._dead
+        dead = self._died()
+        if dead is not None:
+            raise dead
         return self._llm
 
     def _call(self, coro: Coroutine[Any, Any, Any], what: str) -> Any:
         """Run ``coro`` on megatron's loop and wait, checking the loop is alive; bounded by control_timeout_s."""
         assert self._loop is not None
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        deadline = time.monotonic() + self.config.control_timeout_s
-        while True:
-            try:
-                return fut.result(timeout=self.config.watch_interval_s)
-            except TimeoutError:
-                death = self._loop_death()
-                if death is not None:
-                    fut.cancel()
-                    self._on_death(death)
-                    assert self._dead is not None
-                    raise self._dead from None
-                if time.monotonic() > deadline:
-                    fut.cancel()
-                    raise WaitTimeout(
-                        what, self.config.control_timeout_s, f"EngineState {self.native_state()}"
-                    ) from None
+        return call_on_loop(self._loop, coro, what, **self._watching())
 
-    def _loop_death(self) -> str | None:
-        """How megatron's engine loop ended (None while it runs, or once we are shutting it down)."""
-        if self._llm is None or self._stopping:
-            return None
-        task = self._llm.engine.engine_loop_task
-        if task.done():
-            if task.cancelled():
-                return "engine loop task cancelled"
-            exc = task.exception()
-            cause = getattr(exc, "__context__", None) or exc  # megatron turns the loop's exception into SystemExit
-            return f"engine loop task ended: {type(cause).__name__}: {cause}" if cause else "engine loop task returned"
-        if self._loop is not None and not self._loop.is_running():
-            return "megatron's background event loop stopped"
-        return None
+    def _wait_answered(self, done: Callable[[], bool], what: str) -> None:
+        """Wait until ``done()`` holds (read under the lock), watching megatron's loop; bounded by
+        ``control_timeout_s``."""
+        wait_until(self._answered, done, what, **self._watching())
+
+    def _watching(self) -> dict[str, Any]:
+        return {
+            "timeout_s": self.config.control_timeout_s,
+            "interval_s": self.config.watch_interval_s,
+            "died": self._died,
+            "state": self.native_state,
+        }
+
+    def _died(self) -> EngineLoopDied | None:
+        """The end of megatron's engine loop, recorded once (every pending request failed then); None while it
+        runs, or once we are shutting it down."""
+        if self._dead is None and self._llm is not None and not self._stopping:
+            detail = loop_death(self._llm, self._loop)
+            if detail is not None:
+                self._on_death(detail)
+        return self._dead
 
     def _on_death(self, detail: str) -> None:
         with self._lock:
@@ -617,9 +559,7 @@ class CoordinatorEngine(TextGeneration):
             try:
                 handle, fut = self._done_q.get(timeout=self.config.watch_interval_s)
             except queue.Empty:
-                death = self._loop_death()
-                if death is not None:
-                    self._on_death(death)
+                if self._died() is not None:
                     return
                 continue
             self._finish(handle, fut)
@@ -629,19 +569,12 @@ class CoordinatorEngine(TextGeneration):
             self._answer(handle, fut)
         finally:
             with self._answered:
-                if handle.request_id in self._ending:
-                    self._ending.discard(handle.request_id)
-                    self._ending_replies += 1
+                self._ended.replied(handle.request_id)
                 self._answered.notify_all()
 
     def _answer(self, handle: CoordinatorHandle, fut: concurrent.futures.Future[Any]) -> None:
-        ended = (
-            handle.request_id in self._ending
-            and not handle.future.done()
-            and not fut.cancelled()
-            and fut.exception() is None
-            and ended_early(fut.result(), max_tokens=handle.tokens_left, eod=int(self.tokenizer.eod))
-        )
+        eod = int(self.tokenizer.eod)
+        ended = self._ended.ended(handle.request_id, handle.future.done(), fut, max_tokens=handle.tokens_left, eod=eod)
         with self._lock:
             handle.in_engine = False
             if not ended:
@@ -650,62 +583,21 @@ class CoordinatorEngine(TextGeneration):
             self.server_share.release()
         if ended:
             self._carry(handle, fut.result())
-            return
-        if handle.future.done():
+        elif not resolve(handle, fut, eod=eod, detokenize=self.tokenizer.detokenize, sent=self.epochs_sent):
             self.cancelled_still_decoding += 1
-            return
-        if fut.cancelled():  # megatron cancelled its futures at shutdown
-            handle.cancel()
-            return
-        exc = fut.exception()
-        if exc is not None:
-            settle(handle.future, exc=exc)
-            return
-        try:
-            completion = build_completion(
-                handle,
-                fut.result(),
-                eod=int(self.tokenizer.eod),
-                detokenize=self.tokenizer.detokenize,
-                sent=self.epochs_sent,
-            )
-        except Exception as err:
-            settle(handle.future, exc=err)
-        else:
-            settle(handle.future, result=completion)
 
     # ------------------------------------------------------------------ in-flight policy (coordinator_inflight)
-    def _wait_answered(self, done: Callable[[], bool], what: str) -> None:
-        """Wait until ``done()`` holds (read under the lock), watching megatron's loop; bounded by
-        ``control_timeout_s``."""
-        deadline = time.monotonic() + self.config.control_timeout_s
-        while True:
-            with self._answered:
-                if done() or (self._answered.wait(self.config.watch_interval_s) and done()):
-                    return
-            death = self._loop_death()
-            if death is not None:
-                self._on_death(death)
-            if self._dead is not None:
-                raise self._dead
-            if time.monotonic() > deadline:
-                raise WaitTimeout(what, self.config.control_timeout_s, f"EngineState {self.native_state()}")
-
     def _end_in_flight(self, llm: Any) -> None:
         """``inflight="abort"``: end the requests running in megatron's engine (its stop-word hook, at its next
         step) and wait for as many replies, which carry each one's tokens over to its resubmission. A request sent
         but still in megatron's queue is not ended (it holds no KV); if it takes one of those replies, a late
         ended reply is resubmitted when it comes (:meth:`_carry`)."""
         with self._lock:
-            self._ending = {h.request_id for h in self._pending.values() if h.in_engine}
-            self._ending_replies = 0
-            self._holding = True
-        ended = self._call(end_running(llm.engine), "end the requests in flight") if self._ending else 0
+            self._ended.start(h.request_id for h in self._pending.values() if h.in_engine)
+            running = bool(self._ended.ending)
+        ended = self._call(end_running(llm.engine), "end the requests in flight") if running else 0
         log.debug("abort-mode suspend: %d request(s) running in megatron's engine ended", ended)
-        self._wait_answered(
-            lambda: self._ending_replies >= ended or not self._ending,
-            "the replies of the requests ended at the suspend",
-        )
+        self._wait_answered(lambda: self._ended.all_replied(ended), "the replies of the requests ended at the suspend")
 
     def _carry(self, handle: CoordinatorHandle, record: Any) -> None:
         """An ended attempt: its tokens carried over, the request resubmitted after the resume (at once if its
@@ -718,10 +610,7 @@ class CoordinatorEngine(TextGeneration):
             request_id=handle.request_id,
         )
         with self._lock:
-            self._inflight_stats[0] += 1
-            self._inflight_stats[1] += held
-            self._to_resubmit.append(handle)
-            late = not self._holding
+            late = self._ended.hold(handle, held)
         if late:
             self._resubmit_ended()
 
@@ -729,12 +618,7 @@ class CoordinatorEngine(TextGeneration):
         """After the resume: every request ended at the suspend goes to megatron again as prompt + its tokens so
         far, with the rest of its ``max_tokens``, re-prefilled under the new weights."""
         with self._lock:
-            self._holding = False
-            again, self._to_resubmit = self._to_resubmit, []
-            for h in again:
-                if not h.future.done():
-                    self._inflight_stats[2] += 1
-                    self._inflight_stats[3] += len(h.attempt_prompt)
+            again = self._ended.release()
         for h in again:
             self._admit(h)
 

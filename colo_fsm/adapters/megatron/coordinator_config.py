@@ -23,6 +23,10 @@ from colo_fsm.adapters.megatron.inference_settings import check_graph_sizing, me
 from colo_fsm.errors import ConfigError, WaitTimeout
 from colo_fsm.guards.parallelism import read_parallel_size
 
+MEGATRON_CONSENSUS_INTERVAL = 20
+"""megatron-core 0.19.2's default ``InferenceConfig.ep_consensus_interval``: its loop's steps between two looks for
+a pause while it has work."""
+
 SPAWN_HINT = (
     "an import-safe entry script: megatron-core starts its inference coordinator with multiprocessing 'spawn', "
     'which re-imports the script that built the engine; put the run under `if __name__ == "__main__":`'
@@ -121,7 +125,7 @@ class CoordinatorConfig:
 
     def consensus_interval(self, expert_parallel_size: int) -> int | None:
         """The ``ep_consensus_interval`` megatron's loop gets at ``expert_parallel_size``: the one set, else 1 at
-        expert parallelism 1, else None (megatron's default, 20)."""
+        expert parallelism 1, else None (megatron's default, :data:`MEGATRON_CONSENSUS_INTERVAL`)."""
         if self.ep_consensus_interval is not None:
             return self.ep_consensus_interval
         return 1 if expert_parallel_size == 1 else None
@@ -205,6 +209,38 @@ def megatron_async_llm(**kwargs: Any) -> Any:
     return MegatronAsyncLLM(**kwargs)
 
 
+def check_buildable(factory: Callable[..., Any]) -> None:
+    """Refuse, before anything is built, where megatron's coordinator cannot start: inside a spawned child's
+    re-import of the entry script, or (for megatron's own ``MegatronAsyncLLM``) without pyzmq and msgpack."""
+    if in_spawn_bootstrap():
+        raise ConfigError("__main__", entry_script(), SPAWN_HINT)
+    ok, why = coordinator_dependencies()
+    if not ok and factory is megatron_async_llm:
+        raise ConfigError("coordinator", why, "pyzmq and msgpack importable (the 'coordinator' extra)")
+
+
+def build_async_llm(factory: Callable[..., Any], config: CoordinatorConfig, **kwargs: Any) -> Any:
+    """``factory(**kwargs)`` in coordinator mode, at ``config``'s coordinator host and port where set: megatron's
+    engine, its loop and its coordinator process. A coordinator that exits during start-up (a spawned child
+    re-running an entry script that is not import-safe, or a tokenizer it cannot unpickle) is a
+    :class:`ConfigError` naming the entry script."""
+    if config.coordinator_host is not None:
+        kwargs["coordinator_host"] = config.coordinator_host
+    if config.coordinator_port is not None:
+        kwargs["coordinator_port"] = config.coordinator_port
+    try:
+        return factory(use_coordinator=True, **kwargs)
+    except RuntimeError as exc:
+        if "exited unexpectedly" in str(exc):
+            raise ConfigError(
+                "__main__",
+                entry_script(),
+                f"{SPAWN_HINT} (the coordinator process exited during start-up; its traceback is above it: "
+                "the other usual cause is a tokenizer that cannot be pickled into the child)",
+            ) from exc
+        raise
+
+
 def client_of(llm: Any) -> Any:
     """megatron's ``InferenceClient`` on the primary rank (None elsewhere).
 
@@ -260,8 +296,11 @@ def global_rank() -> int:
 
 
 __all__ = [
+    "MEGATRON_CONSENSUS_INTERVAL",
     "SPAWN_HINT",
     "CoordinatorConfig",
+    "build_async_llm",
+    "check_buildable",
     "client_of",
     "coordinator_dependencies",
     "entry_script",

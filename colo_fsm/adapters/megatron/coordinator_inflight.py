@@ -12,14 +12,16 @@ every token, each stamped with the weight version that produced it. Requests sti
 hold no KV cache and are not ended: they start after the resume.
 
 Used by :mod:`colo_fsm.adapters.megatron.coordinator`; :class:`Carry` is what one ended request keeps between its
-attempts.
+attempts, :class:`EndedRequests` the engine's book of one abort-mode handoff.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from colo_fsm.adapters.engine.results import InflightStats
 from colo_fsm.adapters.megatron.coordinator_states import as_list, state_name, token_versions
 
 
@@ -67,4 +69,81 @@ def carry_over(carry: Carry, record: Any, *, prompt_len: int, sent: Any, request
     return prompt_len + len(toks)
 
 
-__all__ = ["Carry", "carry_over", "end_running", "ended_early"]
+class Resubmittable(Protocol):
+    """What :class:`EndedRequests` reads of a request it holds (a ``CoordinatorHandle``)."""
+
+    @property
+    def attempt_prompt(self) -> tuple[int, ...]: ...
+
+    @property
+    def future(self) -> Any: ...
+
+
+class EndedRequests:
+    """The abort-mode handoffs' book, read and written under the engine's lock.
+
+    A suspend :meth:`start`s one with the ids running in megatron's engine; each of their replies is
+    :meth:`replied`; an ended attempt is :meth:`hold`-ed until the resume :meth:`release`-s them all for
+    resubmission (one whose reply comes after the resume is resubmitted at once). :meth:`stats` is what the
+    aborts cost so far (:class:`~colo_fsm.adapters.batching.InflightStats`).
+    """
+
+    def __init__(self) -> None:
+        self.ending: set[int] = set()  # ids in megatron's engine when the suspend ended them, reply not handled
+        self.replies = 0  # replies of those since the suspend
+        self.holding = False  # a handoff is under way: ended requests wait for the resume
+        self._held: list[Any] = []  # ended at a suspend, sent again after the resume
+        self._stats = [0, 0, 0, 0]  # ended, discarded tokens, re-prefills, re-prefilled tokens
+
+    def start(self, request_ids: Iterable[int]) -> None:
+        """A suspend ends ``request_ids`` (those running in megatron's engine): count their replies from 0."""
+        self.ending = set(request_ids)
+        self.replies = 0
+        self.holding = True
+
+    def replied(self, request_id: int) -> None:
+        """A reply came for ``request_id`` (counted if the suspend ended it)."""
+        if request_id in self.ending:
+            self.ending.discard(request_id)
+            self.replies += 1
+
+    def all_replied(self, ended: int) -> bool:
+        """True once ``ended`` replies came, or none of the ended requests is still out."""
+        return self.replies >= ended or not self.ending
+
+    def ended(self, request_id: int, handle_done: bool, reply: Any, *, max_tokens: int, eod: int) -> bool:
+        """True where ``reply`` (a finished future) is that of a request a suspend ended (:func:`ended_early`) and
+        still wanted: its tokens are carried over to a resubmission."""
+        return (
+            request_id in self.ending
+            and not handle_done
+            and not reply.cancelled()
+            and reply.exception() is None
+            and ended_early(reply.result(), max_tokens=max_tokens, eod=eod)
+        )
+
+    def hold(self, handle: Resubmittable, discarded_tokens: int) -> bool:
+        """An ended attempt that held ``discarded_tokens`` of KV: keep ``handle`` for the resume. True where the
+        resume already came (the caller resubmits at once)."""
+        self._stats[0] += 1
+        self._stats[1] += discarded_tokens
+        self._held.append(handle)
+        return not self.holding
+
+    def release(self) -> list[Any]:
+        """The resume came: every held request, each not cancelled meanwhile counted as a re-prefill of its
+        prompt + carried tokens."""
+        self.holding = False
+        again, self._held = self._held, []
+        for h in again:
+            if not h.future.done():
+                self._stats[2] += 1
+                self._stats[3] += len(h.attempt_prompt)
+        return again
+
+    def stats(self) -> InflightStats:
+        """Requests ended, KV tokens discarded, re-prefills and the tokens they prefilled again."""
+        return InflightStats(*self._stats)
+
+
+__all__ = ["Carry", "EndedRequests", "carry_over", "end_running", "ended_early"]

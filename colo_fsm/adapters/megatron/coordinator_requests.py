@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from colo_fsm.adapters.batching import OnToken, TokenCompletion
+from colo_fsm.adapters.engine.options import check_sampling, positive_int
 from colo_fsm.adapters.engine.results import FutureHandle
 from colo_fsm.adapters.megatron.coordinator_inflight import Carry
 from colo_fsm.adapters.megatron.coordinator_states import as_list, state_name, token_versions
-from colo_fsm.errors import ConfigError
+from colo_fsm.errors import ConfigError, RequestTooLarge
 from colo_fsm.log import get_logger
 
 log = get_logger(__name__)
@@ -108,6 +109,36 @@ def check_prompt(prompt_ids: Sequence[int]) -> tuple[int, ...]:
     if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt_ids):
         raise ConfigError("prompt_ids", list(prompt_ids)[:8], "non-negative integer token ids")
     return tuple(int(t) for t in prompt_ids)
+
+
+def check_request(
+    prompt_ids: Sequence[int],
+    *,
+    max_tokens: Any,
+    sampling: tuple[Any, Any, Any, Any],
+    top_logprobs: Any,
+    logprobs_mode: Any,
+    config: Any,
+    max_sequence_length: int,
+) -> tuple[int, ...]:
+    """A request the coordinator engine can send, its prompt as token ids: ``sampling`` (temperature, top-p, top-k,
+    seed) as every engine takes them, no ``top_logprobs``, ``logprobs_mode`` None or the engine's own
+    (``config.logprobs_mode``), prompt + ``max_tokens`` within ``max_sequence_length``. Anything else raises
+    :class:`~colo_fsm.errors.ConfigError` (:class:`~colo_fsm.errors.RequestTooLarge` for the length) naming it."""
+    ids = check_prompt(prompt_ids)
+    positive_int("max_tokens", max_tokens)
+    check_sampling(*sampling)
+    if top_logprobs:
+        raise ConfigError("top_logprobs", top_logprobs, "0 (the coordinator engine records no alternatives)")
+    if logprobs_mode is not None and logprobs_mode != config.logprobs_mode:
+        raise ConfigError(
+            "logprobs_mode",
+            logprobs_mode,
+            f"{config.logprobs_mode!r}: megatron-core sets it once for every request (CoordinatorConfig)",
+        )
+    if len(ids) + max_tokens > max_sequence_length:
+        raise RequestTooLarge("prompt+max_tokens", len(ids) + max_tokens, max_sequence_length, "max_sequence_length")
+    return ids
 
 
 def sampling_params(max_tokens: int, temperature: float, top_p: float, top_k: int, eod: int) -> Any:
@@ -207,12 +238,43 @@ def build_completion(
     )
 
 
+def resolve(
+    handle: CoordinatorHandle,
+    reply: concurrent.futures.Future[Any],
+    *,
+    eod: int,
+    detokenize: Callable[[list[int]], str],
+    sent: Sequence[int],
+) -> bool:
+    """Resolve ``handle`` from megatron's ``reply``: its completion (:func:`build_completion`), the reply's error,
+    or finish "abort" where megatron cancelled it (at its shutdown). False where the caller had cancelled the
+    request already, so megatron decoded it to the end for nothing (the reply is dropped)."""
+    if handle.future.done():
+        return False
+    if reply.cancelled():
+        handle.cancel()
+        return True
+    exc = reply.exception()
+    if exc is not None:
+        settle(handle.future, exc=exc)
+        return True
+    try:
+        completion = build_completion(handle, reply.result(), eod=eod, detokenize=detokenize, sent=sent)
+    except Exception as err:
+        settle(handle.future, exc=err)
+    else:
+        settle(handle.future, result=completion)
+    return True
+
+
 __all__ = [
     "CoordinatorHandle",
     "ServerShare",
     "as_list",
     "build_completion",
     "check_prompt",
+    "check_request",
+    "resolve",
     "sampling_params",
     "settle",
     "state_name",
