@@ -57,9 +57,11 @@ def _handoff(
 ) -> tuple[str, ...]:
     """The handoff bench's argv at one point (cut, modes, model, age, order, engine loop: ``--engine`` unless
     direct, megatron's CUDA-graph sizing: ``--graph-sizing`` unless its default), ``extra`` after it, and a JSON
-    name that says the point."""
+    name that says the point (drain's race too, where ``extra`` forces it)."""
     tail = ("" if order == "start" else f"_{order}-order") + ("" if engine == "direct" else f"_{engine}")
     tail += "" if sizing is None else f"_{sizing}-graphs"
+    if "--drain-race" in extra:  # a forced race is a run of its own: never the same file as the free one
+        tail += f"_{extra[extra.index('--drain-race') + 1]}"
     name = f"inflight_handoff_reasoning_{model}_cut{cut}_age{age}_{modes.replace(',', '-')}{tail}.json"
     return (
         *HANDOFF,
@@ -177,6 +179,14 @@ STAGES: tuple[Stage, ...] = (
         "and park's decode against the graph decode in one process, on the path users run; ~15 min (the four modes "
         "took 759 s at 4366d6d): --detach",
         _handoff(8192, "park,drain,sync,abort", engine="coordinator"),
+        1500,
+    ),
+    _coordinator_long(
+        "reasoning-8k-coordinator-collector-first",
+        "reasoning-8k-coordinator with drain's race forced (--drain-race collector-first: each drain handoff waits "
+        "until the collector has admitted what it may, so every one waits for its tail): park, drain, sync and abort "
+        "on one engine of the path users run, each drain handoff a real drain; ~14-16 min: --detach",
+        _handoff(8192, "park,drain,sync,abort", "--drain-race", "collector-first", engine="coordinator"),
         1500,
     ),
     _coordinator_pair(
