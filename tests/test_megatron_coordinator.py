@@ -354,6 +354,12 @@ def test_server_over_the_coordinator_engine_keeps_the_gym_contract() -> None:
         assert len(chat["choices"][0]["logprobs"]["content"]) == 3
         bad = httpx.post(base + "/completions", json={"prompt": "1", "max_tokens": 2, "logprobs": 3}, timeout=20)
         assert bad.status_code == 400 and "logprobs" in bad.text
+        # any integer seed is taken (HTTP seeds may be negative): each prompt's is folded into [0, 2**63), on the
+        # token path and the text path alike (the text path passed seed + i to the engine, which refuses < 0)
+        seeded = {"prompt": "12", "max_tokens": 2, "temperature": 1.0, "seed": -5}
+        assert httpx.post(base + "/completions", json=seeded, timeout=20).status_code == 200
+        outs = gated.generate(["12", "34"], max_tokens=2, temperature=1.0, seed=-1)
+        assert [len(o.token_ids) for o in outs] == [2, 2]
     finally:
         gated.shutdown()
 

@@ -308,10 +308,12 @@ class ServerContext:
 
     async def _generate_text(self, expanded: list[str], s: Sampling) -> Any:
         if self.use_async and self.agenerate is not None:
-            return await self.agenerate(expanded, max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed)
+            return await self.agenerate(
+                expanded, max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed_for(0)
+            )
         gen = self.generator
         return await anyio.to_thread.run_sync(
-            lambda: gen.generate(expanded, max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed)
+            lambda: gen.generate(expanded, max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed_for(0))
         )
 
 

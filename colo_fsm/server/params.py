@@ -50,10 +50,17 @@ class Sampling:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def seed_for(self, choice: int) -> int | None:
-        """The engine seed of choice ``choice`` (``seed + choice``, folded into [0, 2**63)); None without a seed."""
-        if self.seed is None:
-            return None
-        return (self.seed + choice) % (1 << 63)
+        """The engine seed of choice ``choice`` (:func:`engine_seed`)."""
+        return engine_seed(self.seed, choice)
+
+
+def engine_seed(seed: int | None, offset: int = 0) -> int | None:
+    """The seed an engine gets for the ``offset``-th sample of a request seeded ``seed``: ``seed + offset`` folded
+    into [0, 2**63) (HTTP seeds may be negative or past int64; every engine takes a non-negative one); None stays
+    None."""
+    if seed is None:
+        return None
+    return (seed + offset) % (1 << 63)
 
 
 _MISSING = object()
@@ -312,6 +319,7 @@ __all__ = [
     "Body",
     "OnPolicy",
     "Sampling",
+    "engine_seed",
     "read_sampling",
     "short",
 ]

@@ -28,6 +28,7 @@ from colo_fsm.server.app import ChatTemplate, ServerSettings, create_app, defaul
 from colo_fsm.server.closing import CloseWhenDraining, DrainingServer
 from colo_fsm.server.gate import SuspendGate
 from colo_fsm.server.lifecycle_clock import LifecycleClock
+from colo_fsm.server.params import engine_seed
 from colo_fsm.server.topology import ServingRole, check_serving_layout, gather_roles, serving_role
 from colo_fsm.states.spec import LIFECYCLE, EngineCondition, LifecycleSpec
 
@@ -417,13 +418,15 @@ class GatedEngine:
 
         Over an engine with ``submit()`` and ``inflight`` park or abort only the hand-over holds the gate, so a
         suspend leaves these requests to the engine (parked, or ended and resubmitted) instead of waiting for them.
+        A ``seed`` may be any integer: prompt ``i`` gets ``seed + i`` folded into [0, 2**63)
+        (:func:`~colo_fsm.server.params.engine_seed`), as every engine takes a non-negative seed.
         """
         submit = getattr(self.generator, "submit", None)
         if self.inflight != "drain" and callable(submit) and self.tokenizer is not None:
             ids = [self.tokenizer.tokenize(p) for p in prompts]
             with self.gate.admit(self.request_timeout_s):
                 handles = [
-                    submit(p, max_tokens=max_tokens, temperature=temperature, seed=None if seed is None else seed + i)
+                    submit(p, max_tokens=max_tokens, temperature=temperature, seed=engine_seed(seed, i))
                     for i, p in enumerate(ids)
                 ]
             outs = [h.future.result() for h in handles]
@@ -438,7 +441,9 @@ class GatedEngine:
                 for o in outs
             ]
         with self.gate.admit(self.request_timeout_s):
-            return list(self.generator.generate(prompts, max_tokens=max_tokens, temperature=temperature, seed=seed))
+            return list(
+                self.generator.generate(prompts, max_tokens=max_tokens, temperature=temperature, seed=engine_seed(seed))
+            )
 
 
 class _FeedGroup:

@@ -527,8 +527,8 @@ class CoordinatorEngine(TextGeneration):
         }
 
     def _died(self) -> EngineLoopDied | None:
-        """The end of megatron's engine loop, recorded once (every pending request failed then); None while it
-        runs, or once we are shutting it down."""
+        """The end of megatron's engine loop, recorded once (every pending request failed then): the recorded
+        :class:`EngineLoopDied`, or None while the loop runs (and while we shut it down, unless it ended before)."""
         if self._dead is None and self._llm is not None and not self._stopping:
             detail = loop_death(self._llm, self._loop)
             if detail is not None:
@@ -574,8 +574,8 @@ class CoordinatorEngine(TextGeneration):
 
     def _answer(self, handle: CoordinatorHandle, fut: concurrent.futures.Future[Any]) -> None:
         eod = int(self.tokenizer.eod)
-        ended = self._ended.ended(handle.request_id, handle.future.done(), fut, max_tokens=handle.tokens_left, eod=eod)
         with self._lock:
+            ended = self._ended.ended(handle, fut, eod=eod)
             handle.in_engine = False
             if not ended:
                 self._pending.pop(handle.request_id, None)

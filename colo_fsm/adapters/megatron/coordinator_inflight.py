@@ -12,7 +12,7 @@ every token, each stamped with the weight version that produced it. Requests sti
 hold no KV cache and are not ended: they start after the resume.
 
 Used by :mod:`colo_fsm.adapters.megatron.coordinator`; :class:`Carry` is what one ended request keeps between its
-attempts, :class:`EndedRequests` the engine's book of one abort-mode handoff.
+attempts, :class:`EndedRequests` the engine's book of its abort-mode handoffs.
 """
 
 from __future__ import annotations
@@ -111,15 +111,16 @@ class EndedRequests:
         """True once ``ended`` replies came, or none of the ended requests is still out."""
         return self.replies >= ended or not self.ending
 
-    def ended(self, request_id: int, handle_done: bool, reply: Any, *, max_tokens: int, eod: int) -> bool:
-        """True where ``reply`` (a finished future) is that of a request a suspend ended (:func:`ended_early`) and
-        still wanted: its tokens are carried over to a resubmission."""
+    def ended(self, handle: Any, reply: Any, *, eod: int) -> bool:
+        """True where ``reply`` (a finished future) is that of ``handle``'s attempt a suspend ended
+        (:func:`ended_early`, against the handle's ``tokens_left``) and the request is still wanted: its tokens are
+        carried over to a resubmission."""
         return (
-            request_id in self.ending
-            and not handle_done
+            handle.request_id in self.ending
+            and not handle.future.done()
             and not reply.cancelled()
             and reply.exception() is None
-            and ended_early(reply.result(), max_tokens=max_tokens, eod=eod)
+            and ended_early(reply.result(), max_tokens=handle.tokens_left, eod=eod)
         )
 
     def hold(self, handle: Resubmittable, discarded_tokens: int) -> bool:

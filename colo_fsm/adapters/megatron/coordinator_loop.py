@@ -3,8 +3,8 @@ bounded by ``CoordinatorConfig.control_timeout_s`` and watches the loop for its 
 
 megatron-core 0.19.2 runs its engine loop as a task on an event loop of its own thread, and turns an exception in
 that loop into ``sys.exit`` on the thread: nothing else would ever answer a request or a control call. So every
-wait here polls every ``watch_interval_s`` for :func:`loop_death`, and where it finds one it asks ``died()`` (the
-engine records the death once and fails its pending requests) and raises what that returns.
+wait here asks ``died()`` every ``watch_interval_s`` (the engine looks with :func:`loop_death`, records a death
+once and fails its pending requests) and raises the death it returns.
 
 Used by :mod:`colo_fsm.adapters.megatron.coordinator`.
 """
