@@ -59,6 +59,7 @@ HEADLINE_COMMITS = (
     "fb85515",
     "b1d9af0",
     "3385c87",
+    "3c2b2f0",
 )
 """The commits whose runs in ``docs/gpu-runs/`` are the performance page's headline (``--commits headline``): each
 measures the same code, or the page's notes say what differs. A GPU session that commits runs adds its commit here."""
