@@ -33,6 +33,21 @@ def test_the_model_on_each_runs_own_table_is_nearer_the_run_wherever_the_tables_
         ("reasoning-cut8192-coordinator-park-drain-sync-abort-dec9bed", "park/abort"): (0.949, 1.02, 1.01),
         ("reasoning-cut8192-coordinator-park-drain-sync-abort-dec9bed", "park/drain"): (1.365, 1.58, 1.72),
         ("reasoning-cut8192-coordinator-park-drain-sync-abort-dec9bed", "park/sync"): (1.691, 1.62, 1.75),
+        ("reasoning-cut8192-coordinator-park-drain-sync-abort-collector-first-3c2b2f0", "park/abort"): (
+            0.976,
+            1.02,
+            1.01,
+        ),
+        ("reasoning-cut8192-coordinator-park-drain-sync-abort-collector-first-3c2b2f0", "park/drain"): (
+            1.605,
+            1.69,
+            1.72,
+        ),
+        ("reasoning-cut8192-coordinator-park-drain-sync-abort-collector-first-3c2b2f0", "park/sync"): (
+            1.584,
+            1.7,
+            1.74,
+        ),
         ("reasoning-cut32768-park-sync-graph-contexts-ca6c37b", "park/sync"): (1.662, 1.63, 1.78),
         ("reasoning-cut32768-park-sync-graph-contexts-fb85515", "park/sync"): (1.625, 1.62, 1.78),
     }
