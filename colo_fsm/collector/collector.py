@@ -24,17 +24,16 @@ import asyncio
 import bisect
 import concurrent.futures
 import inspect
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from colo_fsm.adapters.protocols import Completion, TextGenerator
 from colo_fsm.collector.buffer import ReplayBuffer, Ticket, TrajectoryGroup, samples_versions
 from colo_fsm.collector.prompts import Prompt, as_prompts
+from colo_fsm.collector.rollout import RolloutFn, TextRollout
 from colo_fsm.errors import ConfigError, LifecycleError, RolloutDeferred, RolloutFailed, WaitTimeout
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.log import get_logger
@@ -62,60 +61,6 @@ _DEFER_RETRY_S = 0.05
 """After a rollout deferred while the collector was running, wait this long before starting another."""
 _CANCEL_WAIT_S = 5.0
 """How long close() gives the rollouts it cancelled to end before the collector's event loop closes."""
-
-
-RolloutFn = Callable[[Prompt], TrajectoryGroup] | Callable[[Prompt], Awaitable[TrajectoryGroup]]
-"""Prompt in, trajectory group out (sync or async). Its ``weight_version``/``target_step`` are set by the collector."""
-
-
-class TextRollout:
-    """A ready-made rollout over a :class:`~colo_fsm.adapters.protocols.TextGenerator`.
-
-    Generates ``samples_per_group`` completions of the prompt in one ``generate`` call and scores each with
-    ``reward_fn(prompt, completion) -> float``.
-    """
-
-    def __init__(
-        self,
-        generator: TextGenerator,
-        reward_fn: Callable[[Prompt, Completion], float],
-        *,
-        samples_per_group: int,
-        max_tokens: int,
-        temperature: float = 1.0,
-        seed: int | None = None,
-    ) -> None:
-        if not callable(getattr(generator, "generate", None)):
-            raise ConfigError("generator", generator, "a TextGenerator (with generate())")
-        if not callable(reward_fn):
-            raise ConfigError("reward_fn", reward_fn, "a callable (prompt, completion) -> float")
-        for name, v in (("samples_per_group", samples_per_group), ("max_tokens", max_tokens)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(name, v, "a positive integer")
-        self.generator = generator
-        self.reward_fn = reward_fn
-        self.samples_per_group = samples_per_group
-        self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.seed = seed
-        self._calls = itertools.count()
-
-    def __call__(self, prompt: Prompt) -> TrajectoryGroup:
-        """Generate and score one group (``weight_version`` is the oldest version among the completions)."""
-        seed = None if self.seed is None else self.seed + next(self._calls)
-        outs = self.generator.generate(
-            [prompt.text] * self.samples_per_group, max_tokens=self.max_tokens, temperature=self.temperature, seed=seed
-        )
-        rewards = [float(self.reward_fn(prompt, c)) for c in outs]
-        version = min((c.weight_version for c in outs), default=0)
-        return TrajectoryGroup(
-            prompt.prompt_id,
-            prompt.text,
-            tuple(outs),
-            tuple(rewards),
-            weight_version=version,
-            metadata=dict(prompt.metadata),
-        )
 
 
 @dataclass(frozen=True)
