@@ -143,7 +143,7 @@ class CoordinatorEngine(TextGeneration):
         self._answered = threading.Condition(self._lock)  # notified whenever a reply was handled
         self._pending: dict[int, CoordinatorHandle] = {}
         self.inflight = InflightPolicy(self.config.inflight)
-        self._ended = EndedRequests()  # the abort-mode handoffs' book (under self._lock)
+        self._ended: EndedRequests[CoordinatorHandle] = EndedRequests()  # abort-mode handoffs' book (under _lock)
         self._next_id = 0
         self._done_q: queue.SimpleQueue[tuple[CoordinatorHandle, concurrent.futures.Future[Any]]] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None

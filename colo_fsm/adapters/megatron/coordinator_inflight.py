@@ -17,6 +17,7 @@ attempts, :class:`EndedRequests` the engine's book of its abort-mode handoffs.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -70,16 +71,22 @@ def carry_over(carry: Carry, record: Any, *, prompt_len: int, sent: Any, request
 
 
 class Resubmittable(Protocol):
-    """What :class:`EndedRequests` reads of a request it holds (a ``CoordinatorHandle``)."""
+    """What :class:`EndedRequests` reads of a request it holds (the engine's ``CoordinatorHandle``)."""
+
+    @property
+    def request_id(self) -> int: ...
+
+    @property
+    def tokens_left(self) -> int: ...
 
     @property
     def attempt_prompt(self) -> tuple[int, ...]: ...
 
     @property
-    def future(self) -> Any: ...
+    def future(self) -> concurrent.futures.Future[Any]: ...
 
 
-class EndedRequests:
+class EndedRequests[H: Resubmittable]:
     """The abort-mode handoffs' book, read and written under the engine's lock.
 
     A suspend :meth:`start`s one with the ids running in megatron's engine; each of their replies is
@@ -92,7 +99,7 @@ class EndedRequests:
         self.ending: set[int] = set()  # ids in megatron's engine when the suspend ended them, reply not handled
         self.replies = 0  # replies of those since the suspend
         self.holding = False  # a handoff is under way: ended requests wait for the resume
-        self._held: list[Any] = []  # ended at a suspend, sent again after the resume
+        self._held: list[H] = []  # ended at a suspend, sent again after the resume
         self._stats = [0, 0, 0, 0]  # ended, discarded tokens, re-prefills, re-prefilled tokens
 
     def start(self, request_ids: Iterable[int]) -> None:
@@ -111,7 +118,7 @@ class EndedRequests:
         """True once ``ended`` replies came, or none of the ended requests is still out."""
         return self.replies >= ended or not self.ending
 
-    def ended(self, handle: Any, reply: Any, *, eod: int) -> bool:
+    def ended(self, handle: H, reply: concurrent.futures.Future[Any], *, eod: int) -> bool:
         """True where ``reply`` (a finished future) is that of ``handle``'s attempt a suspend ended
         (:func:`ended_early`, against the handle's ``tokens_left``) and the request is still wanted: its tokens are
         carried over to a resubmission."""
@@ -123,7 +130,7 @@ class EndedRequests:
             and ended_early(reply.result(), max_tokens=handle.tokens_left, eod=eod)
         )
 
-    def hold(self, handle: Resubmittable, discarded_tokens: int) -> bool:
+    def hold(self, handle: H, discarded_tokens: int) -> bool:
         """An ended attempt that held ``discarded_tokens`` of KV: keep ``handle`` for the resume. True where the
         resume already came (the caller resubmits at once)."""
         self._stats[0] += 1
@@ -131,7 +138,7 @@ class EndedRequests:
         self._held.append(handle)
         return not self.holding
 
-    def release(self) -> list[Any]:
+    def release(self) -> list[H]:
         """The resume came: every held request, each not cancelled meanwhile counted as a re-prefill of its
         prompt + carried tokens."""
         self.holding = False
@@ -147,4 +154,4 @@ class EndedRequests:
         return InflightStats(*self._stats)
 
 
-__all__ = ["Carry", "EndedRequests", "carry_over", "end_running", "ended_early"]
+__all__ = ["Carry", "EndedRequests", "Resubmittable", "carry_over", "end_running", "ended_early"]
