@@ -60,6 +60,7 @@ HEADLINE_COMMITS = (
     "b1d9af0",
     "3385c87",
     "3c2b2f0",
+    "1fa633b",
 )
 """The commits whose runs in ``docs/gpu-runs/`` are the performance page's headline (``--commits headline``): each
 measures the same code, or the page's notes say what differs. A GPU session that commits runs adds its commit here."""
