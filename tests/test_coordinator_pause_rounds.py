@@ -1,0 +1,67 @@
+"""Where megatron-core's coordinator pause spends its decode steps (``bench/coordinator_pause_rounds.py``): megatron's
+own coordinator process, client, event loop, ``MegatronAsyncLLM`` and engine loop, on the CPU, around a decode step
+that sleeps. What docs/coordinator.md says of the pause rests on these; a megatron-core that changes them turns
+them red.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+pytest.importorskip("zmq", reason="pyzmq (the coordinator extra)")
+pytest.importorskip("msgpack", reason="msgpack (the coordinator extra)")
+pytest.importorskip("megatron.core", reason="megatron-core (the megatron extra)")
+
+from bench.coordinator_pause_rounds import Rig, main, measure_way, run_section
+
+# a long decode step (2 ms before its yield, 10 after) so the trip through megatron's coordinator process fits in
+# one step even on a busy machine
+CPU_S, GPU_S = 0.002, 0.010
+
+
+def test_megatrons_pause_sends_in_a_later_round_than_one_coroutine_or_a_callback() -> None:
+    """megatron's ``pause()`` runs on its loop and hands its body to the same loop (``run_async``): PAUSE leaves the
+    client two rounds, so about two decode steps, after one coroutine sending it would, and three after a plain
+    callback; at interval 1 the engine is PAUSED in the iteration that reads it."""
+    rig = Rig(interval=1, cpu_s=CPU_S, gpu_s=GPU_S)
+    try:
+        rows = {way: measure_way(rig, way, 6) for way in ("megatron", "one-coroutine", "callback")}
+    finally:
+        rig.close()
+    for way, row in rows.items():
+        assert row["failure"] is None, (way, row)
+        assert len(row["steps_at_send"]) == 6, (way, row)
+    sent = {way: statistics.median(row["steps_at_send"]) for way, row in rows.items()}
+    assert sent["megatron"] - sent["one-coroutine"] >= 1.5, sent
+    assert sent["one-coroutine"] - sent["callback"] >= 0.5, sent
+    assert 2.5 <= sent["megatron"] <= 4.5, rows["megatron"]
+    for way, row in rows.items():
+        # the engine reads its socket after the step under way: the step the signal finds running, then PAUSED
+        after_send = [paused - sent for paused, sent in zip(row["steps_to_paused"], row["steps_at_send"], strict=True)]
+        assert statistics.median(after_send) == 1, (way, row)
+        # SUSPEND adds no decode step: a PAUSED engine does not step
+        assert row["pause_steps"] == row["steps_to_paused"], (way, row)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # megatron's sys.exit: the finding
+def test_suspend_sent_behind_pause_kills_megatrons_loop_above_interval_1() -> None:
+    """megatron applies one signal per loop iteration and asserts PAUSED for SUSPEND: sent right behind PAUSE, with
+    the next consensus 19 iterations away, SUSPEND finds PAUSING and megatron's engine loop ends. Why colo-fsm waits
+    for PAUSED before it sends SUSPEND."""
+    section = run_section(20, ["back-to-back"], 1, CPU_S, GPU_S)
+    row = section["ways"]["back-to-back"]
+    assert row["failure"] is not None, row
+    assert "Received SUSPEND in state EngineState.PAUSING" in (row["loop_died"] or ""), row
+
+
+def test_the_bench_names_a_bad_option(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--decode-ms", "1"])
+    err = capsys.readouterr().err
+    assert "--decode-ms" in err and "'1'" in err and "two numbers" in err
+    with pytest.raises(SystemExit):
+        main(["--ways", "megatron,teleport"])
+    err = capsys.readouterr().err
+    assert "--ways" in err and "teleport" in err and "back-to-back" in err
