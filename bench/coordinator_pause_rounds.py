@@ -15,8 +15,11 @@ megatron-core 0.19.2's own code everywhere but the forward pass:
   default (legacy) decode step makes, after launching its forward and before sampling.
 
 For each way of sending the pause it counts, per handoff, the decode steps finished between the call and PAUSE
-leaving the client (``steps_at_send``: the scheduling rounds on megatron's loop, one decode step each), to PAUSED
-and to SUSPENDED (``pause_steps``, what colo-fsm records). The ways:
+leaving the client (``steps_at_send``), to PAUSED and to SUSPENDED (``pause_steps``, what colo-fsm records), and
+``rounds_to_send``: the decode steps from the loop's first round that runs anything of the call (a marker callback
+queued just before it) to the send. The loop runs one decode step per round, so that count is the rounds the call
+takes, whatever the phase of the step the call landed in; ``steps_at_send`` adds that phase (0 or 1 on a quiet
+machine, more where the calling thread waits for a core). The ways:
 
 * ``megatron``: colo-fsm's, megatron's public ``pause()`` then ``suspend()``. ``pause()`` runs on the loop and hands
   its body to the same loop again (``run_async``), so PAUSE leaves in the loop's fourth round;
@@ -60,7 +63,7 @@ if str(ROOT) not in sys.path:
 RESULTS = ROOT / "bench" / "results" / "coordinator_pause_rounds.json"
 WAYS = ("megatron", "one-coroutine", "callback", "back-to-back")
 HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs
-    "megatron way: steps at send, interval 1": "sections.0.ways.megatron.steps_at_send_median",
+    "megatron way: rounds to send, interval 1": "sections.0.ways.megatron.rounds_to_send_median",
     "megatron way: pause_steps, interval 1": "sections.0.ways.megatron.pause_steps_median",
     "one coroutine: pause_steps, interval 1": "sections.0.ways.one-coroutine.pause_steps_median",
     "callback: pause_steps, interval 1": "sections.0.ways.callback.pause_steps_median",
@@ -205,6 +208,11 @@ class Rig:
         self.llm._is_primary_rank, self.llm._use_coordinator = True, True
         self.llm._coord_runtime = type("CoordinatorRuntime", (), {"client": self.client})()
 
+    def mark_first_round(self, into: list[int]) -> None:
+        """Append the step count to ``into`` from the loop's next round: queued just before a call, it runs in the
+        call's first round, before anything of the call."""
+        self.loop.call_soon_threadsafe(lambda: into.append(self.steps))
+
     @property
     def steps(self) -> int:
         """The engine's decode steps so far (what colo-fsm reads as ``context.step_count``)."""
@@ -329,6 +337,7 @@ def measure_way(rig: Rig, name: str, handoffs: int) -> dict[str, Any]:
     """``handoffs`` handoffs sent ``name``'s way, each after a stretch of decoding of its own length (so each starts
     at another point of a decode step), with a wake after each."""
     at_send: list[int] = []
+    rounds: list[int] = []
     to_paused: list[int] = []
     to_suspended: list[int] = []
     wall_ms: list[float] = []
@@ -337,6 +346,8 @@ def measure_way(rig: Rig, name: str, handoffs: int) -> dict[str, Any]:
     for i in range(handoffs):
         time.sleep(0.05 + 0.0137 * i)
         sent_before, before = len(rig.sent), rig.steps
+        first_round: list[int] = []
+        rig.mark_first_round(first_round)
         t0 = time.perf_counter()
         try:
             at_paused = send()
@@ -349,16 +360,18 @@ def measure_way(rig: Rig, name: str, handoffs: int) -> dict[str, Any]:
             to_paused.append(at_paused - before)
         if len(rig.sent) > sent_before:
             at_send.append(rig.sent[-1] - before)
+            rounds.append(rig.sent[-1] - first_round[0])
         rig.wake()
     row: dict[str, Any] = {
         "handoffs": len(to_suspended),
+        "rounds_to_send": rounds,
         "steps_at_send": at_send,
         "steps_to_paused": to_paused,
         "pause_steps": to_suspended,
         "wall_ms": [round(x, 2) for x in wall_ms],
         "failure": failure,
     }
-    for key in ("steps_at_send", "steps_to_paused", "pause_steps", "wall_ms"):
+    for key in ("rounds_to_send", "steps_at_send", "steps_to_paused", "pause_steps", "wall_ms"):
         row[f"{key}_median"] = statistics.median(row[key]) if row[key] else None
     return row
 
@@ -388,8 +401,9 @@ def run_section(interval: int, ways: list[str], handoffs: int, cpu_s: float, gpu
 def table(sections: list[dict[str, Any]]) -> str:
     """The printed table: one row per interval and way."""
     lines = [
-        "| interval | way | handoffs | steps at send | steps to PAUSED | pause_steps | ms to SUSPENDED | outcome |",
-        "|---|---|---|---|---|---|---|---|",
+        "| interval | way | handoffs | rounds to send | steps at send | steps to PAUSED | pause_steps | ms to SUSPENDED "
+        "| outcome |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(row: dict[str, Any], key: str) -> str:
@@ -401,7 +415,8 @@ def table(sections: list[dict[str, Any]]) -> str:
             ms = f"{row['wall_ms_median']:.1f}" if row["wall_ms_median"] is not None else "-"
             outcome = row.get("loop_died") or row["failure"] or "ok"
             lines.append(
-                f"| {section['interval']} | {name} | {row['handoffs']} | {cell(row, 'steps_at_send')} | "
+                f"| {section['interval']} | {name} | {row['handoffs']} | {cell(row, 'rounds_to_send')} | "
+                f"{cell(row, 'steps_at_send')} | "
                 f"{cell(row, 'steps_to_paused')} | {cell(row, 'pause_steps')} | {ms} | {outcome} |"
             )
     return "\n".join(lines)

@@ -6,8 +6,6 @@ them red.
 
 from __future__ import annotations
 
-import statistics
-
 import pytest
 
 pytest.importorskip("zmq", reason="pyzmq (the coordinator extra)")
@@ -23,8 +21,9 @@ CPU_S, GPU_S = 0.002, 0.010
 
 def test_megatrons_pause_sends_in_a_later_round_than_one_coroutine_or_a_callback() -> None:
     """megatron's ``pause()`` runs on its loop and hands its body to the same loop (``run_async``): PAUSE leaves the
-    client two rounds, so about two decode steps, after one coroutine sending it would, and three after a plain
-    callback; at interval 1 the engine is PAUSED in the iteration that reads it."""
+    client three decode steps (rounds) after the loop first runs anything of the call, against one for a coroutine
+    sending it and none for a plain callback, in every handoff. The step under way at the send finishes before the
+    engine reads its socket, and at interval 1 the engine is PAUSED in the iteration that reads it."""
     rig = Rig(interval=1, cpu_s=CPU_S, gpu_s=GPU_S)
     try:
         rows = {way: measure_way(rig, way, 6) for way in ("megatron", "one-coroutine", "callback")}
@@ -32,15 +31,14 @@ def test_megatrons_pause_sends_in_a_later_round_than_one_coroutine_or_a_callback
         rig.close()
     for way, row in rows.items():
         assert row["failure"] is None, (way, row)
-        assert len(row["steps_at_send"]) == 6, (way, row)
-    sent = {way: statistics.median(row["steps_at_send"]) for way, row in rows.items()}
-    assert sent["megatron"] - sent["one-coroutine"] >= 1.5, sent
-    assert sent["one-coroutine"] - sent["callback"] >= 0.5, sent
-    assert 2.5 <= sent["megatron"] <= 4.5, rows["megatron"]
+    assert rows["megatron"]["rounds_to_send"] == [3] * 6, rows["megatron"]
+    assert rows["one-coroutine"]["rounds_to_send"] == [1] * 6, rows["one-coroutine"]
+    assert rows["callback"]["rounds_to_send"] == [0] * 6, rows["callback"]
     for way, row in rows.items():
-        # the engine reads its socket after the step under way: the step the signal finds running, then PAUSED
+        # the engine reads its socket at the top of its loop: the step the signal found under way finishes first
+        # (more steps only where megatron's coordinator process forwards the signal after that step's end)
         after_send = [paused - sent for paused, sent in zip(row["steps_to_paused"], row["steps_at_send"], strict=True)]
-        assert statistics.median(after_send) == 1, (way, row)
+        assert min(after_send) == 1, (way, row)
         # SUSPEND adds no decode step: a PAUSED engine does not step
         assert row["pause_steps"] == row["steps_to_paused"], (way, row)
 
