@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import multiprocessing
 import os
 import platform
@@ -110,6 +109,7 @@ class LoopModel:
         self.is_mp_coordinator = True
         self.rank = 0
         self.context = _Context()
+        self.engine_loop_task: asyncio.Task[None] | None = None  # megatron's name; set once the loop runs
         self.cpu_s, self.gpu_s = cpu_s, gpu_s
 
     def connect(self, address: str) -> None:
@@ -190,7 +190,9 @@ class Rig:
                 raise RuntimeError("megatron's coordinator process was not ready in 120 s")
             client = InferenceClient(address, deserialize=True)
             client.start(loop=self.loop)
-            self.engine_loop_task = self.loop.create_task(self.engine.run_engine_with_coordinator(loop=self.loop))
+            self.engine.engine_loop_task = self.loop.create_task(
+                self.engine.run_engine_with_coordinator(loop=self.loop)
+            )
             return client
 
         self.client = self.manager.run_sync(start())
@@ -219,13 +221,11 @@ class Rig:
         return self.engine.context.step_count
 
     def died(self) -> BaseException | None:
-        """The loop's end as an exception, None while megatron's loop runs."""
-        task = self.engine_loop_task
-        if not task.done():
-            return None if self.loop.is_running() else RuntimeError("megatron's event loop stopped")
-        exc = task.exception() if not task.cancelled() else None
-        cause = getattr(exc, "__context__", None) or exc
-        return RuntimeError(f"megatron's engine loop ended: {type(cause).__name__}: {cause}")
+        """The loop's end as an exception (read as colo-fsm's coordinator engine reads it), None while it runs."""
+        from colo_fsm.adapters.megatron.coordinator_loop import loop_death
+
+        why = loop_death(self.llm, self.loop)
+        return None if why is None else RuntimeError(f"megatron's {why}")
 
     def call(self, coro: Coroutine[Any, Any, Any], what: str) -> Any:
         """Run ``coro`` on megatron's loop as colo-fsm's coordinator engine does (``call_on_loop``)."""
@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from importlib.metadata import version
 
-    from bench._handoff import git_commit
+    from bench._handoff import JsonReport, git_commit
 
     out: dict[str, Any] = {
         "bench": "coordinator_pause_rounds",
@@ -474,10 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         out["sections"].append(section)
         failed |= any(row["failure"] for name, row in section["ways"].items() if name != "back-to-back")
         out["machine"]["loadavg_end"] = os.getloadavg()
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(args.json)
+        JsonReport(args.json, out).write()
     print(f"megatron-core {out['megatron_core']}, decode step {cpu_ms:g} + {gpu_ms:g} ms around its one yield")
     print(table(out["sections"]))
     print(f"JSON: {args.json}")
