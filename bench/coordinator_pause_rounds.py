@@ -318,7 +318,8 @@ class Rig:
                 self.manager.stop()
             except Exception as exc:  # the figures are taken; say why the teardown was cut
                 print(f"  (teardown: {type(exc).__name__}: {exc})")
-        else:  # megatron's loop thread is gone: close its client here, or its socket holds the process at exit
+        else:  # megatron's loop has ended: close it and its client here, or they hold the process at exit
+            self._close_dead_loop()
             self.client.shutdown_coordinator()
             self.client.socket.close(linger=0)
             self.client.context.term()
@@ -326,6 +327,22 @@ class Rig:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(10)
+
+    def _close_dead_loop(self) -> None:
+        """megatron's engine loop ended its loop thread (megatron's ``sys.exit``): what the loop left pending (the
+        client's listener, a call queued just before the end) is cancelled and the loop closed here, so none of it
+        is destroyed pending at exit."""
+        if self.loop.is_running():  # the engine loop task ended but its thread runs on: megatron stops it
+            self.manager.stop()
+            return
+        if self.manager._thread is not None:  # run_forever has returned; the thread ends with it
+            self.manager._thread.join(CALL_TIMEOUT_S)
+        self.loop.run_until_complete(asyncio.sleep(0))  # callbacks queued before the end become tasks
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self.loop.close()
 
 
 async def _stop_client(client: Any) -> None:

@@ -54,6 +54,22 @@ def test_suspend_sent_behind_pause_kills_megatrons_loop_above_interval_1() -> No
     assert "Received SUSPEND in state EngineState.PAUSING" in (row["loop_died"] or ""), row
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_rig_whose_loop_died_closes_it_with_nothing_left_pending() -> None:
+    """Where megatron's loop ended mid-call, the rig's teardown cancels what the loop left (the client's listener, the
+    call queued just before the end) and closes it, so nothing is destroyed pending at exit."""
+    import asyncio
+
+    rig = Rig(interval=20, cpu_s=CPU_S, gpu_s=GPU_S)
+    try:
+        row = measure_way(rig, "back-to-back", 1)
+        assert row["failure"] is not None and rig.died() is not None, row
+    finally:
+        rig.close()
+    assert rig.loop.is_closed()
+    assert not [t for t in asyncio.all_tasks(rig.loop) if not t.done()]
+
+
 def test_the_bench_names_a_bad_option(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["--decode-ms", "1"])
