@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # tests.support (the proof kit) lives in the repository, not the package
     sys.path.insert(0, str(ROOT))
 
+from bench._handoff import JsonReport, git_commit  # noqa: E402
 from tests.support.mutants import (  # noqa: E402
     HYPOTHESIS_EXAMPLES,
     KILLERS,
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.getLogger("colo_fsm").setLevel(logging.CRITICAL)
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    load_start = os.getloadavg()
     t0 = time.perf_counter()
     results = [evaluate(m, KILLERS, hypothesis_examples=args.max_examples) for m in chosen]
     print(table(results))
@@ -55,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {suite[name][:300]}")
     survivors = [r.name for r in results if not r.killed] + [n for n, e in suite.items() if e is None]
     missing = {r.name: r.missing for r in results if r.missing}
+    seconds = time.perf_counter() - t0
     print(
-        f"\n{sum(r.killed for r in results)}/{len(results)} mutants killed in {time.perf_counter() - t0:.1f}s"
+        f"\n{sum(r.killed for r in results)}/{len(results)} mutants killed in {seconds:.1f}s"
         + (f"; SURVIVED: {survivors}" if survivors else "")
         + (f"; expected killers that missed: {missing}" if missing else "")
     )
@@ -66,30 +69,32 @@ def main(argv: list[str] | None = None) -> int:
             for k, evidence in r.killed_by.items():
                 print(f"  {k:<10} {evidence[:300]}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "killed": sum(r.killed for r in results),
-                    "total": len(results),
-                    "suite_mutants": {n: {"test": SUITE_MUTANTS[n].test, "assertion": e} for n, e in suite.items()},
-                    "mutants": [
-                        {
-                            "name": r.name,
-                            "breaks": r.breaks,
-                            "killed_by": r.killed_by,
-                            "survived_by": r.survived_by,
-                            "expected": r.expected,
-                            "seconds": r.seconds,
-                        }
-                        for r in results
-                    ],
-                },
-                indent=2,
-            )
-            + "\n",
-            encoding="utf-8",
-        )
+        JsonReport(
+            args.json,
+            {
+                "commit": git_commit(),
+                "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                "seconds": round(seconds, 1),
+                "cpus": os.cpu_count(),
+                "loadavg_start": load_start,
+                "loadavg_end": os.getloadavg(),
+                "max_examples": args.max_examples,
+                "killed": sum(r.killed for r in results),
+                "total": len(results),
+                "suite_mutants": {n: {"test": SUITE_MUTANTS[n].test, "assertion": e} for n, e in suite.items()},
+                "mutants": [
+                    {
+                        "name": r.name,
+                        "breaks": r.breaks,
+                        "killed_by": r.killed_by,
+                        "survived_by": r.survived_by,
+                        "expected": r.expected,
+                        "seconds": r.seconds,
+                    }
+                    for r in results
+                ],
+            },
+        ).write()
     return 1 if survivors or missing else 0
 
 
