@@ -32,7 +32,7 @@ machine, more where the calling thread waits for a core). The ways:
 
 Usage::
 
-    python bench/coordinator_pause_rounds.py            # intervals 1 and 20, 12 handoffs per way (~1 min)
+    python bench/coordinator_pause_rounds.py            # intervals 1 and 20, 12 handoffs per way (~50 s)
     python bench/coordinator_pause_rounds.py --smoke    # interval 1, 4 handoffs per way, no back-to-back
     pip install 'colo-fsm[coordinator]'                 # pyzmq and msgpack, megatron's transport (in the dev extra)
 
