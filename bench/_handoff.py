@@ -403,21 +403,31 @@ def add_ratios(out: dict[str, Any]) -> None:
     out["no_ratio"] = no_ratio
 
 
-def git_commit() -> str | None:
-    """The commit the bench runs at (``COMMIT`` file first: a copied tree has no .git), None if unknown."""
+def git_commit(root: Path | None = None) -> str | None:
+    """The commit the bench runs at: git's HEAD in a checkout (a ``COMMIT`` file left there goes stale with the next
+    commit), the ``COMMIT`` file in a copied tree without ``.git`` (the GPU machine's); None if neither says."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parent.parent
+    if (root / ".git").exists():
+        try:
+            out = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError):
+            pass
+        else:
+            if out.stdout.strip():
+                return out.stdout.strip()
     marker = root / "COMMIT"
     if marker.exists():
         return marker.read_text(encoding="utf-8").strip() or None
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+    return None
 
 
 class JsonReport:

@@ -319,7 +319,10 @@ class Rig:
             except Exception as exc:  # the figures are taken; say why the teardown was cut
                 print(f"  (teardown: {type(exc).__name__}: {exc})")
         else:  # megatron's loop has ended: close it and its client here, or they hold the process at exit
-            self._close_dead_loop()
+            try:
+                self._close_dead_loop()
+            except Exception as exc:  # the client and the coordinator process are closed all the same
+                print(f"  (teardown: {type(exc).__name__}: {exc})")
             self.client.shutdown_coordinator()
             self.client.socket.close(linger=0)
             self.client.context.term()
@@ -329,19 +332,24 @@ class Rig:
             self.process.join(10)
 
     def _close_dead_loop(self) -> None:
-        """megatron's engine loop ended its loop thread (megatron's ``sys.exit``): what the loop left pending (the
-        client's listener, a call queued just before the end) is cancelled and the loop closed here, so none of it
-        is destroyed pending at exit."""
-        if self.loop.is_running():  # the engine loop task ended but its thread runs on: megatron stops it
-            self.manager.stop()
-            return
-        if self.manager._thread is not None:  # run_forever has returned; the thread ends with it
-            self.manager._thread.join(CALL_TIMEOUT_S)
+        """megatron's engine loop has ended: its loop thread is let end (megatron's ``sys.exit`` ends it; a loop still
+        running is stopped), then what the loop left pending (the client's listener, a call queued just before the
+        end) is cancelled and the loop closed here, so none of it is destroyed pending at exit."""
+        task = self.engine.engine_loop_task
+        exited = task is not None and task.done() and not task.cancelled() and isinstance(task.exception(), SystemExit)
+        thread = self.manager._thread
+        if not exited and self.loop.is_running():  # the engine loop returned or was cancelled; its thread runs on
+            self.manager.stop()  # the running loop takes the stop itself, and its thread ends
+        elif thread is not None:  # megatron's sys.exit has left (or is leaving) run_forever; the thread ends with it
+            thread.join(CALL_TIMEOUT_S)
+        if thread is not None and thread.is_alive():
+            raise RuntimeError(f"megatron's loop thread did not end in {CALL_TIMEOUT_S:g} s")
         self.loop.run_until_complete(asyncio.sleep(0))  # callbacks queued before the end become tasks
-        pending = asyncio.all_tasks(self.loop)
-        for task in pending:
-            task.cancel()
-        self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        for left in pending:
+            left.cancel()
+        if pending:
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self.loop.close()
 
 

@@ -51,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, m in SUITE_MUTANTS.items():
             if args.only and name not in args.only:
                 continue
-            suite[name] = kill_by_suite_test(name)
-            print(f"{name:<44} {m.test.split('::')[-1] if suite[name] else 'SURVIVED ' + m.test}")
-            if args.verbose and suite[name]:
-                print(f"  {suite[name][:300]}")
+            suite[name] = assertion = kill_by_suite_test(name)
+            print(f"{name:<44} {m.test.split('::')[-1] if assertion else 'SURVIVED ' + m.test}")
+            if args.verbose and assertion:
+                print(f"  {assertion[:300]}")
     survivors = [r.name for r in results if not r.killed] + [n for n, e in suite.items() if e is None]
     missing = {r.name: r.missing for r in results if r.missing}
     seconds = time.perf_counter() - t0
@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                 "loadavg_start": load_start,
                 "loadavg_end": os.getloadavg(),
                 "max_examples": args.max_examples,
+                "only": args.only,  # None: every mutant
+                "suite_mutants_run": not args.no_suite,
                 "killed": sum(r.killed for r in results),
                 "total": len(results),
                 "suite_mutants": {n: {"test": SUITE_MUTANTS[n].test, "assertion": e} for n, e in suite.items()},

@@ -306,6 +306,31 @@ def test_a_run_cut_after_the_first_mode_keeps_its_data(tmp_path, monkeypatch):
     assert "ratio_park_over_drain" not in data and "fewer than 3" in data["no_ratio"]["park_over_drain"]
 
 
+def test_a_run_records_gits_commit_in_a_checkout_and_the_commit_file_only_in_a_copied_tree(tmp_path):
+    """A ``COMMIT`` file left in a checkout goes stale with the next commit (a CPU run once recorded an older commit):
+    in a checkout git's HEAD wins; the file names the commit only where there is no ``.git`` (the GPU machine's copy).
+    """
+    import subprocess
+
+    from bench._handoff import git_commit
+
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "COMMIT").write_text("abc1234\n", encoding="utf-8")
+    assert git_commit(copy) == "abc1234"
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], cwd=checkout, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=checkout, check=True)
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    (checkout / "COMMIT").write_text("abc1234\n", encoding="utf-8")
+    assert git_commit(checkout) == head != "abc1234"
+    assert git_commit(tmp_path / "empty") is None
+
+
 def test_ratios_compare_park_with_the_graph_decode_at_its_concurrency():
     row = {
         "samples_per_s": 2.0,

@@ -64,10 +64,12 @@ def test_a_rig_whose_loop_died_closes_it_with_nothing_left_pending() -> None:
     try:
         row = measure_way(rig, "back-to-back", 1)
         assert row["failure"] is not None and rig.died() is not None, row
+        late = asyncio.run_coroutine_threadsafe(asyncio.sleep(60), rig.loop)  # a call that reaches the dead loop
     finally:
         rig.close()
     assert rig.loop.is_closed()
     assert not [t for t in asyncio.all_tasks(rig.loop) if not t.done()]
+    assert late.cancelled()
 
 
 def test_the_bench_names_a_bad_option(capsys) -> None:
