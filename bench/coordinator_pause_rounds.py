@@ -416,7 +416,8 @@ def run_section(interval: int, ways: list[str], handoffs: int, cpu_s: float, gpu
         rig = Rig(interval=interval, cpu_s=cpu_s, gpu_s=gpu_s)
         try:
             row = measure_way(rig, "back-to-back", 1 if interval > 1 else handoffs)
-            row["loop_died"] = str(rig.died()) if rig.died() is not None else None
+            dead = rig.died()
+            row["loop_died"] = None if dead is None else str(dead)
             section["ways"]["back-to-back"] = row
         finally:
             rig.close()
