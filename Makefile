@@ -59,6 +59,7 @@ lint: setup
 	$(VENV)/bin/ruff check colo_fsm tests bench scripts examples
 	$(VENV)/bin/ruff format --check colo_fsm tests bench scripts examples
 	$(VENV)/bin/mypy --explicit-package-bases colo_fsm tests/support bench
+	MYPYPATH=scripts $(VENV)/bin/mypy --explicit-package-bases scripts
 
 format: setup
 	$(VENV)/bin/ruff check --fix colo_fsm tests bench scripts examples

@@ -22,22 +22,24 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-RESULTS: list[dict] = []
+RESULTS: list[dict[str, Any]] = []
 RANK = int(os.environ.get("RANK", "0"))
 
 
-def report(name: str, ok: bool, **info) -> None:
+def report(name: str, ok: bool, **info: Any) -> None:
     rec = {"check": name, "ok": ok, "rank": RANK, **info}
     RESULTS.append(rec)
     if RANK == 0 or not ok:
         print(json.dumps(rec, default=str), flush=True)
 
 
-def run_check(name, fn, *a, **k):
+def run_check(name: str, fn: Callable[..., dict[str, Any] | None], *a: Any, **k: Any) -> bool:
     t0 = time.perf_counter()
     try:
         info = fn(*a, **k) or {}
@@ -117,13 +119,13 @@ def main() -> int:
         position_embedding=mcfg.position_embedding_type,
     )
     prompts = ["12+34=", "hello world ", "9*9=", "the quick brown fox "] * 4
-    state: dict = {}
+    state: dict[str, Any] = {}
 
-    def greedy(engine, max_tokens=24):
+    def greedy(engine: Any, max_tokens: int = 24) -> list[list[int]]:
         return [c.token_ids for c in engine.generate(prompts, max_tokens=max_tokens, temperature=0.0)]
 
     # ---------------------------------------------------------------- engine + KV modes
-    def kv_mode_check(mode: str):
+    def kv_mode_check(mode: str) -> dict[str, Any]:
         eng = MegatronEngine(model, tok, GenerationConfig(kv_cache_mode=mode, buffer_size_gb=args.buffer_gb))
         t0 = time.perf_counter()
         eng.bring_up()
@@ -161,20 +163,21 @@ def main() -> int:
     for mode in ("persist", "offload", "recompute"):
         ok_engine = run_check(f"kv_mode_{mode}", kv_mode_check, mode) or ok_engine
     engines = state.get("engines", {})
-    eng = engines.get("persist") or next(iter(engines.values()), None)
+    kept = engines.get("persist") or next(iter(engines.values()), None)
     for other in engines.values():
-        if other is not eng:
+        if other is not kept:
             other.shutdown()
-    if eng is None:
+    if kept is None:
         report("engine", False, error="no engine came up; later checks skipped")
         return finish(args)
+    eng: Any = kept
     eng.resume()
 
     trainer = MegatronTrainer(
         model, TrainerConfig(lr=3e-3, offload_optimizer_state=args.device == "cuda"), pad_id=tok.pad
     )
 
-    def rollouts():
+    def rollouts() -> list[Rollout]:
         comps = eng.generate_ids([tok.tokenize(p) for p in prompts], max_tokens=16, temperature=0.0)
         return [
             Rollout(c.prompt_ids, c.token_ids, float(i % 2), i // 4, c.logprobs, c.weight_version)
@@ -182,7 +185,7 @@ def main() -> int:
         ]
 
     # ---------------------------------------------------------------- train on the same model, no copy
-    def train_check():
+    def train_check() -> dict[str, Any]:
         before = greedy(eng)
         rs = rollouts()
         ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
@@ -243,12 +246,14 @@ def main() -> int:
 
         holder = [str(ckroot) if ckroot else None]
         dist.broadcast_object_list(holder, src=0)
-        ckroot = Path(holder[0])
+        ckroot = Path(str(holder[0]))
+    assert ckroot is not None
+    ckpt_root: Path = ckroot
 
-    def checkpoint_check(fmt: str):
+    def checkpoint_check(fmt: str) -> dict[str, Any]:
         from colo_fsm.adapters.megatron.checkpoint import load_checkpoint, save_checkpoint
 
-        root = ckroot / fmt
+        root = ckpt_root / fmt
         # megatron-core's optimizer (the trainer's CUDA backend) saves only through dist_checkpointing; the DCP
         # format carries the model here (a torch-backend trainer also carries its AdamW state in DCP)
         opt = trainer.optimizer if fmt == "megatron" or trainer.backend == "torch" else None
@@ -291,7 +296,7 @@ def main() -> int:
     run_check("checkpoint_dcp", checkpoint_check, "dcp")
 
     # ---------------------------------------------------------------- the lifecycle drives it
-    def lifecycle_check():
+    def lifecycle_check() -> dict[str, Any]:
         from colo_fsm.guards import CheckpointDecision, TorchBarrier, ValidationDecision
         from colo_fsm.machine.lifecycle import Lifecycle, LifecycleConfig
         from colo_fsm.states.spec import State
@@ -300,30 +305,30 @@ def main() -> int:
         eng.resume()
         lc_trainer = MegatronTrainer(
             model,
-            TrainerConfig(lr=1e-3, checkpoint_dir=str(ckroot / "lc"), offload_optimizer_state=args.device == "cuda"),
+            TrainerConfig(lr=1e-3, checkpoint_dir=str(ckpt_root / "lc"), offload_optimizer_state=args.device == "cuda"),
         )
 
         class Adopted:  # the engine is already up (built once above); the lifecycle's bring_up adopts it
             reads_weights_in_place = True
 
-            def bring_up(self):
+            def bring_up(self) -> None:
                 assert eng.awake
 
-            def suspend(self):
+            def suspend(self) -> None:
                 eng.suspend()
 
-            def resume(self):
+            def resume(self) -> None:
                 eng.resume()
 
-            def shutdown(self):
+            def shutdown(self) -> None:
                 eng.shutdown()
 
-            def server_base_urls(self):
+            def server_base_urls(self) -> list[str]:
                 return []
 
-        vals = []
+        vals: list[tuple[int, int]] = []
 
-        def validator(step, wv):
+        def validator(step: int, wv: int) -> dict[str, float]:
             vals.append((step, wv))
             return {"n": float(len(eng.generate(prompts[:4], max_tokens=8)))}
 
@@ -360,7 +365,7 @@ def main() -> int:
     return finish(args)
 
 
-def finish(args) -> int:
+def finish(args: argparse.Namespace) -> int:
     ok = all(r["ok"] for r in RESULTS)
     try:
         import torch.distributed as dist

@@ -254,16 +254,16 @@ def _quantile(q: float, vec: Vector) -> Vector:
             continue
         rank = q * count
         prev_le, prev_c = 0.0, 0.0
-        for le, c in buckets:
+        for bound, c in buckets:
             if c >= rank:
-                if le == math.inf:
+                if bound == math.inf:
                     out[key] = prev_le  # in the last bucket: its lower bound, as Prometheus does
                 elif c == prev_c:
-                    out[key] = le
+                    out[key] = bound
                 else:
-                    out[key] = prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+                    out[key] = prev_le + (bound - prev_le) * (rank - prev_c) / (c - prev_c)
                 break
-            prev_le, prev_c = le, c
+            prev_le, prev_c = bound, c
     return out
 
 
