@@ -456,7 +456,8 @@ def run(args: argparse.Namespace) -> int:
         drain=drain,
         barrier=handoff_barrier,
         checkpoint=CheckpointDecision(args.save_every) if args.save_every else None,
-        checkpoint_extra=lambda: {"soak": {"rank": rank}},
+        # the lifecycle refuses a checkpoint_extra it would never call: only a run that saves passes one
+        checkpoint_extra=(lambda: {"soak": {"rank": rank}}) if args.save_every else None,
         **spec_kwargs,
     )
     lc_box.append(lc)
