@@ -18,7 +18,6 @@ import gc
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import time
@@ -84,16 +83,13 @@ def sync(device: str = "cuda") -> None:
 
 
 def machine_info(device: str) -> dict[str, Any]:
-    """What ran the benchmark: GPU name, torch and megatron-core versions, host."""
+    """What ran the benchmark: its provenance (commit, date, host, load: ``bench/_provenance.py``), the torch and
+    megatron-core versions, the GPU."""
     import torch
 
-    info: dict[str, Any] = {
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "device": device,
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    from bench._provenance import provenance
+
+    info: dict[str, Any] = {**provenance(), "torch": torch.__version__, "device": device}
     try:
         import megatron.core as mc
 

@@ -403,33 +403,6 @@ def add_ratios(out: dict[str, Any]) -> None:
     out["no_ratio"] = no_ratio
 
 
-def git_commit(root: Path | None = None) -> str | None:
-    """The commit the bench runs at: git's HEAD in a checkout (a ``COMMIT`` file left there goes stale with the next
-    commit), the ``COMMIT`` file in a copied tree without ``.git`` (the GPU machine's); None if neither says."""
-    import subprocess
-
-    root = root or Path(__file__).resolve().parent.parent
-    if (root / ".git").exists():
-        try:
-            out = subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                cwd=root,
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            )
-        except (OSError, subprocess.SubprocessError):
-            pass
-        else:
-            if out.stdout.strip():
-                return out.stdout.strip()
-    marker = root / "COMMIT"
-    if marker.exists():
-        return marker.read_text(encoding="utf-8").strip() or None
-    return None
-
-
 class JsonReport:
     """The run's JSON, rewritten whole (atomically) after every piece, so a cut run keeps its data."""
 
@@ -539,7 +512,6 @@ __all__ = [
     "add_ratios",
     "buffer_growth",
     "direct_engine",
-    "git_commit",
     "mode_of_ratio",
     "mode_unavailable",
     "print_table",

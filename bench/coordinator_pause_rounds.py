@@ -483,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from importlib.metadata import version
 
-    from bench._handoff import JsonReport, git_commit
+    from bench._handoff import JsonReport
+    from bench._provenance import git_commit
 
     out: dict[str, Any] = {
         "bench": "coordinator_pause_rounds",

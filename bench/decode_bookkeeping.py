@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
 from colo_fsm.adapters.batching import StepOutput  # noqa: E402
 from colo_fsm.adapters.megatron.dynamic import (  # noqa: E402
     RecordCursor,
@@ -181,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=64, help="active requests per engine step (default 64)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     try:
         import megatron.core.inference.inference_request  # noqa: F401
     except ImportError as exc:
@@ -208,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out = {
         "bench": "decode_bookkeeping",
+        "provenance": prov,
         "rows": rows,
         **summary,
         "quick": args.quick,

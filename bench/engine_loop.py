@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
 from colo_fsm.adapters.batching import BackendRequest, ContinuousBatcher, StepOutput  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "engine_loop.json"
@@ -90,12 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--active", type=int, nargs="+", default=[64, 256])
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     rounds, seconds = (2, 0.5) if args.quick else (5, 1.5)
     load = os.getloadavg()
     rows: list[dict[str, Any]] = []
     print(f"engine loop, own cost per decode step (stand-in backend), median of {rounds} interleaved rounds")
     print(f"{'active':>7} {'plain ms/step':>14} {'watched ms/step':>16} {'us/request plain':>17}")
-    out: dict[str, Any] = {"bench": "engine_loop", "rows": rows}
+    out: dict[str, Any] = {"bench": "engine_loop", "provenance": prov, "rows": rows}
     for n in args.active:
         plain, watched = [], []
         for _ in range(rounds):

@@ -53,6 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
 
 KINDS = ("plain", "dist.barrier", "monitored_barrier", "fingerprint")
 HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs (the default gloo rows)
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=Path, default=None, help="default bench/results/fingerprint_barrier[_nccl].json")
     args = ap.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     if args.quick:
         args.rounds, args.iters = 8, 25
     sections = [("gloo", args.ranks or [2, 4]), ("nccl", args.ranks or [1])]
@@ -282,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     if skipped:
         meta["skipped"] = skipped
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    path.write_text(json.dumps({"provenance": prov, "meta": meta, "rows": rows}, indent=2))
     print(f"wrote {path}")
     return 0
 

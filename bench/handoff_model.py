@@ -45,7 +45,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
 from bench import gpu_runs  # noqa: E402  (after the sys.path line above)
 from bench._graph_baseline import decode_weighted_context  # noqa: E402
 from bench._handoff import MAX_BUFFER_GROWTH  # noqa: E402
@@ -64,6 +63,7 @@ from bench._model_costs import (  # noqa: E402  (the prices; re-exported for the
     credit_refusal,
     decode_graph_sizes,
 )
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
 from bench._workload import Shape, first_prompt, output_length  # noqa: E402
 from colo_fsm.adapters.protocols import Completion  # noqa: E402
 from colo_fsm.collector import ReplayBuffer, TrajectoryGroup  # noqa: E402
@@ -482,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "handoff_model.json")
     ap.add_argument("--smoke", action="store_true", help="one small point, for the code path (CPU, a second)")
     args = ap.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         ap.error(f"--modes {args.modes!r}: comma-separated, of {', '.join(MODES)}")
@@ -598,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
           "bench gives no ratio from it")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
+        "provenance": prov,
         "benchmark": "handoff_model",
         "note": "a model, not a measurement: colo-fsm's admission in virtual time, a GPU run's step-time table",
         "workload": args.workload.name,

@@ -25,10 +25,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
 from bench import gpu_runs  # noqa: E402  (after the sys.path line above)
 from bench import handoff_model as hm  # noqa: E402
 from bench._handoff import mode_of_ratio  # noqa: E402
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
 
 RACE = "drain lost its race at a handoff (found nothing in flight): the model's drain always waits"
 COORDINATOR = "megatron's coordinator loop: the model's host costs are the direct loop's"
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu_runs.add_reader_options(ap, ROOT / "bench" / "results" / "handoff_model_check.json")
     ap.add_argument("--workload", type=Path, default=hm.WORKLOAD, help="the run whose table is the model's default")
     args = ap.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     commits = gpu_runs.commits_read(ap, args)
     try:
         rows = check(args.runs, commits, args.workload, first_only=args.smoke)
@@ -157,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text(
-        json.dumps({"benchmark": "handoff_model_check", "workload": args.workload.name, "rows": rows}, indent=1)
+        json.dumps(
+            {"benchmark": "handoff_model_check", "provenance": prov, "workload": args.workload.name, "rows": rows},
+            indent=1,
+        )
     )
     tmp.replace(args.out)
     print(f"wrote {args.out}")

@@ -87,7 +87,6 @@ from bench._handoff import (  # noqa: E402  (after the sys.path line above)
     JsonReport,
     Meter,
     add_ratios,
-    git_commit,
     mode_unavailable,
     print_table,
     release_model_graphs,
@@ -97,6 +96,7 @@ from bench._handoff import (  # noqa: E402  (after the sys.path line above)
 )
 from bench._handoff_cli import DEFAULT_MODES as DEFAULT_MODES  # noqa: E402  (re-exported: the command line's)
 from bench._handoff_cli import parse_args as parse_args  # noqa: E402
+from bench._provenance import git_commit  # noqa: E402
 from bench._rig import Rig, build_rig  # noqa: E402
 from bench._stats import minmax, pct  # noqa: E402
 from bench._workload import Shape, first_prompt, output_length, warmup_steps  # noqa: E402

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
 from tests.test_docs_blocks import blocks  # noqa: E402  (the page's own block reader)
 
 CONFTEST = '''
@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--show", action="store_true", help="print the lying engine's failure as pytest shows it")
     args = ap.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     results: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory(prefix="colo-fsm-kit-speed-") as tmp:
         folder = Path(tmp)
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(results["lying engine"]["failure"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps({"provenance": prov, **results}, indent=2) + "\n", encoding="utf-8")
     ok = (
         "4 passed" in str(results["four tests"]["summary"])
         and "1 failed" in str(results["lying engine"]["summary"])

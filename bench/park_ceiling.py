@@ -41,9 +41,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
 from bench import gpu_runs  # noqa: E402  (after the sys.path line above)
 from bench import handoff_model as hm  # noqa: E402
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
 from bench.parking_map import TARGETS, standing_ratios  # noqa: E402
 
 OTHERS = ("sync", "drain")
@@ -316,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/park_ceiling.py", description=__doc__.split("\n\n")[0])
     gpu_runs.add_reader_options(ap, ROOT / "bench" / "results" / "park_ceiling.json")
     args = ap.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     commits = gpu_runs.commits_read(ap, args)
     if not args.runs.is_dir():
         ap.error(f"--runs {args.runs}: a folder of committed runs")
@@ -327,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table_lines(found)))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps({"benchmark": "park_ceiling", "rows": [asdict(r) for r in found]}, indent=1))
+    tmp.write_text(
+        json.dumps({"benchmark": "park_ceiling", "provenance": prov, "rows": [asdict(r) for r in found]}, indent=1)
+    )
     tmp.replace(args.out)
     print(f"wrote {args.out}")
     return 0

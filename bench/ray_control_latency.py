@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # tests.support (the saturation harness) lives in the repository, not the package
     sys.path.insert(0, str(ROOT))
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
+
 RESULTS = ROOT / "bench" / "results" / "ray_control_latency.json"
 HEADLINE = {  # what bench/run_all.py --repeat reports as median and spread over the runs
     "one queue / separate group, p50": "ratio_p50",
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-concurrency", type=int, default=1000, help="actor max_concurrency (default group)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     rollouts = args.rollouts or (1200 if args.quick else 1500)
     hold = args.hold or (2.0 if args.quick else 3.0)
     n_control = args.control_calls or (30 if args.quick else 50)
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     payload = {
+        "provenance": prov,
         "benchmark": "ray_control_latency",
         "config": {
             "rollout_calls": rollouts,

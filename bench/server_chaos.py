@@ -49,8 +49,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent  # the repository, for bench.* and colo_fsm
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
 from bench._demo import Demo, cpu_seconds, machine, scrape, steps_in, total  # noqa: E402
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
 from bench._stats import median, pct  # noqa: E402
 from colo_fsm.demo.config import DEMO_SERVER_SHARE  # noqa: E402
 from tests.support.chaos import http_request, read_all, status_of  # noqa: E402
@@ -358,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--series-out", default=str(SERIES))
     args = ap.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     if args.quick:
         args.rounds, args.baseline_s, args.chaos_s = 2, 6.0, 12.0
     import httpx
@@ -447,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     client_5xx = sum(n for (_, res), n in chaos.tally.results.items() if res in ("5xx", "broken", "stream-error"))
     server_errors = by_outcome.get("error", 0)
     result = {
+        "provenance": prov,
         "bench": "server_chaos",
         "machine": machine(),
         "load_avg_start": load_start,

@@ -41,8 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent  # the repository, for bench.* and colo_fsm
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
 from bench._demo import CONTEXT, Demo, machine, steps_in  # noqa: E402
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
 from bench._stats import median, pct  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "server_pressure.json"
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="2 rounds of 5 s phases")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     if args.quick:
         args.rounds, args.phase_s = 2, 5.0
     import httpx
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['probe_latency_max_s']:7.3f} {row['pressure_requests']:8d}"
         )
     out = {
+        "provenance": prov,
         "bench": "server_pressure",
         "machine": machine(),
         "load_avg_start": load_start,

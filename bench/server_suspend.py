@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
+
 RESULTS = ROOT / "bench" / "results" / "server_suspend.json"
 
 from bench._stats import pct  # noqa: E402
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--awake", type=float, default=None, help="seconds awake before and after the suspend")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     xs = args.suspend_ms if args.suspend_ms is not None else ([0, 200, 1500] if args.quick else [0, 100, 500, 2000])
     awake = args.awake if args.awake is not None else (0.5 if args.quick else 1.0)
     results = [
@@ -151,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['served_mid_handoff'] + r['served_while_closed']} |"
         )
     payload = {
+        "provenance": prov,
         "benchmark": "server_suspend",
         "config": {
             "clients": args.clients,

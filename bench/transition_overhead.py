@@ -41,7 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
+from bench._provenance import provenance  # noqa: E402  (after the sys.path line above)
 from colo_fsm.adapters.protocols import StepResult  # noqa: E402
 from colo_fsm.guards.barrier import SoloBarrier  # noqa: E402
 from colo_fsm.guards.decision import CheckpointDecision, ValidationDecision  # noqa: E402
@@ -395,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS})")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of the machine's plain cycle")
     args = ap.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     if args.quick:
         args.rounds, args.cycles = 5, 200
     if args.rounds < 1 or args.cycles < 1:
@@ -477,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     payload = {
+        "provenance": prov,
         "benchmark": "transition_overhead",
         "unit": "microseconds per transition (median over rounds)",
         "target_us": TARGET_US,

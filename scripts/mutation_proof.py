@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # tests.support (the proof kit) lives in the repository, not the package
     sys.path.insert(0, str(ROOT))
 
-from bench._handoff import JsonReport, git_commit  # noqa: E402
+from bench._handoff import JsonReport  # noqa: E402
+from bench._provenance import git_commit  # noqa: E402
 from tests.support.mutants import (  # noqa: E402
     HYPOTHESIS_EXAMPLES,
     KILLERS,

@@ -312,7 +312,7 @@ def test_a_run_records_gits_commit_in_a_checkout_and_the_commit_file_only_in_a_c
     """
     import subprocess
 
-    from bench._handoff import git_commit
+    from bench._provenance import git_commit
 
     copy = tmp_path / "copy"
     copy.mkdir()

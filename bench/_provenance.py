@@ -1,0 +1,55 @@
+"""Where a benchmark's figures came from, recorded in its JSON: the commit, the date, the machine and its load
+(not a benchmark itself: ``run_all`` skips files starting with ``_``).
+
+A figure is evidence only with the commit it ran on and the load it ran under (a 2-core machine's ratios move
+with its load), so every bench that writes a JSON puts :func:`provenance` in it, taken when the run starts."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_commit(root: Path | None = None) -> str | None:
+    """The commit the bench runs at: git's HEAD in a checkout (a ``COMMIT`` file left there goes stale with the next
+    commit), the ``COMMIT`` file in a copied tree without ``.git`` (the GPU machine's); None if neither says."""
+    root = root or ROOT
+    if (root / ".git").exists():
+        try:
+            out = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError):
+            pass
+        else:
+            if out.stdout.strip():
+                return out.stdout.strip()
+    marker = root / "COMMIT"
+    if marker.exists():
+        return marker.read_text(encoding="utf-8").strip() or None
+    return None
+
+
+def provenance() -> dict[str, Any]:
+    """The run's commit (:func:`git_commit`), UTC start time, host, Python, platform, CPU count and the 1-, 5- and
+    15-minute load averages at the call: call it when the run starts and put the dict in the JSON."""
+    return {
+        "commit": git_commit(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+    }

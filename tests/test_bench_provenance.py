@@ -1,0 +1,81 @@
+"""Every benchmark's JSON says where its figures came from: the commit, the date, the machine and the load it
+started under (``bench/_provenance.py``), so a figure quoted from a committed file can be re-run at its commit."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench._provenance import git_commit, provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+# the runner, the page's writers and the map: they write no figures of their own (the runs they read carry theirs)
+NOT_A_MEASUREMENT = {"gpu", "gpu_plots", "gpu_report", "gpu_runs", "gpu_stages", "parking_map", "run_all"}
+# what puts the provenance into a bench's JSON: the dict itself, the GPU benches' machine_info (which holds it), or
+# the handoff benches' own commit, date and machine fields (the performance page reads those names)
+RECORDS_IT = ("provenance()", "machine_info(", "git_commit()", '"commit":')
+
+
+def writes_json(source: str) -> bool:
+    return "json.dumps(" in source or "JsonReport(" in source
+
+
+def scripts_without_provenance() -> list[str]:
+    """The benchmarks (``bench/*.py`` with a ``main``, not ``_*``) that write a JSON without its provenance."""
+    missing = []
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        if path.name.startswith("_") or path.stem in NOT_A_MEASUREMENT:
+            continue
+        source = path.read_text(encoding="utf-8")
+        has_main = any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in ast.parse(source).body)
+        if has_main and writes_json(source) and not any(marker in source for marker in RECORDS_IT):
+            missing.append(path.name)
+    return missing
+
+
+def test_every_bench_that_writes_a_json_records_its_provenance() -> None:
+    assert not scripts_without_provenance(), "put bench._provenance.provenance() in these benches' JSON: " + ", ".join(
+        scripts_without_provenance()
+    )
+
+
+def test_the_check_names_a_bench_that_leaves_it_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Red where a bench writes its JSON with no provenance: a copy of the tree with one bench's record removed."""
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    source = (ROOT / "bench" / "server_suspend.py").read_text(encoding="utf-8")
+    (bench / "server_suspend.py").write_text(
+        source.replace('"provenance": prov,', "").replace("prov = provenance()", "pass"), encoding="utf-8"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert scripts_without_provenance() == ["server_suspend.py"]
+
+
+def test_provenance_names_the_checkout_commit_the_machine_and_its_load() -> None:
+    p = provenance()
+    assert set(p) == {"commit", "date_utc", "host", "python", "platform", "cpus", "loadavg_start"}
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert p["commit"] == git_commit() == (head.stdout.strip() or None)
+    assert len(p["loadavg_start"]) == 3 and p["cpus"] >= 1
+    assert p["date_utc"].endswith("Z") and p["python"].startswith("3.")
+
+
+def test_a_bench_run_writes_it(tmp_path: Path) -> None:
+    """One bench run end to end (the handoff model's smoke run, a fraction of a second): its JSON holds the
+    provenance, with the commit of the checkout it ran in."""
+    out = tmp_path / "handoff_model.json"
+    subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "handoff_model.py"), "--smoke", "--out", str(out)],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    written = json.loads(out.read_text(encoding="utf-8"))["provenance"]
+    assert written["commit"] == git_commit()
+    assert written["cpus"] >= 1 and len(written["loadavg_start"]) == 3
