@@ -41,11 +41,33 @@ def git_commit(root: Path | None = None) -> str | None:
     return None
 
 
+def uncommitted_changes(root: Path | None = None) -> bool | None:
+    """Whether the checkout's tracked files differ from its HEAD (the run's code is then not exactly the commit's);
+    None without git (a copied tree: its ``COMMIT`` file is all it says)."""
+    root = root or ROOT
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip())
+
+
 def provenance() -> dict[str, Any]:
-    """The run's commit (:func:`git_commit`), UTC start time, host, Python, platform, CPU count and the 1-, 5- and
-    15-minute load averages at the call: call it when the run starts and put the dict in the JSON."""
+    """The run's commit (:func:`git_commit`) and whether tracked files differed from it, UTC start time, host,
+    Python, platform, CPU count and the 1-, 5- and 15-minute load averages at the call: call it when the run starts
+    and put the dict in the JSON."""
     return {
         "commit": git_commit(),
+        "uncommitted_changes": uncommitted_changes(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": platform.node(),
         "python": platform.python_version(),

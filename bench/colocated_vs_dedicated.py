@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import _gpu as g  # noqa: E402
+from bench._provenance import provenance  # noqa: E402
 
 TRAIN_BATCH = 8
 TRAIN_COMPLETION = 480  # + 32 prompt tokens = 512 per sequence
@@ -290,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-requests", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per role process")
     args = ap.parse_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     args.batch_list = [int(b) for b in args.batches.split(",")]
 
     import torch
@@ -346,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         parts[role]["wall_s"] = time.perf_counter() - t
     result: dict[str, Any] = {
         "bench": "colocated_vs_dedicated",
+        "provenance": prov,
         "command": " ".join(
             ["python", "bench/colocated_vs_dedicated.py", *(argv if argv is not None else sys.argv[1:])]
         ),

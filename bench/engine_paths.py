@@ -34,6 +34,7 @@ RESULTS = ROOT / "bench" / "results" / "engine_paths.json"
 PATHS = ("direct", "coordinator")
 
 from bench._handoff import ratio_refusal  # noqa: E402  (after the sys.path line above)
+from bench._provenance import provenance  # noqa: E402
 
 
 def coordinator_unavailable() -> str | None:
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--engines", default=",".join(PATHS), help="comma-separated subset of direct,coordinator")
     args, rest = ap.parse_known_args(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
     if any(a == "--engine" or a.startswith("--engine=") for a in rest):
         ap.error("--engine is set by this script (use --engines)")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no ratio for {m}: {why}")
     result = {
         "benchmark": "engine_paths",
+        "provenance": prov,
         "command": " ".join(["python3", "bench/engine_paths.py", *(argv if argv is not None else sys.argv[1:])]),
         "commit": next((r.get("commit") for r in per_engine.values() if r.get("commit")), None),
         "date": next((r.get("date") for r in per_engine.values() if r.get("date")), None),

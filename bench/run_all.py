@@ -35,6 +35,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 if str(BENCH.parent) not in sys.path:  # the repository, for bench.*
     sys.path.insert(0, str(BENCH.parent))
+from bench._provenance import provenance  # noqa: E402
 from bench._spread import declared_headline, headline_rows, read_runs, summarize  # noqa: E402
 
 RESULTS = BENCH / "results"
@@ -170,6 +171,7 @@ def report_spread(script: Path, folders: list[Path], figures: list[str]) -> list
         json.dumps(
             {
                 "script": script.stem,
+                "provenance": provenance(),  # of the spread's writing; each run's own JSON holds its start
                 "runs": len(folders),
                 "runs_with_json": len(ok),
                 "status": [m["status"] for m in metas],

@@ -14,26 +14,35 @@ import pytest
 from bench._provenance import git_commit, provenance
 
 ROOT = Path(__file__).resolve().parents[1]
-# the runner, the page's writers and the map: they write no figures of their own (the runs they read carry theirs)
-NOT_A_MEASUREMENT = {"gpu", "gpu_plots", "gpu_report", "gpu_runs", "gpu_stages", "parking_map", "run_all"}
-# what puts the provenance into a bench's JSON: the dict itself, the GPU benches' machine_info (which holds it), or
-# the handoff benches' own commit, date and machine fields (the performance page reads those names)
-RECORDS_IT = ("provenance()", "machine_info(", "git_commit()", '"commit":')
+# the page's writers, the stage list and the map: they write no figures of their own (the runs they read carry theirs)
+NOT_A_MEASUREMENT = {"gpu", "gpu_plots", "gpu_report", "gpu_runs", "gpu_stages", "parking_map"}
+# a call that records the provenance: the dict itself, the GPU benches' machine_info (which holds it), or the
+# handoff benches' own git_commit() beside their date and machine fields (the performance page reads those names)
+RECORDERS = {"provenance", "machine_info", "git_commit"}
+WRITERS = {"dumps", "dump", "JsonReport", "Results"}  # json.dumps / json.dump, the handoff and GPU reports
 
 
-def writes_json(source: str) -> bool:
-    return "json.dumps(" in source or "JsonReport(" in source
+def _called(tree: ast.AST) -> set[str]:
+    """The names of every function the code calls (``f(...)`` and ``x.f(...)``); comments and strings do not count."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            names.add(func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else "")
+    return names
 
 
 def scripts_without_provenance() -> list[str]:
-    """The benchmarks (``bench/*.py`` with a ``main``, not ``_*``) that write a JSON without its provenance."""
+    """The benchmarks (``bench/*.py`` with a ``main``, not ``_*``) whose code writes a JSON and calls nothing that
+    records the provenance."""
     missing = []
     for path in sorted((ROOT / "bench").glob("*.py")):
         if path.name.startswith("_") or path.stem in NOT_A_MEASUREMENT:
             continue
-        source = path.read_text(encoding="utf-8")
-        has_main = any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in ast.parse(source).body)
-        if has_main and writes_json(source) and not any(marker in source for marker in RECORDS_IT):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        has_main = any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body)
+        called = _called(tree)
+        if has_main and called & WRITERS and not called & RECORDERS:
             missing.append(path.name)
     return missing
 
@@ -49,18 +58,27 @@ def test_the_check_names_a_bench_that_leaves_it_out(tmp_path: Path, monkeypatch:
     bench = tmp_path / "bench"
     bench.mkdir()
     source = (ROOT / "bench" / "server_suspend.py").read_text(encoding="utf-8")
-    (bench / "server_suspend.py").write_text(
-        source.replace('"provenance": prov,', "").replace("prov = provenance()", "pass"), encoding="utf-8"
-    )
+    gutted = source.replace('"provenance": prov,', "").replace("prov = provenance()", "pass")
+    # a mention in a comment or a docstring is not a record
+    gutted = gutted.replace('"""', '"""provenance() git_commit() ', 1) + "\n# provenance() machine_info(\n"
+    (bench / "server_suspend.py").write_text(gutted, encoding="utf-8")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert scripts_without_provenance() == ["server_suspend.py"]
 
 
 def test_provenance_names_the_checkout_commit_the_machine_and_its_load() -> None:
     p = provenance()
-    assert set(p) == {"commit", "date_utc", "host", "python", "platform", "cpus", "loadavg_start"}
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    assert p["commit"] == git_commit() == (head.stdout.strip() or None)
+    assert set(p) == {
+        *("commit", "uncommitted_changes", "date_utc", "host", "python", "platform", "cpus", "loadavg_start"),
+    }
+    if (ROOT / ".git").exists():
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        assert p["commit"] == git_commit() == (head.stdout.strip() or None)
+        assert isinstance(p["uncommitted_changes"], bool)
+    else:  # a copied tree (the GPU machine's): the COMMIT file says, and nothing says whether it was changed
+        marker = ROOT / "COMMIT"
+        assert p["commit"] == (marker.read_text(encoding="utf-8").strip() or None if marker.exists() else None)
+        assert p["uncommitted_changes"] is None
     assert len(p["loadavg_start"]) == 3 and p["cpus"] >= 1
     assert p["date_utc"].endswith("Z") and p["python"].startswith("3.")
 
