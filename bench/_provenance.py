@@ -16,25 +16,24 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _git(root: Path, *args: str) -> str | None:
+    """``git ARGS`` run in ``root``, its output stripped; None where the tree has no ``.git`` or git fails."""
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
 def git_commit(root: Path | None = None) -> str | None:
     """The commit the bench runs at: git's HEAD in a checkout (a ``COMMIT`` file left there goes stale with the next
     commit), the ``COMMIT`` file in a copied tree without ``.git`` (the GPU machine's); None if neither says."""
     root = root or ROOT
-    if (root / ".git").exists():
-        try:
-            out = subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                cwd=root,
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            )
-        except (OSError, subprocess.SubprocessError):
-            pass
-        else:
-            if out.stdout.strip():
-                return out.stdout.strip()
+    head = _git(root, "rev-parse", "--short", "HEAD")
+    if head:
+        return head
     marker = root / "COMMIT"
     if marker.exists():
         return marker.read_text(encoding="utf-8").strip() or None
@@ -44,21 +43,8 @@ def git_commit(root: Path | None = None) -> str | None:
 def uncommitted_changes(root: Path | None = None) -> bool | None:
     """Whether the checkout's tracked files differ from its HEAD (the run's code is then not exactly the commit's);
     None without git (a copied tree: its ``COMMIT`` file is all it says)."""
-    root = root or ROOT
-    if not (root / ".git").exists():
-        return None
-    try:
-        out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip())
+    status = _git(root or ROOT, "status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status)
 
 
 def provenance() -> dict[str, Any]:

@@ -47,7 +47,6 @@ import asyncio
 import collections
 import multiprocessing
 import os
-import platform
 import statistics
 import sys
 import time
@@ -484,15 +483,14 @@ def main(argv: list[str] | None = None) -> int:
     from importlib.metadata import version
 
     from bench._handoff import JsonReport
-    from bench._provenance import git_commit
+    from bench._provenance import provenance
 
     out: dict[str, Any] = {
         "bench": "coordinator_pause_rounds",
-        "commit": git_commit(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "provenance": provenance(),  # commit, date, machine, load at the start
         "megatron_core": version("megatron-core"),
         "decode_ms_before_and_after_yield": [cpu_ms, gpu_ms],
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
+        "loadavg_end": None,
         "sections": [],
     }
     failed = False
@@ -500,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         section = run_section(interval, ways, args.handoffs, cpu_ms / 1e3, gpu_ms / 1e3)
         out["sections"].append(section)
         failed |= any(row["failure"] for name, row in section["ways"].items() if name != "back-to-back")
-        out["machine"]["loadavg_end"] = os.getloadavg()
+        out["loadavg_end"] = os.getloadavg()
         JsonReport(args.json, out).write()
     print(f"megatron-core {out['megatron_core']}, decode step {cpu_ms:g} + {gpu_ms:g} ms around its one yield")
     print(table(out["sections"]))

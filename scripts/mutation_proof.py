@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:  # tests.support (the proof kit) lives in the repo
     sys.path.insert(0, str(ROOT))
 
 from bench._handoff import JsonReport  # noqa: E402
-from bench._provenance import git_commit  # noqa: E402
+from bench._provenance import provenance  # noqa: E402
 from tests.support.mutants import (  # noqa: E402
     HYPOTHESIS_EXAMPLES,
     KILLERS,
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.getLogger("colo_fsm").setLevel(logging.CRITICAL)
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
-    load_start = os.getloadavg()
+    prov = provenance()  # commit, date, machine, load at the start
     t0 = time.perf_counter()
     results = [evaluate(m, KILLERS, hypothesis_examples=args.max_examples) for m in chosen]
     print(table(results))
@@ -73,11 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         JsonReport(
             args.json,
             {
-                "commit": git_commit(),
-                "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                "provenance": prov,
                 "seconds": round(seconds, 1),
-                "cpus": os.cpu_count(),
-                "loadavg_start": load_start,
                 "loadavg_end": os.getloadavg(),
                 "max_examples": args.max_examples,
                 "only": args.only,  # None: every mutant
