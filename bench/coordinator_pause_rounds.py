@@ -16,8 +16,10 @@ megatron-core 0.19.2's own code everywhere but the forward pass:
 
 For each way of sending the pause it counts, per handoff, the decode steps finished between the call and PAUSE
 leaving the client (``steps_at_send``), to PAUSED and to SUSPENDED (``pause_steps``, what colo-fsm records), and
-``rounds_to_send``: the decode steps from the loop's first round that runs anything of the call (a marker callback
-queued just before it) to the send. The loop runs one decode step per round, so that count is the rounds the call
+``rounds_to_send``: the decode steps from the loop's first round that runs anything of the call to the send. That
+round is read in the loop callback that starts the call (the task factory, as it makes the call's task; or the
+callback itself), never from the calling thread, so a calling thread that waits for a core between reading the step
+count and submitting the call moves ``steps_at_send``, not ``rounds_to_send``. The loop runs one decode step per round, so that count is the rounds the call
 takes, whatever the phase of the step the call landed in; ``steps_at_send`` adds that phase (0 or 1 on a quiet
 machine, more where the calling thread waits for a core). The ways:
 
@@ -194,7 +196,11 @@ class Rig:
             )
             return client
 
+        self._mark: list[int] | None = None  # where the next call's first round goes (mark_first_round)
+        self._watch: tuple[Any, list[int]] | None = None  # the coroutine whose task records it, and where
+        self.late_by_steps = 0  # a hook: the calling thread waits this many decode steps before it submits a call
         self.client = self.manager.run_sync(start())
+        self.loop.call_soon_threadsafe(self.loop.set_task_factory, self._task_factory)
         self.sent: list[int] = []  # the step count each time PAUSE left the client
         pause_engines = self.client.pause_engines
 
@@ -210,9 +216,44 @@ class Rig:
         self.llm._coord_runtime = type("CoordinatorRuntime", (), {"client": self.client})()
 
     def mark_first_round(self, into: list[int]) -> None:
-        """Append the step count to ``into`` from the loop's next round: queued just before a call, it runs in the
-        call's first round, before anything of the call."""
-        self.loop.call_soon_threadsafe(lambda: into.append(self.steps))
+        """Have the next call (:meth:`call` or :meth:`call_soon`) append the step count to ``into`` in its first round
+        on the loop, before anything of the call runs: read on the loop, whenever the calling thread gets to submit."""
+        self._mark = into
+
+    def _take_mark(self) -> list[int] | None:
+        """The pending mark, taken for the call about to be submitted; where ``late_by_steps`` asks it, the calling
+        thread first waits that many decode steps (a thread that waits for a core on a busy machine, forced)."""
+        into, self._mark = self._mark, None
+        if into is not None and self.late_by_steps:
+            until, deadline = self.steps + self.late_by_steps, time.monotonic() + CALL_TIMEOUT_S
+            while self.steps < until:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"megatron's engine loop took no {self.late_by_steps} steps in {CALL_TIMEOUT_S} s"
+                    )
+                time.sleep(0.001)
+        return into
+
+    def _task_factory(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        """The loop's task factory: the watched call's task records its first round as it is made (in the loop
+        callback ``run_coroutine_threadsafe`` queued, the first thing of the call the loop runs)."""
+        watch = self._watch
+        if watch is not None and watch[0] is coro:
+            self._watch = None
+            watch[1].append(self.steps)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on megatron's loop from this thread (``call_soon_threadsafe``); its round is marked as
+        :meth:`mark_first_round` asked."""
+        into = self._take_mark()
+
+        def run() -> None:
+            if into is not None:
+                into.append(self.steps)
+            callback()
+
+        self.loop.call_soon_threadsafe(run)
 
     @property
     def steps(self) -> int:
@@ -234,6 +275,9 @@ class Rig:
         if dead is not None:
             coro.close()
             raise dead
+        into = self._take_mark()
+        if into is not None:
+            self._watch = (coro, into)
         return call_on_loop(
             self.loop,
             coro,
@@ -271,7 +315,7 @@ class Rig:
             return at_paused
 
         def callback() -> int:
-            self.loop.call_soon_threadsafe(client.pause_engines)
+            self.call_soon(client.pause_engines)
             self.call(engine.wait_until(EngineState.PAUSED), "PAUSED")
             at_paused = self.steps
             self.call(send_and_wait(client.suspend_engines, EngineState.SUSPENDED), "suspend (to SUSPENDED)")

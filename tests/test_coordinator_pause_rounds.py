@@ -43,6 +43,23 @@ def test_megatrons_pause_sends_in_a_later_round_than_one_coroutine_or_a_callback
         assert row["pause_steps"] == row["steps_to_paused"], (way, row)
 
 
+def test_a_calling_thread_late_to_submit_moves_the_steps_at_send_not_the_rounds() -> None:
+    """The rounds are counted from the loop callback that starts the call, never from the calling thread: a calling
+    thread held two decode steps between reading the step count and submitting (what a busy machine does to it)
+    leaves every way's rounds as they are and shows up in ``steps_at_send`` alone."""
+    rig = Rig(interval=1, cpu_s=CPU_S, gpu_s=GPU_S)
+    rig.late_by_steps = 2
+    try:
+        rows = {way: measure_way(rig, way, 3) for way in ("megatron", "one-coroutine", "callback")}
+    finally:
+        rig.close()
+    for way, rounds in (("megatron", 3), ("one-coroutine", 1), ("callback", 0)):
+        row = rows[way]
+        assert row["failure"] is None, (way, row)
+        assert row["rounds_to_send"] == [rounds] * 3, (way, row)
+        assert min(row["steps_at_send"]) >= 2 + rounds, (way, row)
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # megatron's sys.exit: the finding
 def test_suspend_sent_behind_pause_kills_megatrons_loop_above_interval_1() -> None:
     """megatron applies one signal per loop iteration and asserts PAUSED for SUSPEND: sent right behind PAUSE, with
