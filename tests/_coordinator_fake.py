@@ -36,7 +36,9 @@ capture does. With ``engine.step_through_class = True`` the loop calls the class
 loop that no longer steps through the object would.
 
 Decode steps are metered for tests that force an interleaving: with ``engine.allow_steps = n`` only ``n`` more
-steps run (``engine.stepped`` is set after each one), ``None`` lets it run freely.
+steps run (``engine.stepped`` is set after each one), ``None`` lets it run freely. With
+``engine.free_at_pause = True``, ``pause()`` lets a held engine run freely on the loop, as it sends PAUSE: a
+caller that reads the step count, then sends the pause late (a busy machine), sees no step in between.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class FakeEngine:
         self.consensus: tuple[int, bool] = (0, False)  # (work, every peer pausing) of the last consensus
         self.consensus_counter = 0
         self.counter_at_pause: int | None = None  # set the counter to this when a pause arrives (None: leave it)
+        self.free_at_pause = False  # pause() sets allow_steps to None on the loop as it sends PAUSE
         self.stepped = threading.Event()
         self.die_with: BaseException | None = None  # raised inside the loop at its next iteration
         self.events: dict[str, asyncio.Event] = {}
@@ -330,6 +333,8 @@ class FakeAsyncLLM:
         await self._on_loop(impl())
 
     async def pause(self) -> None:
+        if self.engine.free_at_pause and asyncio.get_running_loop() is self.loop:
+            self.engine.allow_steps = None  # in the callback that sends PAUSE: no step between the two
         await self._signal("pause", "PAUSED")
 
     async def unpause(self) -> None:

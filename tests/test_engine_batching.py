@@ -48,17 +48,19 @@ def _solo(eng, prompt, n):
     return eng.generate_ids([TOK.tokenize(prompt)], max_tokens=n)[0]
 
 
-def _after_tokens(n):
-    """An on_token callback and an event set once ``n`` tokens were generated."""
-    ev = threading.Event()
+def _held_at(n):
+    """An on_token callback that, at the ``n``-th token, waits (bounded) until the test sets ``release``: the
+    request cannot run on while the test acts on it (a cancel lands at token ``n``, however loaded the machine)."""
+    reached, release = threading.Event(), threading.Event()
     seen = []
 
     def on_token(tok, lp, v):
         seen.append(tok)
-        if len(seen) >= n:
-            ev.set()
+        if len(seen) == n:
+            reached.set()
+            assert release.wait(WAIT), "the test never released the request"
 
-    return on_token, ev
+    return on_token, reached, release
 
 
 def _hold_at(eng, n, until=None):
@@ -290,7 +292,7 @@ def test_drain_mode_suspend_waits_for_admitted_requests_and_keeps_the_queue(mode
     n = 14
     ok = [p for p in PROMPTS if _solo(eng, p, n).finish_reason == "length"]  # no early eod: slots stay busy
     assert len(ok) >= 2
-    on_token, started = _after_tokens(2)
+    on_token, started = _hold_at(eng, 2)  # both slots busy until the suspend is queued: the queue is never admitted
     first = [
         eng.submit(TOK.tokenize(ok[0]), max_tokens=n, on_token=on_token),
         eng.submit(TOK.tokenize(ok[1]), max_tokens=n),
@@ -350,15 +352,16 @@ def test_training_requests_are_admitted_before_server_requests(model):
 def test_cancel_aborts_one_request_and_disturbs_nothing_else(model):
     eng = _engine(model, max_active_requests=8)
     solo = [_solo(eng, p, 10) for p in PROMPTS[:4]]
-    on_token, started = _after_tokens(2)
+    on_token, started, release = _held_at(2)  # the cancel lands at its second token
     hs = [
         eng.submit(TOK.tokenize(p), max_tokens=25 if i == 1 else 10, on_token=on_token if i == 1 else None)
         for i, p in enumerate(PROMPTS[:4])
     ]
     assert started.wait(WAIT)
     assert hs[1].cancel() is True
+    release.set()
     gone = hs[1].result(timeout=WAIT)
-    assert gone.finish_reason == "abort" and 2 <= len(gone.token_ids) < 25
+    assert gone.finish_reason == "abort" and len(gone.token_ids) == 2
     assert hs[1].cancel() is False  # already done
     future_cancelled = eng.submit(TOK.tokenize("99>"), max_tokens=25)
     future_cancelled.future.cancel()  # the caller's future cancelled: aborted in the engine too
@@ -470,7 +473,7 @@ def test_cancelling_the_awaiting_task_aborts_the_request_in_the_engine(model):
 
     eng = _engine(model)
     ref = _solo(eng, "44>", 12)
-    on_token, started = _after_tokens(2)
+    on_token, started, release = _held_at(2)  # the task's cancel lands at the request's second token
 
     async def main():
         gone = eng.submit(TOK.tokenize("123>"), max_tokens=20, on_token=on_token)
@@ -480,10 +483,15 @@ def test_cancelling_the_awaiting_task_aborts_the_request_in_the_engine(model):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        for _ in range(int(WAIT * 100)):  # the future's cancel reaches the engine through the future's callbacks
+            if gone.future.cancelled():
+                break
+            await asyncio.sleep(0.01)
+        release.set()
         return gone, await other.wait()
 
     gone, other = asyncio.run(main())
-    assert gone.future.cancelled() and gone.result().finish_reason == "abort" and len(gone.result().token_ids) < 20
+    assert gone.future.cancelled() and gone.result().finish_reason == "abort" and len(gone.result().token_ids) == 2
     assert other.token_ids == ref.token_ids
     assert eng.request_counts() == (0, 0, 0)
     eng.shutdown()

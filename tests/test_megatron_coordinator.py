@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from colo_fsm.adapters.engine.options import InflightPolicy
 from colo_fsm.adapters.megatron.coordinator import SPAWN_HINT, CoordinatorConfig, CoordinatorEngine
 from colo_fsm.adapters.megatron.coordinator_states import state_table, token_versions
 from colo_fsm.adapters.megatron.step_profile import window
@@ -532,11 +533,20 @@ def test_a_request_cancelled_while_waiting_for_its_resubmission_is_never_sent_ag
     eng.bring_up()
     try:
         llm = fake(eng)
+        llm.engine.allow_steps = 0
         h = eng.submit([5, 6], max_tokens=10)
-        wait_for(lambda: llm.engine.steps >= 2, "two decode steps")
-        eng.suspend()
+        wait_for(lambda: len(llm.engine.requests) == 1, "the request in megatron's engine")
+        llm.engine.allow_steps = 2
+        wait_for(lambda: llm.engine.steps == 2, "two decode steps")
+        # no decode step between the second and the abort's stop word (forced: a free engine could finish the request
+        # before a late suspend reached it); then the stop-word step runs
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            suspended = pool.submit(eng.suspend)
+            wait_for(lambda: len(llm.engine.stop_word_finished_request_ids) == 1, "the abort's stop word")
+            llm.engine.allow_steps = None
+            suspended.result(timeout=20)
         carried = len(h.carry.token_ids)
-        assert carried >= 2 and h.cancel()
+        assert carried == 2 and h.cancel()
         assert h.result().finish_reason == "abort" and len(h.result().token_ids) == carried
         sent = llm._next
         _suspend_resume(eng, version, 1)  # the resume resubmits nothing for it
@@ -699,22 +709,23 @@ def test_megatrons_loop_takes_its_pause_consensus_every_interval_and_locally_at_
 def test_a_pause_lands_at_the_next_step_unless_megatrons_interval_is_kept(interval) -> None:
     """Forced: the pause reaches megatron's loop just after a consensus (its counter at 1). With the interval
     colo-fsm sets at expert parallelism 1 the pause lands at once; with megatron's default 20 the loop decodes 19
-    more steps first. ``pause_steps`` records, per suspend, megatron's steps from asking the pause to SUSPENDED."""
+    more steps first. ``pause_steps`` records, per suspend, megatron's steps from asking the pause to SUSPENDED.
+    The engine holds at 2 steps until ``pause()`` runs on its loop, so a calling thread late between reading the
+    step count and sending the pause (a busy machine) adds no step to the count."""
     config = CoordinatorConfig(watch_interval_s=0.01, control_timeout_s=30.0, ep_consensus_interval=interval)
     eng = CoordinatorEngine(TinyModel(), CharTokenizer(), config, llm_factory=FakeAsyncLLM)
     try:
         eng.bring_up()
         llm = fake(eng)
         assert llm.engine.consensus_interval == eng.consensus_interval == (interval or 1)
+        llm.engine.allow_steps = 2
         h = eng.submit([5, 6, 7], max_tokens=50)
-        wait_for(lambda: llm.engine.steps >= 2, "decoding")
+        wait_for(lambda: llm.engine.steps == 2, "two decode steps")
         llm.engine.counter_at_pause = 1
+        llm.engine.free_at_pause = True
         eng.suspend()
         (landed,) = eng.pause_steps
-        if interval is None:
-            assert landed <= 1, landed  # at most the step that ran while the pause was on its way
-        else:
-            assert landed >= 19, landed
+        assert landed == (0 if interval is None else 19), landed
         assert not h.done()  # parked across it
         eng.resume()
         assert h.result(timeout=20).token_ids and len(h.result().token_ids) == 50
@@ -766,6 +777,18 @@ def _bench_on_the_scripted_loop(monkeypatch, tmp_path, *extra: str, counter_at_p
         def bring_up(self) -> None:
             super().bring_up()
             self._llm.engine.counter_at_pause = counter_at_pause
+            self._llm.engine.free_at_pause = True
+
+        def suspend(self) -> None:
+            # a parking engine holds from here until pause() runs on its loop: a late calling thread adds no step
+            # to pause_steps (each handoff counts only what megatron's loop does after the pause is sent); a
+            # draining one must step to drain
+            assert self.inflight is InflightPolicy.PARK, "the scripted loop's runs park (sync parks nothing)"
+            self._llm.engine.allow_steps = 0
+            try:
+                super().suspend()
+            finally:
+                self._llm.engine.allow_steps = None
 
     def scripted(mode, args, shape, model, tokenizer, weight_version, max_sequence_length):
         config = CoordinatorConfig(max_requests=shape.max_active_requests, watch_interval_s=0.01,
