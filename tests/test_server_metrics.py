@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -112,9 +113,17 @@ def test_metrics_parse_under_load_with_a_lifecycle_running() -> None:
             value(f, "colo_fsm_http_requests", "colo_fsm_http_requests_total", outcome="answered") for f in scrapes
         ]
         assert answered == sorted(answered) and answered[-1] > 0  # a counter only grows
-        final = scrape(root)
-        h = httpx.get(root + "/health", timeout=30).json()
-        for outcome in ("answered", "bad_request", "client_gone", "error"):
+        # the clients are joined, but the server may still be ending what they left (an upload or stream given up,
+        # recorded once its clean-up runs): read the final scrape and /health once that is done (bounded), so the
+        # two snapshots, taken one after the other, describe the same finished traffic
+        deadline = time.monotonic() + 30
+        while True:
+            final = scrape(root)
+            h = httpx.get(root + "/health", timeout=30).json()
+            if settled(final, h) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        for outcome in OUTCOMES:
             got = value(final, "colo_fsm_http_requests", "colo_fsm_http_requests_total", outcome=outcome)
             assert got == h["responses"][outcome], (outcome, got, h["responses"])
         assert h["responses"]["error"] == 0 and h["responses"]["bad_request"] > 0 and h["responses"]["client_gone"] > 0
@@ -143,6 +152,24 @@ def test_metrics_parse_under_load_with_a_lifecycle_running() -> None:
         assert h["engine_requests"]["server"] == {"queued": 0, "running": 0, "parked": 0}
     finally:
         lc.stop()
+
+
+OUTCOMES = ("answered", "bad_request", "client_gone", "error")
+
+
+def settled(final: dict[str, Any], h: dict[str, Any]) -> bool:
+    """Whether a scrape and the /health read after it agree on finished traffic: every outcome counted alike, every
+    admitted request's queue wait observed, no tokens held and no request of the server's in the engine."""
+    return (
+        all(
+            value(final, "colo_fsm_http_requests", "colo_fsm_http_requests_total", outcome=o) == h["responses"][o]
+            for o in OUTCOMES
+        )
+        and value(final, "colo_fsm_http_queue_wait_seconds", "colo_fsm_http_queue_wait_seconds_count")
+        == h["requests"]["admitted"]
+        and value(final, "colo_fsm_http_tokens_held") == 0
+        and not any(h["engine_requests"]["server"].values())
+    )
 
 
 @contextmanager
