@@ -114,7 +114,10 @@ def test_drain_pause_waits_for_in_flight_and_nothing_starts_while_paused() -> No
 
 
 class Parkable:
-    """A rollout whose "engine" holds every request while suspended (``awake`` cleared), like a parked engine."""
+    """A rollout whose "engine" holds every request while suspended (``awake`` cleared), like a parked engine.
+
+    The first weight version is read under the lock that counts the rollout ``active``: a test that sees 4 active
+    and moves the version on cannot have a rollout read the new version as its first."""
 
     def __init__(self, version: list[int]) -> None:
         self.version = version
@@ -126,9 +129,9 @@ class Parkable:
 
     def __call__(self, prompt: Prompt) -> TrajectoryGroup:
         with self.lock:
+            first = self.version[0]
             self.active += 1
             self.starts.append(time.monotonic())
-        first = self.version[0]
         time.sleep(0.01)  # some tokens under the first version
         self.awake.wait(10)  # parked while the engine is suspended
         last = self.version[0]
@@ -222,16 +225,18 @@ def test_a_collector_told_its_version_at_resume_still_sees_a_parked_samples_newe
 
 
 def test_park_pause_does_not_wait_for_a_stuck_rollout_but_drain_times_out() -> None:
-    gate = threading.Event()
+    """Forced: the pause comes once the stuck rollout has started (an Event it sets), not after a guessed sleep."""
+    gate, started = threading.Event(), threading.Event()
 
     def stuck(prompt: Prompt) -> TrajectoryGroup:
-        gate.wait(5)
+        started.set()
+        gate.wait(30)
         return TrajectoryGroup(prompt.prompt_id, prompt.text, ("x",), (1.0,), 0)
 
     collector = AsyncCollector(stuck, prompts(), ReplayBuffer(1, 0), lambda: 0, cap=1, pause_timeout_s=0.1)
     try:
         collector.resume()
-        time.sleep(0.05)
+        assert started.wait(30), "the rollout never started"
         collector.pause()  # park: no wait, no timeout
         assert collector.in_flight == 1 and collector.parked == 1
         assert [p.prompt_id for p in collector.in_flight_prompts] == ["p0"]
@@ -328,22 +333,33 @@ def test_an_isolated_failure_is_counted_and_collection_continues() -> None:
 
 
 def test_exhausted_prompts_end_in_a_clear_timeout() -> None:
+    """Two prompts for a batch of three: once both are drawn and rolled out nothing more can come, and a sample
+    times out naming what finished. Forced: the sample is taken only after the collector ran out of prompts with
+    nothing in flight, with no wait of its own (no bet on how fast the two rollouts finish)."""
     buffer = ReplayBuffer(3, 1)
     collector = AsyncCollector(Probe([0], 0.0), ["a", "b"], buffer, lambda: 0)
     try:
         collector.resume()
+        _until(
+            lambda: (s := collector.stats()).exhausted and s.in_flight == 0,
+            "the collector out of prompts with none in flight",
+        )
         with pytest.raises(WaitTimeout, match="2 finished"):
-            buffer.sample(0, timeout=0.3)
-        assert collector.stats().exhausted
+            buffer.sample(0, timeout=0)
+        s = collector.stats()
+        assert s.exhausted and s.completed == 2 and s.failed == 0, s
     finally:
         collector.close()
 
 
 def test_pause_timeout_raises() -> None:
-    gate = threading.Event()
+    """Forced: the drain pause comes once the stuck rollout has started (an Event it sets), so it has one to wait
+    for; the rollout stays stuck until the test lets it go, far past the pause's timeout."""
+    gate, started = threading.Event(), threading.Event()
 
     def stuck(prompt: Prompt) -> TrajectoryGroup:
-        gate.wait(5)
+        started.set()
+        gate.wait(30)
         return TrajectoryGroup(prompt.prompt_id, prompt.text, ("x",), (1.0,), 0)
 
     collector = AsyncCollector(
@@ -351,7 +367,7 @@ def test_pause_timeout_raises() -> None:
     )
     try:
         collector.resume()
-        time.sleep(0.05)
+        assert started.wait(30), "the rollout never started"
         with pytest.raises(WaitTimeout, match="in-flight rollouts"):
             collector.pause()
     finally:

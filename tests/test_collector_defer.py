@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from colo_fsm.collector import AsyncCollector, CollectorStats, Prompt, ReplayBuffer, RolloutDeferred, TrajectoryGroup
+from colo_fsm.collector import collector as collector_module
 from colo_fsm.errors import ColoFsmError, ConfigError, LifecycleError
 
 
@@ -36,11 +37,14 @@ class Drawn:
 
 
 class SerializedEngine:
-    """A rollout over one engine that generates one call at a time, deferring when the collector is paused."""
+    """A rollout over one engine that generates one call at a time, deferring when the collector is paused.
 
-    def __init__(self, gen_s: float, defer: bool = True) -> None:
+    With ``gate``, a generate call holds until the test sets that Event (then takes ``gen_s`` as usual)."""
+
+    def __init__(self, gen_s: float, defer: bool = True, gate: threading.Event | None = None) -> None:
         self.gen_s = gen_s
         self.defer = defer
+        self.gate = gate
         self.turn = threading.Lock()
         self.collector: AsyncCollector | None = None
         self.generated: list[str] = []
@@ -52,6 +56,8 @@ class SerializedEngine:
             if self.defer and self.collector.should_defer():
                 raise RolloutDeferred()
             self.generating.set()
+            if self.gate is not None:
+                assert self.gate.wait(30), "the test never let the generate call finish"
             time.sleep(self.gen_s)
             self.generated.append(prompt.prompt_id)
         return TrajectoryGroup(prompt.prompt_id, prompt.text, ("a", "b"), (1.0, 0.0), weight_version=0)
@@ -73,27 +79,54 @@ def _num(prompt_id: str) -> int:
     return int(prompt_id[1:])
 
 
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.002)
+
+
 def test_pause_defers_queued_rollouts_and_resume_rolls_them_out_in_order() -> None:
+    """A drain pause waits only for the generate call in progress: the rollouts queued behind the serialized engine
+    defer instead of generating. Forced: the engine's first call holds on an Event, so all 8 rollouts are in
+    flight (one generating, seven waiting for the engine) when the pause begins, and the call is let go only once
+    the collector is paused and pause() is waiting for it. Counted, not timed: exactly one call is generated during
+    the pause and the seven queued rollouts are deferred (without deferral the pause would wait for seven more
+    calls). After the resume the deferred prompts are rolled out first, in draw order; none is lost or repeated."""
     version = [0]
     stream = Drawn()
     buffer = ReplayBuffer(8, 1)
-    engine = SerializedEngine(gen_s=0.06)
+    gate = threading.Event()
+    engine = SerializedEngine(gen_s=0.0, gate=gate)
     collector = _make(engine, stream, buffer, version, cap=8)
     sampled: list[str] = []
+    pause_errors: list[BaseException] = []
+
+    def pause() -> None:
+        try:
+            collector.pause()
+        except BaseException as exc:
+            pause_errors.append(exc)
+
+    pauser = threading.Thread(target=pause, name="pauser", daemon=True)
     try:
         collector.resume()
-        assert engine.generating.wait(5)
-        deadline = time.monotonic() + 5
-        while collector.in_flight < 8 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert collector.in_flight == 8  # one generating, seven queued behind the engine
-        t0 = time.monotonic()
-        collector.pause()
-        waited = time.monotonic() - t0
-        # only the generate call in progress is waited for (without deferral: ~7 more calls, >= 0.4 s)
-        assert waited < 0.25, waited
+        assert engine.generating.wait(10), "no rollout started generating"
+        _until(lambda: collector.in_flight == 8, "8 rollouts in flight, one generating and seven queued behind it")
+        pauser.start()
+        _until(lambda: collector.stats().pauses == 1, "the pause under way (counted in stats().pauses)")
+        # the generate call is held: the drain cannot end and no queued rollout can reach the engine yet
+        assert pauser.is_alive() and collector.paused and collector.in_flight == 8 and engine.generated == []
+        gate.set()  # the call in progress finishes (and every later one goes straight through)
+        pauser.join(30)
+        assert not pauser.is_alive(), "pause() did not return once the generate call in progress had finished"
+        assert not pause_errors, pause_errors
+        assert len(engine.generated) == 1, (
+            f"{len(engine.generated)} generate calls during the pause: the queued rollouts generated instead of "
+            "deferring, and the pause waited for them"
+        )
         s = collector.stats()
-        assert s.in_flight == 0 and s.failed == 0 and s.deferred >= 6 and _balanced(s)
+        assert s.in_flight == 0 and s.failed == 0 and s.completed == 1 and s.deferred == 7 and _balanced(s), s
         assert s.returned == s.deferred and collector.error is None
         returned = [p.prompt_id for p in collector.returned_prompts]
         assert returned == sorted(returned, key=_num)  # kept in draw order
@@ -123,32 +156,79 @@ def test_pause_defers_queued_rollouts_and_resume_rolls_them_out_in_order() -> No
         collector.close()
 
 
-def test_deferred_while_collecting_is_retried_without_spinning_and_is_not_a_failure() -> None:
+class ScriptedClock:
+    """The collector's clock (its module's ``time.monotonic``), moved only by the test; counts how often it is read.
+
+    The collector's loop reads it on every turn that finds room to start a rollout, so its reads count turns."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.reads = 0
+        self.lock = threading.Lock()
+
+    def monotonic(self) -> float:
+        with self.lock:
+            self.reads += 1
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self.lock:
+            self.now += seconds
+
+    def wait_turns(self, turns: int, what: str) -> None:
+        with self.lock:
+            target = self.reads + turns
+        _until(lambda: self.reads >= target, f"{turns} turns of the collector's loop ({what})")
+
+
+def test_deferred_while_collecting_is_retried_without_spinning_and_is_not_a_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rollout that defers while the collector is collecting (not paused) is retried after a back-off, not in a
+    hot loop, and is not a failure (one failure would stop this collector). Forced with a scripted clock: the
+    collector reads the test's clock, which moves only when the test moves it. With the clock short of the back-off
+    nothing starts again however many turns the loop takes (counted by its reads of the clock); each move past it
+    starts exactly one round of the 4 prompts, so the deferrals are 4 per round the test drove. A collector that
+    retried at once would have deferred far more by then. The refusal is lifted between rounds, with nothing in
+    flight, so the last round rolls the same prompts out in their draw order."""
+    clock = ScriptedClock()
+    monkeypatch.setattr(collector_module, "time", clock)
+    backoff = collector_module._DEFER_RETRY_S
     refuse = threading.Event()
     refuse.set()
-    calls = {"deferred": 0}
+    deferred: list[str] = []
 
     def rollout(prompt: Prompt) -> TrajectoryGroup:
         if refuse.is_set():
-            calls["deferred"] += 1
+            deferred.append(prompt.prompt_id)
             raise RolloutDeferred("engine busy elsewhere")
         return TrajectoryGroup(prompt.prompt_id, prompt.text, ("x",), (1.0,), 0)
 
     buffer = ReplayBuffer(4, 1)
     collector = AsyncCollector(rollout, Drawn(), buffer, lambda: 0, cap=4, max_consecutive_failures=1)
+    rounds = 3
     try:
         collector.resume()
-        time.sleep(0.3)
-        s = collector.stats()
-        # retried after a short back-off, not in a hot loop (4 at a time, every ~50 ms)
-        assert 4 <= calls["deferred"] <= 60, calls
-        assert s.failed == 0 and collector.error is None and not collector.paused
-        refuse.clear()
+        for n in range(1, rounds + 1):
+            _until(lambda n=n: collector.stats().deferred >= 4 * n, f"round {n} of deferrals")
+            for moved in (0.0, backoff / 2):  # the clock where the round left it, then half the back-off later
+                clock.advance(moved)
+                clock.wait_turns(5, f"round {n}, clock moved {moved} s")
+                s = collector.stats()
+                assert s.deferred == len(deferred) == 4 * n, (
+                    f"{s.deferred} deferrals after {n} round(s), with the clock {moved} s past the last one: "
+                    "retried before the back-off (spinning)"
+                )
+            assert sorted(deferred[-4:], key=_num) == ["q0", "q1", "q2", "q3"], deferred
+            assert s.in_flight == 0 and s.failed == 0 and collector.error is None and not collector.paused, s
+            if n == rounds:
+                refuse.clear()  # nothing in flight: the next round sees the engine free from its first prompt on
+            clock.advance(backoff)  # past the back-off: one more round
         batch = buffer.sample(0, timeout=10)
         assert [g.prompt_id for g in batch] == ["q0", "q1", "q2", "q3"]  # same prompts, same order
         collector.pause()
         s = collector.stats()
-        assert s.deferred == calls["deferred"] and s.failed == 0 and _balanced(s)
+        assert s.deferred == len(deferred) == 4 * rounds and s.failed == 0 and _balanced(s), s
     finally:
         collector.close()
 
