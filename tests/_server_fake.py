@@ -1,6 +1,7 @@
 """A tiny request-level engine implementing the engine contract (submit / suspend parks / resume), for the
 server's unit tests only: a token-step loop over every active request on its own thread, deterministic tokens
-(the prompt reversed, then end-of-document), suspend and resume that can take real time."""
+(the prompt reversed, then end-of-document), suspend and resume that can take real time. ``hold_at`` stops the loop
+once at a chosen token, so a test can order a suspend against a running request instead of timing it."""
 
 from __future__ import annotations
 
@@ -61,6 +62,16 @@ class _Req:
     rng: random.Random = field(default_factory=random.Random)
 
 
+@dataclass
+class Hold:
+    """A one-shot stop of the step loop (:meth:`FakeEngine.hold_at`): ``reached`` is set when the loop stops,
+    setting ``release`` lets it go on."""
+
+    tokens: int
+    reached: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
 class FakeEngine:
     """``submit`` while awake is what the server must do; ``asleep_submits`` counts violations."""
 
@@ -86,6 +97,7 @@ class FakeEngine:
         self.tokens_while_asleep = 0
         self.cancelled: list[int] = []
         self.steps = 0
+        self._hold: Hold | None = None
         self._thread = threading.Thread(target=self._loop, daemon=True, name="fake-engine")
         self._thread.start()
 
@@ -111,6 +123,8 @@ class FakeEngine:
             self.awake = False
             left, self._active = self._active, []
             self._cond.notify_all()
+            if self._hold is not None:  # a test that failed before letting a held loop go
+                self._hold.release.set()
         for r in left:
             self._finish(r, "abort")
 
@@ -127,6 +141,16 @@ class FakeEngine:
         active = [r for r in list(self._active) if priority is None or r.priority == int(priority)]
         n = len(active)
         return (0, n if self.awake else 0, 0 if self.awake else n)
+
+    def hold_at(self, tokens: int) -> Hold:
+        """Stop the step loop once, right after the step in which a request still in flight made its ``tokens``-th
+        token, until the returned hold's ``release`` is set (its ``reached`` says the loop stopped). The loop waits
+        outside its lock, so suspend(), resume(), submit() and shutdown() go through meanwhile; the held request
+        cannot make another token, let alone finish, before the test lets it: an order, not a timing."""
+        hold = Hold(tokens)
+        with self._cond:
+            self._hold = hold
+        return hold
 
     # request level
     def submit(
@@ -209,8 +233,16 @@ class FakeEngine:
                         done.append((r, "length"))
                 for r, _ in done:
                     self._active.remove(r)
+                hold = self._hold
+                if hold is not None and (
+                    hold.reached.is_set() or not any(len(r.ids) == hold.tokens for r in self._active)
+                ):
+                    hold = None
             for r, reason in done:
                 self._finish(r, reason)
+            if hold is not None:
+                hold.reached.set()
+                hold.release.wait()  # shutdown() sets it too
             time.sleep(self.step_s)
 
 

@@ -12,10 +12,13 @@ import time
 import httpx
 import openai
 import pytest
-from _server_fake import FakeEngine, serve_fake
+from _server_fake import FakeEngine, Hold, serve_fake
 
+from colo_fsm.errors import WaitTimeout
 from colo_fsm.server import OnPolicy, ServerSettings
 from colo_fsm.server.runner import SERVER_PRIORITY
+
+WAIT = 10.0  # a bound on what must happen, never a margin: a test waits this long only when it fails
 
 
 @pytest.fixture
@@ -52,6 +55,18 @@ def wait_until(cond, what: str, timeout: float = 20.0) -> None:  # type: ignore[
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+def suspend_over(gated, hold: Hold, held: str) -> None:  # type: ignore[no-untyped-def]
+    """``gated.suspend()`` while ``held`` is held in the engine (``hold``): it cannot finish before the test lets it
+    go, so a suspend that waited for it (drained, not parked) would wait for ever; bounded, it fails here (letting
+    the request go first, so the test's threads can end)."""
+    gated.drain_timeout_s = WAIT
+    try:
+        gated.suspend()
+    except WaitTimeout:
+        hold.release.set()
+        pytest.fail(f"the suspend waited for {held} (drained, not parked)")
 
 
 def test_completions_token_ids_logprobs_match_the_engine(served) -> None:
@@ -92,10 +107,13 @@ def test_openai_client_stop_n_logprobs_and_chat(served) -> None:
 
 
 def test_streaming_spans_a_suspend_pauses_and_continues(served) -> None:
+    """A stream started before a suspend sends tokens of weight version 0, pauses while the engine is suspended, and
+    goes on with version 1 after the resume. Forced: the engine holds the request after its 2nd token (of 10) until
+    the suspend has returned, so it cannot finish under the old weights however slow the test thread is."""
     gated, eng = served
-    eng.step_s = 0.05
     c = client(gated)
     want = c.completions.create(model="m", prompt="123456789>", max_tokens=12, temperature=0).choices[0].text
+    hold = eng.hold_at(2)
     stream = c.completions.create(model="m", prompt="123456789>", max_tokens=12, temperature=0, stream=True)
     chunks, got_first = [], threading.Event()
 
@@ -106,9 +124,11 @@ def test_streaming_spans_a_suspend_pauses_and_continues(served) -> None:
 
     t = threading.Thread(target=read)
     t.start()
-    assert got_first.wait(10)
-    gated.suspend()  # the request is parked in the engine, not waited for
-    time.sleep(0.2)
+    assert hold.reached.wait(WAIT), "the streamed request never made its 2nd token"
+    assert got_first.wait(WAIT), "no chunk came before the suspend"
+    suspend_over(gated, hold, "the streamed request")  # the request is parked in the engine, not waited for
+    hold.release.set()  # the engine is asleep: the request stays parked until the resume
+    time.sleep(0.2)  # room for a token while asleep to show (none may)
     assert eng.tokens_while_asleep == 0  # no token during the handoff
     gated.resume()
     t.join(20)
@@ -121,7 +141,11 @@ def test_streaming_spans_a_suspend_pauses_and_continues(served) -> None:
 
 
 def test_park_suspend_does_not_wait_and_answers_after_resume() -> None:
-    gated, eng = serve_fake(FakeEngine(step_s=0.05))
+    """A suspend does not wait for a running HTTP request: it is parked in the engine, unanswered while suspended,
+    and answered after the resume with tokens of both weight versions. Forced: the engine holds the request after
+    its 2nd token (of 6) until the suspend has returned, so it cannot finish before it."""
+    gated, eng = serve_fake(FakeEngine())
+    hold = eng.hold_at(2)
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             fut = pool.submit(
@@ -130,9 +154,10 @@ def test_park_suspend_does_not_wait_and_answers_after_resume() -> None:
                 json={"prompt": "12345>", "max_tokens": 8, "temperature": 0},
                 timeout=30,
             )
-            wait_until(lambda: eng.steps > 1, "the request to start")
-            gated.suspend()
+            assert hold.reached.wait(WAIT), "the request never made its 2nd token"
+            suspend_over(gated, hold, "the HTTP request")
             assert not fut.done()
+            hold.release.set()  # the engine is asleep: the request stays parked until the resume
             time.sleep(0.2)
             assert not fut.done()  # parked: no answer while suspended
             gated.resume()
@@ -350,7 +375,7 @@ def test_shutdown_answers_waiting_at_once_and_lets_in_flight_finish() -> None:
             httpx.post, base(gated) + "/completions", json={"prompt": "123456>", "temperature": 0}, timeout=30
         )
         wait_until(lambda: eng.steps > 1, "the request to start")
-        gated.gate.close_and_drain(1)  # a handoff: the next request waits
+        gated.gate.close_and_drain(10)  # a handoff: the next request waits
         waiting = pool.submit(httpx.post, base(gated) + "/completions", json={"prompt": "1>"}, timeout=30)
         wait_until(lambda: gated.gate.waiting == 1, "the second request to wait")
         gated.shutdown()
@@ -360,13 +385,18 @@ def test_shutdown_answers_waiting_at_once_and_lets_in_flight_finish() -> None:
 
 
 def test_collector_generate_parks_too() -> None:
-    gated, eng = serve_fake(FakeEngine(step_s=0.03))
+    """The collector's ``generate`` leaves the gate once its request is handed over: a suspend parks the rollout
+    instead of waiting for it, and it is answered after the resume. Forced: the engine holds the rollout after its
+    2nd token (of 6) until the suspend has returned, so it cannot finish before it."""
+    gated, eng = serve_fake(FakeEngine())
+    hold = eng.hold_at(2)
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             fut = pool.submit(gated.generate, ["12345>"], max_tokens=8)
-            wait_until(lambda: eng.steps > 1, "the rollout to start")
-            gated.suspend()
+            assert hold.reached.wait(WAIT), "the rollout never made its 2nd token"
+            suspend_over(gated, hold, "the rollout")
             assert not fut.done()
+            hold.release.set()  # the engine is asleep: the rollout stays parked until the resume
             gated.resume()
             assert fut.result(10)[0].text == "54321"
     finally:

@@ -5,7 +5,6 @@ policy and which log-prob distribution (the engine's logprobs_mode) the server s
 from __future__ import annotations
 
 import concurrent.futures
-import time
 
 import httpx
 import pytest
@@ -63,8 +62,12 @@ def test_a_policy_the_gate_cannot_honour_is_refused() -> None:
 
 def test_abort_is_served_like_park_and_reported() -> None:
     """With inflight='abort' a suspend does not wait for a running HTTP request (the engine ends and resubmits
-    it), the request is answered after the resume, and /health reports the policy."""
-    gated, eng = serve_fake(_engine("abort"), drain_timeout_s=1.0)
+    it), the request is answered after the resume, and /health reports the policy. Forced: the engine holds the
+    request after its 2nd token (of 6) until the suspend has returned, so it is still in flight whatever the timing.
+    ``drain_timeout_s`` bounds only a failing run: the hand-over leaves the gate at once, the held request never."""
+    eng = _engine("abort")
+    gated, _ = serve_fake(eng, drain_timeout_s=10.0)
+    hold = eng.hold_at(2)
     url = gated.server_base_urls()[0]
     try:
         assert gated.inflight == "abort"
@@ -76,16 +79,15 @@ def test_abort_is_served_like_park_and_reported() -> None:
                 json={"prompt": "12345>", "max_tokens": 8, "temperature": 0},
                 timeout=60,
             )
-            deadline = time.monotonic() + 30
-            while eng.steps < 1 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            with eng._cond:  # the fake engine steps under this lock: it is frozen, the request in flight
-                assert len(eng._active) == 1, "the request to be running in the engine"
-                try:
-                    gated.suspend()  # a drain would wait for the frozen request (and time out)
-                except WaitTimeout:
-                    pytest.fail("the suspend waited for the HTTP request (drained, not aborted/parked)")
-                assert len(eng._active) == 1 and not fut.done()
+            assert hold.reached.wait(30), "the request never made its 2nd token"
+            assert len(eng._active) == 1, "the request to be running in the engine"
+            try:
+                gated.suspend()  # a drain would wait for the held request (and time out)
+            except WaitTimeout:
+                hold.release.set()  # let the request end, so the pool's thread does
+                pytest.fail("the suspend waited for the HTTP request (drained, not aborted/parked)")
+            assert len(eng._active) == 1 and not fut.done()
+            hold.release.set()  # the engine is asleep: the request stays in it until the resume
             gated.resume()
             r = fut.result(30)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "54321"

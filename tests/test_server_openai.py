@@ -258,17 +258,25 @@ def test_gated_generate_used_by_the_collector_waits_or_raises() -> None:
 
 
 def test_suspend_refuses_to_proceed_under_a_request_that_never_ends() -> None:
+    """A request inside the gate that does not end makes suspend() raise WaitTimeout after ``drain_timeout_s`` and
+    leaves the engine awake. Forced: the request waits on an Event that is set only after the suspend gave up, and
+    the suspend starts only once the gate counts it in flight."""
     engine = RecordingEngine()
-    gen = CheckedGenerator(engine, delay=1.0)
+    gen = CheckedGenerator(engine)
+    gen.hold = threading.Event()
     gated = GatedEngine(engine, gen, drain_timeout_s=0.1)
     gated.bring_up()
     t = threading.Thread(target=gated.generate, args=(["slow"],), kwargs={"max_tokens": 1})
     t.start()
-    time.sleep(0.05)
-    with pytest.raises(WaitTimeout, match="in-flight requests"):
-        gated.suspend()
-    assert engine.condition == "awake"  # the engine was not suspended under the running request
-    t.join()
+    try:
+        wait_until(lambda: gated.gate.in_flight == 1, "the request to be in the gate")
+        with pytest.raises(WaitTimeout, match="in-flight requests"):
+            gated.suspend()
+        assert engine.condition == "awake"  # the engine was not suspended under the running request
+    finally:
+        gen.hold.set()
+        t.join(30)
+    assert not t.is_alive() and gen.violations == []
 
 
 def test_server_comes_up_once() -> None:
