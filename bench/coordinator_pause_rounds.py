@@ -19,15 +19,17 @@ leaving the client (``steps_at_send``), to PAUSED and to SUSPENDED (``pause_step
 ``rounds_to_send``: the decode steps from the loop's first round that runs anything of the call to the send. That
 round is read in the loop callback that starts the call (the task factory, as it makes the call's task; or the
 callback itself), never from the calling thread, so a calling thread that waits for a core between reading the step
-count and submitting the call moves ``steps_at_send``, not ``rounds_to_send``. The loop runs one decode step per round, so that count is the rounds the call
-takes, whatever the phase of the step the call landed in; ``steps_at_send`` adds that phase (0 or 1 on a quiet
-machine, more where the calling thread waits for a core). The ways:
+count and submitting the call moves ``steps_at_send``, not ``rounds_to_send``. The loop runs one decode step per
+round, so that count is the rounds the call takes, whatever the phase of the step the call landed in;
+``steps_at_send`` adds that phase (0 or 1 on a quiet machine, more where the calling thread waits for a core). The
+ways:
 
 * ``megatron``: colo-fsm's, megatron's public ``pause()`` then ``suspend()``. ``pause()`` runs on the loop and hands
   its body to the same loop again (``run_async``), so PAUSE leaves in the loop's fourth round;
 * ``one-coroutine``: the client's ``pause_engines()`` and the engine's ``wait_until(PAUSED)`` in one coroutine
   (second round);
-* ``callback``: ``pause_engines()`` as a plain callback on the loop, the wait apart (first round);
+* ``callback``: ``pause_engines()`` as a plain callback on the loop, the wait apart (first round: 0 by construction,
+  the callback both marks the round and sends; the reference the other two are read against);
 * ``back-to-back``: PAUSE and SUSPEND in one callback. megatron's loop applies one signal per iteration and asserts
   PAUSED for SUSPEND: above interval 1 the SUSPEND finds PAUSING and the loop dies (its exception ends the loop's
   thread); the bench sends it right after a consensus, so the next one is ``interval - 1`` iterations away.
@@ -198,7 +200,8 @@ class Rig:
 
         self._mark: list[int] | None = None  # where the next call's first round goes (mark_first_round)
         self._watch: tuple[Any, list[int]] | None = None  # the coroutine whose task records it, and where
-        self.late_by_steps = 0  # a hook: the calling thread waits this many decode steps before it submits a call
+        self.late_by_steps = 0  # a hook: the calling thread waits this many decode steps before it submits the
+        # first call of each handoff (the one mark_first_round marks)
         self.client = self.manager.run_sync(start())
         self.loop.call_soon_threadsafe(self.loop.set_task_factory, self._task_factory)
         self.sent: list[int] = []  # the step count each time PAUSE left the client
@@ -275,7 +278,11 @@ class Rig:
         if dead is not None:
             coro.close()
             raise dead
-        into = self._take_mark()
+        try:
+            into = self._take_mark()
+        except BaseException:
+            coro.close()
+            raise
         if into is not None:
             self._watch = (coro, into)
         return call_on_loop(

@@ -62,14 +62,24 @@ class _Req:
     rng: random.Random = field(default_factory=random.Random)
 
 
+HOLD_BOUND_S = 60.0  # a hold never released (a test that failed before releasing it) lets the loop go after this
+
+
 @dataclass
 class Hold:
     """A one-shot stop of the step loop (:meth:`FakeEngine.hold_at`): ``reached`` is set when the loop stops,
-    setting ``release`` lets it go on."""
+    setting ``release`` lets it go on. As a context manager it sets ``release`` on the way out, so a test that fails
+    while holding leaves no thread waiting on it (put it inside a thread pool's ``with``, which joins after)."""
 
     tokens: int
     reached: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
 
 
 class FakeEngine:
@@ -242,7 +252,7 @@ class FakeEngine:
                 self._finish(r, reason)
             if hold is not None:
                 hold.reached.set()
-                hold.release.wait()  # shutdown() sets it too
+                hold.release.wait(HOLD_BOUND_S)  # shutdown() and the hold's exit set it too
             time.sleep(self.step_s)
 
 

@@ -22,8 +22,9 @@ CPU_S, GPU_S = 0.002, 0.010
 def test_megatrons_pause_sends_in_a_later_round_than_one_coroutine_or_a_callback() -> None:
     """megatron's ``pause()`` runs on its loop and hands its body to the same loop (``run_async``): PAUSE leaves the
     client three decode steps (rounds) after the loop first runs anything of the call, against one for a coroutine
-    sending it and none for a plain callback, in every handoff. The step under way at the send finishes before the
-    engine reads its socket, and at interval 1 the engine is PAUSED in the iteration that reads it."""
+    sending it and none for a plain callback (0 by construction: the callback marks its round and sends; the
+    reference), in every handoff. The step under way at the send finishes before the engine reads its socket, and
+    at interval 1 the engine is PAUSED in the iteration that reads it."""
     rig = Rig(interval=1, cpu_s=CPU_S, gpu_s=GPU_S)
     try:
         rows = {way: measure_way(rig, way, 6) for way in ("megatron", "one-coroutine", "callback")}

@@ -543,6 +543,7 @@ def test_a_request_cancelled_while_waiting_for_its_resubmission_is_never_sent_ag
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             suspended = pool.submit(eng.suspend)
             wait_for(lambda: len(llm.engine.stop_word_finished_request_ids) == 1, "the abort's stop word")
+            assert llm.engine.steps == 2 and not suspended.done()
             llm.engine.allow_steps = None
             suspended.result(timeout=20)
         carried = len(h.carry.token_ids)

@@ -145,9 +145,8 @@ def test_park_suspend_does_not_wait_and_answers_after_resume() -> None:
     and answered after the resume with tokens of both weight versions. Forced: the engine holds the request after
     its 2nd token (of 6) until the suspend has returned, so it cannot finish before it."""
     gated, eng = serve_fake(FakeEngine())
-    hold = eng.hold_at(2)
     try:
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool, eng.hold_at(2) as hold:
             fut = pool.submit(
                 httpx.post,
                 base(gated) + "/completions",
@@ -389,9 +388,8 @@ def test_collector_generate_parks_too() -> None:
     instead of waiting for it, and it is answered after the resume. Forced: the engine holds the rollout after its
     2nd token (of 6) until the suspend has returned, so it cannot finish before it."""
     gated, eng = serve_fake(FakeEngine())
-    hold = eng.hold_at(2)
     try:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool, eng.hold_at(2) as hold:
             fut = pool.submit(gated.generate, ["12345>"], max_tokens=8)
             assert hold.reached.wait(WAIT), "the rollout never made its 2nd token"
             suspend_over(gated, hold, "the rollout")

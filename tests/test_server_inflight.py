@@ -67,12 +67,11 @@ def test_abort_is_served_like_park_and_reported() -> None:
     ``drain_timeout_s`` bounds only a failing run: the hand-over leaves the gate at once, the held request never."""
     eng = _engine("abort")
     gated, _ = serve_fake(eng, drain_timeout_s=10.0)
-    hold = eng.hold_at(2)
     url = gated.server_base_urls()[0]
     try:
         assert gated.inflight == "abort"
         assert httpx.get(url.removesuffix("/v1") + "/health").json()["inflight_policy"] == "abort"
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool, eng.hold_at(2) as hold:
             fut = pool.submit(
                 httpx.post,
                 url + "/completions",
