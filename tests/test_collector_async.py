@@ -179,20 +179,28 @@ def test_park_pause_returns_at_once_and_parked_rollouts_land_after_the_step() ->
         collector.close()
 
 
+@pytest.mark.parametrize("first_after_resume", [False, True], ids=["one-sample-after", "both-after"])
 @pytest.mark.parametrize("paused_at_end", [True, False])
-def test_a_collector_told_its_version_at_resume_still_sees_a_parked_samples_newer_weights(paused_at_end: bool) -> None:
+def test_a_collector_told_its_version_at_resume_still_sees_a_parked_samples_newer_weights(
+    paused_at_end: bool, first_after_resume: bool
+) -> None:
     """The Ray collector actor learns the weight version only at its own resume, which the spec orders after the
-    engine's: a parked rollout can finish in between, one sample generated under the new weights. Forced here:
-    the rollout ends while the collector is paused and still told the old version. Its group's newest version is
-    the sample's (1), not the stale read (0). The control: a stamp above the collector's read while collecting is
-    the rollout's own tag, and the read stands."""
+    engine's: a parked rollout can finish in between, one sample (or every sample: a rollout parked before any
+    of its requests reached the engine) generated under the new weights. Forced here: the rollout ends while the
+    collector is paused and still told the old version. Its group's newest version is the samples' (1), not the
+    stale read (0), and so is its oldest where every sample is stamped 1 (a Ray run on a busy machine had it 0).
+    The control: a stamp above the collector's read while collecting is the rollout's own tag, and the read
+    stands."""
     told, engine = [0], [0]
     started, awake = threading.Event(), threading.Event()
 
     def rollout(prompt: Prompt) -> TrajectoryGroup:
-        first = Completion("a", (1,), engine[0])  # finished before the handoff
+        if not first_after_resume:
+            first = Completion("a", (1,), engine[0])  # finished before the handoff
         started.set()
         assert awake.wait(30), "the test never resumed the engine"
+        if first_after_resume:
+            first = Completion("a", (1,), engine[0])  # held at the engine's gate too
         second = Completion("b", (2,), engine[0])  # held at the engine's gate, generated after its resume
         return TrajectoryGroup(prompt.prompt_id, prompt.text, (first, second), (1.0, 0.0), weight_version=0)
 
@@ -216,10 +224,12 @@ def test_a_collector_told_its_version_at_resume_still_sees_a_parked_samples_newe
     finally:
         awake.set()
         collector.close(timeout=30)
-    assert [c.weight_version for c in group.samples] == [0, 1] and group.samples[0].weight_versions == ()
-    expected = 1 if paused_at_end else 0
-    assert (group.weight_version, group.newest_version) == (0, expected), (
-        f"tagged {group.weight_version}..{group.newest_version} with samples stamped 0 and 1, "
+    stamped = [1, 1] if first_after_resume else [0, 1]
+    assert [c.weight_version for c in group.samples] == stamped and group.samples[0].weight_versions == ()
+    newest = 1 if paused_at_end else 0
+    oldest = min(stamped[0], newest)
+    assert (group.weight_version, group.newest_version) == (oldest, newest), (
+        f"tagged {group.weight_version}..{group.newest_version} with samples stamped {stamped}, "
         f"{'paused' if paused_at_end else 'collecting'} at the rollout's end"
     )
 

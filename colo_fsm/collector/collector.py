@@ -676,11 +676,13 @@ class AsyncCollector:
         """The group tagged with the versions that generated it and its target step.
 
         Samples that report per-token weight versions (the engine's record) are the truth: oldest and newest
-        come from them. Otherwise the oldest is the oldest sample's stamp, kept within the versions read at the
-        rollout's start and end (a rollout's own tag outside them is replaced), and the newest is the version
-        read at its end, or one more where a sample says so and the rollout ended while the collector was paused:
-        the spec resumes the engine before the collector, so a collector told its version only at its resume
-        (the Ray collector actor) sees parked rollouts finish under weights it has not heard of yet.
+        come from them. Otherwise the oldest is the oldest sample's stamp and the newest the version read at the
+        rollout's end, both kept within the versions read at its start and end (a rollout's own tag outside them
+        is replaced), with one exception: where the rollout ended while the collector was paused, the window
+        reaches one version past the end's read, as far as the samples say. The spec resumes the engine before
+        the collector, so a collector told its version only at its resume (the Ray collector actor) sees parked
+        rollouts finish under weights it has not heard of yet, and a rollout parked before any of its requests
+        reached the engine is generated wholly under them (its oldest is the new version too).
         """
         spanned = samples_versions(group.samples)
         if spanned is not None:
@@ -688,9 +690,9 @@ class AsyncCollector:
         else:
             lo, hi = min(version, end_version), max(version, end_version)
             stamps = [s.weight_version for s in group.samples]
-            oldest, newest = min(max(min(stamps), lo), hi), hi
-            if paused_at_end:
-                newest = max(hi, min(max(stamps), hi + 1))
+            top = hi + 1 if paused_at_end else hi  # the version the engine may have resumed with, unheard of
+            oldest = min(max(min(stamps), lo), top)
+            newest = max(hi, min(max(stamps), top))
         return group.with_version(oldest, ticket.target_step, newest)
 
     def _put_back(self, prompt: Prompt, order: int, ticket: Ticket, exc: RolloutDeferred) -> None:
