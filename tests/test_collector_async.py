@@ -14,6 +14,7 @@ from colo_fsm.adapters.protocols import Completion
 from colo_fsm.collector import AsyncCollector, Prompt, ReplayBuffer, TextRollout, TrajectoryGroup
 from colo_fsm.errors import ConfigError, RolloutFailed, WaitTimeout
 from colo_fsm.guards.capacity import InFlightCap
+from tests.support.waits import wait_until
 
 
 class Probe:
@@ -350,7 +351,7 @@ def test_exhausted_prompts_end_in_a_clear_timeout() -> None:
     collector = AsyncCollector(Probe([0], 0.0), ["a", "b"], buffer, lambda: 0)
     try:
         collector.resume()
-        _until(
+        wait_until(
             lambda: (s := collector.stats()).exhausted and s.in_flight == 0,
             "the collector out of prompts with none in flight",
         )
@@ -417,13 +418,6 @@ def test_admit_predicate_holds_back_new_rollouts() -> None:
         collector.close()
 
 
-def _until(condition, what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.002)
-
-
 @pytest.mark.parametrize("hold", [True, False])
 def test_hold_while_batch_waits_starts_nothing_until_the_trainer_takes_the_batch(hold: bool) -> None:
     """With the trainer's next batch in the buffer a held collector starts nothing (a drain handoff would have to
@@ -444,13 +438,13 @@ def test_hold_while_batch_waits_starts_nothing_until_the_trainer_takes_the_batch
     )
     try:
         collector.resume()
-        _until(lambda: turns[0] >= 25, "25 turns of the collector's loop")
+        wait_until(lambda: turns[0] >= 25, "25 turns of the collector's loop")
         if not hold:
             assert collector.stats().started > 0, "the control: an unheld collector starts with a batch waiting"
             return
         assert collector.stats().started == 0, "a held collector started a rollout with a batch waiting"
         assert [g.prompt_id for g in buffer.sample(0, timeout=10)] == ["made0", "made1"]
-        _until(lambda: collector.stats().started > 0, "a start once the batch was taken")
+        wait_until(lambda: collector.stats().started > 0, "a start once the batch was taken")
     finally:
         collector.close()
     with pytest.raises(ConfigError, match="hold_while_batch_waits"):

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from colo_fsm.collector import AsyncCollector, CollectorStats, Prompt, ReplayBuffer, RolloutDeferred, TrajectoryGroup
 from colo_fsm.collector import collector as collector_module
 from colo_fsm.errors import ColoFsmError, ConfigError, LifecycleError
+from tests.support.waits import wait_until
 
 
 class Drawn:
@@ -79,13 +80,6 @@ def _num(prompt_id: str) -> int:
     return int(prompt_id[1:])
 
 
-def _until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.002)
-
-
 def test_pause_defers_queued_rollouts_and_resume_rolls_them_out_in_order() -> None:
     """A drain pause waits only for the generate call in progress: the rollouts queued behind the serialized engine
     defer instead of generating. Forced: the engine's first call holds on an Event, so all 8 rollouts are in
@@ -112,9 +106,9 @@ def test_pause_defers_queued_rollouts_and_resume_rolls_them_out_in_order() -> No
     try:
         collector.resume()
         assert engine.generating.wait(10), "no rollout started generating"
-        _until(lambda: collector.in_flight == 8, "8 rollouts in flight, one generating and seven queued behind it")
+        wait_until(lambda: collector.in_flight == 8, "8 rollouts in flight, one generating and seven queued behind it")
         pauser.start()
-        _until(lambda: collector.stats().pauses == 1, "the pause under way (counted in stats().pauses)")
+        wait_until(lambda: collector.stats().pauses == 1, "the pause under way (counted in stats().pauses)")
         # the generate call is held: the drain cannot end and no queued rollout can reach the engine yet
         assert pauser.is_alive() and collector.paused and collector.in_flight == 8 and engine.generated == []
         gate.set()  # the call in progress finishes (and every later one goes straight through)
@@ -182,7 +176,7 @@ class ScriptedClock:
     def wait_turns(self, turns: int, what: str) -> None:
         with self.lock:
             target = self.reads + turns
-        _until(lambda: self.reads >= target, f"{turns} turns of the collector's loop ({what})")
+        wait_until(lambda: self.reads >= target, f"{turns} turns of the collector's loop ({what})")
 
 
 def test_deferred_while_collecting_is_retried_without_spinning_and_is_not_a_failure(
@@ -214,7 +208,7 @@ def test_deferred_while_collecting_is_retried_without_spinning_and_is_not_a_fail
     try:
         collector.resume()
         for n in range(1, rounds + 1):
-            _until(lambda n=n: collector.stats().deferred >= 4 * n, f"round {n} of deferrals")
+            wait_until(lambda n=n: collector.stats().deferred >= 4 * n, f"round {n} of deferrals")
             for moved in (0.0, backoff / 2):  # the clock where the round left it, then half the back-off later
                 clock.advance(moved)
                 clock.wait_turns(5, f"round {n}, clock moved {moved} s")

@@ -47,6 +47,7 @@ from _coordinator_fake import FakeAsyncLLM
 from _megatron_util import dist1  # noqa: F401
 
 from colo_fsm.adapters.megatron.model import ModelConfig
+from tests.support.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,13 +77,6 @@ def make(inflight: str = "park", **kw: Any) -> tuple[CoordinatorEngine, dict[str
 
 def fake(eng: CoordinatorEngine) -> Any:
     return eng._llm
-
-
-def wait_for(cond: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 @pytest.fixture
@@ -125,10 +119,10 @@ def test_park_across_suspend_train_resume_records_versions_and_engine_states(eng
     llm = fake(eng)
     llm.engine.allow_steps = 0  # no decode step until all four requests are in (none may start late)
     handles = [eng.submit([5, 6, 7, 8], max_tokens=8) for _ in range(4)]
-    wait_for(lambda: len(llm.engine.requests) == 4, "four requests in the engine")
+    wait_until(lambda: len(llm.engine.requests) == 4, "four requests in the engine")
     assert llm.engine.steps == 0
     llm.engine.allow_steps = 3  # exactly three decode steps, every request in each, before the handoff
-    wait_for(lambda: llm.engine.steps == 3, "three decode steps")
+    wait_until(lambda: llm.engine.steps == 3, "three decode steps")
     steps_at_train: list[int] = []
 
     def train_step(batch: Any) -> Any:
@@ -200,7 +194,7 @@ def test_engine_loop_death_fails_every_pending_request_at_once(engine) -> None:
     llm = fake(eng)
     llm.engine.allow_steps = 0  # nothing finishes
     handles = [eng.submit([5, 6, 7], max_tokens=4) for _ in range(3)]
-    wait_for(lambda: len(llm.engine.requests) == 3, "three requests admitted")
+    wait_until(lambda: len(llm.engine.requests) == 3, "three requests admitted")
     llm.engine.die_with = AssertionError("Prompt log probs cannot be calculated")  # megatron's add_request assert
     done, not_done = concurrent.futures.wait([h.future for h in handles], timeout=20)
     assert not not_done, f"{len(not_done)} request(s) still waiting after the engine loop died"
@@ -306,7 +300,7 @@ def test_on_token_stop_ids_cancel_and_seed_are_applied_or_counted(engine) -> Non
     h = eng.submit([5, 6], max_tokens=3)
     assert h.cancel() and h.result().finish_reason == "abort" and not h.cancel()
     llm.engine.allow_steps = None
-    wait_for(lambda: eng.cancelled_still_decoding == 1, "the cancelled request's reply to be dropped")
+    wait_until(lambda: eng.cancelled_still_decoding == 1, "the cancelled request's reply to be dropped")
     eng.submit([5, 6], max_tokens=2, temperature=1.0, seed=3).result(timeout=20)
     assert eng.seeds_not_applied == 1
 
@@ -461,14 +455,14 @@ def test_server_traffic_holds_at_most_its_share_of_the_engine() -> None:
         llm.engine.allow_steps = 0  # nothing finishes until the interleaving below is in place
         server = [eng.submit([5, 6], max_tokens=3, priority=Priority.SERVER) for _ in range(4)]
         rollouts = [eng.submit([7, 8], max_tokens=3, priority=Priority.TRAINING) for _ in range(2)]
-        wait_for(lambda: len(llm.engine.requests) + len(eng.server_share.waiting) == 6, "all six accounted for")
+        wait_until(lambda: len(llm.engine.requests) + len(eng.server_share.waiting) == 6, "all six accounted for")
         assert eng.server_share.in_engine == 2 and len(eng.server_share.waiting) == 2
         assert sum(1 for r in llm.engine.requests.values() if r.prompt_tokens == [7, 8]) == 2
         assert server[3].cancel()  # cancelled while waiting for a slot: it never reaches the engine
         llm.engine.allow_steps = None
         outs = [h.result(timeout=20) for h in server[:3] + rollouts]
         assert all(len(c.token_ids) == 3 for c in outs) and server[3].result().finish_reason == "abort"
-        wait_for(lambda: eng.server_share.in_engine == 0, "every server slot released")
+        wait_until(lambda: eng.server_share.in_engine == 0, "every server slot released")
         assert eng.server_share.held == 2 and llm._next == 5  # five requests ever reached megatron's engine
     finally:
         eng.shutdown()
@@ -489,6 +483,25 @@ def _suspend_resume(eng: CoordinatorEngine, version: dict[str, int], to: int) ->
     eng.resume()
 
 
+def _abort_after_steps(eng: CoordinatorEngine, llm: Any, requests: list[tuple[list[int], int]], steps: int) -> list:
+    """Submit ``requests`` (prompt, max_tokens) with megatron's steps held, let exactly ``steps`` decode steps run,
+    then suspend (abort) with no decode step between the last of them and the abort's stop words (forced: a free
+    engine could decode another token, or finish a request, before a late suspend reached it, as it did once on a
+    loaded machine); then the stop-word step the abort waits for runs and the suspend returns. The handles."""
+    llm.engine.allow_steps = 0
+    handles = [eng.submit(prompt, max_tokens=n) for prompt, n in requests]
+    wait_until(lambda: len(llm.engine.requests) == len(requests), "every request in megatron's engine")
+    llm.engine.allow_steps = steps
+    wait_until(lambda: llm.engine.steps == steps, f"{steps} decode steps")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        suspended = pool.submit(eng.suspend)
+        wait_until(lambda: len(llm.engine.stop_word_finished_request_ids) == len(requests), "the abort's stop words")
+        assert llm.engine.steps == steps and not suspended.done()
+        llm.engine.allow_steps = None
+        suspended.result(timeout=20)
+    return handles
+
+
 def test_abort_ends_the_running_requests_and_resubmits_prompt_plus_tokens_after_the_resume() -> None:
     """inflight="abort" on the coordinator path: megatron's stop-word hook ends the requests running at the suspend
     (no per-request abort in megatron-core 0.19.2); after the resume each goes back as prompt + the tokens it had
@@ -497,26 +510,14 @@ def test_abort_ends_the_running_requests_and_resubmits_prompt_plus_tokens_after_
     eng.bring_up()
     try:
         llm = fake(eng)
-        llm.engine.allow_steps = 0
-        handles = [eng.submit([5, 6, 7, 8], max_tokens=n) for n in (10, 6)]
-        wait_for(lambda: len(llm.engine.requests) == 2, "both requests in megatron's engine")
-        llm.engine.allow_steps = 3
-        wait_for(lambda: llm.engine.steps == 3, "three decode steps")
-        # no decode step between the third and the abort's stop words (forced: a free engine could decode a fourth
-        # token before the suspend sets them, as it did once on a loaded machine); then the stop-word step runs
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            suspended = pool.submit(eng.suspend)
-            wait_for(lambda: len(llm.engine.stop_word_finished_request_ids) == 2, "the abort's stop words on both")
-            assert llm.engine.steps == 3 and not suspended.done()
-            llm.engine.allow_steps = None  # the stop-word step the abort waits for
-            suspended.result(timeout=20)
+        handles = _abort_after_steps(eng, llm, [([5, 6, 7, 8], 10), ([5, 6, 7, 8], 6)], 3)
         assert not llm.engine.requests, "the suspend left requests in megatron's engine"
         assert eng.request_counts() == (2, 0, 0)  # both wait for their resubmission
         assert eng.inflight_stats() == (2, 2 * (4 + 3), 0, 0)  # prompt + 3 tokens of KV each, discarded
         assert not any(h.done() for h in handles)
         version["v"] = 1
         eng.resume()
-        wait_for(lambda: all(h.done() for h in handles), "every ended request answered after the resume")
+        wait_until(lambda: all(h.done() for h in handles), "every ended request answered after the resume")
         outs = [h.result() for h in handles]
         assert [len(c.token_ids) for c in outs] == [10, 6] and all(c.finish_reason == "length" for c in outs)
         assert outs[0].weight_versions == (0, 0, 0) + (1,) * 7 and outs[1].weight_versions == (0, 0, 0, 1, 1, 1)
@@ -533,19 +534,7 @@ def test_a_request_cancelled_while_waiting_for_its_resubmission_is_never_sent_ag
     eng.bring_up()
     try:
         llm = fake(eng)
-        llm.engine.allow_steps = 0
-        h = eng.submit([5, 6], max_tokens=10)
-        wait_for(lambda: len(llm.engine.requests) == 1, "the request in megatron's engine")
-        llm.engine.allow_steps = 2
-        wait_for(lambda: llm.engine.steps == 2, "two decode steps")
-        # no decode step between the second and the abort's stop word (forced: a free engine could finish the request
-        # before a late suspend reached it); then the stop-word step runs
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            suspended = pool.submit(eng.suspend)
-            wait_for(lambda: len(llm.engine.stop_word_finished_request_ids) == 1, "the abort's stop word")
-            assert llm.engine.steps == 2 and not suspended.done()
-            llm.engine.allow_steps = None
-            suspended.result(timeout=20)
+        (h,) = _abort_after_steps(eng, llm, [([5, 6], 10)], 2)
         carried = len(h.carry.token_ids)
         assert carried == 2 and h.cancel()
         assert h.result().finish_reason == "abort" and len(h.result().token_ids) == carried
@@ -564,7 +553,7 @@ def test_drain_waits_for_every_answer_before_the_pause() -> None:
     try:
         llm = fake(eng)
         handles = [eng.submit([5, 6], max_tokens=n) for n in (3, 30)]
-        wait_for(lambda: llm.engine.steps >= 1, "a decode step")
+        wait_until(lambda: llm.engine.steps >= 1, "a decode step")
         eng.suspend()
         assert all(h.done() for h in handles), "a drain-mode suspend returned with requests unanswered"
         assert [len(h.result().token_ids) for h in handles] == [3, 30] and eng.inflight_stats().ended == 0
@@ -584,7 +573,7 @@ def test_the_policy_switches_only_while_no_request_is_pending() -> None:
             eng.set_inflight("abort")
         llm.engine.allow_steps = None
         h.result(timeout=20)
-        wait_for(lambda: eng.request_counts() == (0, 0, 0), "the reply handled")
+        wait_until(lambda: eng.request_counts() == (0, 0, 0), "the reply handled")
         eng.set_inflight("abort")
         assert eng.inflight.value == "abort" and eng.config.inflight == "abort"
         with pytest.raises(ConfigError, match="inflight"):
@@ -604,9 +593,9 @@ def test_the_engine_loops_steps_are_profiled_by_kind_and_graph(engine) -> None:
     before = eng.step_profile()
     assert before is not None, "bring_up did not profile megatron's loop"
     handles = [eng.submit([5, 6, 7], max_tokens=8) for _ in range(3)]
-    wait_for(lambda: len(llm.engine.requests) == 3, "three requests in the engine")
+    wait_until(lambda: len(llm.engine.requests) == 3, "three requests in the engine")
     llm.engine.allow_steps = 3
-    wait_for(lambda: llm.engine.steps == 3, "three decode steps")
+    wait_until(lambda: llm.engine.steps == 3, "three decode steps")
     # one round trip through the loop: the step that made ``steps`` 3 has returned through the wrapper by then
     asyncio.run_coroutine_threadsafe(asyncio.sleep(0), eng._loop).result(timeout=20)
     w = window(before, eng.step_profile())
@@ -614,7 +603,7 @@ def test_the_engine_loops_steps_are_profiled_by_kind_and_graph(engine) -> None:
     assert w["decode_graph"]["steps"] == 3 and w["decode_graph"]["mean_ran"] == 3
     assert w["decode_graph"]["graphs"]["4"]["steps"] == 3
     llm.engine.allow_steps = None
-    wait_for(lambda: all(h.done() for h in handles), "every answer")
+    wait_until(lambda: all(h.done() for h in handles), "every answer")
     assert [len(h.result().token_ids) for h in handles] == [8, 8, 8]
 
 
@@ -631,29 +620,29 @@ def test_a_loop_that_stops_stepping_through_the_wrapper_is_logged_once(engine, c
         eng.bring_up()
         llm = fake(eng)
         llm.engine.idle_dummy_forwards = 10  # an idle EP rank joining its peers' steps
-        wait_for(lambda: llm.engine.steps == 10, "ten dummy forwards")
+        wait_until(lambda: llm.engine.steps == 10, "ten dummy forwards")
         llm.engine.allow_steps = 2
         first = eng.submit([5, 6, 7], max_tokens=8)
-        wait_for(lambda: llm.engine.steps == 12, "two steps through the wrapper")
+        wait_until(lambda: llm.engine.steps == 12, "two steps through the wrapper")
         asyncio.run_coroutine_threadsafe(asyncio.sleep(0), eng._loop).result(timeout=20)
         profile = eng.step_profile()
         assert profile["steps"] == 2 and profile["dummy_forwards"] == 10 and not said()
         llm.engine.count_base = llm.engine.steps  # megatron captured its graphs again: its count back to 0
         llm.engine.allow_steps = 1
-        wait_for(lambda: llm.engine.steps == 13, "a step after the reset")
+        wait_until(lambda: llm.engine.steps == 13, "a step after the reset")
         assert eng.step_profile() is not None and not said()
         llm.engine.step_through_class = True
         llm.engine.allow_steps = 2
-        wait_for(lambda: llm.engine.steps == 15, "two steps past the wrapper")
+        wait_until(lambda: llm.engine.steps == 15, "two steps past the wrapper")
         eng.step_profile()
         assert not said()  # two: as many as megatron may count before the profile sees them
         llm.engine.allow_steps = 1
-        wait_for(lambda: llm.engine.steps == 16, "a third step past the wrapper")
+        wait_until(lambda: llm.engine.steps == 16, "a third step past the wrapper")
         eng.step_profile()
         eng.step_profile()
     assert len(said()) == 1 and "counted 3 steps" in said()[0].getMessage(), [r.getMessage() for r in said()]
     llm.engine.allow_steps = None
-    wait_for(first.done, "the answer")
+    wait_until(first.done, "the answer")
 
 
 def test_the_consensus_interval_is_1_at_expert_parallelism_1_and_megatrons_otherwise() -> None:
@@ -721,7 +710,7 @@ def test_a_pause_lands_at_the_next_step_unless_megatrons_interval_is_kept(interv
         assert llm.engine.consensus_interval == eng.consensus_interval == (interval or 1)
         llm.engine.allow_steps = 2
         h = eng.submit([5, 6, 7], max_tokens=50)
-        wait_for(lambda: llm.engine.steps == 2, "two decode steps")
+        wait_until(lambda: llm.engine.steps == 2, "two decode steps")
         llm.engine.counter_at_pause = 1
         llm.engine.free_at_pause = True
         eng.suspend()
@@ -747,23 +736,23 @@ def test_a_count_megatron_sets_to_0_at_a_resume_loses_no_step_of_the_loop_check(
     llm.engine.reset_count_at_resume = True
     llm.engine.allow_steps = 5
     h = eng.submit([5, 6, 7], max_tokens=30)
-    wait_for(lambda: llm.engine.steps == 5, "five steps through the wrapper")
+    wait_until(lambda: llm.engine.steps == 5, "five steps through the wrapper")
     asyncio.run_coroutine_threadsafe(asyncio.sleep(0), eng._loop).result(timeout=20)
     eng.suspend()
     eng.resume()
     assert llm.engine.context.step_count == 0  # megatron's count set back
     llm.engine.allow_steps = 8  # past the count held at the suspend before the next read
-    wait_for(lambda: llm.engine.steps == 13, "eight steps through the wrapper")
+    wait_until(lambda: llm.engine.steps == 13, "eight steps through the wrapper")
     asyncio.run_coroutine_threadsafe(asyncio.sleep(0), eng._loop).result(timeout=20)
     llm.engine.step_through_class = True
     llm.engine.allow_steps = 3
-    wait_for(lambda: llm.engine.steps == 16, "three steps past the wrapper")
+    wait_until(lambda: llm.engine.steps == 16, "three steps past the wrapper")
     with caplog.at_level(logging.WARNING):
         assert eng.step_profile()["steps"] == 13
     assert len(said()) == 1 and "counted 3 steps" in said()[0].getMessage(), [r.getMessage() for r in said()]
     llm.engine.step_through_class = False
     llm.engine.allow_steps = None
-    wait_for(h.done, "the answer")
+    wait_until(h.done, "the answer")
 
 
 def _bench_on_the_scripted_loop(monkeypatch, tmp_path, *extra: str, counter_at_pause: int | None = None) -> dict:

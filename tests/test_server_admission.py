@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from functools import partial
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from colo_fsm.server import ServerSettings
 from colo_fsm.server.admission import TokenBudget, request_cost
 from colo_fsm.server.params import Sampling
 from colo_fsm.server.settings import engine_batch_tokens
+from tests.support import waits
 
 
 class FakeClock:
@@ -34,13 +36,7 @@ def base(gated) -> str:  # type: ignore[no-untyped-def]
     return gated.server_base_urls()[0]
 
 
-def wait_until(cond, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+wait_until = partial(waits.wait_until, timeout_s=30.0)  # this file's bound
 
 
 def test_cost_counts_prompt_tokens_for_every_choice() -> None:

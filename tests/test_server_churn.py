@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import socket
 import struct
-import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import httpx
@@ -18,6 +18,7 @@ import pytest
 from _server_fake import FakeEngine, serve_fake
 
 from colo_fsm.server import ServerSettings
+from tests.support import waits
 from tests.support.chaos import post_bytes
 
 
@@ -48,11 +49,7 @@ def error_logs() -> Iterator[ErrorLogs]:
             logging.getLogger(name).removeHandler(handler)
 
 
-def wait_until(cond: Any, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+wait_until = partial(waits.wait_until, timeout_s=15.0)  # this file's bound
 
 
 def open_request(port: int, path: str, body: dict[str, Any], *, body_bytes: int | None = None) -> socket.socket:

@@ -17,6 +17,7 @@ from _server_fake import FakeEngine, Hold, serve_fake
 from colo_fsm.errors import WaitTimeout
 from colo_fsm.server import OnPolicy, ServerSettings
 from colo_fsm.server.runner import SERVER_PRIORITY
+from tests.support.waits import wait_until
 
 WAIT = 10.0  # a bound on what must happen, never a margin: a test waits this long only when it fails
 
@@ -47,14 +48,6 @@ def root(gated) -> str:  # type: ignore[no-untyped-def]
 
 def client(gated) -> openai.OpenAI:  # type: ignore[no-untyped-def]
     return openai.OpenAI(base_url=base(gated), api_key="unused", max_retries=0)
-
-
-def wait_until(cond, what: str, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def suspend_over(gated, hold: Hold, held: str) -> None:  # type: ignore[no-untyped-def]

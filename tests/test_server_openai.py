@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from functools import partial
 
 import httpx
 import openai
@@ -15,6 +16,7 @@ from colo_fsm.adapters.protocols import Completion
 from colo_fsm.errors import ConfigError, EngineRebuild, ServerUnavailable, WaitTimeout
 from colo_fsm.server import GatedEngine, OpenAIServer, SuspendGate, overlaps
 from colo_fsm.testing.fakes import RecordingEngine
+from tests.support import waits
 
 
 class CheckedGenerator:
@@ -67,13 +69,7 @@ def served_for_refusals():  # type: ignore[no-untyped-def]
     yield from _serve()
 
 
-def wait_until(condition, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll ``condition()`` until it holds; fail (naming ``what``) after a generous ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
+wait_until = partial(waits.wait_until, timeout_s=30.0)  # this file's bound
 
 
 def client(gated: GatedEngine, **kw) -> openai.OpenAI:
