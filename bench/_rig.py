@@ -142,7 +142,9 @@ def build_rig(args: argparse.Namespace, shape: Shape) -> Rig:
     # the memory guard checks the forward this trainer runs: micro-batches of micro_batch_tokens padded tokens, or
     # one sequence where it is longer (the guard's default, 8 sequences of the model's length, is 262k tokens at
     # the 32,768 cut, which this trainer never runs)
-    engine.memory_budget = MemoryBudget(micro_batch_tokens=shape.micro_batch_tokens)
+    engine.memory_budget = MemoryBudget(
+        micro_batch_tokens=shape.micro_batch_tokens, optimizer_shards=trainer.optimizer_shards
+    )
     rig.engine = EngineLease(engine)
     rig.engine.bring_up()
     rig.engine.shutdown()  # built and awake; each mode's lifecycle takes its own lease

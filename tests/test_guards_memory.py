@@ -169,3 +169,39 @@ def test_optimizer_and_gradient_terms_match_adamws_real_state(dist1, dtype):  # 
     assert state_bytes > 0 and len(optimizer.state) == len(params)
     assert est.optimizer_gib * GIB == pytest.approx(state_bytes, rel=1e-9), (est.optimizer_gib * GIB, state_bytes)
     assert est.grads_gib * GIB == pytest.approx(grad_bytes, rel=1e-9), (est.grads_gib * GIB, grad_bytes)
+
+
+def test_optimizer_shards_divides_the_optimizer_state_and_a_bad_count_is_refused():
+    """megatron's distributed optimizer keeps 1/DP of the optimizer state on each rank: ``optimizer_shards``
+    divides that term and no other; a count that is not a positive integer is refused, naming the field."""
+    one = estimate(SHAPE, MemoryBudget(), buffer_size_gb=8.0, kv_cache_mode="persist", capacity_gib=80.0)
+    four = estimate(
+        SHAPE, MemoryBudget(optimizer_shards=4), buffer_size_gb=8.0, kv_cache_mode="persist", capacity_gib=80.0
+    )
+    assert four.optimizer_gib == pytest.approx(one.optimizer_gib / 4) == pytest.approx(1.0)
+    assert four.total_gib == pytest.approx(one.total_gib - 3.0)
+    for bad in (0, -2, 1.5, True, "4", None):
+        with pytest.raises(ConfigError) as err:
+            MemoryBudget(optimizer_shards=bad)
+        assert err.value.field == "optimizer_shards" and err.value.value == bad, err.value
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_parameters_megatrons_ddp_wrapped_are_priced_as_its_grad_buffer_and_optimizer_hold_them(dist1, dtype):  # noqa: F811
+    """Parameters carrying megatron-core DDP's ``main_grad`` (here set by hand: its DDP needs CUDA; the GPU
+    suite checks the real one) are priced at the grad buffer's dtype, and the optimizer as megatron's Adam holds
+    it: two fp32 moments, plus an fp32 main copy of a 16-bit parameter."""
+    import torch
+
+    from colo_fsm.adapters.megatron import CharTokenizer
+    from colo_fsm.adapters.megatron.memory import training_shape
+
+    model = tiny(CharTokenizer()).to(getattr(torch, dtype))
+    bare = training_shape(model)
+    for p in model.parameters():
+        p.main_grad = torch.zeros(p.shape, dtype=torch.float32)
+    wrapped = training_shape(model)
+    nbytes = 4 if dtype == "float32" else 2
+    assert (bare.grad_bytes, bare.optimizer_bytes_per_param) == (nbytes, 2 * nbytes)  # torch AdamW
+    assert (wrapped.grad_bytes, wrapped.optimizer_bytes_per_param) == (4, 8 if dtype == "float32" else 12)
+    assert wrapped.num_parameters == bare.num_parameters and wrapped.param_bytes == nbytes

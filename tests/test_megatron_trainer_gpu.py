@@ -127,3 +127,32 @@ def test_megatron_optimizer_checkpoint_roundtrip_on_gpu(tmp_path, distributed):
     for k, v in model.state_dict().items():
         if k in after_one:
             torch.testing.assert_close(v, after_one[k], msg=f"{k} after a step from the loaded optimizer state")
+
+
+def test_the_memory_budget_prices_megatrons_grad_buffer_and_optimizer_as_they_hold_memory():
+    """After a train step on the megatron backend, the budget's gradient term equals the bytes of DDP's grad
+    buffer views (``main_grad``) and its optimizer term the moments plus the fp32 main copies the optimizer
+    really holds (megatron's Adam: 12 bytes a bf16 parameter where torch AdamW holds 4)."""
+    _setup()
+    from colo_fsm.adapters.megatron.memory import training_shape
+    from colo_fsm.adapters.megatron.train_backend import torch_optimizers
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer, Rollout, TrainerConfig
+    from colo_fsm.guards.memory import GIB, MemoryBudget, estimate
+
+    model = tiny(TOK, device="cuda", max_sequence_length=64, hidden_size=128, num_attention_heads=2)
+    tr = MegatronTrainer(model, TrainerConfig(), pad_id=TOK.pad)
+    assert tr.backend == "megatron" and tr.optimizer_shards == 1
+    tr.train_step([Rollout((1, 2, 3), (4, 5, 6, 7), float(i % 2), i // 2) for i in range(8)])
+    params = [p for p in model.parameters() if p.requires_grad]
+    mine = {id(p) for p in params}
+    grad_bytes = sum(p.main_grad.numel() * p.main_grad.element_size() for p in params)
+    held = 0
+    for opt in torch_optimizers(tr.optimizer):
+        held += sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values() if t.dim() > 0)
+        held += sum(q.numel() * q.element_size() for g in opt.param_groups for q in g["params"] if id(q) not in mine)
+    est = estimate(
+        training_shape(model), MemoryBudget(), buffer_size_gb=0.0, kv_cache_mode="persist", capacity_gib=80.0
+    )
+    assert params[0].dtype == torch.bfloat16 and held > 0
+    assert est.grads_gib * GIB == pytest.approx(grad_bytes, rel=1e-9), (est.grads_gib * GIB, grad_bytes)
+    assert est.optimizer_gib * GIB == pytest.approx(held, rel=1e-9), (est.optimizer_gib * GIB, held)

@@ -217,8 +217,11 @@ def _run_rank(
         ),
         weight_version=lambda: lc_ref["lc"].weight_version,
     )
-    # the memory guard (on a GPU) estimates the training forward this trainer runs: its token budget per micro-batch
-    engine.memory_budget = MemoryBudget(micro_batch_tokens=trainer.config.micro_batch_tokens)
+    # the memory guard (on a GPU) estimates the training forward this trainer runs (its token budget per
+    # micro-batch) and the optimizer state as this trainer shards it
+    engine.memory_budget = MemoryBudget(
+        micro_batch_tokens=trainer.config.micro_batch_tokens, optimizer_shards=trainer.optimizer_shards
+    )
     buffer = ReplayBuffer(cfg.num_prompts_per_step, cfg.max_trajectory_age_steps)
     start_step = start_version = consumed0 = 0
     elapsed0 = 0.0  # wall-clock seconds of the earlier runs (resume): the metrics' elapsed_s continues

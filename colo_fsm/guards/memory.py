@@ -44,7 +44,9 @@ class MemoryBudget:
     sequences (None: :data:`DEFAULT_MICRO_BATCH_SIZE`) of ``sequence_length`` tokens (None: the engine's longest
     sequence), or, for a trainer that packs a token budget per micro-batch (``MegatronTrainer``'s
     ``TrainerConfig.micro_batch_tokens``), one forward of ``max(micro_batch_tokens, sequence_length)`` tokens.
-    ``activation_recompute`` estimates full-layer recomputation.
+    ``activation_recompute`` estimates full-layer recomputation. ``optimizer_shards`` divides the optimizer
+    state over the ranks that shard it (megatron's distributed optimizer: the data-parallel size;
+    ``MegatronTrainer.optimizer_shards`` says it).
     """
 
     device_capacity_gib: float | None = None
@@ -56,6 +58,7 @@ class MemoryBudget:
     micro_batch_tokens: int | None = None
     activation_recompute: bool = False
     optimizer_offloaded: bool = False  # optimizer state is off the device during the training step
+    optimizer_shards: int = 1  # ranks the optimizer state is sharded over (megatron's distributed optimizer: DP)
 
     def __post_init__(self) -> None:
         _num("device_capacity_gib", self.device_capacity_gib, minimum=1e-9, allow_none=True)
@@ -69,6 +72,13 @@ class MemoryBudget:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConfigError(name, v, "a positive integer or None")
+        v = self.optimizer_shards
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(
+                "optimizer_shards",
+                v,
+                "a positive integer (the data-parallel size with a distributed optimizer, else 1)",
+            )
         if self.micro_batch_tokens is not None and self.micro_batch_size is not None:
             raise ConfigError(
                 "micro_batch_tokens",
@@ -220,7 +230,9 @@ def estimate(
     return MemoryEstimate(
         params_gib=n * shape.param_bytes / GIB,
         grads_gib=n * shape.grad_bytes / GIB,
-        optimizer_gib=0.0 if budget.optimizer_offloaded else n * shape.optimizer_bytes_per_param / GIB,
+        optimizer_gib=0.0
+        if budget.optimizer_offloaded
+        else n * shape.optimizer_bytes_per_param / budget.optimizer_shards / GIB,
         activations_gib=acts / GIB,
         logits_gib=logits / GIB,
         kv_buffer_gib=float(buffer_size_gb),

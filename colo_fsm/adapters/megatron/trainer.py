@@ -218,6 +218,15 @@ class MegatronTrainer:
             None if self.ddp is None else {k: getattr(self.config, k) for k in (*_MEGATRON_ONLY, "ddp_bucket_size")},
         )
 
+    @property
+    def optimizer_shards(self) -> int:
+        """The ranks this trainer's optimizer state is sharded over: the data-parallel size with megatron's
+        distributed optimizer (``use_distributed_optimizer``), else 1. The engine's memory budget takes it as
+        ``MemoryBudget(optimizer_shards=trainer.optimizer_shards)``."""
+        if self.backend != "megatron" or not self.config.use_distributed_optimizer:
+            return 1
+        return self._dp()[1]
+
     # ------------------------------------------------------------------ helpers
     def _dp(self) -> tuple[Any, int]:
         import torch.distributed as dist
