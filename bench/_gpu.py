@@ -219,6 +219,15 @@ def median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def failed_sections(data: dict[str, Any]) -> int:
+    """A bench's exit status from its results (:class:`Results`' ``data``): 1, with the failed sections named,
+    when any section failed (so the bench, and the stage that runs it, fails loudly), else 0."""
+    if not data.get("errors"):
+        return 0
+    print("FAILED sections:", ", ".join(data["errors"]), file=sys.stderr, flush=True)
+    return 1
+
+
 class Results:
     """A JSON results file written after every section, so a crash keeps what was measured before it."""
 

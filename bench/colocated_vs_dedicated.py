@@ -2,10 +2,10 @@
 
 Two fresh processes, one after the other, so neither sees the other's CUDA graphs or allocator state:
 
-* ``colocated``: the GPT with an AdamW trainer; two train steps (optimizer state on the GPU, gradients
-  freed at the handoff), then the dynamic engine decodes on the same model object. Also records the memory
-  of this run (phase snapshots and the peak) with its configuration, for the memory-budget estimator.
-  Saves the trained weights.
+* ``colocated``: the GPT with ``MegatronTrainer``; two train steps (optimizer state on the GPU, gradients
+  freed at the handoff), then the weights saved and the dynamic engine decodes on the same model object. Also
+  records the memory of this run (phase snapshots and the peak) with its configuration and colo-fsm's memory
+  budget for it.
 * ``dedicated``: the same architecture built for inference only (eval, ``requires_grad=False``, no optimizer,
   no gradients) loading those weights; same engine settings, same batches and lengths.
 
@@ -78,6 +78,22 @@ def memory_config(model: Any, opts: g.EngineOptions, shape: g.GPTShape, trainer:
     }
 
 
+def budget_estimate(model: Any, trainer: Any, opts: g.EngineOptions, capacity_gib: float) -> dict[str, float]:
+    """colo-fsm's memory budget for this run (``colo_fsm.guards.memory``, the model's footprint as the megatron
+    adapter reads it, the train batch this bench runs, the persist KV buffer), in GiB, and its total without the
+    margin: what the measured peak should come close to."""
+    from colo_fsm.adapters.megatron.memory import training_shape
+    from colo_fsm.guards.memory import MemoryBudget, estimate
+
+    budget = MemoryBudget(
+        micro_batch_size=TRAIN_BATCH, sequence_length=32 + TRAIN_COMPLETION, optimizer_shards=trainer.optimizer_shards
+    )
+    est = estimate(
+        training_shape(model), budget, buffer_size_gb=opts.buffer_gb, kv_cache_mode="persist", capacity_gib=capacity_gib
+    )
+    return {**est.breakdown(), "without_margin_gib": est.total_gib - est.margin_gib}
+
+
 def graph_pool_bytes() -> tuple[int, int]:
     """(reserved, allocated) bytes in the CUDA-graph memory pool (0, 0 when none)."""
     try:
@@ -124,6 +140,8 @@ def run_role(args: argparse.Namespace) -> dict[str, Any]:
             trainer.offload_buffers()  # gradients freed at the handoff; AdamW state stays on the GPU
             sec["step_s"] = times
             mem.append(g.mem_snapshot("after 2 train steps, grads freed"))
+        if args.weights:  # the weights this role decodes on: the dedicated role loads them (greedy compared)
+            torch.save(model.state_dict(), args.weights)
     else:
         sd = torch.load(args.weights, map_location="cuda")
         missing, unexpected = model.load_state_dict(sd, strict=False)
@@ -165,12 +183,12 @@ def run_role(args: argparse.Namespace) -> dict[str, Any]:
             sec["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
             free, total = torch.cuda.mem_get_info()
             sec["device_used_gib_end"] = (total - free) / 2**30
+            sec["estimate"] = budget_estimate(model, trainer, opts, total / 2**30)
+            sec["estimate_over_peak"] = sec["estimate"]["without_margin_gib"] / sec["peak_allocated_gib"]
             sec["note"] = (
                 "peak_* from torch.cuda.max_memory_*(); device_used from mem_get_info (includes the CUDA "
                 "context, NCCL and cuBLAS workspaces, which the caching allocator does not count)"
             )
-        if args.weights:
-            torch.save(model.state_dict(), args.weights)
     res.put("memory_phases", mem)
     return res.data
 
@@ -300,11 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         print("colocated_vs_dedicated: needs a GPU (megatron-core's dynamic engine); nothing measured here")
         return 0
     if args.role == "inprocess":
-        run_inprocess(args)
-        return 0
+        return g.failed_sections(run_inprocess(args))
     if args.role != "both":
-        run_role(args)
-        return 0
+        return g.failed_sections(run_role(args))
 
     out_path = Path(args.out)
     tmp = Path(tempfile.mkdtemp(prefix="colo_ded_"))
@@ -377,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     if mem:
         print("memory peak allocated GiB:", round(mem.get("peak_allocated_gib", 0), 2), "config:", mem.get("config"))
     print(f"wrote {out_path}")
+    failed = {role: p["rc"] for role, p in parts.items() if p["rc"] != 0 or p.get("errors")}
+    if failed:
+        print(f"FAILED roles (exit status, or a failed section): {failed}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     summarize(res.data)
     res.flush()
     print(f"wrote {args.out}")
-    return 0
+    return g.failed_sections(res.data)
 
 
 def summarize(data: dict[str, Any]) -> None:
@@ -381,8 +381,6 @@ def summarize(data: dict[str, Any]) -> None:
     import json
 
     print(json.dumps(summary, indent=1, default=str))
-    if data.get("errors"):
-        print("errors in sections:", ", ".join(data["errors"]))
 
 
 if __name__ == "__main__":

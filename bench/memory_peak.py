@@ -1,10 +1,12 @@
 """Measured GPU memory of a colocated run (a KV buffer of a given size plus train steps), with its config.
 
-Runs the ``colocated`` role of ``colocated_vs_dedicated.py`` in this process: the GPT with an AdamW
-trainer, two train steps, the dynamic engine up (KV buffer of ``--buffer-gb``), decode, the engine suspended
-for two more train steps, resumed. Records phase snapshots, ``torch.cuda.max_memory_allocated()`` /
-``max_memory_reserved()`` and ``mem_get_info`` with everything a memory-budget estimate takes as input
-(parameters, dtypes, optimizer, KV buffer, train batch shape), so a prediction can be compared with it.
+Runs the ``colocated`` role of ``colocated_vs_dedicated.py`` in this process: the GPT with ``MegatronTrainer``
+(megatron-core's DDP and optimizer on CUDA), two train steps, the dynamic engine up (KV buffer of
+``--buffer-gb``), decode, the engine suspended for two more train steps, resumed. Records phase snapshots,
+``torch.cuda.max_memory_allocated()`` / ``max_memory_reserved()`` and ``mem_get_info`` with everything a
+memory-budget estimate takes as input (parameters, dtypes, optimizer, KV buffer, train batch shape), and
+colo-fsm's own budget for the run (``colo_fsm.guards.memory``) without its margin over the measured peak
+(``estimate_over_peak``). A failed section makes it exit 1.
 
     python bench/memory_peak.py --graphs off --buffer-gb 8 --out bench/results/memory_peak.json   # GPU, ~30 s
 """
@@ -58,10 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     print(g.table(rows, ["phase", "allocated GiB", "reserved GiB", "peak allocated GiB", "device used GiB"]))
     print("config:", mem.get("config"))
     print("peak allocated GiB:", mem.get("peak_allocated_gib"), "peak reserved GiB:", mem.get("peak_reserved_gib"))
-    if data.get("errors"):
-        print("errors in sections:", ", ".join(data["errors"]))
+    est = mem.get("estimate")
+    if est:
+        print(
+            f"colo-fsm's memory budget without its margin: {est['without_margin_gib']:.3f} GiB, "
+            f"{mem['estimate_over_peak']:.4f}x the measured peak (breakdown: "
+            + ", ".join(f"{k}={v:.3f}" for k, v in est.items() if k != "without_margin_gib")
+            + ")"
+        )
     print(f"wrote {args.out}")
-    return 0
+    return g.failed_sections(data)
 
 
 if __name__ == "__main__":

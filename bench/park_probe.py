@@ -1,7 +1,8 @@
 """Requests in flight across suspend -> train -> resume through colo-fsm's own adapter, in every KV mode (GPU).
 
 For each KV mode a fresh ~200M GPT (``ModelConfig(cuda_graphs=...)``) and a ``MegatronEngine``
-(``GenerationConfig(num_cuda_graphs=...)``, ``inflight="park"``): 24 requests with heavy-tailed lengths
+(``GenerationConfig(num_cuda_graphs=...)``, ``inflight="park"``; eager where colo-fsm refuses graphs for parking in
+that mode, offload, as ``graphs_refused`` records): 24 requests with heavy-tailed lengths
 (16..1024 tokens) are submitted, the engine is suspended after ``--park-after`` decode steps with requests
 still running, one train step runs on the same model, the weight version moves on, the engine resumes, and
 every request must finish with exactly its requested length, with per-token weight versions spanning the
@@ -11,6 +12,8 @@ Then decode speed through the adapter: 16 and 64 greedy requests of 256 tokens (
 without CUDA graphs, and whether the two produce the same tokens on the same weights.
 
     python bench/park_probe.py --out bench/results/park_probe.json            # GPU, ~1-2 min
+
+A failed section makes it exit 1.
 """
 
 from __future__ import annotations
@@ -64,10 +67,24 @@ def engine_for(model: Any, tok: Any, mode: str, graphs: bool, args: argparse.Nam
     )
 
 
+def graphs_refused(mode: str, args: argparse.Namespace) -> str | None:
+    """Why colo-fsm refuses CUDA graphs for parking in ``mode`` (its ``GenerationConfig``'s own check), or None."""
+    from colo_fsm.adapters.megatron.engine import GenerationConfig
+    from colo_fsm.errors import ConfigError
+
+    try:
+        GenerationConfig(kv_cache_mode=mode, num_cuda_graphs=args.num_cuda_graphs, inflight="park")
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def park_mode(mode: str, args: argparse.Namespace, tok: Any) -> dict[str, Any]:
     from colo_fsm.adapters.megatron.trainer import MegatronTrainer, TrainerConfig
 
     graphs = args.graphs == "on" and args.device == "cuda"
+    refused = graphs_refused(mode, args) if graphs else None
+    graphs = graphs and refused is None  # a mode colo-fsm parks only without graphs (offload) runs eager
     model = build(args, tok, graphs)
     trainer = MegatronTrainer(model, TrainerConfig(lr=1e-5))
     v = {"v": 0}
@@ -112,6 +129,7 @@ def park_mode(mode: str, args: argparse.Namespace, tok: Any) -> dict[str, Any]:
     return {
         "mode": mode,
         "graphs": graphs,
+        "graphs_refused": refused,
         "bring_up_s": up_s,
         "requests": len(lengths),
         "lengths": lengths,
@@ -229,10 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if dec:
         print("adapter decode:", {k: v for k, v in dec.items() if not isinstance(v, dict)})
         print(" graphs on:", dec.get("graphs_on"), "\n graphs off:", dec.get("graphs_off"))
-    if res.data.get("errors"):
-        print("errors in sections:", ", ".join(res.data["errors"]))
     print(f"wrote {args.out}")
-    return 0
+    return g.failed_sections(res.data)
 
 
 if __name__ == "__main__":

@@ -166,10 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         "rebuild_over_handoff",
     ]
     print(g.table(rows, cols))
-    if res.data.get("errors"):
-        print("errors in sections:", ", ".join(res.data["errors"]))
     print(f"wrote {args.out}")
-    return 0
+    return g.failed_sections(res.data)
 
 
 def summarize_one(resident: list[dict[str, Any]], rebuild: list[dict[str, Any]]) -> dict[str, Any]:
