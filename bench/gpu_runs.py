@@ -61,6 +61,7 @@ HEADLINE_COMMITS = (
     "3385c87",
     "3c2b2f0",
     "1fa633b",
+    "1c1ac8d",
 )
 """The commits whose runs in ``docs/gpu-runs/`` are the performance page's headline (``--commits headline``): each
 measures the same code, or the page's notes say what differs. A GPU session that commits runs adds its commit here."""
@@ -132,16 +133,22 @@ def sized(name: str, data: dict[str, Any]) -> str:
     return name if sizing == "default" else f"{name} with {sizing} CUDA graphs"
 
 
+PAGE_CARD = "NVIDIA H200"
+"""The card of the performance page's runs (its title's): a run on another card is a workload of its own."""
+
+
 def variant(name: str, data: dict[str, Any]) -> str:
     """``name`` as :func:`sized` gives it, and for a run on megatron's coordinator loop whose pause consensus was
     taken other than every 20 loop iterations (``ep_consensus_interval``: colo-fsm sets 1 at expert parallelism
-    1; runs before it recorded none, and ran megatron's 20) that interval too: such a run is never pooled with
-    the others."""
+    1; runs before it recorded none, and ran megatron's 20) that interval too, and for a run on a card other
+    than the page's (:data:`PAGE_CARD`; the JSON's ``machine.device``) that card: such a run is never pooled
+    with the others."""
     name = sized(name, data)
     interval = data.get("ep_consensus_interval") or MEGATRON_CONSENSUS_INTERVAL
-    if data.get("engine", "direct") != "coordinator" or interval == MEGATRON_CONSENSUS_INTERVAL:
-        return name
-    return f"{name}, pause checked every {'step' if interval == 1 else f'{interval} steps'}"
+    if data.get("engine", "direct") == "coordinator" and interval != MEGATRON_CONSENSUS_INTERVAL:
+        name = f"{name}, pause checked every {'step' if interval == 1 else f'{interval} steps'}"
+    card = str(data.get("machine", {}).get("device") or PAGE_CARD)
+    return name if card == "cpu" or card.startswith(PAGE_CARD) else f"{name}, on an {card}"
 
 
 def workload_model(data: dict[str, Any]) -> str:

@@ -218,6 +218,13 @@ def test_the_performance_page_is_the_json_and_nothing_else(tmp_path):
     runs = gpu_runs.load(tmp_path)[0]  # the coordinator's run is its own workload, never in the direct median
     assert [d["modes"]["park"]["samples_per_s"] for d in runs[("gpt200m on the coordinator loop", 8192, 2)]] == [9.0]
     assert all(d.get("engine", "direct") == "direct" for d in runs[("gpt200m", 8192, 2)])
+    h100 = {"device": "NVIDIA H100 80GB HBM3"}
+    _handoff_json(tmp_path / "h100.json", {"park": {"samples_per_s": 8.0}}, machine=h100)
+    runs = gpu_runs.load(tmp_path)[0]  # a run on another card than the page's is its own workload too
+    assert [d["modes"]["park"]["samples_per_s"] for d in runs[("gpt200m, on an NVIDIA H100 80GB HBM3", 8192, 2)]] == [
+        8.0
+    ]
+    assert all("H100" not in str(d.get("machine")) for d in runs[("gpt200m", 8192, 2)])
 
 
 def test_a_window_that_filled_its_buffer_is_no_steady_state_on_the_page(tmp_path):
