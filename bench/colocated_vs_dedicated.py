@@ -137,7 +137,7 @@ def run_role(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(2):
                 _, dt = g.timed(lambda: trainer.train_step(batch))
                 times.append(dt)
-            trainer.offload_buffers()  # gradients freed at the handoff; AdamW state stays on the GPU
+            trainer.offload_buffers()  # gradients freed at the handoff; the optimizer state stays on the GPU
             sec["step_s"] = times
             mem.append(g.mem_snapshot("after 2 train steps, grads freed"))
         if args.weights:  # the weights this role decodes on: the dedicated role loads them (greedy compared)

@@ -68,13 +68,18 @@ def engine_for(model: Any, tok: Any, mode: str, graphs: bool, args: argparse.Nam
 
 
 def graphs_refused(mode: str, args: argparse.Namespace) -> str | None:
-    """Why colo-fsm refuses CUDA graphs for parking in ``mode`` (its ``GenerationConfig``'s own check), or None."""
+    """Why colo-fsm refuses CUDA graphs for parking in ``mode`` (its ``GenerationConfig``'s own check: the mode
+    refused with graphs and accepted without), or None. Any other refusal (an unknown mode, a bad graph count)
+    is raised: the section fails rather than running eager unasked."""
     from colo_fsm.adapters.megatron.engine import GenerationConfig
     from colo_fsm.errors import ConfigError
 
     try:
         GenerationConfig(kv_cache_mode=mode, num_cuda_graphs=args.num_cuda_graphs, inflight="park")
     except ConfigError as exc:
+        if exc.field != "kv_cache_mode":
+            raise
+        GenerationConfig(kv_cache_mode=mode, inflight="park")  # a mode refused outright raises here
         return str(exc)
     return None
 
@@ -225,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         with res.section(f"park/{mode}") as out:
             out.update(park_mode(mode, args, tok))
             rows.append(out)
+            if not out["pass"]:  # a probe that measured a broken park fails its section, and so the bench
+                raise AssertionError(
+                    f"park/{mode}: exact lengths {out['all_exact_length']}, parked at the suspend "
+                    f"{out['counts_at_suspend']['parked']}, requests spanning the handoff {out['spanning_requests']}"
+                )
     if not args.skip_decode:
         with res.section("adapter_decode") as out:
             out.update(adapter_decode(args, tok))

@@ -60,7 +60,11 @@ def test_over_budget_refuses_with_numbers_and_options():
     msg = str(info.value)
     assert f"{est.total_gib:.2f} GiB needed > 80.00 GiB" in msg and "kv_buffer_gib=75.00" in msg
     assert "buffer_size_gb <= " in msg and "kv_cache_mode='offload' or 'recompute'" in msg
-    assert "activation recompute" in msg and "optimizer state offloaded" in msg
+    assert (
+        "activation recompute" in msg
+        and "optimizer state off the device during the training step" in msg
+        and "optimizer_shards" in msg
+    )
     room = float(msg.split("buffer_size_gb <= ")[1].split()[0])
     smaller = estimate(SHAPE, budget, buffer_size_gb=room, kv_cache_mode="persist", capacity_gib=80.0)
     assert smaller.fits and check_budget(smaller, budget) is smaller  # the suggested buffer does fit
@@ -205,3 +209,25 @@ def test_parameters_megatrons_ddp_wrapped_are_priced_as_its_grad_buffer_and_opti
     assert (bare.grad_bytes, bare.optimizer_bytes_per_param) == (nbytes, 2 * nbytes)  # torch AdamW
     assert (wrapped.grad_bytes, wrapped.optimizer_bytes_per_param) == (4, 8 if dtype == "float32" else 12)
     assert wrapped.num_parameters == bare.num_parameters and wrapped.param_bytes == nbytes
+
+
+def test_the_trainers_optimizer_shards_are_its_smallest_ddp_group_with_the_distributed_optimizer():
+    """``MegatronTrainer.optimizer_shards`` on megatron DDP's buffers (stand-ins here: the DDP needs CUDA):
+    1 without the distributed optimizer; with it, the smallest data-parallel group of any buffer, so an MoE
+    expert's buffer (DP / EP ranks) is never undercounted."""
+    from types import SimpleNamespace
+
+    from colo_fsm.adapters.megatron.trainer import MegatronTrainer
+
+    def trainer(distributed: bool, dense: list[int], experts: list[int]) -> MegatronTrainer:
+        t = object.__new__(MegatronTrainer)
+        buf = [SimpleNamespace(data_parallel_world_size=n) for n in dense]
+        exp = [SimpleNamespace(data_parallel_world_size=n) for n in experts]
+        t.ddp = SimpleNamespace(buffers=buf, expert_parallel_buffers=exp)
+        t.config = SimpleNamespace(use_distributed_optimizer=distributed)
+        return t
+
+    assert trainer(False, [8], [2]).optimizer_shards == 1
+    assert trainer(True, [8], []).optimizer_shards == 8
+    assert trainer(True, [8, 8], [2]).optimizer_shards == 2
+    assert trainer(True, [], []).optimizer_shards == 1

@@ -180,7 +180,12 @@ class MemoryEstimate:
                 f"activation recompute (recompute_granularity='full': about -{self.recompute_saves_gib:.2f} GiB)"
             )
         if self.optimizer_gib > 0:
-            out.append(f"optimizer state offloaded to the host (-{self.optimizer_gib:.2f} GiB)")
+            out.append(
+                f"optimizer state off the device during the training step (-{self.optimizer_gib:.2f} GiB; an "
+                "optimizer that keeps it on the host through the step: MegatronTrainer's offload_optimizer_state "
+                "moves it out only while generating), or megatron's distributed optimizer over your data-parallel "
+                "ranks (MemoryBudget(optimizer_shards=trainer.optimizer_shards))"
+            )
         if self.micro_batch_size and self.sequence_length:
             b, n = self.micro_batch_size, self.sequence_length
             out.append(

@@ -220,12 +220,14 @@ class MegatronTrainer:
 
     @property
     def optimizer_shards(self) -> int:
-        """The ranks this trainer's optimizer state is sharded over: the data-parallel size with megatron's
-        distributed optimizer (``use_distributed_optimizer``), else 1. The engine's memory budget takes it as
-        ``MemoryBudget(optimizer_shards=trainer.optimizer_shards)``."""
-        if self.backend != "megatron" or not self.config.use_distributed_optimizer:
+        """The ranks this trainer's optimizer state is sharded over: with megatron's distributed optimizer
+        (``use_distributed_optimizer``) the smallest data-parallel group of DDP's buffers (an MoE expert's buffer
+        shards over DP / EP ranks, a dense one over DP: the smallest never undercounts), else 1. The engine's
+        memory budget takes it as ``MemoryBudget(optimizer_shards=trainer.optimizer_shards)``."""
+        if self.ddp is None or not self.config.use_distributed_optimizer:
             return 1
-        return self._dp()[1]
+        buffers = [*self.ddp.buffers, *self.ddp.expert_parallel_buffers]
+        return min((int(b.data_parallel_world_size) for b in buffers), default=1)
 
     # ------------------------------------------------------------------ helpers
     def _dp(self) -> tuple[Any, int]:
