@@ -202,7 +202,8 @@ def run(argv: list[str]) -> int:
             print(f"=== {name}: done in an earlier call ({done.get('seconds')} s); --redo to run it again", flush=True)
             continue
         if args.smoke and stage.smoke is None:
-            state[name] = {"skipped": "no CPU twin (needs several GPUs)", "smoke": True}
+            why = "needs several GPUs" if stage.gpus > 1 else "GPU only: it measures what the GPU does"
+            state[name] = {"skipped": f"no CPU twin ({why})", "smoke": True}
             continue
         if stage.long and not args.smoke and not os.environ.get("COLO_FSM_GPU_DETACHED"):
             state[name] = {"skipped": "longer than one remote call: start it with --detach, follow it with --wait"}

@@ -137,6 +137,14 @@ PAGE_CARD = "NVIDIA H200"
 """The card of the performance page's runs (its title's): a run on another card is a workload of its own."""
 
 
+def on_page_card(data: dict[str, Any]) -> bool:
+    """Whether a run's card (its JSON's ``machine.device``; none recorded: the page's) is the page's
+    (:data:`PAGE_CARD`); CPU runs count as the page's (they are never GPU figures). The models' checks read only
+    these runs: their tables and the ranges the docs quote are the H200's."""
+    card = str((data.get("machine") or {}).get("device") or PAGE_CARD)
+    return card == "cpu" or card.startswith(PAGE_CARD)
+
+
 def variant(name: str, data: dict[str, Any]) -> str:
     """``name`` as :func:`sized` gives it, and for a run on megatron's coordinator loop whose pause consensus was
     taken other than every 20 loop iterations (``ep_consensus_interval``: colo-fsm sets 1 at expert parallelism
@@ -147,8 +155,7 @@ def variant(name: str, data: dict[str, Any]) -> str:
     interval = data.get("ep_consensus_interval") or MEGATRON_CONSENSUS_INTERVAL
     if data.get("engine", "direct") == "coordinator" and interval != MEGATRON_CONSENSUS_INTERVAL:
         name = f"{name}, pause checked every {'step' if interval == 1 else f'{interval} steps'}"
-    card = str(data.get("machine", {}).get("device") or PAGE_CARD)
-    return name if card == "cpu" or card.startswith(PAGE_CARD) else f"{name}, on an {card}"
+    return name if on_page_card(data) else f"{name}, on an {(data.get('machine') or {}).get('device')}"
 
 
 def workload_model(data: dict[str, Any]) -> str:

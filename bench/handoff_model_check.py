@@ -78,7 +78,7 @@ def check(
             continue
         if not (d.get("graph_decode") or {}).get("rows"):
             continue
-        if not str(d.get("machine", {}).get("device", "")).startswith(gpu_runs.PAGE_CARD):
+        if not gpu_runs.on_page_card(d):
             continue  # the default table was timed on the page's card: another card's run is no pair for it
         if d.get("seed", 0) != seed or any(d["shape"].get(k) != getattr(shape, k) for k in hm.SAME_SHAPE):
             continue  # another workload than the model's

@@ -256,6 +256,8 @@ def rows(folder: Path, commits: set[str], *, first_only: bool = False) -> list[R
     for d in sorted((d for group in runs.values() for d in group), key=lambda d: d["_file"]):
         if d.get("commit") not in commits or d.get("workload") != "reasoning" or d.get("model") != "gpt200m":
             continue
+        if not gpu_runs.on_page_card(d):
+            continue  # the ranges the docs quote are the H200 machines'
         ratios = {m: v for m, v in standing_ratios(d).items() if m in OTHERS}
         table = table_for(d, folder, by_machine, records) if ratios else None
         if table is None:
