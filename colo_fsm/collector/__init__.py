@@ -36,9 +36,10 @@ Public API (small on purpose)::
 """
 
 from colo_fsm.collector.buffer import BufferStats, ReplayBuffer, Ticket, TrajectoryGroup
-from colo_fsm.collector.collector import AsyncCollector, CollectorStats, Prompt, as_prompts
+from colo_fsm.collector.collector import AsyncCollector, Prompt, as_prompts
 from colo_fsm.collector.metrics import StateTimer, state_time_metrics, state_times_per_step, step_metrics
 from colo_fsm.collector.rollout import RolloutFn, TextRollout
+from colo_fsm.collector.stats import CollectorStats
 from colo_fsm.errors import RolloutDeferred
 
 __all__ = [

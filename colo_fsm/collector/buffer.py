@@ -32,6 +32,7 @@ from typing import Any
 
 from colo_fsm.adapters.protocols import Completion
 from colo_fsm.collector.batch_order import ORDERS, Place, pick
+from colo_fsm.collector.versions import completion_versions, samples_versions
 from colo_fsm.errors import ConfigError, RolloutFailed, WaitTimeout
 from colo_fsm.log import get_logger
 
@@ -45,22 +46,6 @@ def _int(field_name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(field_name, value, f"an integer >= {minimum}")
     return value
-
-
-def completion_versions(sample: Completion) -> tuple[int, int]:
-    """``(oldest, newest)`` weight version of one completion's tokens (its ``weight_version`` when it has none)."""
-    vs = tuple(sample.weight_versions)
-    if not vs:
-        return sample.weight_version, sample.weight_version
-    return min(min(vs), sample.weight_version), max(vs)
-
-
-def samples_versions(samples: Iterable[Completion]) -> tuple[int, int] | None:
-    """``(oldest, newest)`` weight version over completions that report per-token versions; None if none does."""
-    pairs = [completion_versions(s) for s in samples if s.weight_versions]
-    if not pairs:
-        return None
-    return min(p[0] for p in pairs), max(p[1] for p in pairs)
 
 
 @dataclass(frozen=True)

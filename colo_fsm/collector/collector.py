@@ -31,9 +31,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from colo_fsm.collector.buffer import ReplayBuffer, Ticket, TrajectoryGroup, samples_versions
+from colo_fsm.collector.buffer import ReplayBuffer, Ticket, TrajectoryGroup
 from colo_fsm.collector.prompts import Prompt, as_prompts
 from colo_fsm.collector.rollout import RolloutFn, TextRollout
+from colo_fsm.collector.stats import CollectorStats
+from colo_fsm.collector.versions import tag_group
 from colo_fsm.errors import ConfigError, LifecycleError, RolloutDeferred, RolloutFailed, WaitTimeout
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.log import get_logger
@@ -61,44 +63,6 @@ _DEFER_RETRY_S = 0.05
 """After a rollout deferred while the collector was running, wait this long before starting another."""
 _CANCEL_WAIT_S = 5.0
 """How long close() gives the rollouts it cancelled to end before the collector's event loop closes."""
-
-
-@dataclass(frozen=True)
-class CollectorStats:
-    """Counters of one collector.
-
-    ``started == completed + failed + deferred + abandoned + in_flight``: every start ends in exactly one of
-    those. ``deferred`` counts rollouts that raised :class:`~colo_fsm.errors.RolloutDeferred` (their prompts were
-    put back, not lost); ``abandoned`` those a stop took back (:meth:`AsyncCollector.take_back`: their results
-    are discarded, their prompts put back); ``returned`` is how many put-back prompts wait to be started again. ``parked``
-    (part of ``in_flight``) counts rollouts in flight across at least one pause and not finished yet;
-    ``spanning`` counts finished rollouts that were in flight across a pause (``version_changed_mid_rollout``:
-    those whose weight version changed meanwhile). ``pauses`` counts pauses (one per handoff);
-    ``in_flight_at_pause`` is how many rollouts were in flight when the last one began: what park kept in the
-    engine, or what a drain waited for (at most: rollouts that defer end at once); 0 before the first pause. A
-    pause while already paused is not counted, and a stop's :meth:`AsyncCollector.take_back` is not a pause.
-    """
-
-    started: int
-    completed: int
-    failed: int
-    in_flight: int
-    max_in_flight: int
-    cap: int
-    paused: bool
-    exhausted: bool
-    version_changed_mid_rollout: int
-    deferred: int = 0
-    returned: int = 0
-    parked: int = 0
-    spanning: int = 0
-    abandoned: int = 0
-    pauses: int = 0
-    in_flight_at_pause: int = 0
-
-    def as_metrics(self, prefix: str = "collector/") -> dict[str, float]:
-        """Flat ``{name: number}`` for :class:`colo_fsm.metrics.MetricsLogger`."""
-        return {f"{prefix}{k}": float(v) for k, v in self.__dict__.items()}
 
 
 @dataclass
@@ -673,27 +637,9 @@ class AsyncCollector:
     def _tag(
         self, group: TrajectoryGroup, version: int, end_version: int, ticket: Ticket, *, paused_at_end: bool = False
     ) -> TrajectoryGroup:
-        """The group tagged with the versions that generated it and its target step.
-
-        Samples that report per-token weight versions (the engine's record) are the truth: oldest and newest
-        come from them. Otherwise the oldest is the oldest sample's stamp and the newest the version read at the
-        rollout's end, both kept within the versions read at its start and end (a rollout's own tag outside them
-        is replaced), with one exception: where the rollout ended while the collector was paused, the window
-        reaches one version past the end's read, as far as the samples say. The spec resumes the engine before
-        the collector, so a collector told its version only at its resume (the Ray collector actor) sees parked
-        rollouts finish under weights it has not heard of yet, and a rollout parked before any of its requests
-        reached the engine is generated wholly under them (its oldest is the new version too).
-        """
-        spanned = samples_versions(group.samples)
-        if spanned is not None:
-            oldest, newest = spanned
-        else:
-            lo, hi = min(version, end_version), max(version, end_version)
-            stamps = [s.weight_version for s in group.samples]
-            top = hi + 1 if paused_at_end else hi  # the version the engine may have resumed with, unheard of
-            oldest = min(max(min(stamps), lo), top)
-            newest = max(hi, min(max(stamps), top))
-        return group.with_version(oldest, ticket.target_step, newest)
+        """The group tagged with the versions that generated it and its ticket's target step
+        (:func:`~colo_fsm.collector.versions.tag_group`)."""
+        return tag_group(group, version, end_version, ticket.target_step, paused_at_end=paused_at_end)
 
     def _put_back(self, prompt: Prompt, order: int, ticket: Ticket, exc: RolloutDeferred) -> None:
         """A deferred rollout: give its buffer place back and its prompt back to the front of the queue."""

@@ -32,20 +32,22 @@ Typical wiring::
     lc = holder["lc"] = Lifecycle(engine, trainer, collector, drain=RayDrain(workers))
 """
 
+from colo_fsm.ray.actor_class import CONTROL_GROUP
 from colo_fsm.ray.actors import (
-    COLLECTOR_CONTROL_METHODS,
-    CONTROL_GROUP,
     WORKER_CONTROL_METHODS,
     WORKER_TRAINER_METHODS,
-    CollectorActor,
-    CollectorBody,
     ColocatedFactory,
     RolloutWorker,
     RolloutWorkerBody,
     WorkerAdapters,
     WorkerFactory,
-    make_collector_class,
     make_worker_class,
+)
+from colo_fsm.ray.collector_actor import (
+    COLLECTOR_CONTROL_METHODS,
+    CollectorActor,
+    CollectorBody,
+    make_collector_class,
 )
 from colo_fsm.ray.driver import (
     RayCollectorProxy,
