@@ -46,6 +46,12 @@ from colo_fsm.guards.capacity import RAY_ASYNC_ACTOR_DEFAULT_MAX_CONCURRENCY
 from colo_fsm.guards.drain import default_drain, local_rank_from_env
 from colo_fsm.log import get_logger
 from colo_fsm.ray.actor_class import CONTROL_GROUP, actor_class
+from colo_fsm.ray.collector_actor import (  # the collector's actor, here too for imports from this module
+    COLLECTOR_CONTROL_METHODS,
+    CollectorActor,
+    CollectorBody,
+    make_collector_class,
+)
 from colo_fsm.server.server import GatedEngine
 
 log = get_logger(__name__)
@@ -491,14 +497,18 @@ RolloutWorker = make_worker_class()
 """Colocated worker actor class (engine + trainer of one rank) with control calls in their own concurrency group."""
 
 __all__ = [
+    "COLLECTOR_CONTROL_METHODS",
     "CONTROL_GROUP",
     "WORKER_CONTROL_METHODS",
     "WORKER_TRAINER_METHODS",
+    "CollectorActor",
+    "CollectorBody",
     "ColocatedFactory",
     "RolloutWorker",
     "RolloutWorkerBody",
     "WorkerAdapters",
     "WorkerFactory",
+    "make_collector_class",
     "make_worker_class",
     "rank_local",
 ]
