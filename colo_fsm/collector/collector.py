@@ -35,7 +35,7 @@ from colo_fsm.collector.buffer import ReplayBuffer, Ticket, TrajectoryGroup
 from colo_fsm.collector.prompts import Prompt, as_prompts
 from colo_fsm.collector.rollout import RolloutFn, TextRollout
 from colo_fsm.collector.stats import CollectorStats
-from colo_fsm.collector.versions import tag_group
+from colo_fsm.collector.versions import rollout_versions
 from colo_fsm.errors import ConfigError, LifecycleError, RolloutDeferred, RolloutFailed, WaitTimeout
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.log import get_logger
@@ -637,9 +637,10 @@ class AsyncCollector:
     def _tag(
         self, group: TrajectoryGroup, version: int, end_version: int, ticket: Ticket, *, paused_at_end: bool = False
     ) -> TrajectoryGroup:
-        """The group tagged with the versions that generated it and its ticket's target step
-        (:func:`~colo_fsm.collector.versions.tag_group`)."""
-        return tag_group(group, version, end_version, ticket.target_step, paused_at_end=paused_at_end)
+        """The group tagged with the versions that generated it
+        (:func:`~colo_fsm.collector.versions.rollout_versions`) and its ticket's target step."""
+        oldest, newest = rollout_versions(group.samples, version, end_version, paused_at_end=paused_at_end)
+        return group.with_version(oldest, ticket.target_step, newest)
 
     def _put_back(self, prompt: Prompt, order: int, ticket: Ticket, exc: RolloutDeferred) -> None:
         """A deferred rollout: give its buffer place back and its prompt back to the front of the queue."""

@@ -3,19 +3,15 @@
 A rollout parked in the engine through a training step finishes under newer weights than it started with
 (``LifecycleRule.WEIGHT_VERSIONS``): its group carries the *oldest* version any of its tokens came from (its age is
 counted from it) and the newest. Engines that record a version per token (colo-fsm's do) make that exact:
-:func:`samples_versions`. For samples that do not, :func:`tag_group` bounds the samples' own stamps by what the
+:func:`samples_versions`. For samples that do not, :func:`rollout_versions` bounds the samples' own stamps by what the
 collector read at the rollout's start and end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
 
 from colo_fsm.adapters.protocols import Completion
-
-if TYPE_CHECKING:  # the buffer module imports this one
-    from colo_fsm.collector.buffer import TrajectoryGroup
 
 
 def completion_versions(sample: Completion) -> tuple[int, int]:
@@ -34,11 +30,11 @@ def samples_versions(samples: Iterable[Completion]) -> tuple[int, int] | None:
     return min(p[0] for p in pairs), max(p[1] for p in pairs)
 
 
-def tag_group(
-    group: TrajectoryGroup, version: int, end_version: int, target_step: int, *, paused_at_end: bool = False
-) -> TrajectoryGroup:
-    """``group`` tagged with the versions that generated it and its target step, for a rollout that read
-    ``version`` at its start and ``end_version`` at its end.
+def rollout_versions(
+    samples: Sequence[Completion], version: int, end_version: int, *, paused_at_end: bool = False
+) -> tuple[int, int]:
+    """``(oldest, newest)`` weight version a rollout's ``samples`` came from, for a rollout that read ``version``
+    at its start and ``end_version`` at its end.
 
     Samples that report per-token weight versions (the engine's record) are the truth: oldest and newest come
     from them. Otherwise the oldest is the oldest sample's stamp and the newest the version read at the
@@ -49,16 +45,13 @@ def tag_group(
     parked rollouts finish under weights it has not heard of yet, and a rollout parked before any of its
     requests reached the engine is generated wholly under them (its oldest is the new version too).
     """
-    spanned = samples_versions(group.samples)
+    spanned = samples_versions(samples)
     if spanned is not None:
-        oldest, newest = spanned
-    else:
-        lo, hi = min(version, end_version), max(version, end_version)
-        stamps = [s.weight_version for s in group.samples]
-        top = hi + 1 if paused_at_end else hi  # the version the engine may have resumed with, unheard of
-        oldest = min(max(min(stamps), lo), top)
-        newest = max(hi, min(max(stamps), top))
-    return group.with_version(oldest, target_step, newest)
+        return spanned
+    lo, hi = min(version, end_version), max(version, end_version)
+    stamps = [s.weight_version for s in samples]
+    top = hi + 1 if paused_at_end else hi  # the version the engine may have resumed with, unheard of
+    return min(max(min(stamps), lo), top), max(hi, min(max(stamps), top))
 
 
-__all__ = ["completion_versions", "samples_versions", "tag_group"]
+__all__ = ["completion_versions", "rollout_versions", "samples_versions"]
