@@ -492,6 +492,28 @@ STAGES: tuple[Stage, ...] = (
         ("bench/colocated_vs_dedicated.py", "--timeout", "78", "--out", "{out}/colocated_vs_dedicated.json"),
         180,
     ),
+    *(  # one each of what could make colocated decode 0.57-0.68x dedicated in two processes
+        Stage(
+            f"colocated-vs-dedicated-two-processes-{tag}",
+            f"the two-process run with {what}: if the gap closes, that is its cause; the three together tell "
+            "order, training and parameters that require grad apart (~1-2 min)",
+            (
+                "bench/colocated_vs_dedicated.py",
+                "--timeout",
+                "78",
+                *flags,
+                "--out",
+                f"{{out}}/colocated_vs_dedicated_{tag.replace('-', '_')}.json",
+            ),
+            180,
+            default=False,
+        )
+        for tag, flags, what in (
+            ("dedicated-first", ("--dedicated-first",), "the dedicated process first (order)"),
+            ("untrained", ("--train-steps", "0"), "the colocated model never trained (its trainer built)"),
+            ("frozen", ("--freeze",), "the colocated model's parameters not requiring grad while it decodes"),
+        )
+    ),
     Stage(
         "resident-vs-rebuild",
         "a resident engine's resume against a rebuild (with and without CUDA graphs)",

@@ -116,12 +116,8 @@ def test_every_real_stage_is_named_for_its_job_and_has_a_cpu_twin_where_one_gpu_
     for s in gpu.STAGES:
         assert s.name == s.name.lower() and "round" not in s.name and "batch" not in s.name
         assert s.timeout_s <= 600 or s.long, f"{s.name}: one remote call runs at most 10 minutes (else long=True)"
-        if s.gpus == 1 and s.name not in (
-            "colocated-vs-dedicated",
-            "colocated-vs-dedicated-two-processes",
-            "resident-vs-rebuild",
-            "memory-peak",
-        ):
+        gpu_only = s.name.startswith("colocated-vs-dedicated") or s.name in ("resident-vs-rebuild", "memory-peak")
+        if s.gpus == 1 and not gpu_only:
             assert s.smoke is not None, f"{s.name} has no CPU twin"
     assert gpu.main(["--list"]) == 0
 
