@@ -172,22 +172,24 @@ def run_role(args: argparse.Namespace) -> dict[str, Any]:
             sec["decode"] = [eng.decode_rate(b, steps=args.steps) for b in args.batch_list]
             mem.append(g.mem_snapshot("after decode"))
     if args.role == "colocated" and trainer is not None:
-        with res.section("train_after_engine") as sec:
-            if args.freeze:
-                model.requires_grad_(True)
-            if eng is not None:
-                eng.suspend()
-            trainer.restore_buffers()
-            times = []
-            for _ in range(2):
-                _, dt = g.timed(lambda: trainer.train_step(batch))
-                times.append(dt)
-            mem.append(g.mem_snapshot("after train steps with the engine suspended (peak of the run)"))
-            trainer.offload_buffers()
-            if eng is not None:
-                eng.resume()
-                eng.generate(g.prompts(4, 16), 8)
-            sec["step_s"] = times
+        if args.freeze:  # a decode-only comparison: the train steps after it belong to the memory run
+            model.requires_grad_(True)
+            res.put("train_after_engine", {"skipped": "--freeze"})
+        else:
+            with res.section("train_after_engine") as sec:
+                if eng is not None:
+                    eng.suspend()
+                trainer.restore_buffers()
+                times = []
+                for _ in range(2):
+                    _, dt = g.timed(lambda: trainer.train_step(batch))
+                    times.append(dt)
+                mem.append(g.mem_snapshot("after train steps with the engine suspended (peak of the run)"))
+                trainer.offload_buffers()
+                if eng is not None:
+                    eng.resume()
+                    eng.generate(g.prompts(4, 16), 8)
+                sec["step_s"] = times
         with res.section("memory") as sec:
             sec["config"] = memory_config(model, opts, shape, trainer)
             sec["graph_pool_bytes_end"] = graph_pool_bytes()
