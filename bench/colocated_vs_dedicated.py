@@ -398,8 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             "--train-steps",
             str(args.train_steps),
             *(["--freeze"] if args.freeze else []),
-            "--save-weights",
-            args.save_weights,
+            *(["--save-weights", args.save_weights] if role == "colocated" else []),
         ]
         rc: int | str
         t = time.perf_counter()
