@@ -47,13 +47,29 @@ def uncommitted_changes(root: Path | None = None) -> bool | None:
     return None if status is None else bool(status)
 
 
+def stale_checkout_marker(root: Path | None = None) -> str | None:
+    """The ``COMMIT`` file's commit where a checkout's HEAD names another and its tracked files differ from HEAD:
+    a copied tree whose ``.git`` lags its files (the GPU machine's did on 2026-12-05: HEAD ``73940c4`` under the
+    files of ``a77d687``), so the marker, written by whoever sent the tree, is what the run's code is. None
+    otherwise (a clean checkout, no marker, or one naming HEAD)."""
+    root = root or ROOT
+    marker = root / "COMMIT"
+    head = _git(root, "rev-parse", "--short", "HEAD")
+    if not head or not marker.exists() or not uncommitted_changes(root):
+        return None
+    named = marker.read_text(encoding="utf-8").strip()
+    return named if named and named != head else None
+
+
 def provenance() -> dict[str, Any]:
-    """The run's commit (:func:`git_commit`) and whether tracked files differed from it, UTC start time, host,
+    """The run's commit (:func:`git_commit`) and whether tracked files differed from it (with the ``COMMIT`` file's
+    commit where the checkout's ``.git`` lags its files: :func:`stale_checkout_marker`), UTC start time, host,
     Python, platform, CPU count and the 1-, 5- and 15-minute load averages at the call: call it when the run starts
     and put the dict in the JSON."""
     return {
         "commit": git_commit(),
         "uncommitted_changes": uncommitted_changes(),
+        **({"commit_marker": m} if (m := stale_checkout_marker()) else {}),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": platform.node(),
         "python": platform.python_version(),

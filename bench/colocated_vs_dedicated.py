@@ -15,10 +15,13 @@ tokens of both (same weights: they should agree).
     python bench/colocated_vs_dedicated.py --out bench/results/colocated_vs_dedicated.json   # GPU, ~1 min
     python bench/colocated_vs_dedicated.py --role colocated --graphs off --out x.json     # one role only
 
-In two processes on per-layer graphs colocated decode ran 0.57-0.68x dedicated (an H200 and an H100), where one
-process on block scope (``--role inprocess --scope block``) gave 0.99-1.04x. Each of ``--dedicated-first`` (order),
-``--train-steps 0`` (no training; the trainer built) and ``--freeze`` (no parameter requires grad while the colocated
-model decodes) changes one thing in the two-process run (stages ``colocated-vs-dedicated-two-processes-*``).
+One process on block scope (``--role inprocess --scope block``) gives 0.91-1.06x. In two processes on per-layer
+graphs colocated decode ran 0.57-0.68x dedicated (an H200 and an H100) while the colocated role wrote its weights at
+its end, and 0.87-0.98x at 73940c4, which writes them before its decode: the 64-step windows are host-bound and a
+whole process can run a third slower, as 3 of 4 colocated processes did again with ``--save-weights at-end``.
+Each of ``--dedicated-first`` (order), ``--train-steps 0`` (no training; the trainer built), ``--freeze`` (no
+parameter requires grad while the colocated model decodes) and ``--save-weights at-end`` changes one thing in the
+two-process run (stages ``colocated-vs-dedicated-two-processes-*``; docs/gpu-runs/README.md has the runs).
 A role that fails, or a failed section, makes it exit 1.
 """
 
@@ -311,7 +314,20 @@ def run_inprocess(args: argparse.Namespace) -> dict[str, Any]:
     return res.data
 
 
-def main(argv: list[str] | None = None) -> int:
+# the roles that read each option that only some roles read (an option set for another role is refused, not ignored)
+ROLE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "rounds": ("inprocess",),
+    "weights": ("colocated", "dedicated"),
+    "timeout": ("both",),
+    "train_steps": ("both", "colocated"),
+    "freeze": ("both", "colocated"),
+    "save_weights": ("both", "colocated"),
+    "dedicated_first": ("both",),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of the bench and of each role process the two-process run starts."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--role", default="both", choices=("both", "colocated", "dedicated", "inprocess"))
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (--role inprocess)")
@@ -344,17 +360,51 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the dedicated role first, on the seed's initial weights (the colocated role's with --train-steps 0)",
     )
+    return ap
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """``argv`` parsed and checked: an option its role does not read (``ROLE_OPTIONS``), a negative
+    ``--train-steps``, or weights written at the end where no dedicated role follows, is a usage error."""
+    ap = build_parser()
     args = ap.parse_args(argv)
+    for dest, roles in ROLE_OPTIONS.items():
+        if args.role not in roles and getattr(args, dest) != ap.get_default(dest):
+            flag = "--" + dest.replace("_", "-")
+            ap.error(f"{flag} {getattr(args, dest)} with --role {args.role}: only --role {' or '.join(roles)} reads it")
     if args.train_steps < 0:
         ap.error(f"--train-steps: {args.train_steps}; expected 0 or more")
-    if args.save_weights == "at-end" and (args.dedicated_first or args.role not in ("both", "colocated")):
+    if args.save_weights == "at-end" and args.role == "colocated" and not args.weights:
+        ap.error("--save-weights at-end with --role colocated and no --weights: expected a file to write them to")
+    if args.save_weights == "at-end" and args.dedicated_first:
         ap.error(
-            f"--save-weights at-end with --role {args.role}{' --dedicated-first' if args.dedicated_first else ''}: "
-            "only a colocated role run before the dedicated one writes the weights it loads; expected --role both "
-            "(dedicated second) or colocated"
+            "--save-weights at-end with --dedicated-first: the dedicated role runs first and loads no weights; "
+            "expected the dedicated role second"
         )
-    prov = provenance()  # when the run starts: its commit and the load it starts under
     args.batch_list = [int(b) for b in args.batches.split(",")]
+    return args
+
+
+def role_argv(args: argparse.Namespace, role: str, out: str, weights: str) -> list[str]:
+    """The command line of one role process of the two-process run: the shared settings, and the colocated-only
+    options for the colocated role alone."""
+    colocated_only = [
+        *("--train-steps", str(args.train_steps)),
+        *(["--freeze"] if args.freeze else []),
+        *("--save-weights", args.save_weights),
+    ]
+    return [
+        *("--role", role, "--out", out, "--weights", weights),
+        *("--graphs", args.graphs, "--scope", args.scope, "--batches", args.batches, "--steps", str(args.steps)),
+        *("--num-cuda-graphs", str(args.num_cuda_graphs), "--buffer-gb", str(args.buffer_gb)),
+        *("--max-requests", str(args.max_requests)),
+        *(colocated_only if role == "colocated" else []),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    prov = provenance()  # when the run starts: its commit and the load it starts under
 
     import torch
 
@@ -372,34 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     parts: dict[str, Any] = {}
     for role in ("dedicated", "colocated") if args.dedicated_first else ("colocated", "dedicated"):
         part = tmp / f"{role}.json"
-        cmd = [
-            sys.executable,
-            __file__,
-            "--role",
-            role,
-            "--out",
-            str(part),
-            "--weights",
-            weights,
-            "--graphs",
-            args.graphs,
-            "--scope",
-            args.scope,
-            "--batches",
-            args.batches,
-            "--steps",
-            str(args.steps),
-            "--num-cuda-graphs",
-            str(args.num_cuda_graphs),
-            "--buffer-gb",
-            str(args.buffer_gb),
-            "--max-requests",
-            str(args.max_requests),
-            "--train-steps",
-            str(args.train_steps),
-            *(["--freeze"] if args.freeze else []),
-            *(["--save-weights", args.save_weights] if role == "colocated" else []),
-        ]
+        cmd = [sys.executable, __file__, *role_argv(args, role, str(part), weights)]
         rc: int | str
         t = time.perf_counter()
         print(f"=== {role}: {' '.join(cmd)}", flush=True)

@@ -62,6 +62,7 @@ HEADLINE_COMMITS = (
     "3c2b2f0",
     "1fa633b",
     "1c1ac8d",
+    "73940c4",
 )
 """The commits whose runs in ``docs/gpu-runs/`` are the performance page's headline (``--commits headline``): each
 measures the same code, or the page's notes say what differs. A GPU session that commits runs adds its commit here."""

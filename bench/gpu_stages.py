@@ -486,13 +486,14 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "colocated-vs-dedicated-two-processes",
-        "the same in two processes one after the other, on megatron's per-layer graphs (scope layer): colocated "
-        "decoded at 0.57-0.68x dedicated there on two machines, a cause not yet isolated from the in-process "
-        "stage's (scope, process, or order)",
+        "the same in two processes one after the other, on megatron's per-layer graphs (scope layer): 0.57-0.68x "
+        "on two machines while the colocated role wrote its weights at its end, 0.87-0.98x at 73940c4 (an H100), "
+        "which writes them before its decode; its 64-step windows are host-bound and a whole process can run a "
+        "third slower",
         ("bench/colocated_vs_dedicated.py", "--timeout", "78", "--out", "{out}/colocated_vs_dedicated.json"),
         180,
     ),
-    *(  # one each of what could make colocated decode 0.57-0.68x dedicated in two processes
+    *(  # one thing each changed in the two-process run (what made colocated decode 0.57-0.68x there)
         Stage(
             f"colocated-vs-dedicated-two-processes-{tag}",
             f"the two-process run with {what}: one thing changed from it, so the four tell order, training, "
@@ -516,7 +517,8 @@ STAGES: tuple[Stage, ...] = (
                 "saved-at-end",
                 ("--save-weights", "at-end"),
                 "the colocated role writing its weights at its end, not before its decode (the order of the runs "
-                "that measured 0.57-0.68x; at 73940c4, which writes them before, the gap did not show)",
+                "that measured 0.57-0.68x; on one H200 its colocated process ran slow in 3 of 4 runs, none of 7 "
+                "writing them before)",
             ),
         )
     ),

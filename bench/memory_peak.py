@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.role = "colocated"
     args.weights = None
-    args.train_steps, args.freeze = 2, False  # the colocated role as colocated_vs_dedicated.py runs it
+    args.train_steps, args.freeze, args.save_weights = 2, False, "before-decode"  # as colocated_vs_dedicated.py
     args.batch_list = [int(b) for b in args.batches.split(",")]
     data = cvd.run_role(args)
     mem = data.get("sections", {}).get("memory", {})

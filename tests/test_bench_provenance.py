@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench._provenance import git_commit, provenance
+from bench._provenance import git_commit, provenance, stale_checkout_marker
 
 ROOT = Path(__file__).resolve().parents[1]
 # the page's writers, the stage list and the map: they write no figures of their own (the runs they read carry theirs)
@@ -68,9 +68,10 @@ def test_the_check_names_a_bench_that_leaves_it_out(tmp_path: Path, monkeypatch:
 
 def test_provenance_names_the_checkout_commit_the_machine_and_its_load() -> None:
     p = provenance()
-    assert set(p) == {
+    assert set(p) - {"commit_marker"} == {
         *("commit", "uncommitted_changes", "date_utc", "host", "python", "platform", "cpus", "loadavg_start"),
     }
+    assert "commit_marker" not in p or (p["uncommitted_changes"] and p["commit_marker"] != p["commit"])
     if (ROOT / ".git").exists():
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         assert p["commit"] == git_commit() == (head.stdout.strip() or None)
@@ -97,3 +98,23 @@ def test_a_bench_run_writes_it(tmp_path: Path) -> None:
     written = json.loads(out.read_text(encoding="utf-8"))["provenance"]
     assert written["commit"] == git_commit()
     assert written["cpus"] >= 1 and len(written["loadavg_start"]) == 3
+
+
+def test_a_checkout_whose_git_lags_its_files_records_the_commit_file_beside_head(tmp_path: Path) -> None:
+    """The GPU machine's copied tree once carried a ``.git`` at an older HEAD under newer files: the run recorded
+    that HEAD with ``uncommitted_changes``, and only the ``COMMIT`` file named the code that ran. The marker is
+    recorded then, and not for a clean checkout (where a leftover file is merely stale) or one naming HEAD."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    (tree / "code.py").write_text("x = 1\n", encoding="utf-8")
+    subprocess.run([*git, "init", "-q"], cwd=tree, check=True)
+    subprocess.run([*git, "add", "code.py"], cwd=tree, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], cwd=tree, check=True)
+    head = git_commit(tree)
+    (tree / "COMMIT").write_text("abc1234\n", encoding="utf-8")
+    assert stale_checkout_marker(tree) is None  # clean: the leftover marker is stale, HEAD is the code
+    (tree / "code.py").write_text("x = 2\n", encoding="utf-8")
+    assert stale_checkout_marker(tree) == "abc1234" != head  # the files moved on under the lagging .git
+    (tree / "COMMIT").write_text(f"{head}\n", encoding="utf-8")
+    assert stale_checkout_marker(tree) is None  # the marker names HEAD: nothing to add

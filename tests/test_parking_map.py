@@ -219,7 +219,7 @@ def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_i
     every mode with a collector."""
     _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
     runs = [d for rs in head.values() for d in rs]
-    assert len(runs) == 54
+    assert len(runs) == 55
     for d in runs:
         name, cut = d["_file"], d["shape"]["max_tokens"]
         assert "reasoning" in name and f"cut{cut}" in name and d["commit"] in name, name
@@ -247,11 +247,14 @@ def test_on_the_coordinator_loop_at_8192_park_over_sync_is_the_ratio_of_the_two_
     rates in its process: the machine's speed at sync's ~40-request steps against park's ~120 sets it, and drawing
     sync from park's prompts did not raise it here (1.453-1.691)."""
     _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
-    every = [
+    every = [  # on megatron's default graph sizing (the linear sizing's park / sync: 1.537 on an H100 at 73940c4)
         d
         for runs in head.values()
         for d in runs
-        if d["engine"] == "coordinator" and d["shape"]["max_tokens"] == 8192 and "ratio_park_over_sync" in d
+        if d["engine"] == "coordinator"
+        and d["shape"]["max_tokens"] == 8192
+        and "ratio_park_over_sync" in d
+        and gpu_runs.graph_sizing(d.get("cuda_graph_sizing")) != "linear"
     ]
     pairs = [d for d in every if d.get("ep_consensus_interval") in (None, 20)]  # megatron's own pause consensus
     assert sorted(d["commit"] for d in pairs) == ["4366d6d", "b1d9af0", "b1d9af0", "dec9bed"]
