@@ -27,17 +27,19 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout.strip()
 
 
+def _marker(root: Path) -> str | None:
+    """The ``COMMIT`` file's commit (written by whoever sent a copied tree), or None where there is none readable."""
+    try:
+        return (root / "COMMIT").read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def git_commit(root: Path | None = None) -> str | None:
     """The commit the bench runs at: git's HEAD in a checkout (a ``COMMIT`` file left there goes stale with the next
     commit), the ``COMMIT`` file in a copied tree without ``.git`` (the GPU machine's); None if neither says."""
     root = root or ROOT
-    head = _git(root, "rev-parse", "--short", "HEAD")
-    if head:
-        return head
-    marker = root / "COMMIT"
-    if marker.exists():
-        return marker.read_text(encoding="utf-8").strip() or None
-    return None
+    return _git(root, "rev-parse", "--short", "HEAD") or _marker(root)
 
 
 def uncommitted_changes(root: Path | None = None) -> bool | None:
@@ -48,17 +50,17 @@ def uncommitted_changes(root: Path | None = None) -> bool | None:
 
 
 def stale_checkout_marker(root: Path | None = None) -> str | None:
-    """The ``COMMIT`` file's commit where a checkout's HEAD names another and its tracked files differ from HEAD:
-    a copied tree whose ``.git`` lags its files (the GPU machine's did on 2026-12-05: HEAD ``73940c4`` under the
-    files of ``a77d687``), so the marker, written by whoever sent the tree, is what the run's code is. None
-    otherwise (a clean checkout, no marker, or one naming HEAD)."""
+    """The ``COMMIT`` file's commit where a checkout's ``.git`` lags its files: the tracked files differ from HEAD
+    and the marker names a commit this ``.git`` does not hold as HEAD or an ancestor of it. The GPU machine's copied
+    tree did so on 2026-12-05 (HEAD ``73940c4`` under the files of ``a77d687``): the marker is then what the run's
+    code is. None otherwise: a clean checkout, no marker, or one naming HEAD or an older commit (a marker left in
+    a developer's checkout goes stale; it is not recorded)."""
     root = root or ROOT
-    marker = root / "COMMIT"
-    head = _git(root, "rev-parse", "--short", "HEAD")
-    if not head or not marker.exists() or not uncommitted_changes(root):
+    named = _marker(root)
+    if not named or not uncommitted_changes(root):
         return None
-    named = marker.read_text(encoding="utf-8").strip()
-    return named if named and named != head else None
+    known = _git(root, "merge-base", "--is-ancestor", named, "HEAD")  # "" when it is HEAD or before it
+    return None if known is not None else named
 
 
 def provenance() -> dict[str, Any]:

@@ -17,10 +17,11 @@ tokens of both (same weights: they should agree).
 
 One process on block scope (``--role inprocess --scope block``) gives 0.91-1.06x. In two processes on per-layer
 graphs colocated decode ran 0.57-0.68x dedicated (an H200 and an H100) while the colocated role wrote its weights at
-its end, and 0.87-0.98x at 73940c4, which writes them before its decode: the 64-step windows are host-bound and a
-whole process can run a third slower, as 3 of 4 colocated processes did again with ``--save-weights at-end``.
-Each of ``--dedicated-first`` (order), ``--train-steps 0`` (no training; the trainer built), ``--freeze`` (no
-parameter requires grad while the colocated model decodes) and ``--save-weights at-end`` changes one thing in the
+its end, and 0.87-0.98x at 73940c4, which writes them before its decode: the 64-step windows are short (the
+host's pace) and a whole process can run slow (windows 1.45-1.75x as long), as 3 of 4 colocated processes did
+again with ``--save-weights at-end``. Each of ``--dedicated-first`` (order), ``--train-steps 0`` (no training; the
+trainer built), ``--freeze`` (no parameter requires grad while the colocated model decodes) and ``--save-weights
+at-end`` (which also has the dedicated role load weights two train steps later) changes one setting of the
 two-process run (stages ``colocated-vs-dedicated-two-processes-*``; docs/gpu-runs/README.md has the runs).
 A role that fails, or a failed section, makes it exit 1.
 """
@@ -28,6 +29,7 @@ A role that fails, or a failed section, makes it exit 1.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -314,7 +316,7 @@ def run_inprocess(args: argparse.Namespace) -> dict[str, Any]:
     return res.data
 
 
-# the roles that read each option that only some roles read (an option set for another role is refused, not ignored)
+# the roles that read each option that only some roles read: one given for another role is refused, not ignored
 ROLE_OPTIONS: dict[str, tuple[str, ...]] = {
     "rounds": ("inprocess",),
     "weights": ("colocated", "dedicated"),
@@ -324,6 +326,7 @@ ROLE_OPTIONS: dict[str, tuple[str, ...]] = {
     "save_weights": ("both", "colocated"),
     "dedicated_first": ("both",),
 }
+GRAPH_OPTIONS = ("scope", "num_cuda_graphs")  # read only with --graphs on
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -363,43 +366,84 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def given_options(ap: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
+    """The options (their ``dest``) typed on the command line ``argv``, at their default value or not."""
+    bare = copy.deepcopy(ap)
+    for action in bare._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(bare.parse_args(argv)))
+
+
+def flag(dest: str, value: object) -> str:
+    """An option as typed: ``--train-steps 0``, or ``--freeze`` for a switch."""
+    name = "--" + dest.replace("_", "-")
+    return name if isinstance(value, bool) else f"{name} {value}"
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    """``argv`` parsed and checked: an option its role does not read (``ROLE_OPTIONS``), a negative
-    ``--train-steps``, or weights written at the end where no dedicated role follows, is a usage error."""
+    """``argv`` parsed and checked. A usage error names the option and what was expected: an option its role does
+    not read (``ROLE_OPTIONS``) or graph options with ``--graphs off``, given at any value; a count below 1 (0
+    train steps is allowed); batches that are not positive integers; weights for the dedicated role that are not
+    there; weights written at the end where no dedicated role loads them."""
     ap = build_parser()
     args = ap.parse_args(argv)
+    given = given_options(ap, argv)
     for dest, roles in ROLE_OPTIONS.items():
-        if args.role not in roles and getattr(args, dest) != ap.get_default(dest):
-            flag = "--" + dest.replace("_", "-")
-            ap.error(f"{flag} {getattr(args, dest)} with --role {args.role}: only --role {' or '.join(roles)} reads it")
+        if dest in given and args.role not in roles:
+            ap.error(
+                f"{flag(dest, getattr(args, dest))} with --role {args.role}: only --role {' or '.join(roles)} reads it"
+            )
+    for dest in GRAPH_OPTIONS:
+        if dest in given and args.graphs == "off":
+            ap.error(f"{flag(dest, getattr(args, dest))} with --graphs off: expected --graphs on (only graphs read it)")
+    for dest in ("steps", "rounds", "num_cuda_graphs", "max_requests"):
+        if getattr(args, dest) < 1:
+            ap.error(f"{flag(dest, getattr(args, dest))}: expected 1 or more")
     if args.train_steps < 0:
-        ap.error(f"--train-steps: {args.train_steps}; expected 0 or more")
-    if args.save_weights == "at-end" and args.role == "colocated" and not args.weights:
-        ap.error("--save-weights at-end with --role colocated and no --weights: expected a file to write them to")
+        ap.error(f"--train-steps {args.train_steps}: expected 0 or more")
+    if args.buffer_gb <= 0:
+        ap.error(f"--buffer-gb {args.buffer_gb}: expected a size in GiB above 0")
+    try:
+        args.batch_list = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        args.batch_list = []
+    if not args.batch_list or min(args.batch_list) < 1:
+        ap.error(f"--batches {args.batches!r}: expected comma-separated batch sizes of 1 or more, e.g. 1,16,64")
+    if args.role == "dedicated" and args.weights and not Path(args.weights).is_file():
+        ap.error(f"--weights {args.weights}: no such file for the dedicated role to load (leave it out: the seed's)")
+    if "save_weights" in given and args.role == "colocated" and not args.weights:
+        ap.error(f"--save-weights {args.save_weights} with --role colocated and no --weights: expected a file")
     if args.save_weights == "at-end" and args.dedicated_first:
         ap.error(
             "--save-weights at-end with --dedicated-first: the dedicated role runs first and loads no weights; "
             "expected the dedicated role second"
         )
-    args.batch_list = [int(b) for b in args.batches.split(",")]
     return args
 
 
 def role_argv(args: argparse.Namespace, role: str, out: str, weights: str) -> list[str]:
-    """The command line of one role process of the two-process run: the shared settings, and the colocated-only
-    options for the colocated role alone."""
+    """The command line of one role process of the two-process run: the shared settings, the colocated-only options
+    for the colocated role alone, and the weights file only where the dedicated role loads it (not run first)."""
     colocated_only = [
         *("--train-steps", str(args.train_steps)),
         *(["--freeze"] if args.freeze else []),
-        *("--save-weights", args.save_weights),
+        *([] if args.dedicated_first else ["--save-weights", args.save_weights]),  # no weights file: none written
     ]
+    graphs = ["--scope", args.scope, "--num-cuda-graphs", str(args.num_cuda_graphs)] if args.graphs == "on" else []
     return [
-        *("--role", role, "--out", out, "--weights", weights),
-        *("--graphs", args.graphs, "--scope", args.scope, "--batches", args.batches, "--steps", str(args.steps)),
-        *("--num-cuda-graphs", str(args.num_cuda_graphs), "--buffer-gb", str(args.buffer_gb)),
-        *("--max-requests", str(args.max_requests)),
+        *("--role", role, "--out", out),
+        *([] if args.dedicated_first else ["--weights", weights]),
+        *("--graphs", args.graphs, *graphs, "--batches", args.batches, "--steps", str(args.steps)),
+        *("--buffer-gb", str(args.buffer_gb), "--max-requests", str(args.max_requests)),
         *(colocated_only if role == "colocated" else []),
     ]
+
+
+def same_weights(args: argparse.Namespace) -> bool:
+    """Whether the two roles decoded the same weights (their greedy tokens then should agree): a dedicated role run
+    first decodes the seed's initial weights, the colocated role's only when it trains none; weights written at the
+    end were trained two more steps after the colocated decode (none with ``--freeze``)."""
+    return (not args.dedicated_first or args.train_steps == 0) and (args.save_weights == "before-decode" or args.freeze)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -456,12 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     dg = parts["dedicated"].get("sections", {}).get("decode", {}).get("greedy")
     if cg and dg:
         result["greedy_identical"] = [t for t, _ in cg] == [t for t, _ in dg]
-        # the dedicated role run first decodes the seed's initial weights: the same as the colocated role's only
-        # when it trains none; weights saved at the end were trained two more steps after the colocated decode
-        # (none with --freeze)
-        result["greedy_same_weights"] = (not args.dedicated_first or args.train_steps == 0) and (
-            args.save_weights == "before-decode" or args.freeze
-        )
+        result["greedy_same_weights"] = same_weights(args)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1, default=str))
     print(g.table(rows, ["batch", "colocated tok/s", "dedicated tok/s", "ratio"]))

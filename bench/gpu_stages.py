@@ -488,16 +488,16 @@ STAGES: tuple[Stage, ...] = (
         "colocated-vs-dedicated-two-processes",
         "the same in two processes one after the other, on megatron's per-layer graphs (scope layer): 0.57-0.68x "
         "on two machines while the colocated role wrote its weights at its end, 0.87-0.98x at 73940c4 (an H100), "
-        "which writes them before its decode; its 64-step windows are host-bound and a whole process can run a "
-        "third slower",
+        "which writes them before its decode; its 64-step windows are short and a whole process can run slow "
+        "(windows 1.45-1.75x as long)",
         ("bench/colocated_vs_dedicated.py", "--timeout", "78", "--out", "{out}/colocated_vs_dedicated.json"),
         180,
     ),
     *(  # one thing each changed in the two-process run (what made colocated decode 0.57-0.68x there)
         Stage(
             f"colocated-vs-dedicated-two-processes-{tag}",
-            f"the two-process run with {what}: one thing changed from it, so the four tell order, training, "
-            "parameters that require grad and when the weights are written apart (~1-2 min)",
+            f"the two-process run with {what}: one setting changed from it, to tell order, training, parameters "
+            "that require grad and when the weights are written apart (~1-2 min)",
             (
                 "bench/colocated_vs_dedicated.py",
                 "--timeout",
@@ -517,8 +517,9 @@ STAGES: tuple[Stage, ...] = (
                 "saved-at-end",
                 ("--save-weights", "at-end"),
                 "the colocated role writing its weights at its end, not before its decode (the order of the runs "
-                "that measured 0.57-0.68x; on one H200 its colocated process ran slow in 3 of 4 runs, none of 7 "
-                "writing them before)",
+                "that measured 0.57-0.68x; on one H200 its colocated process ran slow in 3 of 4 runs, against none "
+                "of 7 writing them before, 3 there and 4 on an H100; the dedicated role then loads weights two "
+                "train steps later)",
             ),
         )
     ),

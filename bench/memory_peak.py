@@ -25,7 +25,8 @@ from bench import _gpu as g  # noqa: E402
 from bench import colocated_vs_dedicated as cvd  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This bench's command line: the colocated role's settings, with its defaults (eager, an 8 GiB buffer)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="bench/results/memory_peak.json")
     ap.add_argument("--graphs", default="off", choices=("on", "off"))
@@ -35,17 +36,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--num-cuda-graphs", type=int, default=16)
     ap.add_argument("--max-requests", type=int, default=64)
+    return ap
+
+
+def role_args(argv: list[str] | None) -> argparse.Namespace:
+    """``argv`` as the colocated role of ``colocated_vs_dedicated.py`` takes it (two train steps, no weights
+    written), checked as that bench checks it: graph options with ``--graphs off`` are refused, not ignored."""
+    ap = build_parser()
     args = ap.parse_args(argv)
+    unread = sorted(cvd.given_options(ap, argv) & set(cvd.GRAPH_OPTIONS)) if args.graphs == "off" else []
+    if unread:
+        ap.error(f"{cvd.flag(unread[0], getattr(args, unread[0]))} with --graphs off: expected --graphs on")
+    graphs = ["--scope", args.scope, "--num-cuda-graphs", str(args.num_cuda_graphs)] if args.graphs == "on" else []
+    return cvd.parse(
+        [
+            *("--role", "colocated", "--out", args.out, "--graphs", args.graphs, *graphs),
+            *("--buffer-gb", str(args.buffer_gb), "--batches", args.batches, "--steps", str(args.steps)),
+            *("--max-requests", str(args.max_requests)),
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = role_args(argv)
 
     import torch
 
     if not torch.cuda.is_available():
         print("memory_peak: needs a GPU (megatron-core's dynamic engine); nothing measured here")
         return 0
-    args.role = "colocated"
-    args.weights = None
-    args.train_steps, args.freeze, args.save_weights = 2, False, "before-decode"  # as colocated_vs_dedicated.py
-    args.batch_list = [int(b) for b in args.batches.split(",")]
     data = cvd.run_role(args)
     mem = data.get("sections", {}).get("memory", {})
     rows = [

@@ -1,14 +1,17 @@
-"""The colocated-against-dedicated bench's command line (``bench/colocated_vs_dedicated.py``), on the CPU: every role
-process the two-process run starts accepts the command it is given (on a GPU the dedicated role once refused a
-colocated-only flag, and two runs lost their ratio), and an option its role does not read is refused, not ignored."""
+"""The colocated-against-dedicated bench's command line (``bench/colocated_vs_dedicated.py``) and memory-peak's,
+which runs its colocated role, on the CPU: every role process the two-process run starts accepts the command it is
+given and receives every setting (on a GPU the dedicated role once refused a colocated-only flag, and two runs lost
+their ratios), and an option its role does not read is refused, at any value, not ignored."""
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
 from bench import colocated_vs_dedicated as cvd
+from bench import memory_peak
 
 VARIATIONS = [  # each stage's flags, and their combinations the bench allows
     [],
@@ -19,38 +22,56 @@ VARIATIONS = [  # each stage's flags, and their combinations the bench allows
     ["--freeze", "--save-weights", "at-end"],
     ["--dedicated-first", "--train-steps", "0", "--freeze"],
 ]
+SHARED = ["--scope", "block", "--batches", "2,4", "--steps", "8", "--num-cuda-graphs", "4", "--buffer-gb", "1.5"]
+SHARED_DESTS = ("graphs", "scope", "batches", "steps", "num_cuda_graphs", "buffer_gb", "max_requests")
 
 
 @pytest.mark.parametrize("flags", VARIATIONS, ids=lambda f: " ".join(f) or "default")
-def test_every_role_process_accepts_the_command_the_two_process_run_gives_it(flags: list[str]) -> None:
-    args = cvd.parse(["--timeout", "78", *flags])
+@pytest.mark.parametrize("shared", [[], [*SHARED, "--max-requests", "8"]], ids=["defaults", "settings"])
+def test_every_role_process_accepts_the_command_the_two_process_run_gives_it(
+    flags: list[str], shared: list[str], tmp_path: Path
+) -> None:
+    args = cvd.parse(["--timeout", "78", *shared, *flags])
+    weights = tmp_path / "weights.pt"
+    weights.write_bytes(b"")  # the colocated role has written them by the time the dedicated one starts
     for role in ("colocated", "dedicated"):
-        child = cvd.parse(cvd.role_argv(args, role, "/tmp/part.json", "/tmp/weights.pt"))
-        assert child.role == role and child.weights == "/tmp/weights.pt"
+        argv = cvd.role_argv(args, role, str(tmp_path / "part.json"), str(weights))
+        child = cvd.parse(argv)
+        assert child.role == role
+        assert [getattr(child, d) for d in SHARED_DESTS] == [getattr(args, d) for d in SHARED_DESTS]
+        assert child.weights == (None if args.dedicated_first else str(weights))  # loaded only when run second
         if role == "colocated":  # what makes the colocated role differ reaches it
-            assert (child.train_steps, child.freeze, child.save_weights) == (
-                args.train_steps,
-                args.freeze,
-                args.save_weights,
-            )
+            got = (child.train_steps, child.freeze, child.save_weights)
+            assert got == (args.train_steps, args.freeze, args.save_weights)
         else:  # and nothing the dedicated role would not read
-            assert not {"--train-steps", "--freeze", "--save-weights"} & set(cvd.role_argv(args, role, "p", "w"))
+            assert not {"--train-steps", "--freeze", "--save-weights"} & set(argv)
 
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--role", "dedicated", "--freeze"], "--freeze True with --role dedicated: only --role both or colocated"),
+        (["--role", "dedicated", "--freeze"], "--freeze with --role dedicated: only --role both or colocated"),
+        (["--role", "dedicated", "--train-steps", "2"], "--train-steps 2 with --role dedicated"),  # at its default
+        (["--role", "dedicated", "--save-weights", "before-decode"], "--save-weights before-decode with --role"),
         (["--role", "inprocess", "--save-weights", "at-end"], "--save-weights at-end with --role inprocess"),
         (["--role", "colocated", "--timeout", "9"], "--timeout 9.0 with --role colocated: only --role both"),
-        (["--rounds", "5"], "--rounds 5 with --role both: only --role inprocess reads it"),
+        (["--role", "inprocess", "--timeout", "240"], "--timeout 240.0 with --role inprocess"),
+        (["--rounds", "3"], "--rounds 3 with --role both: only --role inprocess reads it"),
         (["--weights", "w.pt"], "--weights w.pt with --role both: only --role colocated or dedicated"),
-        (["--train-steps", "-1"], "--train-steps: -1; expected 0 or more"),
+        (["--graphs", "off", "--scope", "block"], "--scope block with --graphs off: expected --graphs on"),
+        (["--graphs", "off", "--num-cuda-graphs", "16"], "--num-cuda-graphs 16 with --graphs off"),
+        (["--train-steps", "-1"], "--train-steps -1: expected 0 or more"),
+        (["--steps", "0"], "--steps 0: expected 1 or more"),
+        (["--role", "inprocess", "--rounds", "0"], "--rounds 0: expected 1 or more"),
+        (["--buffer-gb", "0"], "--buffer-gb 0.0: expected a size in GiB above 0"),
+        (["--batches", "1,x"], "--batches '1,x': expected comma-separated batch sizes of 1 or more"),
+        (["--batches", "0,16"], "--batches '0,16'"),
+        (["--role", "dedicated", "--weights", "/nonexistent/w.pt"], "no such file for the dedicated role to load"),
         (["--save-weights", "at-end", "--dedicated-first"], "the dedicated role runs first and loads no weights"),
-        (["--role", "colocated", "--save-weights", "at-end"], "no --weights: expected a file to write them to"),
+        (["--role", "colocated", "--save-weights", "at-end"], "with --role colocated and no --weights"),
     ],
 )
-def test_an_option_its_role_does_not_read_is_refused_naming_it(
+def test_an_option_its_role_does_not_read_or_a_bad_value_is_refused_naming_it(
     argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exc:
@@ -59,23 +80,55 @@ def test_an_option_its_role_does_not_read_is_refused_naming_it(
 
 
 def test_every_option_a_role_reads_is_known_to_the_parser() -> None:
-    """``ROLE_OPTIONS`` names real options and real roles (a renamed option would otherwise drop out of the check)."""
+    """``ROLE_OPTIONS`` and ``GRAPH_OPTIONS`` name real options and roles (a renamed option would drop out)."""
     ap = cvd.build_parser()
     dests = {a.dest for a in ap._actions}
     roles = set(next(a for a in ap._actions if a.dest == "role").choices or ())
-    assert set(cvd.ROLE_OPTIONS) <= dests
+    assert set(cvd.ROLE_OPTIONS) | set(cvd.GRAPH_OPTIONS) <= dests
     assert set(itertools.chain.from_iterable(cvd.ROLE_OPTIONS.values())) <= roles
 
 
-def test_every_stage_that_runs_the_bench_gives_it_a_command_it_accepts() -> None:
-    """The colocated-vs-dedicated stages have no CPU twin (they measure the GPU), so their command lines are
-    checked here, each with every role process it starts."""
+@pytest.mark.parametrize(
+    ("flags", "same"),
+    [
+        ([], True),
+        (["--dedicated-first"], False),  # the dedicated role decodes the seed's weights, the colocated role trained
+        (["--dedicated-first", "--train-steps", "0"], True),
+        (["--save-weights", "at-end"], False),  # written two train steps after the colocated decode
+        (["--save-weights", "at-end", "--freeze"], True),  # --freeze skips those steps
+    ],
+)
+def test_the_result_says_whether_the_two_roles_decoded_the_same_weights(flags: list[str], same: bool) -> None:
+    assert cvd.same_weights(cvd.parse(flags)) is same
+
+
+def test_every_stage_that_runs_the_bench_gives_it_a_command_it_accepts(tmp_path: Path) -> None:
+    """The colocated-vs-dedicated and memory-peak stages have no CPU twin (they measure the GPU), so their command
+    lines are checked here, each with every role process it starts."""
     from bench.gpu_stages import STAGES
 
+    weights = tmp_path / "weights.pt"
+    weights.write_bytes(b"")
     stages = [s for s in STAGES if s.argv[0] == "bench/colocated_vs_dedicated.py"]
     assert len(stages) == 6
     for stage in stages:
-        args = cvd.parse([a.replace("{out}", "/tmp") for a in stage.argv[1:]])
+        args = cvd.parse([a.replace("{out}", str(tmp_path)) for a in stage.argv[1:]])
         if args.role == "both":
             for role in ("colocated", "dedicated"):
-                cvd.parse(cvd.role_argv(args, role, "/tmp/part.json", "/tmp/weights.pt"))
+                cvd.parse(cvd.role_argv(args, role, str(tmp_path / "part.json"), str(weights)))
+    (peak,) = [s for s in STAGES if s.argv[0] == "bench/memory_peak.py"]
+    role = memory_peak.role_args([a.replace("{out}", str(tmp_path)) for a in peak.argv[1:]])
+    assert (role.role, role.graphs, role.buffer_gb, role.train_steps, role.weights) == (
+        "colocated",
+        "off",
+        8.0,
+        2,
+        None,
+    )
+
+
+def test_memory_peak_refuses_graph_options_with_graphs_off(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        memory_peak.role_args(["--scope", "block"])  # its default is --graphs off
+    assert "--scope block with --graphs off: expected --graphs on" in capsys.readouterr().err
+    assert memory_peak.role_args(["--graphs", "on", "--scope", "block"]).scope == "block"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -100,21 +101,37 @@ def test_a_bench_run_writes_it(tmp_path: Path) -> None:
     assert written["cpus"] >= 1 and len(written["loadavg_start"]) == 3
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git to build a checkout")
 def test_a_checkout_whose_git_lags_its_files_records_the_commit_file_beside_head(tmp_path: Path) -> None:
     """The GPU machine's copied tree once carried a ``.git`` at an older HEAD under newer files: the run recorded
     that HEAD with ``uncommitted_changes``, and only the ``COMMIT`` file named the code that ran. The marker is
-    recorded then, and not for a clean checkout (where a leftover file is merely stale) or one naming HEAD."""
+    recorded then (a commit that ``.git`` does not hold), and not for a clean checkout, a marker naming HEAD (short
+    or whole) or an older commit (a developer's leftover file: stale), an empty one, or one that is not a file."""
     tree = tmp_path / "tree"
     tree.mkdir()
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    (tree / "code.py").write_text("x = 1\n", encoding="utf-8")
+
+    def commit(text: str) -> str:
+        (tree / "code.py").write_text(text, encoding="utf-8")
+        subprocess.run([*git, "add", "code.py"], cwd=tree, check=True)
+        subprocess.run([*git, "commit", "-q", "-m", text], cwd=tree, check=True)
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     subprocess.run([*git, "init", "-q"], cwd=tree, check=True)
-    subprocess.run([*git, "add", "code.py"], cwd=tree, check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "x"], cwd=tree, check=True)
-    head = git_commit(tree)
-    (tree / "COMMIT").write_text("abc1234\n", encoding="utf-8")
-    assert stale_checkout_marker(tree) is None  # clean: the leftover marker is stale, HEAD is the code
-    (tree / "code.py").write_text("x = 2\n", encoding="utf-8")
-    assert stale_checkout_marker(tree) == "abc1234" != head  # the files moved on under the lagging .git
-    (tree / "COMMIT").write_text(f"{head}\n", encoding="utf-8")
-    assert stale_checkout_marker(tree) is None  # the marker names HEAD: nothing to add
+    older = commit("x = 0\n")
+    head = commit("x = 1\n")
+    marker = tree / "COMMIT"
+    marker.write_text("abc1234\n", encoding="utf-8")
+    assert stale_checkout_marker(tree) is None  # clean: HEAD is the code, whatever the file says
+    (tree / "code.py").write_text("x = 2\n", encoding="utf-8")  # the files move on under the lagging .git
+    assert stale_checkout_marker(tree) == "abc1234" != git_commit(tree)
+    for known in (head, head[:7], older[:7]):  # HEAD, whole or short, or a commit before it: a stale leftover
+        marker.write_text(f"{known}\n", encoding="utf-8")
+        assert stale_checkout_marker(tree) is None, known
+    marker.write_text("  \n", encoding="utf-8")
+    assert stale_checkout_marker(tree) is None
+    marker.unlink()
+    marker.mkdir()
+    assert stale_checkout_marker(tree) is None and git_commit(tree) == head[:7]
