@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
+import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +106,36 @@ def budget_estimate(model: Any, trainer: Any, opts: g.EngineOptions, capacity_gi
         training_shape(model), budget, buffer_size_gb=opts.buffer_gb, kv_cache_mode="persist", capacity_gib=capacity_gib
     )
     return {**est.breakdown(), "without_margin_gib": est.total_gib - est.margin_gib}
+
+
+def _threads() -> int | None:
+    """The process's OS threads (``/proc/self/status``), or None where that is not there."""
+    try:
+        status = Path("/proc/self/status").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:")), None)
+
+
+def host_pace[T](fn: Callable[[], T]) -> tuple[T, dict[str, Any]]:
+    """``fn()`` and what the host did while it ran: wall and process CPU seconds (CPU over wall above 1 means other
+    threads worked meanwhile, well below 1 that the process waited), the OS threads before and after, the
+    garbage collector's collections per generation, and the CPUs the process may run on. A decode window that is
+    host-bound (as long at batch 1 as at 64) and slow in one process but not another should differ here."""
+    before = ([s["collections"] for s in gc.get_stats()], _threads(), time.perf_counter(), time.process_time())
+    out = fn()
+    wall, cpu = time.perf_counter() - before[2], time.process_time() - before[3]
+    collections = [s["collections"] - c for s, c in zip(gc.get_stats(), before[0], strict=True)]
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    pace = {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "cpu_over_wall": cpu / wall if wall > 0 else None,
+        "threads": [before[1], _threads()],
+        "gc_collections": collections,
+        "cpus_allowed": len(affinity) if affinity is not None else None,
+    }
+    return out, pace
 
 
 def graph_pool_bytes() -> tuple[int, int]:
@@ -174,7 +207,9 @@ def run_role(args: argparse.Namespace) -> dict[str, Any]:
         with res.section("decode") as sec:
             eq_prompts = g.prompts(16, 32, seed=7)
             sec["greedy"] = eng.generate(eq_prompts, 64)
-            sec["decode"] = [eng.decode_rate(b, steps=args.steps) for b in args.batch_list]
+            paced = [host_pace(functools.partial(eng.decode_rate, b, steps=args.steps)) for b in args.batch_list]
+            sec["decode"] = [rate for rate, _ in paced]
+            sec["host"] = [pace for _, pace in paced]  # what the process did meanwhile: a slow pace's clues
             mem.append(g.mem_snapshot("after decode"))
     if args.role == "colocated" and trainer is not None:
         if args.freeze:  # a decode-only comparison: the train steps after it belong to the memory run
@@ -439,6 +474,30 @@ def role_argv(args: argparse.Namespace, role: str, out: str, weights: str) -> li
     ]
 
 
+def summary_rows(parts: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int, float]]:
+    """The two roles' decode rates side by side per batch, with each window's host CPU over wall where the role
+    recorded it (``host_pace``), and colocated over dedicated per batch where both decoded it."""
+    by_role: dict[str, dict[int, tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for role in ("colocated", "dedicated"):
+        sec = parts.get(role, {}).get("sections", {}).get("decode", {})
+        rates = sec.get("decode", [])
+        hosts = sec.get("host") or [{}] * len(rates)  # runs before host_pace recorded none
+        by_role[role] = {r["batch"]: (r, h) for r, h in zip(rates, hosts, strict=True)}
+    rows, ratios = [], {}
+    for b in sorted(set(by_role["colocated"]) | set(by_role["dedicated"])):
+        (c, ch), (d, dh) = (by_role[role].get(b, ({}, {})) for role in ("colocated", "dedicated"))
+        rate_c, rate_d = c.get("decode_tokens_per_s"), d.get("decode_tokens_per_s")
+        if rate_c and rate_d:
+            ratios[b] = rate_c / rate_d
+        rows.append(
+            {
+                **{"batch": b, "colocated tok/s": rate_c, "dedicated tok/s": rate_d, "ratio": ratios.get(b)},
+                **{"col cpu/wall": ch.get("cpu_over_wall"), "ded cpu/wall": dh.get("cpu_over_wall")},
+            }
+        )
+    return rows, ratios
+
+
 def same_weights(args: argparse.Namespace) -> bool:
     """Whether the two roles decoded the same weights (their greedy tokens then should agree): a dedicated role run
     first decodes the seed's initial weights, the colocated role's only when it trains none; weights written at the
@@ -485,16 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "parts": parts,
     }
-    rows = []
-    co = {d["batch"]: d for d in parts["colocated"].get("sections", {}).get("decode", {}).get("decode", [])}
-    de = {d["batch"]: d for d in parts["dedicated"].get("sections", {}).get("decode", {}).get("decode", [])}
-    ratios = {}
-    for b in sorted(set(co) | set(de)):
-        c = co.get(b, {}).get("decode_tokens_per_s")
-        d = de.get(b, {}).get("decode_tokens_per_s")
-        rows.append({"batch": b, "colocated tok/s": c, "dedicated tok/s": d, "ratio": c / d if c and d else None})
-        if c and d:
-            ratios[b] = c / d
+    rows, ratios = summary_rows(parts)
     result["ratios"] = ratios
     cg = parts["colocated"].get("sections", {}).get("decode", {}).get("greedy")
     dg = parts["dedicated"].get("sections", {}).get("decode", {}).get("greedy")
@@ -503,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         result["greedy_same_weights"] = same_weights(args)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1, default=str))
-    print(g.table(rows, ["batch", "colocated tok/s", "dedicated tok/s", "ratio"]))
+    print(g.table(rows, ["batch", "colocated tok/s", "dedicated tok/s", "ratio", "col cpu/wall", "ded cpu/wall"]))
     print("greedy identical:", result.get("greedy_identical"))
     mem = parts["colocated"].get("sections", {}).get("memory", {})
     if mem:

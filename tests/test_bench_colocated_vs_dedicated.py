@@ -132,3 +132,56 @@ def test_memory_peak_refuses_graph_options_with_graphs_off(capsys: pytest.Captur
         memory_peak.role_args(["--scope", "block"])  # its default is --graphs off
     assert "--scope block with --graphs off: expected --graphs on" in capsys.readouterr().err
     assert memory_peak.role_args(["--graphs", "on", "--scope", "block"]).scope == "block"
+
+
+def test_host_pace_records_what_the_process_did_during_a_window() -> None:
+    """The clues a slow decode window leaves on the host, each made to show once: a collection the window ran, a
+    thread it left running, the CPU time it spent."""
+    import gc
+    import sys
+    import threading
+
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+
+    def window() -> str:
+        gc.collect()  # one collection of the oldest generation
+        worker.start()
+        sum(i * i for i in range(200_000))  # some CPU time of the process's own
+        return "tokens"
+
+    try:
+        out, pace = cvd.host_pace(window)
+    finally:
+        stop.set()
+        worker.join()
+    assert out == "tokens"
+    assert pace["gc_collections"][2] >= 1 and len(pace["gc_collections"]) == 3
+    assert pace["wall_s"] > 0 and pace["cpu_s"] > 0 and pace["cpu_over_wall"] == pace["cpu_s"] / pace["wall_s"]
+    if sys.platform.startswith("linux"):
+        before, after = pace["threads"]
+        assert after == before + 1 and pace["cpus_allowed"] >= 1
+
+
+def test_the_summary_gives_the_committed_runs_ratios_and_the_host_pace_where_recorded() -> None:
+    """Read back from a committed two-process run (recorded before ``host_pace``): the same ratios it wrote, no
+    host column; with a host record, its CPU over wall per role; a role that decoded nothing gives no ratio."""
+    import json
+
+    runs = Path(__file__).resolve().parents[1] / "docs" / "gpu-runs"
+    data = json.loads((runs / "2026-12-05-h100-colocated-vs-dedicated-two-processes-73940c4.json").read_text())
+    rows, ratios = cvd.summary_rows(data["parts"])
+    assert {str(b): r for b, r in ratios.items()} == data["ratios"] and [r["batch"] for r in rows] == [1, 16, 64]
+    assert all(r["col cpu/wall"] is None for r in rows)
+
+    def role(rate: float, cpu: float) -> dict:
+        return {
+            "sections": {
+                "decode": {"decode": [{"batch": 8, "decode_tokens_per_s": rate}], "host": [{"cpu_over_wall": cpu}]}
+            }
+        }
+
+    rows, ratios = cvd.summary_rows({"colocated": role(60.0, 1.4), "dedicated": role(100.0, 1.0)})
+    assert ratios == {8: 0.6} and (rows[0]["col cpu/wall"], rows[0]["ded cpu/wall"]) == (1.4, 1.0)
+    rows, ratios = cvd.summary_rows({"colocated": role(60.0, 1.4), "dedicated": {"missing": True}})
+    assert ratios == {} and rows[0]["ratio"] is None and rows[0]["dedicated tok/s"] is None
