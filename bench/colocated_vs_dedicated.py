@@ -117,22 +117,41 @@ def _threads() -> int | None:
     return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:")), None)
 
 
+def _usage() -> tuple[float, float, int, int, int]:
+    """This process's user and system CPU seconds, voluntary and involuntary context switches and minor page
+    faults so far (``getrusage``; zeros where the platform has none)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Linux
+        return (0.0, 0.0, 0, 0, 0)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return (ru.ru_utime, ru.ru_stime, ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_minflt)
+
+
 def host_pace[T](fn: Callable[[], T]) -> tuple[T, dict[str, Any]]:
-    """``fn()`` and what the host did while it ran: wall and process CPU seconds (CPU over wall above 1 means other
-    threads worked meanwhile, well below 1 that the process waited), the OS threads before and after, the
-    garbage collector's collections per generation, and the CPUs the process may run on. A decode window that is
-    host-bound (as long at batch 1 as at 64) and slow in one process but not another should differ here."""
-    before = ([s["collections"] for s in gc.get_stats()], _threads(), time.perf_counter(), time.process_time())
+    """``fn()`` and what the host did while it ran, for a window as long at batch 1 as at 64 (the host's pace) that
+    is slow in one process and not another. Wall seconds and the process's user and system CPU seconds: CPU over
+    wall above 1 means other threads worked meanwhile; about 1 is a busy thread, which a thread waiting on the GPU
+    also is (CUDA spins while it waits by default); below 1 means a thread was taken off a core or blocked in a
+    system call. Voluntary and involuntary context switches tell blocking from contention; minor page faults, the
+    OS threads before and after, the garbage collector's collections per generation and the CPUs the process may
+    run on complete it."""
+    gc_before, threads_before, usage_before = [s["collections"] for s in gc.get_stats()], _threads(), _usage()
+    start = time.perf_counter()
     out = fn()
-    wall, cpu = time.perf_counter() - before[2], time.process_time() - before[3]
-    collections = [s["collections"] - c for s, c in zip(gc.get_stats(), before[0], strict=True)]
-    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    wall = time.perf_counter() - start
+    user, system, voluntary, involuntary, faults = (a - b for a, b in zip(_usage(), usage_before, strict=True))
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     pace = {
         "wall_s": wall,
-        "cpu_s": cpu,
-        "cpu_over_wall": cpu / wall if wall > 0 else None,
-        "threads": [before[1], _threads()],
-        "gc_collections": collections,
+        "cpu_s": user + system,
+        "user_s": user,
+        "system_s": system,
+        "cpu_over_wall": (user + system) / wall if wall > 0 else None,
+        "context_switches": {"voluntary": voluntary, "involuntary": involuntary},
+        "minor_page_faults": faults,
+        "threads": [threads_before, _threads()],
+        "gc_collections": [s["collections"] - c for s, c in zip(gc.get_stats(), gc_before, strict=True)],
         "cpus_allowed": len(affinity) if affinity is not None else None,
     }
     return out, pace
@@ -209,7 +228,7 @@ def run_role(args: argparse.Namespace) -> dict[str, Any]:
             sec["greedy"] = eng.generate(eq_prompts, 64)
             paced = [host_pace(functools.partial(eng.decode_rate, b, steps=args.steps)) for b in args.batch_list]
             sec["decode"] = [rate for rate, _ in paced]
-            sec["host"] = [pace for _, pace in paced]  # what the process did meanwhile: a slow pace's clues
+            sec["host"] = [pace for _, pace in paced]  # around each decode_rate call: a slow pace's clues
             mem.append(g.mem_snapshot("after decode"))
     if args.role == "colocated" and trainer is not None:
         if args.freeze:  # a decode-only comparison: the train steps after it belong to the memory run
@@ -481,8 +500,9 @@ def summary_rows(parts: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int,
     for role in ("colocated", "dedicated"):
         sec = parts.get(role, {}).get("sections", {}).get("decode", {})
         rates = sec.get("decode", [])
-        hosts = sec.get("host") or [{}] * len(rates)  # runs before host_pace recorded none
-        by_role[role] = {r["batch"]: (r, h) for r, h in zip(rates, hosts, strict=True)}
+        hosts = list(sec.get("host") or [])  # runs before host_pace recorded none: no host column, same rates
+        hosts += [{}] * (len(rates) - len(hosts))
+        by_role[role] = {r["batch"]: (r, h) for r, h in zip(rates, hosts)}
     rows, ratios = [], {}
     for b in sorted(set(by_role["colocated"]) | set(by_role["dedicated"])):
         (c, ch), (d, dh) = (by_role[role].get(b, ({}, {})) for role in ("colocated", "dedicated"))
