@@ -133,8 +133,10 @@ def test_cancel_while_parked_is_recorded_and_applied_after_the_resume_before_the
 def test_a_whole_n_request_cancelled_while_parked_frees_every_slot():
     backend = GatedBackend()
     b = _batcher(backend, max_active_requests=4)
+    b.suspend()  # the five wait in the queue, so the four are admitted together at the resume, whatever the load
     group = [b.submit([i], max_tokens=40) for i in range(4)]  # one n=4 request: four engine requests
     queued = b.submit([30], max_tokens=2)  # waits for a slot
+    b.resume()
     backend.grant(1)
     backend.wait_steps(1)
     _suspend_parked(b, backend)
