@@ -27,7 +27,9 @@ def test_abort_ends_requests_at_the_suspend_and_resubmits_prompt_plus_tokens_aft
     backend, version = GatedBackend(), [0]
     b = ContinuousBatcher(lambda: backend, weight_version=lambda: version[0], inflight="abort")
     b.start()
+    b.suspend()  # both wait in the queue, so the resume admits them in one step whatever the load
     a, short = b.submit([1], max_tokens=10), b.submit([20], max_tokens=3)
+    b.resume()
     backend.grant(2)
     backend.wait_steps(2)
     _suspend(b, backend)

@@ -110,8 +110,14 @@ def test_concurrent_requests_of_different_lengths_batch_together_and_match_solo_
         out[i] = eng.submit(TOK.tokenize(PROMPTS[i]), max_tokens=lengths[i], on_token=on_token).result(timeout=WAIT)
 
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(PROMPTS))]
+    eng.suspend()  # the eight queue up first, so the resume batches them however the threads were scheduled
     for t in threads:
         t.start()
+    for _ in range(60_000):  # until every caller has submitted (bounded, never an assertion on time)
+        if eng.request_counts().queued == len(PROMPTS):
+            break
+        time.sleep(0.001)
+    eng.resume()
     for t in threads:
         t.join()
     for i, n in enumerate(lengths):
@@ -177,10 +183,19 @@ def handoff_run(model, engine_class=MegatronEngine, *, n_tokens=16, trainer_lr=5
     reference = eng.generate_ids([TOK.tokenize(p) for p in prompts], max_tokens=n_tokens)
     trainer = MegatronTrainer(model, TrainerConfig(lr=trainer_lr))
     on_token, started = _hold_at(eng, 3, until=lambda: eng._batcher.backend.suspended)
+    submitted, seen = threading.Event(), []  # request 0 waits at its first token until all six are in
+
+    def first(tok, lp, v):
+        seen.append(tok)
+        if len(seen) == 1:
+            assert submitted.wait(WAIT), "the test never submitted the other requests"
+        return on_token(tok, lp, v)
+
     handles = [
-        eng.submit(TOK.tokenize(p), max_tokens=n_tokens, on_token=on_token if i == 0 else None)
+        eng.submit(TOK.tokenize(p), max_tokens=n_tokens, on_token=first if i == 0 else None)
         for i, p in enumerate(prompts)
     ]
+    submitted.set()
     assert started.wait(WAIT)
     eng.suspend()
     record = {
@@ -293,11 +308,13 @@ def test_drain_mode_suspend_waits_for_admitted_requests_and_keeps_the_queue(mode
     ok = [p for p in PROMPTS if _solo(eng, p, n).finish_reason == "length"]  # no early eod: slots stay busy
     assert len(ok) >= 2
     on_token, started = _hold_at(eng, 2)  # both slots busy until the suspend is queued: the queue is never admitted
+    eng.suspend()  # all four wait in the queue, so the resume fills both slots with the first two in one step
     first = [
         eng.submit(TOK.tokenize(ok[0]), max_tokens=n, on_token=on_token),
         eng.submit(TOK.tokenize(ok[1]), max_tokens=n),
     ]
     queued = [eng.submit(TOK.tokenize(p), max_tokens=3) for p in PROMPTS[:2]]
+    eng.resume()
     assert started.wait(WAIT)
     eng.suspend()
     assert all(h.done() and h.result().finish_reason == "length" for h in first)  # drained to the end
@@ -363,8 +380,10 @@ def test_cancel_aborts_one_request_and_disturbs_nothing_else(model):
     gone = hs[1].result(timeout=WAIT)
     assert gone.finish_reason == "abort" and len(gone.token_ids) == 2
     assert hs[1].cancel() is False  # already done
+    eng.suspend()  # queued while the caller cancels: never admitted, whatever the load
     future_cancelled = eng.submit(TOK.tokenize("99>"), max_tokens=25)
     future_cancelled.future.cancel()  # the caller's future cancelled: aborted in the engine too
+    eng.resume()
     assert future_cancelled.result().finish_reason == "abort"
     for i in (0, 2, 3):
         assert hs[i].result(timeout=WAIT).token_ids == solo[i].token_ids
@@ -541,7 +560,9 @@ def test_a_backend_that_dies_fails_its_requests_and_stops_the_engine(model):
     eng = MegatronEngine(model, TOK)
     eng._make_backend = lambda: Dying(model, eod=TOK.eod, pad=TOK.pad, max_sequence_length=32)
     eng.bring_up()
+    eng.suspend()  # all three are in before the backend's dying step, whatever the load
     hs = [eng.submit(TOK.tokenize(p), max_tokens=10) for p in PROMPTS[:3]]
+    eng.resume()
     for h in hs:
         with pytest.raises(RuntimeError, match="device lost"):
             h.result(timeout=WAIT)

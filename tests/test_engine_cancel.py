@@ -68,7 +68,8 @@ def test_cancel_while_running_is_applied_at_the_next_step_boundary():
     a, other = b.submit([1], max_tokens=50), b.submit([20], max_tokens=4)
     seen = _resolutions(a)
     backend.grant(2)
-    backend.wait_steps(2)  # the third step is now waiting for its grant: a decode step in flight
+    backend.wait_steps(2)
+    backend.wait_blocked()  # the third step is now waiting for its grant: a decode step in flight
     assert a.cancel() is True
     assert a.result(timeout=0).finish_reason == "abort" and a.result().token_ids == (1, 2)
     assert b.counts() == (0, 1, 0)  # the slot is free at once for admission

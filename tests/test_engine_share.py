@@ -23,9 +23,12 @@ def test_a_server_flood_leaves_the_training_requests_their_slots():
     b = ContinuousBatcher(lambda: backend, max_active_requests=8, server_share=0.25)
     b.start()
     assert b.server_slots == 2
+    b.suspend()  # the flood waits in the queue: the resume admits what the server may hold, in one step
     flood = [b.submit([i], max_tokens=30, priority=Priority.SERVER) for i in range(40)]
+    b.resume()
     backend.grant(1)
     backend.wait_steps(1)  # the engine took what the server may hold; the rest of the flood waits
+    backend.wait_blocked()  # the engine thread has taken in that step and waits at the next one
     assert b.counts(Priority.SERVER) == (38, 2, 0)
     training = [b.submit([40 + i], max_tokens=3) for i in range(6)]
     backend.grant(2)
@@ -47,8 +50,8 @@ def test_without_training_work_the_server_still_holds_only_its_share_and_share_o
     for share, most in ((0.5, 2), (1.0, 4)):
         backend = GatedBackend(free=True)
         b = ContinuousBatcher(lambda backend=backend: backend, max_active_requests=4, server_share=share)
-        b.start()
         hs = [b.submit([i], max_tokens=4, priority=Priority.SERVER) for i in range(8)]
+        b.start()  # after the submits: the first step sees all eight, whatever the load
         for h in hs:
             h.result(timeout=WAIT)
         assert max(_server_rows(backend, {h.request_id for h in hs})) == most

@@ -38,6 +38,11 @@ def _engine(model, dp_rank: int | None) -> MegatronEngine:
 
 
 def _group(eng: MegatronEngine, seed: int | None) -> list[tuple[int, ...]]:
+    if seed is None:  # unseeded rows share the engine's one generator, in row order per step: admitted together
+        eng.suspend()  # so every run batches them alike, whatever the load
+        handles = [eng.submit(TOK.tokenize(PROMPT), max_tokens=8, temperature=1.0) for _ in range(GROUP)]
+        eng.resume()
+        return [h.result(timeout=60).token_ids for h in handles]
     out = eng.generate_ids([TOK.tokenize(PROMPT)] * GROUP, max_tokens=8, temperature=1.0, seed=seed)
     return [c.token_ids for c in out]
 
