@@ -15,6 +15,7 @@ from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
 from colo_fsm.server import GatedEngine
 from colo_fsm.server.server import admit_while_serving, serving_state
 from colo_fsm.states.spec import LIFECYCLE, EngineCondition, State
+from tests.support.holds import FirstRequestHold
 
 TOK = CharTokenizer("0123456789>")
 
@@ -81,8 +82,7 @@ class SlowEngine:
         self.version = 0
         self.tokens_while_asleep = 0
         self.tokens = 0
-        self.held: int | None = None  # the index in ``handles`` of the request held at its first token
-        self.hold_failed: str | None = None
+        self.hold = FirstRequestHold(lambda t: engine._batcher.wait_for_control(t))  # spans a suspend
 
     def bring_up(self) -> None:
         self.engine.bring_up()
@@ -108,26 +108,17 @@ class SlowEngine:
     def submit(self, prompt_ids, **kw):
         if not self.awake:
             self.asleep_submits += 1
+        self.hold.wrap(kw, len(self.handles))
         user = kw.get("on_token")
-        hold = self.held is None and kw.get("max_tokens", 0) >= 2
-        seen = [0]
 
         def on_token(t, lp, v):
             self.tokens += 1
             if not self.engine.awake:
                 self.tokens_while_asleep += 1  # a token generated during a handoff
-            keep = user(t, lp, v) if user is not None else None
-            seen[0] += 1
-            # the first request that may make two tokens waits at its first until the test's suspend is queued (no
-            # resume can be pending while it decodes): it is in flight when the suspend lands, whatever the load
-            if hold and seen[0] == 1 and keep is not False and not self.engine._batcher.wait_for_control(60):
-                self.hold_failed = "no suspend came while the request was held at its first token"
-            return keep
+            return user(t, lp, v) if user is not None else None
 
         kw["on_token"] = on_token
         h = self.engine.submit(prompt_ids, **kw)
-        if hold:
-            self.held = len(self.handles)
         self.handles.append(h)
         return h
 
@@ -181,8 +172,8 @@ def test_real_engine_parks_http_requests_and_never_gets_one_while_asleep(model):
     assert streamed and all(text == TOK.detokenize(ids) for text, ids in streamed)  # paused, continued, whole
     outs = [h.future.result(5) for h in slow.handles if h.future.done() and not h.future.cancelled()]
     assert any(len(set(o.weight_versions)) > 1 for o in outs), "no request was parked across a suspend"
-    assert slow.held is not None and slow.hold_failed is None, slow.hold_failed
-    held = slow.handles[slow.held].future.result(5)  # the held request: parked by a suspend, finished after it
+    assert slow.hold.index is not None and slow.hold.failed is None, slow.hold.failed
+    held = slow.handles[slow.hold.index].future.result(5)  # the held request: parked by a suspend, finished after it
     assert len(set(held.weight_versions)) > 1, held.weight_versions
     by_ids = {tuple(o.token_ids): tuple(o.logprobs) for o in outs}
     for _, body in codes:

@@ -24,6 +24,7 @@ from _server_fake import FakeEngine
 
 from colo_fsm.server import GatedEngine
 from colo_fsm.server.templates import digits_chat_template
+from tests.support.holds import FirstRequestHold
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).with_name("nemo_gym_driver.py")
@@ -41,49 +42,25 @@ def _gym_python() -> str:
     pytest.skip(f"the nemo-gym venv is not set up ({candidates[0]}): run `make nemo-gym-venv` (make test does)")
 
 
-WAIT = 60.0
-
-
 class Recording:
     """Wraps an engine; keeps every handle ``submit`` returned, to compare with what the clients received. With
-    ``hold`` (an event the suspending thread sets just before it suspends), the first request that may make two
-    tokens or more is held at its first token until that suspend is queued for the engine thread: it is in flight
-    when the suspend lands, so some request spans a suspend whatever the machine's load (an order, not a timing)."""
+    ``hold`` (:class:`~tests.support.holds.FirstRequestHold`), its first request that may make two tokens waits at
+    its first token until the test's suspend is queued, so it spans that suspend."""
 
-    def __init__(self, engine: Any, hold: threading.Event | None = None) -> None:
+    def __init__(self, engine: Any, hold: FirstRequestHold | None = None) -> None:
         self._engine = engine
         self.handles: list[Any] = []
-        self._hold = hold
-        self.held: int | None = None  # the index in ``handles`` of the request held
-        self.hold_failed: str | None = None
+        self.hold = hold
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
     def submit(self, prompt_ids: Any, **kw: Any) -> Any:
-        hold = self._hold is not None and self.held is None and kw.get("max_tokens", 0) >= 2
-        if hold:
-            kw["on_token"] = self._held_at_first_token(kw.get("on_token"))
+        if self.hold is not None:
+            self.hold.wrap(kw, len(self.handles))
         h = self._engine.submit(prompt_ids, **kw)
-        if hold:
-            self.held = len(self.handles)
         self.handles.append(h)
         return h
-
-    def _held_at_first_token(self, on_token: Any) -> Any:
-        """``on_token`` (the server's) wrapped: at the first token, wait until the suspend is queued."""
-        seen = [0]
-        assert self._hold is not None
-
-        def held(*args: Any) -> bool | None:
-            keep = on_token(*args) if on_token is not None else None
-            seen[0] += 1
-            if seen[0] == 1 and keep is not False:
-                if not (self._hold.wait(WAIT) and self._engine._batcher.wait_for_control(WAIT)):
-                    self.hold_failed = "no suspend came while the request was held at its first token"
-            return keep
-
-        return held
 
     def generated(self) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...], tuple[int, ...]]]:
         outs = [h.future.result(30) for h in self.handles]
@@ -116,8 +93,8 @@ def engine(request: Any) -> Any:
 def test_nemo_gym_clients_across_suspends(engine: Any, tmp_path: Path) -> None:
     gym_python = _gym_python()
     eng = engine
-    suspending = threading.Event()  # set just before each suspend: the held request waits for it
-    rec = Recording(eng, hold=suspending if hasattr(eng, "_batcher") else None)
+    hold = FirstRequestHold(lambda t: eng._batcher.wait_for_control(t)) if hasattr(eng, "_batcher") else None
+    rec = Recording(eng, hold)
     gated = GatedEngine(eng, rec, serve=True, chat_template=digits_chat_template, request_timeout_s=60.0)
     gated.bring_up()
     stop = threading.Event()
@@ -126,9 +103,7 @@ def test_nemo_gym_clients_across_suspends(engine: Any, tmp_path: Path) -> None:
     def cycle() -> None:  # a suspend only while a request is mid-generation: it is parked, then resumed
         while not stop.is_set():
             if _has_running(eng):
-                suspending.set()
                 gated.suspend()
-                suspending.clear()
                 handoffs["n"] += 1
                 if hasattr(eng, "version_box"):
                     eng.version_box["v"] += 1  # a training step: the parked requests continue on new weights
@@ -165,9 +140,9 @@ def test_nemo_gym_clients_across_suspends(engine: Any, tmp_path: Path) -> None:
         tok = eng.tokenizer
         assert handoffs["n"] >= 1 and getattr(eng, "asleep_submits", 0) == 0
         assert any(len(set(g[3])) > 1 for g in gen), "no request spanned a suspend"
-        if hasattr(eng, "_batcher"):  # the held request was parked by a suspend and finished under the next version
-            assert rec.held is not None and rec.hold_failed is None, rec.hold_failed
-            assert len(set(gen[rec.held][3])) > 1, gen[rec.held]
+        if hold is not None:  # the held request was parked by a suspend and finished under the next version
+            assert hold.index is not None and hold.failed is None, hold.failed
+            assert len(set(gen[hold.index][3])) > 1, gen[hold.index]
         assert out["models"]["data"][0]["id"] == "colo-fsm"
         for c in out["completions"]:
             ch = c["choices"][0]
