@@ -49,15 +49,16 @@ def uncommitted_changes(root: Path | None = None) -> bool | None:
     return None if status is None else bool(status)
 
 
-def stale_checkout_marker(root: Path | None = None) -> str | None:
+def stale_checkout_marker(root: Path | None = None, *, dirty: bool | None = None) -> str | None:
     """The ``COMMIT`` file's commit where a checkout's ``.git`` lags its files: the tracked files differ from HEAD
     and the marker names a commit this ``.git`` does not hold as HEAD or an ancestor of it. The GPU machine's copied
     tree did so on 2026-12-05 (HEAD ``73940c4`` under the files of ``a77d687``): the marker is then what the run's
     code is. None otherwise: a clean checkout, no marker, or one naming HEAD or an older commit (a marker left in
-    a developer's checkout goes stale; it is not recorded)."""
+    a developer's checkout goes stale; it is not recorded). ``dirty``: :func:`uncommitted_changes` when the caller
+    has read it already."""
     root = root or ROOT
     named = _marker(root)
-    if not named or not uncommitted_changes(root):
+    if not named or not (uncommitted_changes(root) if dirty is None else dirty):
         return None
     known = _git(root, "merge-base", "--is-ancestor", named, "HEAD")  # "" when it is HEAD or before it
     return None if known is not None else named
@@ -68,10 +69,11 @@ def provenance() -> dict[str, Any]:
     commit where the checkout's ``.git`` lags its files: :func:`stale_checkout_marker`), UTC start time, host,
     Python, platform, CPU count and the 1-, 5- and 15-minute load averages at the call: call it when the run starts
     and put the dict in the JSON."""
+    dirty = uncommitted_changes()
     return {
         "commit": git_commit(),
-        "uncommitted_changes": uncommitted_changes(),
-        **({"commit_marker": m} if (m := stale_checkout_marker()) else {}),
+        "uncommitted_changes": dirty,
+        **({"commit_marker": m} if (m := stale_checkout_marker(dirty=dirty)) else {}),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": platform.node(),
         "python": platform.python_version(),

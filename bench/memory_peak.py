@@ -44,10 +44,13 @@ def role_args(argv: list[str] | None) -> argparse.Namespace:
     written), checked as that bench checks it: graph options with ``--graphs off`` are refused, not ignored."""
     ap = build_parser()
     args = ap.parse_args(argv)
-    unread = sorted(cvd.given_options(ap, argv) & set(cvd.GRAPH_OPTIONS)) if args.graphs == "off" else []
-    if unread:
-        ap.error(f"{cvd.flag(unread[0], getattr(args, unread[0]))} with --graphs off: expected --graphs on")
-    graphs = ["--scope", args.scope, "--num-cuda-graphs", str(args.num_cuda_graphs)] if args.graphs == "on" else []
+    given = cvd.given_options(ap, argv)  # a graph option given with --graphs off goes on, for the role to refuse
+    graphs = [
+        part
+        for dest in cvd.GRAPH_OPTIONS
+        if args.graphs == "on" or dest in given
+        for part in (f"--{dest.replace('_', '-')}", str(getattr(args, dest)))
+    ]
     return cvd.parse(
         [
             *("--role", "colocated", "--out", args.out, "--graphs", args.graphs, *graphs),
