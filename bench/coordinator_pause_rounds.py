@@ -114,6 +114,8 @@ class LoopModel:
         self.context = _Context()
         self.engine_loop_task: asyncio.Task[None] | None = None  # megatron's name; set once the loop runs
         self.cpu_s, self.gpu_s = cpu_s, gpu_s
+        self.hold_until_delivered = False  # a hook (Rig.hold_until_delivered): see async_step
+        self.undelivered = 0  # PAUSEs sent (Rig counts them) that the step under way has not yet seen arrive
 
     def connect(self, address: str) -> None:
         """Register with the coordinator as megatron's engine does (a DEALER named ``mp-coord-0``, one empty frame);
@@ -136,10 +138,21 @@ class LoopModel:
         """megatron restores the KV cache here; nothing to restore."""
 
     async def async_step(self) -> None:
-        """One decode step: the launch, the one yield to the event loop, the rest, then the step count."""
+        """One decode step: the launch, the one yield to the event loop, the rest, then the step count.
+
+        With ``hold_until_delivered`` (a test's hook), a step under way when a PAUSE left the client ends only once
+        megatron's coordinator process has forwarded it to this engine's socket (read without taking it, so
+        megatron's loop still reads it itself): the delivery a quiet machine makes within the step, forced, however
+        late a busy machine runs the coordinator process."""
         time.sleep(self.cpu_s)
         await asyncio.sleep(0)
         time.sleep(self.gpu_s)
+        if self.hold_until_delivered and self.undelivered:
+            import zmq
+
+            if not self.socket_for_receiving_requests.poll(int(CALL_TIMEOUT_S * 1e3), zmq.POLLIN):
+                raise RuntimeError(f"megatron's coordinator process forwarded no signal in {CALL_TIMEOUT_S:g} s")
+            self.undelivered = 0
         self.context.step_count += 1
 
 
@@ -209,6 +222,7 @@ class Rig:
 
         def recorded_pause() -> None:
             self.sent.append(self.engine.context.step_count)
+            self.engine.undelivered += 1
             pause_engines()
 
         self.client.pause_engines = recorded_pause
@@ -217,6 +231,16 @@ class Rig:
         self.llm._loop_manager, self.llm._engine = self.manager, self.engine
         self.llm._is_primary_rank, self.llm._use_coordinator = True, True
         self.llm._coord_runtime = type("CoordinatorRuntime", (), {"client": self.client})()
+
+    @property
+    def hold_until_delivered(self) -> bool:
+        """A hook for tests: the decode step under way when PAUSE leaves the client ends only once the signal is at
+        the engine's socket (:meth:`LoopModel.async_step`). Off in the bench, which measures where it lands."""
+        return self.engine.hold_until_delivered
+
+    @hold_until_delivered.setter
+    def hold_until_delivered(self, on: bool) -> None:
+        self.engine.hold_until_delivered = on
 
     def mark_first_round(self, into: list[int]) -> None:
         """Have the next call (:meth:`call` or :meth:`call_soon`) append the step count to ``into`` in its first round
