@@ -117,13 +117,13 @@ def _threads() -> int | None:
     return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:")), None)
 
 
-def _usage() -> tuple[float, float, int, int, int]:
+def _usage() -> tuple[float, float, int, int, int] | None:
     """This process's user and system CPU seconds, voluntary and involuntary context switches and minor page
-    faults so far (``getrusage``; zeros where the platform has none)."""
+    faults so far (``getrusage``), or None where the platform has none (never zeros a reader could take as counts)."""
     try:
         import resource
     except ImportError:  # pragma: no cover - not on Linux
-        return (0.0, 0.0, 0, 0, 0)
+        return None
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return (ru.ru_utime, ru.ru_stime, ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_minflt)
 
@@ -135,25 +135,35 @@ def host_pace[T](fn: Callable[[], T]) -> tuple[T, dict[str, Any]]:
     also is (CUDA spins while it waits by default); below 1 means a thread was taken off a core or blocked in a
     system call. Voluntary and involuntary context switches tell blocking from contention; minor page faults, the
     OS threads before and after, the garbage collector's collections per generation and the CPUs the process may
-    run on complete it."""
+    run on complete it. Where the platform has no ``getrusage``, the CPU and the counts are None."""
     gc_before, threads_before, usage_before = [s["collections"] for s in gc.get_stats()], _threads(), _usage()
     start = time.perf_counter()
     out = fn()
     wall = time.perf_counter() - start
-    user, system, voluntary, involuntary, faults = (a - b for a, b in zip(_usage(), usage_before, strict=True))
+    usage_after = _usage()
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    pace = {
+    pace: dict[str, Any] = {
         "wall_s": wall,
-        "cpu_s": user + system,
-        "user_s": user,
-        "system_s": system,
-        "cpu_over_wall": (user + system) / wall if wall > 0 else None,
-        "context_switches": {"voluntary": voluntary, "involuntary": involuntary},
-        "minor_page_faults": faults,
+        "cpu_s": None,
+        "user_s": None,
+        "system_s": None,
+        "cpu_over_wall": None,
+        "context_switches": None,
+        "minor_page_faults": None,
         "threads": [threads_before, _threads()],
         "gc_collections": [s["collections"] - c for s, c in zip(gc.get_stats(), gc_before, strict=True)],
         "cpus_allowed": len(affinity) if affinity is not None else None,
     }
+    if usage_before is not None and usage_after is not None:
+        user, system, voluntary, involuntary, faults = (a - b for a, b in zip(usage_after, usage_before, strict=True))
+        pace.update(
+            cpu_s=user + system,
+            user_s=user,
+            system_s=system,
+            cpu_over_wall=(user + system) / wall if wall > 0 else None,
+            context_switches={"voluntary": voluntary, "involuntary": involuntary},
+            minor_page_faults=faults,
+        )
     return out, pace
 
 

@@ -196,3 +196,13 @@ def test_the_summary_gives_the_committed_runs_ratios_and_the_host_pace_where_rec
     short["sections"]["decode"]["decode"].append({"batch": 16, "decode_tokens_per_s": 200.0})  # one host record
     rows, ratios = cvd.summary_rows({"colocated": role(60.0, 1.4), "dedicated": short})
     assert [r["batch"] for r in rows] == [8, 16] and ratios == {8: 0.6} and rows[1]["ded cpu/wall"] is None
+
+
+def test_host_pace_without_getrusage_records_none_not_zeros(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the platform has no ``getrusage``, the CPU time and the counts are None (not zeros a reader could take
+    for a measurement); the wall time, the threads and the collections are still there."""
+    monkeypatch.setattr(cvd, "_usage", lambda: None)
+    out, pace = cvd.host_pace(lambda: 7)
+    assert out == 7 and pace["wall_s"] >= 0 and len(pace["gc_collections"]) == 3
+    for key in ("cpu_s", "user_s", "system_s", "cpu_over_wall", "context_switches", "minor_page_faults"):
+        assert pace[key] is None, (key, pace[key])
