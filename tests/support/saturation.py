@@ -220,31 +220,23 @@ def _settled_health(
     worker: Any, calls_before: int, completed_before: int, rollout_calls: int, max_concurrency: int, deadline: float
 ) -> dict[str, Any]:
     """The worker's ``health`` once every rollout call that can reach it while suspended has (all ``rollout_calls``,
-    or as many as the slots the finished ones left allow) and reads agree for ``SETTLE_S``. ``health`` runs in the
-    control group's thread while rollout calls still arrive in theirs, so one read can catch a call counted on
-    arrival but not yet waiting at the gate; while suspended nothing else moves, so a settled read is one
-    consistent snapshot (the last read when ``deadline`` passes first)."""
-    keys = ("calls", "completed", "waiting", "active")
-    since: float | None = None
-    last: dict[str, Any] = {}
+    or as many as the slots the finished ones left allow) and every call it counted is accounted for: finished,
+    waiting at the gate or running. ``health`` runs in the control group's thread while rollout calls still arrive
+    in theirs, so one read can catch a call counted on arrival but not yet waiting at the gate (or one past the
+    gate, not yet counted finished); while suspended nothing else moves, so the first read with none in between is
+    one consistent snapshot, whatever the machine's pace (the last read when ``deadline`` passes first).
+    A call that never reaches the gate leaves the snapshot unsettled, and the suspend test's accounting red."""
     now = time.monotonic()
     while True:
         health = ray.get(worker.health.remote(), timeout=max(1.0, deadline - now))
         now = time.monotonic()
         arrived = min(rollout_calls, health["completed"] - completed_before + max_concurrency)
-        if health["calls"] - calls_before == arrived and all(health.get(k) == last.get(k) for k in keys):
-            since = now if since is None else since
-            if now - since >= SETTLE_S:
-                return health
-        else:
-            since = None
+        in_between = health["calls"] - health["completed"] - health["waiting"] - health["active"]
+        if health["calls"] - calls_before == arrived and in_between == 0:
+            return health
         if now >= deadline:
             return health
-        last = health
         time.sleep(0.02)
-
-
-SETTLE_S = 0.2  # how long the suspended worker's health must read the same to be one snapshot
 
 
 @dataclass
