@@ -510,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if scraper is not None:
-        Path(args.series_out).write_text(json.dumps({"phases": phases, "scrapes": scraper.series}) + "\n")
+        series = {"provenance": prov, "phases": phases, "scrapes": scraper.series}
+        Path(args.series_out).write_text(json.dumps(series) + "\n")
     print(f"\n{'outcome (server)':24s} {'requests':>9s}")
     for k, v in sorted(by_outcome.items()):
         print(f"{k:24s} {v:9d}")

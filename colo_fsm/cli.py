@@ -232,6 +232,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     fault = _parse_fault(args.fail_at)
     if fault is not None and fault[2] >= args.steps:
         raise UsageError(f"argument --fail-at: step {fault[2]} is past the last step ({args.steps - 1})")
+    for rank in range(args.ranks):
+        path = _trace_path(args.trace, rank, args.ranks)
+        if path is not None and path.exists() and (path.is_dir() or path.stat().st_size):
+            what = "a directory" if path.is_dir() else f"a trace of {path.stat().st_size} bytes"
+            raise UsageError(
+                f"argument --trace: {path} is {what}; expected a path with no trace yet (a trace file is appended "
+                "to, so a timeline of it would draw both runs as one): remove it or choose another path"
+            )
 
     print_lock = threading.Lock()
     shared = threading.Barrier(args.ranks) if args.ranks > 1 else None

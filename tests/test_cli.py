@@ -116,6 +116,13 @@ def test_simulate_then_timeline(tmp_path: Path) -> None:
     proc = run("timeline", *map(str, traces), "-o", str(png))
     assert proc.returncode == 0, proc.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    # the same command again would append a second run to each trace: refused, the traces left as they were
+    before = [p.read_bytes() for p in traces]
+    again = run("simulate", "--steps", "4", "--ranks", "2", "--trace", str(trace))
+    assert again.returncode == 2 and again.stdout == "", again.stdout
+    assert f"argument --trace: {traces[0]} is a trace of {len(before[0])} bytes" in again.stderr, again.stderr
+    assert "remove it or choose another path" in again.stderr and "Traceback" not in again.stderr
+    assert [p.read_bytes() for p in traces] == before
 
 
 def test_simulate_injected_failure_reaches_failed_then_stopped(tmp_path: Path) -> None:
