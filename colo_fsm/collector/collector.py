@@ -91,7 +91,7 @@ class AsyncCollector:
     just before it, tail included, and one that has nothing to wait for: after a resume the collector and the
     trainer's next handoff race, and without the hold the collector usually goes first. On one H200 one drain
     handoff in three that went the other way by chance lifted drain from 4.65 to 5.64 samples/s
-    (docs/gpu-runs/PERFORMANCE.md), and on the CPU a held drain ran level with park.
+    (docs/gpu-runs/PERFORMANCE.md), and on the CPU a held drain ran level with park or a little ahead of it (bench/HANDOFF.md).
 
     Deferral: when rollouts share one engine that serves them one at a time, most of the ``cap`` rollouts in
     flight are only waiting for it, and a pause would wait for all of them to generate. A rollout should
