@@ -1,9 +1,11 @@
-"""The summaries every bench quotes: a nearest-rank percentile and a median, each NaN for no data, and a range."""
+"""The summaries every bench quotes: a nearest-rank percentile and a median, each NaN for no data, and a range;
+and the table cell that prints no data as ``-``."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 
 def pct(xs: Sequence[float], q: float) -> float:
@@ -17,6 +19,11 @@ def pct(xs: Sequence[float], q: float) -> float:
 def median(xs: Sequence[float]) -> float:
     """The median of ``xs``; NaN for an empty sequence."""
     return statistics.median(xs) if xs else float("nan")
+
+
+def cell(x: Any, spec: str = "{:.2f}") -> str:
+    """``x`` formatted for a table, or ``-`` where there was nothing to measure (None, or the NaN of no data)."""
+    return "-" if x is None or (isinstance(x, float) and x != x) else spec.format(x)
 
 
 def minmax(xs: Sequence[int]) -> list[int] | None:

@@ -114,7 +114,7 @@ class LoopModel:
         self.context = _Context()
         self.engine_loop_task: asyncio.Task[None] | None = None  # megatron's name; set once the loop runs
         self.cpu_s, self.gpu_s = cpu_s, gpu_s
-        self.hold_until_delivered = False  # a hook (Rig.hold_until_delivered): see async_step
+        self.hold_until_delivered = False  # a test's hook, off in the bench (which measures where a PAUSE lands)
         self.undelivered = 0  # PAUSEs sent (Rig counts them) that the step under way has not yet seen arrive
 
     def connect(self, address: str) -> None:
@@ -231,16 +231,6 @@ class Rig:
         self.llm._loop_manager, self.llm._engine = self.manager, self.engine
         self.llm._is_primary_rank, self.llm._use_coordinator = True, True
         self.llm._coord_runtime = type("CoordinatorRuntime", (), {"client": self.client})()
-
-    @property
-    def hold_until_delivered(self) -> bool:
-        """A hook for tests: the decode step under way when PAUSE leaves the client ends only once the signal is at
-        the engine's socket (:meth:`LoopModel.async_step`). Off in the bench, which measures where it lands."""
-        return self.engine.hold_until_delivered
-
-    @hold_until_delivered.setter
-    def hold_until_delivered(self, on: bool) -> None:
-        self.engine.hold_until_delivered = on
 
     def mark_first_round(self, into: list[int]) -> None:
         """Have the next call (:meth:`call` or :meth:`call_soon`) append the step count to ``into`` in its first round

@@ -26,6 +26,7 @@ from typing import Any
 
 from bench._handoff import graph_mix, mode_of_ratio  # the bench's own rules
 from bench._model_costs import Baseline, Timing
+from bench._stats import cell as _fmt
 from bench.gpu_plots import plot_bars, plot_map
 from bench.gpu_runs import (
     MODES,
@@ -48,10 +49,6 @@ from bench.gpu_runs import (
 )
 from bench.park_ceiling import section as ceiling_section
 from bench.parking_map import map_section
-
-
-def _fmt(x: Any, spec: str = "{:.2f}") -> str:
-    return "-" if x is None or (isinstance(x, float) and x != x) else spec.format(x)
 
 
 def steps_text(d: dict[str, Any], row: dict[str, Any]) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -34,7 +33,7 @@ from bench._provenance import provenance  # noqa: E402  (after the sys.path line
 
 RESULTS = ROOT / "bench" / "results" / "server_suspend.json"
 
-from bench._stats import pct  # noqa: E402
+from bench._stats import cell, pct  # noqa: E402
 
 
 def run_one(suspend_ms: float, *, clients: int, gen_ms: float, timeout_s: float, awake_s: float) -> dict:
@@ -121,11 +120,6 @@ def run_one(suspend_ms: float, *, clients: int, gen_ms: float, timeout_s: float,
     }
 
 
-def _ms(x: float | None) -> str:
-    """A table cell in ms: ``-`` where there was nothing to measure (None, or NaN for no requests of that kind)."""
-    return "-" if x is None or math.isnan(x) else f"{x:.1f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -152,11 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        ms = {k: _ms(r[k]) for k in ("awake_p50_ms", "awake_p99_ms", "queued_p50_ms", "queued_max_ms")}
+        ms = {k: cell(r[k], "{:.1f}") for k in ("awake_p50_ms", "awake_p99_ms", "queued_p50_ms", "queued_max_ms")}
         print(
             f"| {r['suspend_ms']:g} | {r['requests']} | {r['served']} | {r['served_after_waiting']} | {r['503']} | "
             f"{r['other_errors']} | {ms['awake_p50_ms']} / {ms['awake_p99_ms']} | "
-            f"{ms['queued_p50_ms']} / {ms['queued_max_ms']} | {_ms(r['suspend_drain_ms'])} | "
+            f"{ms['queued_p50_ms']} / {ms['queued_max_ms']} | {cell(r['suspend_drain_ms'], '{:.1f}')} | "
             f"{r['served_mid_handoff'] + r['served_while_closed']} |"
         )
     payload = {

@@ -28,7 +28,7 @@ def test_megatrons_pause_sends_in_a_later_round_than_one_coroutine_or_a_callback
     coordinator process has forwarded the signal (``hold_until_delivered``), as on a quiet machine, so a busy one
     that runs the coordinator process late cannot move the count."""
     rig = Rig(interval=1, cpu_s=CPU_S, gpu_s=GPU_S)
-    rig.hold_until_delivered = True
+    rig.engine.hold_until_delivered = True
     try:
         rows = {way: measure_way(rig, way, 6) for way in ("megatron", "one-coroutine", "callback")}
     finally:

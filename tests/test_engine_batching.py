@@ -18,6 +18,7 @@ from colo_fsm.adapters.batching import Priority, TokenCompletion
 from colo_fsm.adapters.megatron.engine import GenerationConfig, MegatronEngine
 from colo_fsm.adapters.megatron.tokenizer import CharTokenizer
 from colo_fsm.errors import ConfigError, EngineStopped, RequestTooLarge
+from tests.support.waits import wait_until
 
 TOK = CharTokenizer("0123456789>")
 PROMPTS = ["123>", "905>", "44>", "7>", "3141>", "2718>", "60>", "8>"]
@@ -113,10 +114,7 @@ def test_concurrent_requests_of_different_lengths_batch_together_and_match_solo_
     eng.suspend()  # the eight queue up first, so the resume batches them however the threads were scheduled
     for t in threads:
         t.start()
-    for _ in range(60_000):  # until every caller has submitted (bounded, never an assertion on time)
-        if eng.request_counts().queued == len(PROMPTS):
-            break
-        time.sleep(0.001)
+    wait_until(lambda: eng.request_counts().queued == len(PROMPTS), "every caller to submit", WAIT)
     eng.resume()
     for t in threads:
         t.join()
