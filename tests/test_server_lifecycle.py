@@ -20,7 +20,7 @@ from colo_fsm.collector import AsyncCollector, ReplayBuffer, TextRollout
 from colo_fsm.errors import ServerUnavailable
 from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.machine.trace import TraceRecord
-from colo_fsm.server import GatedEngine, gather_base_urls, overlaps
+from colo_fsm.server import GatedEngine, ServedSpan, SuspendGate, gather_base_urls, overlaps
 from colo_fsm.testing.fakes import RecordingEngine, recording_adapters
 from tests.support.procs import rank_context
 
@@ -54,6 +54,41 @@ def serving_windows(records: list[TraceRecord]) -> list[tuple[float, float]]:
         if r.dest in (State.GENERATING.value, State.VALIDATING.value):
             out.append((r.t_start, nxt.t_enter if nxt is not None else float("inf")))
     return out
+
+
+def admitted_outside(served: list[ServedSpan], windows: list[tuple[float, float]]) -> list[ServedSpan]:
+    """The spans whose admitting predicate read cannot have fallen in any window.
+
+    The predicate read the state at some instant in ``[checked, admitted]``; a span is outside only when that whole
+    interval misses every window (a single stamp would race with a transition that lands between the read and it).
+    """
+    return [s for s in served if not any(s.checked <= b and a <= s.admitted for a, b in windows)]
+
+
+def test_admission_check_holds_when_a_transition_lands_between_the_read_and_the_stamp() -> None:
+    """Forced: the state leaves serving right after the predicate read it, before the gate stamps the admission.
+    The interval check accepts that request (its read was inside the window); a stamp-only check would not."""
+    serving = {"now": True}
+    window_start = time.time()
+    window: list[tuple[float, float]] = []
+
+    def admit() -> bool:
+        seen = serving["now"]
+        if seen and not window:  # the transition lands here: after the read, before the gate's stamp
+            serving["now"] = False
+            window.append((window_start, time.time()))
+            time.sleep(0.002)
+        return seen
+
+    gate = SuspendGate(is_open=True, admit=admit, record=True)
+    with gate.admit(timeout=1):
+        pass
+    (span,) = gate.served
+    assert span.admitted > window[0][1]  # the single stamp lies past the window's end
+    assert admitted_outside(gate.served, window) == []
+    # and the check can fail: a span whose whole interval lies past the window is reported
+    late = ServedSpan(window[0][1] + 1.0, window[0][1] + 2.0, 0.0, window[0][1] + 0.5)
+    assert admitted_outside([late], window) == [late]
 
 
 def test_lifecycle_collector_and_server_through_several_steps() -> None:
@@ -185,7 +220,7 @@ def test_lifecycle_collector_and_server_through_several_steps() -> None:
     assert len(served) >= len(answers)
     assert overlaps(served, gated.gate.closed_periods()) == []  # none ran while suspended
     windows = serving_windows(lc.trace.records)
-    outside = [s for s in served if not any(a <= s.admitted <= b for a, b in windows)]
+    outside = admitted_outside(served, windows)
     assert outside == [], f"admitted outside Generating/Validating: {outside[:3]}"
     # requests did wait across handoffs: some waited at least one training step (train_step hangs 50 ms)
     assert max(s.waited_s for s in served) >= 0.04

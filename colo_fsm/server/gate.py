@@ -25,11 +25,16 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class ServedSpan:
-    """One admitted request: when it was admitted and when it released the gate (``time.time()``, like traces)."""
+    """One admitted request: when it was admitted and when it released the gate (``time.time()``, like traces).
+
+    ``checked`` is the wall time just before the gate read the ``admit`` predicate that let it in, so whatever that
+    predicate read (e.g. the lifecycle's state) held at some instant between ``checked`` and ``admitted``.
+    """
 
     admitted: float
     released: float
     waited_s: float
+    checked: float
 
 
 @dataclass(frozen=True)
@@ -227,19 +232,20 @@ class SuspendGate:
             self._timeouts += 1
         return ServerUnavailable(waited, self.state())
 
-    def _try_enter_locked(self, t0: float) -> tuple[float, float] | None:
-        """Under the lock: take a place in flight if admissible; (admitted_at wall time, seconds waited) or None."""
+    def _try_enter_locked(self, t0: float) -> tuple[float, float, float] | None:
+        """Under the lock: take a place in flight if admissible; (checked, admitted wall times, seconds waited) or None."""
+        checked = time.time()
         if not self._admissible():
             return None
         self._in_flight += 1
         self._admitted += 1
-        return time.time(), time.monotonic() - t0
+        return checked, time.time(), time.monotonic() - t0
 
-    def _leave(self, admitted_at: float, waited: float) -> None:
+    def _leave(self, checked: float, admitted_at: float, waited: float) -> None:
         with self._cond:
             self._in_flight -= 1
             if self._record:
-                self.served.append(ServedSpan(admitted_at, time.time(), waited))
+                self.served.append(ServedSpan(admitted_at, time.time(), waited, checked))
             self._cond.notify_all()
 
     @contextlib.contextmanager
@@ -250,15 +256,13 @@ class SuspendGate:
         """
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
-        admitted_at: float | None = None
-        waited = 0.0
+        entered: tuple[float, float, float] | None = None
         with self._cond:
             self._waiting += 1
             try:
                 while True:
                     entered = self._try_enter_locked(t0)
                     if entered is not None:
-                        admitted_at, waited = entered
                         break
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if self._retired or (remaining is not None and remaining <= 0):
@@ -270,12 +274,12 @@ class SuspendGate:
                     self._cond.wait(wait)
             finally:
                 self._waiting -= 1
-        if admitted_at is None:
+        if entered is None:
             raise self._unavailable(time.monotonic() - t0)
         try:
-            yield waited
+            yield entered[2]
         finally:
-            self._leave(admitted_at, waited)
+            self._leave(*entered)
 
     @contextlib.asynccontextmanager
     async def admit_async(self, timeout: float | None = None) -> AsyncIterator[float]:
@@ -283,8 +287,7 @@ class SuspendGate:
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
-        admitted_at: float | None = None
-        waited = 0.0
+        entered: tuple[float, float, float] | None = None
         with self._cond:
             self._waiting += 1
         try:
@@ -292,7 +295,6 @@ class SuspendGate:
                 with self._cond:
                     entered = self._try_enter_locked(t0)
                     if entered is not None:
-                        admitted_at, waited = entered
                         break
                     fut: asyncio.Future[None] | None = None
                     if self._retired:
@@ -317,12 +319,12 @@ class SuspendGate:
         finally:
             with self._cond:
                 self._waiting -= 1
-        if admitted_at is None:
+        if entered is None:
             raise self._unavailable(time.monotonic() - t0)
         try:
-            yield waited
+            yield entered[2]
         finally:
-            self._leave(admitted_at, waited)
+            self._leave(*entered)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
