@@ -169,7 +169,6 @@ def test_dynamic_engine_suspend_resume_on_gpu(mode):
 @pytest.mark.parametrize("mode", ["persist", "offload", "recompute"])
 def test_dynamic_engine_parks_requests_across_a_train_step_on_gpu(mode):
     """Requests in flight at a suspend are kept (in every KV mode) and finish with their exact lengths."""
-    import threading
 
     from colo_fsm.adapters.megatron.dynamic import dynamic_engine_available
 
@@ -186,8 +185,8 @@ def test_dynamic_engine_parks_requests_across_a_train_step_on_gpu(mode):
         model, TOK, GenerationConfig(kv_cache_mode=mode, buffer_size_gb=0.5), weight_version=lambda: version["v"]
     )
     eng.bring_up()
-    started = threading.Event()
     lengths = [8, 16, 32, 48, 64, 96]
+    started, hold = _hold_until_a_suspend(eng, after_tokens=4)  # forced: the 96-token request is mid-flight
     handles = [
         eng.submit(
             TOK.tokenize("123>"),
@@ -195,9 +194,9 @@ def test_dynamic_engine_parks_requests_across_a_train_step_on_gpu(mode):
             temperature=1.0,
             top_k=5,
             stop_token_ids=(),
-            on_token=(lambda t, lp, v: started.set()) if i == 0 else None,
+            on_token=hold if n == max(lengths) else None,
         )
-        for i, n in enumerate(lengths)
+        for n in lengths
     ]
     assert started.wait(120)
     doomed = eng.submit(TOK.tokenize("45>"), max_tokens=100)  # aborted while parked (stop-word hook / dequeue)
@@ -218,6 +217,24 @@ def test_dynamic_engine_parks_requests_across_a_train_step_on_gpu(mode):
     eng.generate(["12>"], max_tokens=2)  # one more step lets the engine's bookkeeping release the aborted one
     assert eng.request_counts() == (0, 0, 0) and not eng._batcher.backend.engine.requests
     eng.shutdown()
+
+
+def _hold_until_a_suspend(eng, *, after_tokens):
+    """An ``on_token`` that, at a request's ``after_tokens``-th token, sets the returned event and holds the engine
+    thread until a control call (the test's suspend) is on its way, once: that request is surely mid-flight at the
+    suspend, whatever the machine's speed."""
+    import threading
+
+    reached = threading.Event()
+    seen = []
+
+    def hold(tok, lp, v):
+        seen.append(tok)
+        if len(seen) == after_tokens:
+            reached.set()
+            assert eng._batcher.wait_for_control(120), "no suspend came"
+
+    return reached, hold
 
 
 def _gpu_engine_or_skip(tokenizer=TOK, **cfg):
@@ -246,18 +263,9 @@ def test_dynamic_engine_abort_mode_resubmits_after_the_resume_on_gpu(mode):
     resume and completes with every token, versions per token, nothing left in the engine. The tokenizer's
     end-of-document id lies outside the vocabulary: a tiny random model sampling it would end the request before
     the suspend it waits for (what made this test fail on the GPU before, not the abort)."""
-    import threading
 
     model, eng, version = _gpu_engine_or_skip(NOEND, kv_cache_mode=mode, inflight="abort")
-    reached = threading.Event()
-    seen = []
-
-    def hold(tok, lp, v):
-        seen.append(tok)
-        if len(seen) == 4:
-            reached.set()
-            assert eng._batcher.wait_for_control(120), "no suspend came"
-
+    reached, hold = _hold_until_a_suspend(eng, after_tokens=4)
     h = eng.submit(TOK.tokenize("123>"), max_tokens=48, temperature=1.0, top_k=5, on_token=hold)
     assert reached.wait(120)
     eng.suspend()
@@ -270,9 +278,11 @@ def test_dynamic_engine_abort_mode_resubmits_after_the_resume_on_gpu(mode):
     assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)  # none missing (nan)
     assert eng.inflight_stats() == (1, len(TOK.tokenize("123>")) + 4, 1, len(TOK.tokenize("123>")) + 4)
     lens = [10, 20, 30, 40, 50, 60]  # several ended at two suspends, each still gets exactly its length
-    going = threading.Event()
+    going, hold_longest = _hold_until_a_suspend(eng, after_tokens=2)  # forced: the 60-token one is mid-flight
     many = [
-        eng.submit(TOK.tokenize("12>"), max_tokens=n, temperature=1.0, top_k=5, on_token=lambda *a: going.set())
+        eng.submit(
+            TOK.tokenize("12>"), max_tokens=n, temperature=1.0, top_k=5, on_token=hold_longest if n == 60 else None
+        )
         for n in lens
     ]
     assert going.wait(120)
@@ -284,7 +294,7 @@ def test_dynamic_engine_abort_mode_resubmits_after_the_resume_on_gpu(mode):
     assert [len(o.token_ids) for o in outs] == lens and all(o.finish_reason == "length" for o in outs)
     assert all(len(o.logprobs) == len(o.token_ids) for o in outs)
     assert all(o.weight_versions == tuple(sorted(o.weight_versions)) for o in outs)
-    assert eng.inflight_stats().ended > 1  # the first suspend ended the requests then running
+    assert eng.inflight_stats().ended > 1  # the first suspend ended the held request (and any other then running)
     eng.generate(["12>"], max_tokens=2)  # one more step lets the engine's bookkeeping release the ended row
     assert eng.request_counts() == (0, 0, 0) and not eng._batcher.backend.engine.requests
     eng.shutdown()
