@@ -37,9 +37,14 @@ def _marker(root: Path) -> str | None:
 
 def git_commit(root: Path | None = None) -> str | None:
     """The commit the bench runs at: git's HEAD in a checkout (a ``COMMIT`` file left there goes stale with the next
-    commit), the ``COMMIT`` file in a copied tree without ``.git`` (the GPU machine's); None if neither says."""
+    commit), the ``COMMIT`` file in a copied tree without ``.git``, or where the checkout's ``.git`` lags its files
+    (:func:`stale_checkout_marker`: the GPU machine's copy did so on 2026-12-05 and again on 2026-12-06, when a
+    handoff run recorded HEAD ``aec3187`` under the files of ``2b672ff``); None if neither says."""
     root = root or ROOT
-    return _git(root, "rev-parse", "--short", "HEAD") or _marker(root)
+    head = _git(root, "rev-parse", "--short", "HEAD")
+    if head is None:
+        return _marker(root)
+    return stale_checkout_marker(root) or head
 
 
 def uncommitted_changes(root: Path | None = None) -> bool | None:

@@ -105,7 +105,7 @@ def test_a_bench_run_writes_it(tmp_path: Path) -> None:
 def test_a_checkout_whose_git_lags_its_files_records_the_commit_file_beside_head(tmp_path: Path) -> None:
     """The GPU machine's copied tree once carried a ``.git`` at an older HEAD under newer files: the run recorded
     that HEAD with ``uncommitted_changes``, and only the ``COMMIT`` file named the code that ran. The marker is
-    recorded then (a commit that ``.git`` does not hold), and not for a clean checkout, a marker naming HEAD (short
+    recorded then (a commit that ``.git`` does not hold), and it is the run's ``commit``, and not for a clean checkout, a marker naming HEAD (short
     or whole) or an older commit (a developer's leftover file: stale), an empty one, or one that is not a file."""
     tree = tmp_path / "tree"
     tree.mkdir()
@@ -126,7 +126,7 @@ def test_a_checkout_whose_git_lags_its_files_records_the_commit_file_beside_head
     marker.write_text("abc1234\n", encoding="utf-8")
     assert stale_checkout_marker(tree) is None  # clean: HEAD is the code, whatever the file says
     (tree / "code.py").write_text("x = 2\n", encoding="utf-8")  # the files move on under the lagging .git
-    assert stale_checkout_marker(tree) == "abc1234" != git_commit(tree)
+    assert stale_checkout_marker(tree) == "abc1234" == git_commit(tree)  # the files' commit, not the lagging HEAD
     for known in (head, head[:7], older[:7]):  # HEAD, whole or short, or a commit before it: a stale leftover
         marker.write_text(f"{known}\n", encoding="utf-8")
         assert stale_checkout_marker(tree) is None, known
