@@ -258,8 +258,8 @@ STAGES: tuple[Stage, ...] = (
         "reasoning-32k-coordinator-park-sync-linear-graphs",
         "reasoning-32k-coordinator-park-sync with megatron's graphs sized linearly (--graph-sizing linear, as in "
         "the 8k stage), where park's 65-68 requests a decode step ran the 128 graph of the default sizing (the 80 "
-        "graph here); the step profile counts each mode's decode steps per captured graph; ~10 min, estimated from "
-        "the stage it varies: --detach",
+        "graph here); the step profile counts each mode's decode steps per captured graph; ~9 min (521 s at 2b672ff "
+        "on an H100: park's padding 9.7% of its graphs' slots, 20.7% on the default sizing): --detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", engine="coordinator", sizing="linear"),
     ),
     _coordinator_long(
@@ -517,9 +517,9 @@ STAGES: tuple[Stage, ...] = (
                 "saved-at-end",
                 ("--save-weights", "at-end"),
                 "the colocated role writing its weights at its end, not before its decode (the order of the runs "
-                "that measured 0.57-0.68x; on one H200 its colocated process ran slow in 3 of 4 runs, against none "
-                "of 7 writing them before, 3 there and 4 on an H100; the dedicated role then loads weights two "
-                "train steps later)",
+                "that measured 0.57-0.68x; its colocated process ran slow in 3 of 5 runs, 3 of 4 on one H200 and not "
+                "the one on an H100 at 2b672ff, against none of 8 writing them before, 3 there and 5 on an H100; "
+                "the dedicated role then loads weights two train steps later)",
             ),
         )
     ),
