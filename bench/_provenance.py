@@ -35,16 +35,21 @@ def _marker(root: Path) -> str | None:
         return None
 
 
-def git_commit(root: Path | None = None) -> str | None:
+def git_commit(root: Path | None = None, *, dirty: bool | None = None) -> str | None:
     """The commit the bench runs at: git's HEAD in a checkout (a ``COMMIT`` file left there goes stale with the next
     commit), the ``COMMIT`` file in a copied tree without ``.git``, or where the checkout's ``.git`` lags its files
-    (:func:`stale_checkout_marker`: the GPU machine's copy did so on 2026-12-05 and again on 2026-12-06, when a
-    handoff run recorded HEAD ``aec3187`` under the files of ``2b672ff``); None if neither says."""
+    and does not hold that commit at all (the GPU machine's copy did so on 2026-12-05 and again on 2026-12-06, when a
+    handoff run recorded HEAD ``aec3187`` under the files of ``2b672ff``; a developer's leftover file naming an
+    amended or another branch's commit is stale, and HEAD wins); None if neither says. ``dirty``:
+    :func:`uncommitted_changes` when the caller has read it already."""
     root = root or ROOT
     head = _git(root, "rev-parse", "--short", "HEAD")
     if head is None:
         return _marker(root)
-    return stale_checkout_marker(root) or head
+    marker = stale_checkout_marker(root, dirty=dirty)
+    if marker is not None and _git(root, "cat-file", "-e", f"{marker}^{{commit}}") is None:
+        return marker
+    return head
 
 
 def uncommitted_changes(root: Path | None = None) -> bool | None:
@@ -76,7 +81,7 @@ def provenance() -> dict[str, Any]:
     and put the dict in the JSON."""
     dirty = uncommitted_changes()
     return {
-        "commit": git_commit(),
+        "commit": git_commit(dirty=dirty),
         "uncommitted_changes": dirty,
         **({"commit_marker": m} if (m := stale_checkout_marker(dirty=dirty)) else {}),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -518,7 +518,7 @@ STAGES: tuple[Stage, ...] = (
                 ("--save-weights", "at-end"),
                 "the colocated role writing its weights at its end, not before its decode (the order of the runs "
                 "that measured 0.57-0.68x; its colocated process ran slow in 3 of 5 runs, 3 of 4 on one H200 and not "
-                "the one on an H100 at 2b672ff, against none of 8 writing them before, 3 there and 5 on an H100; "
+                "the one on an H100 at 2b672ff, against none of 8 writing them before, 3 there and 5 on H100s; "
                 "the dedicated role then loads weights two train steps later)",
             ),
         )

@@ -127,6 +127,11 @@ def test_a_checkout_whose_git_lags_its_files_records_the_commit_file_beside_head
     assert stale_checkout_marker(tree) is None  # clean: HEAD is the code, whatever the file says
     (tree / "code.py").write_text("x = 2\n", encoding="utf-8")  # the files move on under the lagging .git
     assert stale_checkout_marker(tree) == "abc1234" == git_commit(tree)  # the files' commit, not the lagging HEAD
+    side = subprocess.run(  # a commit this .git holds that is not HEAD's ancestor: an amended or other branch's
+        [*git, "commit-tree", "HEAD^{tree}", "-m", "side"], cwd=tree, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    marker.write_text(f"{side[:7]}\n", encoding="utf-8")
+    assert stale_checkout_marker(tree) == side[:7] and git_commit(tree) == head[:7]  # recorded beside; HEAD wins
     for known in (head, head[:7], older[:7]):  # HEAD, whole or short, or a commit before it: a stale leftover
         marker.write_text(f"{known}\n", encoding="utf-8")
         assert stale_checkout_marker(tree) is None, known

@@ -181,8 +181,8 @@ def test_dynamic_engine_parks_requests_across_a_train_step_on_gpu(mode):
     init_distributed(1, device="cuda")
     model = tiny(TOK, device="cuda", max_sequence_length=128, hidden_size=128, num_attention_heads=2)
     version = {"v": 0}
-    eng = MegatronEngine(
-        model, TOK, GenerationConfig(kv_cache_mode=mode, buffer_size_gb=0.5), weight_version=lambda: version["v"]
+    eng = MegatronEngine(  # NOEND: the held request cannot end on end-of-document before its 4th token
+        model, NOEND, GenerationConfig(kv_cache_mode=mode, buffer_size_gb=0.5), weight_version=lambda: version["v"]
     )
     eng.bring_up()
     lengths = [8, 16, 32, 48, 64, 96]
