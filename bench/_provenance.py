@@ -35,21 +35,25 @@ def _marker(root: Path) -> str | None:
         return None
 
 
-def git_commit(root: Path | None = None, *, dirty: bool | None = None) -> str | None:
+def git_commit(root: Path | None = None) -> str | None:
     """The commit the bench runs at: git's HEAD in a checkout (a ``COMMIT`` file left there goes stale with the next
     commit), the ``COMMIT`` file in a copied tree without ``.git``, or where the checkout's ``.git`` lags its files
     and does not hold that commit at all (the GPU machine's copy did so on 2026-12-05 and again on 2026-12-06, when a
     handoff run recorded HEAD ``aec3187`` under the files of ``2b672ff``; a developer's leftover file naming an
-    amended or another branch's commit is stale, and HEAD wins); None if neither says. ``dirty``:
-    :func:`uncommitted_changes` when the caller has read it already."""
-    root = root or ROOT
+    amended or another branch's commit is stale, and HEAD wins); None if neither says."""
+    return _commit_and_marker(root or ROOT, None)[0]
+
+
+def _commit_and_marker(root: Path, dirty: bool | None) -> tuple[str | None, str | None]:
+    """:func:`git_commit` and :func:`stale_checkout_marker` from one read of the checkout (``dirty``:
+    :func:`uncommitted_changes` when the caller has read it already)."""
     head = _git(root, "rev-parse", "--short", "HEAD")
     if head is None:
-        return _marker(root)
+        return _marker(root), None
     marker = stale_checkout_marker(root, dirty=dirty)
     if marker is not None and _git(root, "cat-file", "-e", f"{marker}^{{commit}}") is None:
-        return marker
-    return head
+        return marker, marker
+    return head, marker
 
 
 def uncommitted_changes(root: Path | None = None) -> bool | None:
@@ -80,10 +84,11 @@ def provenance() -> dict[str, Any]:
     Python, platform, CPU count and the 1-, 5- and 15-minute load averages at the call: call it when the run starts
     and put the dict in the JSON."""
     dirty = uncommitted_changes()
+    commit, marker = _commit_and_marker(ROOT, dirty)
     return {
-        "commit": git_commit(dirty=dirty),
+        "commit": commit,
         "uncommitted_changes": dirty,
-        **({"commit_marker": m} if (m := stale_checkout_marker(dirty=dirty)) else {}),
+        **({"commit_marker": marker} if marker else {}),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": platform.node(),
         "python": platform.python_version(),

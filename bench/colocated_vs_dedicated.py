@@ -19,11 +19,12 @@ One process on block scope (``--role inprocess --scope block``) gives 0.91-1.06x
 graphs colocated decode ran 0.57-0.68x dedicated (an H200 and an H100) while the colocated role wrote its weights at
 its end, and 0.87-0.98x at 73940c4, which writes them before its decode: the 64-step windows are short (the
 host's pace) and a whole process can run slow (windows 1.45-1.75x as long), as 3 of 4 colocated processes did
-again with ``--save-weights at-end`` on one H200 (not the fifth, on an H100 at 2b672ff). Each of ``--dedicated-first`` (order), ``--train-steps 0`` (no training; the
-trainer built), ``--freeze`` (no parameter requires grad while the colocated model decodes) and ``--save-weights
-at-end`` (which also has the dedicated role load weights two train steps later) changes one setting of the
-two-process run (stages ``colocated-vs-dedicated-two-processes-*``; docs/gpu-runs/README.md has the runs).
-A role that fails, or a failed section, makes it exit 1.
+again with ``--save-weights at-end`` on one H200 (not the fifth, on an H100 at 2b672ff). Each of
+``--dedicated-first`` (order), ``--train-steps 0`` (no training; the trainer built), ``--freeze`` (no parameter
+requires grad while the colocated model decodes) and ``--save-weights at-end`` (which also has the dedicated role
+load weights two train steps later) changes one setting of the two-process run (stages
+``colocated-vs-dedicated-two-processes-*``; docs/gpu-runs/README.md has the runs). A role that fails, or a failed
+section, makes it exit 1.
 """
 
 from __future__ import annotations

@@ -105,8 +105,10 @@ def test_a_bench_run_writes_it(tmp_path: Path) -> None:
 def test_a_checkout_whose_git_lags_its_files_records_the_commit_file_beside_head(tmp_path: Path) -> None:
     """The GPU machine's copied tree once carried a ``.git`` at an older HEAD under newer files: the run recorded
     that HEAD with ``uncommitted_changes``, and only the ``COMMIT`` file named the code that ran. The marker is
-    recorded then (a commit that ``.git`` does not hold), and it is the run's ``commit``, and not for a clean checkout, a marker naming HEAD (short
-    or whole) or an older commit (a developer's leftover file: stale), an empty one, or one that is not a file."""
+    recorded then (a commit that ``.git`` does not hold), and it is the run's ``commit``; it is not recorded for a
+    clean checkout, a marker naming HEAD (short or whole) or an older commit (a developer's leftover file: stale), an
+    empty one, or one that is not a file. A marker naming a commit ``.git`` holds off HEAD's line is recorded beside,
+    and HEAD stays the run's commit."""
     tree = tmp_path / "tree"
     tree.mkdir()
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
