@@ -3,9 +3,9 @@
 # flash-attn-4 and the CUTLASS DSL it compiles its kernels with, pyzmq (megatron-core's coordinator mode) and the
 # OpenAI server's web stack. A remote call carries at most 64 MiB, the repository's tracked files and the folder
 # together, so each folder leaves room for the tree (the script checks, at the end):
-#   .devwheels/part1   the CUTLASS DSL's one large library (xz) and its wheel (~52 MB)
-#   .devwheels/part2   the rest of the CUTLASS CUDA-13 wheel, the DSL's other wheels, megatron-core, flash-attn-4,
-#                      apache-tvm-ffi, pyzmq, fastapi, uvicorn ... (~31 MB)
+#   .devwheels/part1   the first 40 MB of the CUTLASS DSL's one large library (xz) and the DSL's wheel (~40 MB)
+#   .devwheels/part2   the rest of that library, the rest of the CUTLASS CUDA-13 wheel, the DSL's other wheels,
+#                      megatron-core, flash-attn-4, apache-tvm-ffi, pyzmq, fastapi, uvicorn ... (~43 MB)
 # Run here, from the repository root (needs pip and a registry). On the GPU machine, from the same root:
 #   bash .devwheels/part1/install.sh && bash .devwheels/part2/install.sh
 #   export PYTHONPATH=/opt/site:/opt/site/nvidia_cutlass_dsl/dsl_packages:$PWD NCCL_NVLS_ENABLE=0
@@ -31,13 +31,16 @@ fetch "$dest/part2" nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-
   transitions==0.9.3 flash-attn-4==4.0.0b36 quack-kernels torch-c-dlpack-ext apache-tvm-ffi pyzmq==27.3.0 "$@"
 fetch "$dest/part2" --deps fastapi==0.163.2 uvicorn==0.54.0  # with what they import (opentelemetry-api among them)
 fetch "$dest/big" nvidia-cutlass-dsl-libs-cu13==4.8.1
-# The CUDA-13 CUTLASS wheel (~92 MB) does not fit one folder: its largest library goes to part1, xz-compressed,
-# and everything else it holds to part2 as one archive.
+# The CUDA-13 CUTLASS wheel (~92 MB) does not fit one folder: its largest library is xz-compressed and split, its
+# first 40 MB in part1 and the rest in part2, and everything else it holds goes to part2 as one archive. (Whole, the
+# library left part1 beside the tree 0.7 MB short of the check below; split, each part has 8 MB or more to spare.)
 lib=nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
 python3 -m zipfile -e "$dest"/big/*.whl "$dest/big/tree"
-# -9e (about 2.5 min on 2 cores) makes it 50.1 MB against -6's 52.3: with the tree at 11.7 MB, -6 put part1 at
-# 61 MiB, past the check below
-xz -9e -T0 -c "$dest/big/tree/$lib" > "$dest/part1/cutlass_ir.so.xz"
+xz -6 -T0 -c "$dest/big/tree/$lib" > "$dest/big/cutlass_ir.so.xz"
+split -b 40000000 -d -a 2 "$dest/big/cutlass_ir.so.xz" "$dest/big/cutlass_ir.so.xz."
+[ ! -e "$dest/big/cutlass_ir.so.xz.02" ] || { echo "error: the library's archive needs more than two pieces" >&2; exit 1; }
+mv "$dest/big/cutlass_ir.so.xz.00" "$dest/part1/"
+mv "$dest/big/cutlass_ir.so.xz.01" "$dest/part2/"
 rm "$dest/big/tree/$lib"
 tar -C "$dest/big/tree" -cJf "$dest/part2/cutlass_cu13_rest.tar.xz" .
 rm -rf "$dest/big"
@@ -48,23 +51,31 @@ set -euo pipefail
 here=\$(dirname "\$0")
 mkdir -p /opt/site
 for w in "\$here"/*.whl; do python3 -m zipfile -e "\$w" /opt/site; done
-mkdir -p "/opt/site/$(dirname "$lib")"
-python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \\
-  "\$here/cutlass_ir.so.xz" "/opt/site/$lib"
+# the library's first piece waits here for the second, which part2 brings
+cp "\$here/cutlass_ir.so.xz.00" /opt/site/.cutlass_ir.so.xz.00
 touch /opt/site/.part1
 echo "part1 in /opt/site; now part2"
 EOF
 cat > "$dest/part2/install.sh" <<'EOF'
 #!/usr/bin/env bash
-# Unpack part2 into /opt/site, after part1; exit 3 ("COLD") where part1 is missing.
+# Unpack part2 into /opt/site, after part1, joining the CUTLASS library's two pieces; exit 3 ("COLD") where part1
+# is missing.
 set -euo pipefail
 here=$(dirname "$0")
+LIB=__LIB__
 test -f /opt/site/.part1 || { echo "COLD: part1 is not installed on this machine"; exit 3; }
+test ! -f /opt/site/.part2 || { echo "part2 already in /opt/site"; exit 0; }
 tar -C /opt/site -xJf "$here/cutlass_cu13_rest.tar.xz"
+mkdir -p "/opt/site/$(dirname "$LIB")"
+cat /opt/site/.cutlass_ir.so.xz.00 "$here/cutlass_ir.so.xz.01" \
+  | python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), open(sys.argv[1], 'wb'))" \
+    "/opt/site/$LIB"
+rm /opt/site/.cutlass_ir.so.xz.00
 for w in "$here"/*.whl; do python3 -m zipfile -e "$w" /opt/site; done
 touch /opt/site/.part2
 echo "part2 in /opt/site"
 EOF
+sed -i "s|__LIB__|$lib|" "$dest/part2/install.sh"
 chmod +x "$dest/part1/install.sh" "$dest/part2/install.sh"
 du -sh "$dest/part1" "$dest/part2"
 # What one call carries: the tracked files, the untracked ones that git does not ignore, and one folder. The remote
