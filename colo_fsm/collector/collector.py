@@ -34,6 +34,7 @@ from typing import Any
 from colo_fsm.collector.buffer import ReplayBuffer, Ticket, TrajectoryGroup
 from colo_fsm.collector.prompts import Prompt, as_prompts
 from colo_fsm.collector.rollout import RolloutFn, TextRollout
+from colo_fsm.collector.saved_state import STATE_DICT_FORMAT, restored_prompts, snapshot
 from colo_fsm.collector.stats import CollectorStats
 from colo_fsm.collector.versions import rollout_versions
 from colo_fsm.errors import ConfigError, LifecycleError, RolloutDeferred, RolloutFailed, WaitTimeout
@@ -41,9 +42,6 @@ from colo_fsm.guards.capacity import InFlightCap
 from colo_fsm.log import get_logger
 
 log = get_logger(__name__)
-
-STATE_DICT_FORMAT = 2
-"""Version of :meth:`AsyncCollector.state_dict` (1: deferred prompts only; 2: also parked prompts and the buffer)."""
 
 INFLIGHT_POLICIES = ("park", "drain", "abort")
 """What :meth:`AsyncCollector.pause` does with rollouts in flight: leave them in the engine (default "park"; with
@@ -346,18 +344,9 @@ class AsyncCollector:
                     f"{self.name}: state_dict() while collecting with {self._in_flight} rollout(s) in flight; "
                     "pause the collector first"
                 )
-
-            def item(order: int, p: Prompt) -> dict[str, Any]:
-                return {"order": order, "prompt_id": p.prompt_id, "text": p.text, "metadata": dict(p.metadata)}
-
-            return {
-                "format": STATE_DICT_FORMAT,
-                "returned_prompts": [item(o, p) for o, p in self._returned],
-                "parked_prompts": [
-                    item(o, r.prompt) for o, r in sorted(self._running.items()) if not r.abandoned
-                ],  # a rollout a stop took back is among the returned ones already
-                "replay_buffer": self.buffer.state_dict(),
-            }
+            # a rollout a stop took back is among the returned prompts already
+            parked = [(o, r.prompt) for o, r in sorted(self._running.items()) if not r.abandoned]
+            return snapshot(self._returned, parked, self.buffer.state_dict())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` snapshot: its prompts (deferred and parked, in the order they were
@@ -367,28 +356,7 @@ class AsyncCollector:
         Call it before the first :meth:`resume` (or while paused with nothing in flight); it replaces any
         prompts currently put back.
         """
-        if not isinstance(state, Mapping):
-            raise ConfigError("state", state, "a mapping from AsyncCollector.state_dict()")
-        if state.get("format") not in (1, STATE_DICT_FORMAT):
-            raise ConfigError("state.format", state.get("format"), f"1 or {STATE_DICT_FORMAT}")
-        entries: list[tuple[float, int, Prompt]] = []
-        for key in ("returned_prompts", "parked_prompts"):
-            items = state.get(key, [])
-            if not isinstance(items, list | tuple):
-                raise ConfigError(f"state.{key}", items, "a list of {prompt_id, text, metadata}")
-            for n, it in enumerate(items):
-                if not isinstance(it, Mapping):
-                    raise ConfigError(f"state.{key}[{n}]", it, "a mapping {prompt_id, text, metadata}")
-                meta = it.get("metadata") or {}
-                if not isinstance(meta, Mapping):
-                    raise ConfigError(f"state.{key}[{n}].metadata", meta, "a mapping")
-                order = it.get("order", n)
-                if isinstance(order, bool) or not isinstance(order, int | float):
-                    raise ConfigError(f"state.{key}[{n}].order", order, "a number")
-                prompt = Prompt(it.get("prompt_id"), it.get("text"), dict(meta))  # type: ignore[arg-type]
-                entries.append((float(order), len(entries), prompt))
-        entries.sort(key=lambda e: (e[0], e[1]))
-        restored = [p for _, _, p in entries]
+        restored = restored_prompts(state)
         buffer_state = state.get("replay_buffer")
         with self._cond:
             if not self._paused or self._in_flight:

@@ -125,7 +125,7 @@ class DemoConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(name, v, "a positive finite number")
-        from colo_fsm.adapters.megatron.engine import parse_kv_cache_mode
+        from colo_fsm.adapters.megatron.engine_config import parse_kv_cache_mode
 
         object.__setattr__(self, "kv_cache_mode", parse_kv_cache_mode(self.kv_cache_mode).value)
         from colo_fsm.collector.collector import parse_inflight

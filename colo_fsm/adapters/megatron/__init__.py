@@ -2,7 +2,8 @@
 
 * :mod:`.model`: build the model (local spec + :class:`SDPAttention`; dual-mode opt-in check)
 * :mod:`.parallel`: ``torch.distributed`` + megatron parallel state (gloo on CPU, NCCL on GPU)
-* :mod:`.engine`: :class:`MegatronEngine` (``GenerationEngine`` + ``TextGenerator``), KV-cache modes
+* :mod:`.engine`: :class:`MegatronEngine` (``GenerationEngine`` + ``TextGenerator``); :mod:`.engine_config`: its
+  settings (:class:`GenerationConfig`) and the KV-cache modes
 * :mod:`.coordinator`: :class:`CoordinatorEngine`, megatron-core's coordinator mode (``MegatronAsyncLLM``,
   needed for expert parallelism); :mod:`.coordinator_states` maps its ``EngineState`` onto the lifecycle
 * :mod:`.dynamic` / :mod:`.cpu_loop`: the GPU (dynamic engine) and CPU generation paths
@@ -25,8 +26,8 @@ _EXPORTS = {
     "CoordinatorConfig": "coordinator",
     "CoordinatorEngine": "coordinator",
     "DistributedSetup": "parallel",
-    "GenerationConfig": "engine",
-    "KVCacheMode": "engine",
+    "GenerationConfig": "engine_config",
+    "KVCacheMode": "engine_config",
     "MegatronEngine": "engine",
     "MegatronTrainer": "trainer",
     "ModelConfig": "model",
@@ -41,7 +42,7 @@ _EXPORTS = {
     "init_distributed": "parallel",
     "latest_checkpoint": "checkpoint",
     "load_checkpoint": "checkpoint",
-    "parse_kv_cache_mode": "engine",
+    "parse_kv_cache_mode": "engine_config",
     "register_inference_linear_types": "bridge",
     "save_checkpoint": "checkpoint",
     "shutdown_distributed": "parallel",

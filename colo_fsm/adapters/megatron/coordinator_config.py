@@ -18,7 +18,7 @@ from typing import Any
 
 from colo_fsm.adapters.batching import DEFAULT_SERVER_SHARE, check_share, parse_inflight, parse_logprobs_mode
 from colo_fsm.adapters.engine.options import positive_int
-from colo_fsm.adapters.megatron.engine import KVCacheMode
+from colo_fsm.adapters.megatron.engine_config import KVCacheMode
 from colo_fsm.adapters.megatron.inference_settings import check_graph_sizing, megatron_inference_config
 from colo_fsm.errors import ConfigError, WaitTimeout
 from colo_fsm.guards.parallelism import read_parallel_size
@@ -142,7 +142,7 @@ class CoordinatorConfig:
 
 
 def _kv_mode(value: Any) -> str:
-    from colo_fsm.adapters.megatron.engine import parse_kv_cache_mode
+    from colo_fsm.adapters.megatron.engine_config import parse_kv_cache_mode
 
     return parse_kv_cache_mode(value).value
 
