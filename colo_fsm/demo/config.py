@@ -13,8 +13,8 @@ DEMO_SERVER_SHARE = 0.125
 """The demo's ``GenerationConfig.server_share`` (the library's default is 0.5). Its training rollouts come from its
 own collector and fill the engine's slots, and on the CPU the engine's decode is what bounds training's step rate:
 with HTTP traffic holding its whole share, training keeps about ``1 - server_share`` of its rate, less the HTTP
-front's own CPU. An eighth kept it at 0.74-0.79x under the gym chaos of ``bench/server_chaos.py`` in four runs on the CPU
-(bench/README.md), above the 0.75x bar in three."""
+front's own CPU. An eighth kept it at 0.76-0.83x under the gym chaos of ``bench/server_chaos.py`` in four runs on
+the CPU (bench/README.md), above the 0.75x bar in all four (in three of the four before them)."""
 
 
 def _int(field: str, v: Any, lo: int, hi: int | None = None) -> None:
