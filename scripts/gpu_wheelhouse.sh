@@ -32,13 +32,15 @@ fetch "$dest/part2" nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-
 fetch "$dest/part2" --deps fastapi==0.163.2 uvicorn==0.54.0  # with what they import (opentelemetry-api among them)
 fetch "$dest/big" nvidia-cutlass-dsl-libs-cu13==4.8.1
 # The CUDA-13 CUTLASS wheel (~92 MB) does not fit one folder: its largest library is xz-compressed and split, its
-# first 40 MB in part1 and the rest in part2, and everything else it holds goes to part2 as one archive. (Whole, the
-# library left part1 beside the tree 0.7 MB short of the check below; split, each part has 8 MB or more to spare.)
+# first 40 MB in part1 and the rest in part2, and everything else it holds goes to part2 as one archive. (Whole, even
+# at xz -9e, the library left part1 beside the tree only 0.7 MB under the check below; split, each part has 8 MB or
+# more to spare.)
 lib=nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
 python3 -m zipfile -e "$dest"/big/*.whl "$dest/big/tree"
 xz -6 -T0 -c "$dest/big/tree/$lib" > "$dest/big/cutlass_ir.so.xz"
 split -b 40000000 -d -a 2 "$dest/big/cutlass_ir.so.xz" "$dest/big/cutlass_ir.so.xz."
-[ ! -e "$dest/big/cutlass_ir.so.xz.02" ] || { echo "error: the library's archive needs more than two pieces" >&2; exit 1; }
+[ -e "$dest/big/cutlass_ir.so.xz.01" ] && [ ! -e "$dest/big/cutlass_ir.so.xz.02" ] \
+  || { echo "error: the library's archive is not two pieces of at most 40 MB: change the split" >&2; exit 1; }
 mv "$dest/big/cutlass_ir.so.xz.00" "$dest/part1/"
 mv "$dest/big/cutlass_ir.so.xz.01" "$dest/part2/"
 rm "$dest/big/tree/$lib"
@@ -67,12 +69,14 @@ test -f /opt/site/.part1 || { echo "COLD: part1 is not installed on this machine
 test ! -f /opt/site/.part2 || { echo "part2 already in /opt/site"; exit 0; }
 tar -C /opt/site -xJf "$here/cutlass_cu13_rest.tar.xz"
 mkdir -p "/opt/site/$(dirname "$LIB")"
+# into a temporary name first: a call cut short here leaves neither a truncated library nor a lost first piece
 cat /opt/site/.cutlass_ir.so.xz.00 "$here/cutlass_ir.so.xz.01" \
   | python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), open(sys.argv[1], 'wb'))" \
-    "/opt/site/$LIB"
-rm /opt/site/.cutlass_ir.so.xz.00
+    "/opt/site/$LIB.partial"
+mv "/opt/site/$LIB.partial" "/opt/site/$LIB"
 for w in "$here"/*.whl; do python3 -m zipfile -e "$w" /opt/site; done
 touch /opt/site/.part2
+rm /opt/site/.cutlass_ir.so.xz.00
 echo "part2 in /opt/site"
 EOF
 sed -i "s|__LIB__|$lib|" "$dest/part2/install.sh"
