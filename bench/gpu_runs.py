@@ -64,6 +64,7 @@ HEADLINE_COMMITS = (
     "1c1ac8d",
     "73940c4",
     "aec3187",  # the files of 2b672ff, whose benches are aec3187's: the machine's .git lagged (docs/gpu-runs/README.md)
+    "480d331",
 )
 """The commits whose runs in ``docs/gpu-runs/`` are the performance page's headline (``--commits headline``): each
 measures the same code, or the page's notes say what differs. A GPU session that commits runs adds its commit here."""

@@ -267,7 +267,8 @@ STAGES: tuple[Stage, ...] = (
         "reasoning shape, cut 32,768, on megatron-core's coordinator loop: park and sync only (the 2.5x sync "
         "target's pair on the faster path, where the three-mode stage has lost its machine during drain each time); "
         "~9-10 min (590 s at 0441af7, 509 s at 0c47749, 608 s at 2990879 and 604 s at fb85515, whose syncs drew "
-        "from park's prompts; at cfe14fd its machine was taken during sync's third step): --detach",
+        "from park's prompts, and 591 s at 480d331 on an H100, where park / sync was 1.688; at cfe14fd its machine "
+        "was taken during sync's third step): --detach",
         _handoff(32768, "park,sync", "--no-graph-baseline", engine="coordinator"),
     ),
     Stage(

@@ -219,7 +219,7 @@ def test_every_headline_run_is_named_for_its_workload_cut_and_commit_and_gives_i
     every mode with a collector."""
     _, head, _ = gpu_runs.split_history(gpu_runs.load(ROOT / "docs" / "gpu-runs")[0], HEADLINE)
     runs = [d for rs in head.values() for d in rs]
-    assert len(runs) == 56
+    assert len(runs) == 57
     for d in runs:
         name, cut = d["_file"], d["shape"]["max_tokens"]
         assert "reasoning" in name and f"cut{cut}" in name and d["commit"] in name, name
