@@ -7,7 +7,7 @@
 #   .devwheels/part2   the rest of that library, the rest of the CUTLASS CUDA-13 wheel, the DSL's other wheels,
 #                      megatron-core, flash-attn-4, apache-tvm-ffi, pyzmq, fastapi, uvicorn ... (~43 MB)
 # Run here, from the repository root (needs pip and a registry). On the GPU machine, from the same root:
-#   bash .devwheels/part1/install.sh && bash .devwheels/part2/install.sh
+#   bash .devwheels/part1/install.sh && bash .devwheels/part2/install.sh   # into /opt/site (COLO_FSM_SITE)
 #   export PYTHONPATH=/opt/site:/opt/site/nvidia_cutlass_dsl/dsl_packages:$PWD NCCL_NVLS_ENABLE=0
 #   python3 -m bench.gpu --list
 # part2's installer exits 3 ("COLD") where part1 is not installed (a machine that was given back meanwhile).
@@ -37,50 +37,10 @@ fetch "$dest/big" nvidia-cutlass-dsl-libs-cu13==4.8.1
 # more to spare.)
 lib=nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so
 python3 -m zipfile -e "$dest"/big/*.whl "$dest/big/tree"
-xz -6 -T0 -c "$dest/big/tree/$lib" > "$dest/big/cutlass_ir.so.xz"
-split -b 40000000 -d -a 2 "$dest/big/cutlass_ir.so.xz" "$dest/big/cutlass_ir.so.xz."
-[ -e "$dest/big/cutlass_ir.so.xz.01" ] && [ ! -e "$dest/big/cutlass_ir.so.xz.02" ] \
-  || { echo "error: the library's archive is not two pieces of at most 40 MB: change the split" >&2; exit 1; }
-mv "$dest/big/cutlass_ir.so.xz.00" "$dest/part1/"
-mv "$dest/big/cutlass_ir.so.xz.01" "$dest/part2/"
-rm "$dest/big/tree/$lib"
-tar -C "$dest/big/tree" -cJf "$dest/part2/cutlass_cu13_rest.tar.xz" .
+source scripts/wheel_folders.sh
+pack_library "$dest/big/tree" "$lib" "$dest" 40000000
 rm -rf "$dest/big"
-cat > "$dest/part1/install.sh" <<EOF
-#!/usr/bin/env bash
-# Unpack part1 into /opt/site (wheels are zip files; nothing is compiled, nothing fetched).
-set -euo pipefail
-here=\$(dirname "\$0")
-mkdir -p /opt/site
-for w in "\$here"/*.whl; do python3 -m zipfile -e "\$w" /opt/site; done
-# the library's first piece waits here for the second, which part2 brings
-cp "\$here/cutlass_ir.so.xz.00" /opt/site/.cutlass_ir.so.xz.00
-touch /opt/site/.part1
-echo "part1 in /opt/site; now part2"
-EOF
-cat > "$dest/part2/install.sh" <<'EOF'
-#!/usr/bin/env bash
-# Unpack part2 into /opt/site, after part1, joining the CUTLASS library's two pieces; exit 3 ("COLD") where part1
-# is missing.
-set -euo pipefail
-here=$(dirname "$0")
-LIB=__LIB__
-test -f /opt/site/.part1 || { echo "COLD: part1 is not installed on this machine"; exit 3; }
-test ! -f /opt/site/.part2 || { echo "part2 already in /opt/site"; exit 0; }
-tar -C /opt/site -xJf "$here/cutlass_cu13_rest.tar.xz"
-mkdir -p "/opt/site/$(dirname "$LIB")"
-# into a temporary name first: a call cut short here leaves neither a truncated library nor a lost first piece
-cat /opt/site/.cutlass_ir.so.xz.00 "$here/cutlass_ir.so.xz.01" \
-  | python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), open(sys.argv[1], 'wb'))" \
-    "/opt/site/$LIB.partial"
-mv "/opt/site/$LIB.partial" "/opt/site/$LIB"
-for w in "$here"/*.whl; do python3 -m zipfile -e "$w" /opt/site; done
-touch /opt/site/.part2
-rm /opt/site/.cutlass_ir.so.xz.00
-echo "part2 in /opt/site"
-EOF
-sed -i "s|__LIB__|$lib|" "$dest/part2/install.sh"
-chmod +x "$dest/part1/install.sh" "$dest/part2/install.sh"
+write_installers "$dest" "$lib"
 du -sh "$dest/part1" "$dest/part2"
 # What one call carries: the tracked files, the untracked ones that git does not ignore, and one folder. The remote
 # side counts more than these bytes (a call at 63.7 MiB by this count was refused, one at 60.6 went through), so
