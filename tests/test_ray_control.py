@@ -47,6 +47,10 @@ from tests.support.saturation import (  # noqa: E402
 )
 
 HOLD_S = 2.0
+# How long a measurement's calls may take to come back at all: a bound on liveness, never compared with a figure.
+# The calls queue behind 1,200 rollout calls by design, so their time grows with the machine's load: at load 11 on
+# two cores a run passed 60 s (the negative control's health calls, 2026-12-06).
+CALLS_BACK_S = 300.0
 ROLLOUTS = 1200  # > 1000 = Ray's default max_concurrency of an asyncio actor
 MAX_CONCURRENCY = 1000
 
@@ -93,6 +97,7 @@ def negative_control(one_queue, release):
         control_method="health",
         release=release,
         wait_before_release_s=1.0,
+        timeout_s=CALLS_BACK_S,
     )
     assert r.completed_rollouts == ROLLOUTS
     return r
@@ -117,6 +122,7 @@ def test_control_calls_complete_promptly_under_saturation(grouped, negative_cont
         control_method="health",
         probe_active=True,
         release=release,
+        timeout_s=CALLS_BACK_S,
     )
     assert r.active_at_start == MAX_CONCURRENCY  # saturated: 1000 running (held), 200 queued
     assert r.completed_rollouts == ROLLOUTS
@@ -141,6 +147,7 @@ def test_headroom_keeps_a_one_queue_actor_responsive(one_queue, negative_control
         control_method="health",
         settle_s=0.8,
         release=release,
+        timeout_s=CALLS_BACK_S,
     )
     assert r.completed_rollouts == cap.value
     # every control call returned while all 992 rollouts were held (none had finished), unlike the
