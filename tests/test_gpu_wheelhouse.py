@@ -24,14 +24,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _bash(script: str, *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", "-c", f"set -euo pipefail; source {FUNCTIONS}; {script}"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=120,
-    )
+def _bash(*args: str, site: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``bash args...``, with the installers' site folder set to ``site`` where given."""
+    env = {**os.environ, **({"COLO_FSM_SITE": str(site)} if site is not None else {})}
+    return subprocess.run(["bash", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def _functions(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run with the wheel folders' functions sourced."""
+    return _bash("-c", f"set -euo pipefail; source {FUNCTIONS}; {script}")
 
 
 def _wheel(path: Path, module: str) -> None:
@@ -51,19 +52,13 @@ def folders(tmp_path: Path) -> tuple[Path, bytes]:
     for part, module in (("part1", "first_wheel"), ("part2", "second_wheel")):
         (dest / part).mkdir(parents=True)
         _wheel(dest / part / f"{module}-1.0-py3-none-any.whl", module)
-    done = _bash(f"pack_library {tree} {LIB} {dest} {PIECE} && write_installers {dest} {LIB}")
+    done = _functions(f"pack_library {tree} {LIB} {dest} {PIECE} && write_installers {dest} {LIB}")
     assert done.returncode == 0, done.stderr
     return dest, library
 
 
 def _install(dest: Path, part: str, site: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(dest / part / "install.sh")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLO_FSM_SITE": str(site)},
-        timeout=120,
-    )
+    return _bash(str(dest / part / "install.sh"), site=site)
 
 
 def test_the_library_travels_in_two_pieces_and_the_rest_of_its_tree_with_the_second(folders, tmp_path):
@@ -121,7 +116,7 @@ def test_an_archive_that_is_not_two_pieces_is_refused_by_name(tmp_path):
     for part in ("part1", "part2"):
         (dest / part).mkdir(parents=True)
     for piece in (20_000, 200_000):  # five pieces, then one
-        done = _bash(f"pack_library {tree} {LIB} {dest} {piece}")
+        done = _functions(f"pack_library {tree} {LIB} {dest} {piece}")
         assert done.returncode == 1
         assert "big_library.so" in done.stderr and "not two pieces" in done.stderr and str(piece) in done.stderr
         assert (tree / LIB).exists() and not list((dest / "part1").iterdir())  # nothing moved, nothing lost
